@@ -1,0 +1,154 @@
+"""Token-aware conversation history: trim a message list to a budget, and ``MemoryManager``, a
+sliding window that evicts the oldest turns and never splits a tool call from its result."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from contextfold.errors import ConfigError
+from contextfold.items import ContextItem, Message, QueryBundle
+from contextfold.tokens import OVERHEADS, TiktokenCounter, TokenCounter, count_messages
+from contextfold.window import tool_groups
+
+__all__ = ["MemoryManager", "trim_history"]
+
+
+def _units(messages: Sequence[Message]) -> list[list[int]]:
+    """Indices of messages grouped into atomic units (a tool call with its results), in order
+    of each unit's first message."""
+    items = [ContextItem.from_message(m) for m in messages]
+    groups: dict[int, list[int]] = {}
+    for i, g in enumerate(tool_groups(items)):
+        groups.setdefault(g, []).append(i)
+    return sorted(groups.values(), key=lambda idxs: idxs[0])
+
+
+def _complete(messages: Sequence[Message], idxs: list[int]) -> bool:
+    calls = {t for i in idxs for t in messages[i].tool_use_ids}
+    results = {t for i in idxs for t in messages[i].tool_result_ids}
+    return calls == results
+
+
+def trim_history(
+    messages: Sequence[Message],
+    max_tokens: int,
+    counter: TokenCounter,
+    *,
+    format: str = "openai",
+    keep_system: bool = True,
+) -> list[Message]:
+    """The longest contiguous suffix of ``messages`` that fits ``max_tokens`` in ``format``
+    (per-message and per-request overhead included), cut only between whole tool exchanges.
+
+    A leading system message is kept when ``keep_system`` (it must fit, or ``ConfigError``).
+    Incomplete tool exchanges (a call whose result is missing) are left out.
+    """
+    if format not in OVERHEADS:
+        raise ConfigError(f"unknown format {format!r}; choose one of {sorted(OVERHEADS)}")
+    head: list[Message] = []
+    body = list(messages)
+    if keep_system and body and body[0].role == "system":
+        head, body = body[:1], body[1:]
+    room = max_tokens - OVERHEADS[format].per_request - count_messages(head, counter, format)
+    if room < 0:
+        raise ConfigError(
+            f"the system message alone needs {max_tokens - room:,} tokens, more than the "
+            f"{max_tokens:,} allowed; raise max_tokens"
+        )
+    kept: list[int] = []
+    for idxs in reversed(_units(body)):
+        if not _complete(body, idxs):
+            continue
+        cost = count_messages((body[i] for i in idxs), counter, format)
+        if cost > room:
+            break
+        room -= cost
+        kept.extend(idxs)
+    return head + [body[i] for i in sorted(kept)]
+
+
+class MemoryManager:
+    """Sliding-window conversation memory measured in tokens.
+
+    Each added message is kept until the window exceeds ``conversation_tokens``; then the
+    oldest whole exchanges are evicted (a tool call and its results go together). As a
+    pipeline memory it supplies the window as conversation items (priority 7).
+
+    >>> memory = MemoryManager(conversation_tokens=4096)
+    >>> memory.add_user_message("Hi!")
+    >>> [m.role for m in memory.messages]
+    ['user']
+    """
+
+    def __init__(
+        self,
+        conversation_tokens: int = 4096,
+        *,
+        counter: TokenCounter | None = None,
+        format: str = "openai",
+        priority: int = 7,
+    ) -> None:
+        if conversation_tokens <= 0:
+            raise ConfigError(f"conversation_tokens must be > 0, got {conversation_tokens}")
+        if format not in OVERHEADS:
+            raise ConfigError(f"unknown format {format!r}; choose one of {sorted(OVERHEADS)}")
+        self.conversation_tokens = conversation_tokens
+        self.counter = counter or TiktokenCounter()
+        self.format = format
+        self.priority = priority
+        self._items: list[ContextItem] = []
+        self.evicted = 0  # messages evicted so far
+
+    def __repr__(self) -> str:
+        return (
+            f"MemoryManager(conversation_tokens={self.conversation_tokens}, "
+            f"messages={len(self._items)}, evicted={self.evicted})"
+        )
+
+    @property
+    def messages(self) -> list[Message]:
+        return [item.message for item in self._items if item.message is not None]
+
+    @property
+    def total_tokens(self) -> int:
+        return count_messages(self.messages, self.counter, self.format)
+
+    def add_message(self, message: Message | dict[str, Any]) -> None:
+        if isinstance(message, dict):
+            message = Message.model_validate(message)
+        self._items.append(ContextItem.from_message(message, priority=self.priority))
+        self._evict()
+
+    def add_messages(self, messages: Iterable[Message | dict[str, Any]]) -> None:
+        for message in messages:
+            self.add_message(message)
+
+    def add_user_message(self, text: str) -> None:
+        self.add_message(Message(role="user", content=text))
+
+    def add_assistant_message(self, text: str) -> None:
+        self.add_message(Message(role="assistant", content=text))
+
+    def clear(self) -> None:
+        self._items.clear()
+
+    def _evict(self) -> None:
+        messages = self.messages
+        over = count_messages(messages, self.counter, self.format) - self.conversation_tokens
+        if over <= 0:
+            return
+        drop: set[int] = set()
+        for idxs in _units(messages):
+            if over <= 0:
+                break
+            if len(drop) + len(idxs) == len(messages) and not _complete(messages, idxs):
+                break  # never evict a pending tool call that is the newest exchange
+            drop.update(idxs)
+            over -= count_messages((messages[i] for i in idxs), self.counter, self.format)
+        self._items = [item for i, item in enumerate(self._items) if i not in drop]
+        self.evicted += len(drop)
+
+    def context_items(self, query: QueryBundle) -> list[ContextItem]:
+        """The window as conversation items for a pipeline (the ``MemoryProvider`` protocol)."""
+        return list(self._items)

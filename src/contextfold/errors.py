@@ -1,0 +1,62 @@
+"""Every exception contextfold raises, under one root.
+
+Catch ``ContextfoldError`` to handle anything the library raises on purpose::
+
+    ContextfoldError
+    ├── ConfigError            invalid configuration or arguments
+    │   └── BudgetError        a budget that cannot hold what it must (numbers in the message)
+    ├── TokenizerError         an encoding file is missing, corrupt or unknown
+    ├── FormatError            a payload that is not valid for the named provider format
+    └── PipelineError          a pipeline cannot run as configured
+        └── StepError          a pipeline step raised (``on_error="raise"``); ``__cause__`` is
+                               the original exception
+
+``ConfigError`` is deliberately not a ``ValueError``: pydantic would wrap a ``ValueError``
+raised in a validator into its own ``ValidationError`` and hide the message's numbers.
+
+Messages say what happened, with the numbers, and what to do next.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BudgetError",
+    "ConfigError",
+    "ContextfoldError",
+    "FormatError",
+    "PipelineError",
+    "StepError",
+    "TokenizerError",
+]
+
+
+class ContextfoldError(Exception):
+    """Root of every error contextfold raises on purpose."""
+
+
+class ConfigError(ContextfoldError):
+    """Invalid configuration or arguments."""
+
+
+class BudgetError(ConfigError):
+    """A token budget is invalid, or cannot hold the items that must never be dropped."""
+
+
+class TokenizerError(ContextfoldError):
+    """A token encoding could not be loaded (missing, corrupt or unknown)."""
+
+
+class FormatError(ContextfoldError, ValueError):
+    """A provider payload does not have the shape its format requires."""
+
+
+class PipelineError(ContextfoldError):
+    """A pipeline cannot run as configured (e.g. an async step inside ``build()``)."""
+
+
+class StepError(PipelineError):
+    """A pipeline step raised while ``on_error="raise"``; the original is ``__cause__``."""
+
+    def __init__(self, step: str, message: str) -> None:
+        super().__init__(f"step {step!r} failed: {message}")
+        self.step = step
