@@ -8,7 +8,7 @@ to a shared pool for the other sections, unless the budget is ``strict``.
 
 >>> budget = default_chat_budget(max_tokens=8192)
 >>> budget.available
-6963
+6964
 """
 
 from __future__ import annotations
