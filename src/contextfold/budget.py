@@ -253,13 +253,22 @@ FIXED5_SECTIONS = {
 }
 
 
-def fixed5_budget(*, reserve_output: int = 0, scale: float = 1.0) -> TokenBudget:
+#: Tokens ``fixed5_budget`` adds for the payload's frame (message roles, per-request priming):
+#: the five sections sum to the whole window, and the frame is not part of any of them.
+FIXED5_FRAME_TOKENS = 32
+
+
+def fixed5_budget(
+    *, reserve_output: int = 0, scale: float = 1.0, frame_tokens: int = FIXED5_FRAME_TOKENS
+) -> TokenBudget:
     """The fixed five-section budget: instructions 255, goal (query + recent history) 1500,
     memory 55, retrieval 550, tool outputs 855 — strict, so no section borrows from another.
 
     Instructions and the goal are protected; memory drops its oldest items, retrieval drops
     lower-ranked chunks and truncates one when space remains, tool outputs truncate the oldest.
-    ``scale`` multiplies every section (e.g. 2.0 for a bigger model).
+    ``scale`` multiplies every section (e.g. 2.0 for a bigger model). ``max_tokens`` is the
+    sections' sum plus ``frame_tokens`` for the format's own overhead plus ``reserve_output``,
+    so every section can use its whole share.
     """
     plan = {
         "instructions": ((_S.SYSTEM,), 10, _T, "System prompt"),
@@ -268,8 +277,8 @@ def fixed5_budget(*, reserve_output: int = 0, scale: float = 1.0) -> TokenBudget
         "retrieval": ((_S.RETRIEVAL,), 7, _T, "Retrieved document chunks"),
         "tool_outputs": ((_S.TOOL,), 6, _O, "Tool execution history"),
     }
-    if scale <= 0:
-        raise BudgetError(f"scale must be > 0, got {scale}")
+    if scale <= 0 or frame_tokens < 0:
+        raise BudgetError(f"scale must be > 0 and frame_tokens >= 0, got {scale}, {frame_tokens}")
     sections = []
     for name, (sources, priority, overflow, description) in plan.items():
         size = int(FIXED5_SECTIONS[name] * scale)
@@ -286,7 +295,7 @@ def fixed5_budget(*, reserve_output: int = 0, scale: float = 1.0) -> TokenBudget
         )
     total = sum(s.min for s in sections)
     return TokenBudget(
-        max_tokens=total + reserve_output,
+        max_tokens=total + frame_tokens + reserve_output,
         reserve_output=reserve_output,
         sections=tuple(sections),
         strict=True,
@@ -299,7 +308,8 @@ def graph_budget(max_tokens: int, *, reserve_output: int = 0) -> TokenBudget:
     Items name their section (``entry_points``, ``expanded``, ``entities``) explicitly; each
     section is capped at its share (strict), dropping lower-scored nodes first.
     """
-    available = max_tokens - reserve_output
+    # Clamped so a reserve that swallows the total is reported by TokenBudget, with its numbers.
+    available = max(0, max_tokens - reserve_output)
     shares = {"entry_points": (0.6, 10), "expanded": (0.3, 9), "entities": (0.1, 8)}
     sections = tuple(
         SectionBudget(name=name, max=int(available * share), priority=priority, overflow=_D)

@@ -1,9 +1,10 @@
-"""Provider formats: render a packed window as an OpenAI, Anthropic, Gemini or text payload."""
+"""Provider formats: render a packed window as an OpenAI, Anthropic, Gemini or text payload, and
+parse provider payloads back into messages."""
 
-from contextfold.formats.anthropic import AnthropicFormatter
+from contextfold.formats.anthropic import AnthropicFormatter, parse_anthropic_messages
 from contextfold.formats.base import BaseFormatter, Formatter, Layout, layout_items, render_part
-from contextfold.formats.gemini import GeminiFormatter
-from contextfold.formats.openai import OpenAIFormatter
+from contextfold.formats.gemini import GeminiFormatter, parse_gemini_contents
+from contextfold.formats.openai import OpenAIFormatter, parse_openai_messages
 from contextfold.formats.text import GenericTextFormatter
 
 __all__ = [
@@ -16,6 +17,9 @@ __all__ = [
     "OpenAIFormatter",
     "formatter_for",
     "layout_items",
+    "parse_anthropic_messages",
+    "parse_gemini_contents",
+    "parse_openai_messages",
     "render_part",
 ]
 

@@ -4,6 +4,9 @@ Instructions are system text blocks; memory and retrieved context are text block
 user message. The last stable block (the last memory block, else the last system block) carries
 ``cache_control`` so Anthropic's prompt cache covers everything up to it. Tool results become
 ``tool_result`` blocks in a user message; consecutive same-role messages are merged.
+
+``parse_anthropic_messages`` reads a request's ``system`` and ``messages`` back into ``Message``
+values.
 """
 
 from __future__ import annotations
@@ -11,11 +14,29 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from contextfold.formats._parsing import (
+    expect_dict,
+    expect_list,
+    expect_str,
+    fail,
+    optional_bool,
+    split_tool_results,
+    text_of_parts,
+    type_name,
+)
 from contextfold.formats.base import BaseFormatter, layout_items
-from contextfold.items import ContextItem, Message, TextBlock, ToolUseBlock
+from contextfold.items import (
+    ContentBlock,
+    ContextItem,
+    Message,
+    Role,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 from contextfold.tokens import TokenCounter
 
-__all__ = ["AnthropicFormatter", "message_to_anthropic"]
+__all__ = ["AnthropicFormatter", "message_to_anthropic", "parse_anthropic_messages"]
 
 CACHE_CONTROL = {"type": "ephemeral"}
 
@@ -112,3 +133,110 @@ class AnthropicFormatter(BaseFormatter):
             else:
                 total += counter.count(block["content"]) + per_part
         return total
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+_ROLES: dict[str, Role] = {"user": "user", "assistant": "assistant"}
+
+
+def parse_anthropic_messages(
+    messages: list[dict[str, Any]], system: str | list[dict[str, Any]] | None = None
+) -> list[Message]:
+    """A Messages request's ``system`` and ``messages`` as ``Message`` values.
+
+    ``system`` (a string or text blocks) becomes a leading system message; a user message that
+    carries ``tool_result`` blocks becomes a ``tool`` message for each run of results and a
+    user message for each run of other blocks, in order. Tool result content given as text
+    blocks is joined with newlines. Raises ``FormatError`` naming the path of the first
+    malformed value.
+
+    >>> parse_anthropic_messages([{"role": "user", "content": "Hi"}], system="Be brief.")[0]
+    Message(role='system', content=(TextBlock(type='text', text='Be brief.'),), name=None)
+    """
+    out: list[Message] = []
+    if isinstance(system, str):
+        if system:
+            out.append(Message(role="system", content=system))
+    elif isinstance(system, list):
+        blocks = text_of_parts(system, "system", allowed="text blocks")
+        if blocks:
+            out.append(Message(role="system", content=tuple(blocks)))
+    elif system is not None:
+        fail("system", f"is {type_name(system)}; expected a string or an array of text blocks")
+    for i, raw in enumerate(expect_list(messages, "messages")):
+        path = f"messages[{i}]"
+        msg = expect_dict(raw, path)
+        role_value = msg.get("role")
+        if not isinstance(role_value, str):
+            fail(f"{path}.role", f"is {type_name(role_value)}; expected 'user' or 'assistant'")
+        role = _ROLES.get(role_value)
+        if role is None:
+            hint = "; put system text in the system parameter" if role_value == "system" else ""
+            fail(
+                f"{path}.role",
+                f"{role_value!r} is unknown; expected 'user' or 'assistant'{hint}",
+            )
+        out.extend(split_tool_results(role, _blocks(msg.get("content"), f"{path}.content", role)))
+    return out
+
+
+def _blocks(content: Any, path: str, role: Role) -> list[ContentBlock]:
+    if isinstance(content, str):
+        return [TextBlock(text=content)]
+    blocks: list[ContentBlock] = []
+    for j, raw in enumerate(expect_list(content, path)):
+        here = f"{path}[{j}]"
+        block = expect_dict(raw, here)
+        kind = block.get("type")
+        if kind == "text":
+            blocks.append(TextBlock(text=expect_str(block.get("text"), f"{here}.text")))
+        elif kind == "tool_use":
+            if role != "assistant":
+                fail(
+                    here, f"is a tool_use block in a {role} message; only the assistant calls tools"
+                )
+            blocks.append(_tool_use(block, here))
+        elif kind == "tool_result":
+            if role != "user":
+                fail(
+                    here,
+                    f"is a tool_result block in an {role} message; tool results go in "
+                    "a user message",
+                )
+            blocks.append(_tool_result(block, here))
+        elif isinstance(kind, str):
+            fail(
+                here,
+                f"has type {kind!r}, which is not supported yet (only text, tool_use "
+                "and tool_result blocks)",
+            )
+        else:
+            fail(f"{here}.type", f"is {type_name(kind)}; expected a string such as 'text'")
+    return blocks
+
+
+def _tool_use(block: dict[str, Any], path: str) -> ToolUseBlock:
+    return ToolUseBlock(
+        id=expect_str(block.get("id"), f"{path}.id"),
+        name=expect_str(block.get("name"), f"{path}.name"),
+        input=expect_dict(block.get("input", {}), f"{path}.input"),
+    )
+
+
+def _tool_result(block: dict[str, Any], path: str) -> ToolResultBlock:
+    content = block.get("content", "")
+    if isinstance(content, list):
+        parts = text_of_parts(content, f"{path}.content", allowed="text blocks")
+        content = "\n".join(b.text for b in parts)
+    elif not isinstance(content, str):
+        fail(
+            f"{path}.content",
+            f"is {type_name(content)}; expected a string or an array of text blocks",
+        )
+    return ToolResultBlock(
+        tool_use_id=expect_str(block.get("tool_use_id"), f"{path}.tool_use_id"),
+        content=content,
+        is_error=optional_bool(block.get("is_error"), f"{path}.is_error"),
+    )

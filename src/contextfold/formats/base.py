@@ -35,6 +35,8 @@ class Formatter(Protocol):
 
     def item_cost(self, item: ContextItem, counter: TokenCounter) -> int: ...
 
+    def item_costs(self, items: Sequence[ContextItem], counter: TokenCounter) -> list[int]: ...
+
     def base_cost(self, counter: TokenCounter) -> int: ...
 
     def format(self, items: Sequence[ContextItem]) -> Any: ...
@@ -123,6 +125,18 @@ class BaseFormatter(ABC):
         if item.source is SourceType.CONVERSATION:
             return item.memo(key, lambda: self.message_cost(item_message(item), counter))
         return item.memo(key, lambda: counter.count(render_part(item)) + self.overhead.per_part)
+
+    def item_costs(self, items: Sequence[ContextItem], counter: TokenCounter) -> list[int]:
+        """``item_cost`` for many items; cache hits are read inline (the packer's hot loop)."""
+        key = f"{self.name}/{counter.name}"
+        costs = []
+        for item in items:
+            hit = item.__pydantic_private__["_tokens"].get(key)  # type: ignore[index]
+            if hit is not None and hit[0] is item.content:
+                costs.append(hit[1])
+            else:
+                costs.append(self.item_cost(item, counter))
+        return costs
 
     def base_cost(self, counter: TokenCounter) -> int:
         return self.overhead.per_request + self.FRAME_MESSAGES * self.overhead.per_message

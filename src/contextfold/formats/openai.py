@@ -3,18 +3,38 @@
 Instructions form one system message; memory and retrieved context one user message placed
 before the history; tool calls become ``tool_calls`` and each tool result a ``tool`` message.
 Consecutive same-role messages (other than ``tool``) are merged.
+
+``parse_openai_messages`` reads a request's ``messages`` back into ``Message`` values.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from contextfold.formats._parsing import (
+    expect_dict,
+    expect_list,
+    expect_str,
+    fail,
+    optional_str,
+    text_of_parts,
+    type_name,
+)
 from contextfold.formats.base import BaseFormatter, layout_items
-from contextfold.items import ContextItem, Message, TextBlock, ToolResultBlock, ToolUseBlock
-from contextfold.tokens import TokenCounter
+from contextfold.items import (
+    ContentBlock,
+    ContextItem,
+    Message,
+    Role,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from contextfold.tokens import TokenCounter, block_strings
 
-__all__ = ["OpenAIFormatter", "message_to_openai"]
+__all__ = ["OpenAIFormatter", "message_to_openai", "parse_openai_messages"]
 
 _JOIN = "\n\n"
 
@@ -75,6 +95,13 @@ class OpenAIFormatter(BaseFormatter):
 
     name: ClassVar[str] = "openai"
 
+    def message_cost(self, message: Message, counter: TokenCounter) -> int:
+        # A tool message becomes one OpenAI message per result, each with its own overhead.
+        messages = max(1, len(message.tool_result_ids))
+        oh = self.overhead
+        parts = sum(counter.count(s) + oh.per_part for s in block_strings(message))
+        return messages * oh.per_message + parts
+
     def format(self, items: Sequence[ContextItem]) -> dict[str, Any]:
         layout = layout_items(items)
         system, context = self.split_memory(layout)
@@ -107,3 +134,123 @@ class OpenAIFormatter(BaseFormatter):
                     counter.count(fn["name"]) + counter.count(fn["arguments"]) + 2 * oh.per_part
                 )
         return total
+
+
+# --------------------------------------------------------------------------- parsing
+
+_ROLES: dict[str, Role] = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+}
+
+
+def parse_openai_messages(messages: list[dict[str, Any]]) -> list[Message]:
+    """A Chat Completions ``messages`` list as ``Message`` values.
+
+    ``developer`` becomes ``system``; text parts become text blocks; ``tool_calls`` become tool
+    use blocks (``arguments`` decoded from JSON); consecutive ``tool`` messages become one
+    ``tool`` message with a result block each. Raises ``FormatError`` naming the path of the
+    first malformed value.
+
+    >>> parse_openai_messages([{"role": "developer", "content": "Be brief."}])
+    [Message(role='system', content=(TextBlock(type='text', text='Be brief.'),), name=None)]
+    """
+    out: list[Message] = []
+    for i, raw in enumerate(expect_list(messages, "messages")):
+        path = f"messages[{i}]"
+        msg = expect_dict(raw, path)
+        role = _role(msg.get("role"), f"{path}.role")
+        if role == "tool":
+            result = _tool_result(msg, path)
+            if out and out[-1].role == "tool":
+                out[-1] = Message(role="tool", content=(*out[-1].content, result))
+            else:
+                out.append(Message(role="tool", content=(result,)))
+            continue
+        if msg.get("function_call") is not None:
+            fail(f"{path}.function_call", "(the legacy form) is not supported yet; use tool_calls")
+        texts = _content(msg, path, role)
+        blocks: list[ContentBlock] = list(texts)
+        calls = msg.get("tool_calls")
+        if calls is not None:
+            if role != "assistant":
+                fail(
+                    f"{path}.tool_calls",
+                    f"appears in a {role!r} message; only assistant messages call tools",
+                )
+            calls = expect_list(calls, f"{path}.tool_calls")
+            blocks = [b for b in texts if b.text]  # some clients send "" instead of null
+            blocks.extend(_tool_call(c, f"{path}.tool_calls[{j}]") for j, c in enumerate(calls))
+        name = optional_str(msg.get("name"), f"{path}.name")
+        out.append(Message(role=role, content=tuple(blocks), name=name))
+    return out
+
+
+def _role(value: Any, path: str) -> Role:
+    if not isinstance(value, str):
+        fail(path, f"is {type_name(value)}; expected one of {sorted(_ROLES)}")
+    if value not in _ROLES:
+        legacy = " (the legacy function role is not supported yet; use tool)"
+        fail(
+            path,
+            f"{value!r} is unknown; expected one of {sorted(_ROLES)}"
+            + (legacy if value == "function" else ""),
+        )
+    return _ROLES[value]
+
+
+def _content(msg: dict[str, Any], path: str, role: Role) -> list[TextBlock]:
+    content = msg.get("content")
+    if content is None:
+        if role == "assistant":
+            return []  # content may be null when the assistant only calls tools
+        fail(f"{path}.content", f"is missing or null; a {role} message needs text")
+    if isinstance(content, str):
+        return [TextBlock(text=content)]
+    if isinstance(content, list):
+        return text_of_parts(content, f"{path}.content")
+    fail(
+        f"{path}.content",
+        f"is {type_name(content)}; expected a string, an array of text parts or null",
+    )
+
+
+def _tool_call(raw: Any, path: str) -> ToolUseBlock:
+    call = expect_dict(raw, path)
+    kind = call.get("type", "function")
+    if kind != "function":
+        fail(f"{path}.type", f"is {kind!r}; only 'function' tool calls are supported yet")
+    fn = expect_dict(call.get("function"), f"{path}.function")
+    arguments = expect_str(fn.get("arguments", "{}"), f"{path}.function.arguments")
+    try:
+        args = json.loads(arguments) if arguments.strip() else {}
+    except json.JSONDecodeError as exc:
+        fail(f"{path}.function.arguments", f"is not valid JSON: {exc}")
+    if not isinstance(args, dict):
+        fail(f"{path}.function.arguments", f"is {type_name(args)}; expected a JSON object")
+    return ToolUseBlock(
+        id=expect_str(call.get("id"), f"{path}.id"),
+        name=expect_str(fn.get("name"), f"{path}.function.name"),
+        input=args,
+    )
+
+
+def _tool_result(msg: dict[str, Any], path: str) -> ToolResultBlock:
+    content = msg.get("content")
+    if isinstance(content, list):
+        text = "\n".join(b.text for b in text_of_parts(content, f"{path}.content"))
+    elif isinstance(content, str):
+        text = content
+    else:
+        fail(
+            f"{path}.content",
+            f"is {type_name(content)}; a tool message needs a string or an array of text parts",
+        )
+    return ToolResultBlock(
+        tool_use_id=expect_str(msg.get("tool_call_id"), f"{path}.tool_call_id"),
+        content=text,
+        name=optional_str(msg.get("name"), f"{path}.name"),
+    )
