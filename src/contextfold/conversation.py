@@ -52,6 +52,8 @@ def trim_history(
         head, body = body[:1], body[1:]
     room = max_tokens - OVERHEADS[format].per_request - count_messages(head, counter, format)
     if room < 0:
+        if not head:  # nothing fits, not even an empty request's overhead
+            return []
         raise ConfigError(
             f"the system message alone needs {max_tokens - room:,} tokens, more than the "
             f"{max_tokens:,} allowed; raise max_tokens"
@@ -93,6 +95,8 @@ class MemoryManager:
             raise ConfigError(f"conversation_tokens must be > 0, got {conversation_tokens}")
         if format not in OVERHEADS:
             raise ConfigError(f"unknown format {format!r}; choose one of {sorted(OVERHEADS)}")
+        if not 1 <= priority <= 10:
+            raise ConfigError(f"priority must be in 1..10, got {priority}")
         self.conversation_tokens = conversation_tokens
         self.counter = counter or TiktokenCounter()
         self.format = format

@@ -210,8 +210,12 @@ class ContextItem(BaseModel):
         # private names costs ~2 µs a call, which the packer would pay per item.
         cache: dict[str, tuple[str, int]] = self.__pydantic_private__["_tokens"]  # type: ignore[index]
         cached = cache.get(key)
-        if cached is not None and cached[0] is self.content:
-            return cached[1]
+        if cached is not None:
+            if cached[0] is self.content:
+                return cached[1]
+            # ``model_copy`` shares this dict with the original; give the copy its own so the
+            # two stop overwriting each other's entries.
+            cache = self.__pydantic_private__["_tokens"] = {}  # type: ignore[index]
         value = compute()
         cache[key] = (self.content, value)
         return value

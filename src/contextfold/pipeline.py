@@ -78,10 +78,10 @@ def postprocessor_step(
 def filter_step(
     name: str, predicate: Callable[[ContextItem], bool], *, on_error: OnError = "raise"
 ) -> PipelineStep:
-    """Keeps the candidates for which ``predicate`` is true."""
+    """Keeps the candidates for which ``predicate`` is true; pinned items are always kept."""
 
     def run(items: list[ContextItem], query: QueryBundle) -> list[ContextItem]:
-        return [item for item in items if predicate(item)]
+        return [item for item in items if item.pinned or predicate(item)]
 
     return PipelineStep(name, run, on_error)
 

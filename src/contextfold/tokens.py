@@ -205,10 +205,14 @@ class TiktokenCounter:
         keep = int(max_tokens / (1.0 + self.safety_margin))
         while keep > 0:
             part = tokens[-keep:] if from_end else tokens[:keep]
-            piece = self.encoding.decode(part)
-            # Decoding a slice can split a multi-byte character; back off until it round-trips
-            # and still fits.
-            if "\ufffd" not in piece and self.count(piece) <= max_tokens:
+            # A slice can split a multi-byte character: back off until its bytes decode strictly
+            # (a U+FFFD check would also reject text that legitimately contains U+FFFD).
+            try:
+                piece = self.encoding.decode_bytes(part).decode("utf-8")
+            except UnicodeDecodeError:
+                keep -= 1
+                continue
+            if self.count(piece) <= max_tokens:
                 return piece
             keep -= 1
         return ""

@@ -19,15 +19,18 @@ __all__ = ["TRUNCATION_MARKER", "Keep", "sentence_ends", "truncate_text"]
 TRUNCATION_MARKER = "[…truncated]"
 Keep = Literal["head", "tail", "middle"]
 
-# A sentence ends after . ! ? … or CJK full stops (optionally followed by closing quotes or
-# brackets) when whitespace follows, and at every line break.
-_BOUNDARY = re.compile(r"""(?<=[.!?…。！？])["'”’)\]]*\s+|\n+""")
+# A sentence ends after . ! ? … (optionally followed by closing quotes or brackets) when
+# whitespace follows, after CJK full stops whether or not whitespace follows (CJK text puts
+# none there), and at every line break.
+_BOUNDARY = re.compile(r"""(?<=[.!?…])["'”’)\]]*\s+|(?<=[。！？])["'”’)\]」』]*\s*|\n+""")
 
 
 def sentence_ends(text: str) -> list[int]:
     """Offsets just past each sentence's end (whitespace excluded), in order; the text's own
     end is always last."""
-    ends = [m.start() for m in _BOUNDARY.finditer(text) if m.start() > 0]
+    # A match is (closing quotes or brackets) + whitespace; the sentence keeps its closers.
+    ends = [m.start() + len(m.group().rstrip()) for m in _BOUNDARY.finditer(text)]
+    ends = [end for end in ends if end > 0]
     if not ends or ends[-1] != len(text):
         ends.append(len(text))
     return ends
@@ -68,7 +71,7 @@ def truncate_text(
     marker and one token of text fit. Text that already fits comes back unchanged."""
     if counter.count(text) <= max_tokens:
         return text
-    room = max_tokens - counter.count(marker) - 1
+    room = max_tokens - counter.count(marker)
     while room > 0:
         if keep == "head":
             result = f"{_head(text, room, counter).rstrip()} {marker}"
