@@ -1,0 +1,55 @@
+"""The ``contextfold`` command line: one module per command group.
+
+``tokens`` (:mod:`contextfold.cli.tokens`) counts tokens offline; ``build``
+(:mod:`contextfold.cli.build`) packs a request under a budget and explains the result. Errors
+become one stderr line and an exit code in :mod:`contextfold.cli.common`, never a traceback.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from contextfold.cli.build import build_command
+from contextfold.cli.tokens import tokens_command
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="contextfold",
+    help="contextfold decides what an LLM sees: exact token budgets, provider formats, "
+    "and an explanation of every decision.",
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+app.command("tokens")(tokens_command)
+app.command("build")(build_command)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from contextfold import __version__
+
+        typer.echo(f"contextfold {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Show the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """contextfold decides what an LLM sees: exact token budgets, provider formats, and an
+    explanation of every decision."""
+
+
+def main() -> None:
+    """The ``contextfold`` console script."""
+    app()

@@ -1,0 +1,101 @@
+"""What every command shares: one-line errors with exit codes, reading a file or stdin, and
+choosing a token counter.
+
+Errors are converted here, at the CLI edge, and nowhere else: bad input (a missing file, invalid
+JSON, an unknown name, a budget that cannot hold the pinned items) exits 2; any other
+``ContextfoldError`` raised while running exits 1. Each prints one line to stderr, never a
+traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NoReturn
+
+import typer
+
+from contextfold.errors import ConfigError, ContextfoldError
+from contextfold.tokens import TiktokenCounter, counter_for_model
+
+__all__ = [
+    "EXIT_INPUT",
+    "EXIT_RUNTIME",
+    "InputError",
+    "cli_errors",
+    "counter_from",
+    "fail",
+    "read_text",
+]
+
+EXIT_RUNTIME = 1
+EXIT_INPUT = 2
+ENCODINGS = ("cl100k_base", "o200k_base")
+
+
+class InputError(Exception):
+    """Bad input found by the CLI itself; becomes one error line and exit code 2."""
+
+
+def fail(message: str, code: int = EXIT_INPUT) -> NoReturn:
+    """Print ``error: message`` to stderr and exit with ``code``."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+@contextmanager
+def cli_errors() -> Iterator[None]:
+    """Turn the errors a command may meet into one stderr line and an exit code."""
+    try:
+        yield
+    except InputError as exc:
+        fail(str(exc))
+    except ConfigError as exc:  # BudgetError included: the input asks for the impossible
+        fail(f"{type(exc).__name__}: {exc}")
+    except ContextfoldError as exc:
+        fail(f"{type(exc).__name__}: {exc}", EXIT_RUNTIME)
+
+
+def read_text(source: str) -> tuple[str, str]:
+    """``(display name, text)`` of a UTF-8 file, or of stdin when ``source`` is ``-``."""
+    if source == "-":
+        name, data = "<stdin>", typer.get_binary_stream("stdin").read()
+    else:
+        path = Path(source)
+        name = source
+        if not path.exists():
+            raise InputError(f"{source}: no such file")
+        if path.is_dir():
+            raise InputError(f"{source}: is a directory, not a file")
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise InputError(f"{source}: cannot read ({exc.strerror or exc})") from None
+    try:
+        return name, data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{name}: not UTF-8 text (invalid byte at offset {exc.start:,})") from None
+
+
+def counter_from(model: str | None, encoding: str | None) -> TiktokenCounter:
+    """The counter for ``--model`` and/or ``--encoding`` (default ``o200k_base``).
+
+    Known models get their exact encoding; Claude and Gemini get ``o200k_base`` with a safety
+    margin. A model with no known tokenizer is counted with ``--encoding`` (default
+    ``o200k_base``), marked estimated, and a note says so on stderr.
+    """
+    if encoding is not None and encoding not in ENCODINGS:
+        raise InputError(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
+    if model is None:
+        return TiktokenCounter(encoding or "o200k_base")
+    if not model.strip():
+        raise InputError("--model is empty; name a model such as gpt-4o or claude-sonnet-4")
+    counter = counter_for_model(model, default_encoding=encoding or "o200k_base")
+    if counter.estimated and not counter.safety_margin:  # no tokenizer known for this model
+        typer.echo(
+            f"note: no tokenizer is known for {model!r}; counting with {counter.encoding_name} "
+            "(estimated)",
+            err=True,
+        )
+    return counter
