@@ -205,6 +205,31 @@ def _orphan_reason(items: Sequence[ContextItem], idxs: list[int]) -> str | None:
     return None
 
 
+def _lonely_tool_traffic(items: Sequence[ContextItem], idxs: list[int]) -> set[int]:
+    """Unpinned members of a pinned unit whose tool calls or results lack their partner; going
+    without one can orphan its partners, so repeat until nothing changes."""
+    lonely: set[int] = set()
+    while True:
+        calls: set[str] = set()
+        results: set[str] = set()
+        for j in idxs:
+            message = items[j].message
+            if j not in lonely and message is not None:
+                calls.update(message.tool_use_ids)
+                results.update(message.tool_result_ids)
+        unmatched = calls ^ results
+        more = set()
+        for j in idxs:
+            message = items[j].message
+            if j in lonely or items[j].pinned or message is None:
+                continue
+            if unmatched & {*message.tool_use_ids, *message.tool_result_ids}:
+                more.add(j)
+        if not more:
+            return lonely
+        lonely |= more
+
+
 # --------------------------------------------------------------------------- the fill
 
 
@@ -440,7 +465,13 @@ def pack(
             unit = _Unit(idxs, costs[i], item.source is conversation, item.priority, item.score)
             pinned = item.pinned
         if pinned:
-            pinned_used[name] = pinned_used.get(name, 0) + unit.cost
+            if unit.conversation and _has_tool_blocks(items, idxs):
+                lonely = _lonely_tool_traffic(items, idxs)
+                if lonely:  # a pinned group never carries orphaned tool traffic in
+                    orphan = _orphan_reason(items, idxs) or "tool traffic without its partner"
+                    records.extend((j, name, _DROPPED, costs[j], 0, orphan) for j in lonely)
+                    idxs = [j for j in idxs if j not in lonely]
+            pinned_used[name] = pinned_used.get(name, 0) + sum(costs[j] for j in idxs)
             for j in idxs:
                 kept.append((j, items[j]))
                 records.append((j, name, _KEPT, costs[j], costs[j], "pinned"))

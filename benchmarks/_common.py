@@ -1,0 +1,461 @@
+"""What the benchmark scripts share: reading the real data, timing, machine facts, the JSON
+result files and the ``RESULTS.md`` table rendered from them.
+
+The data is the read-only shared set described in ``../shared/benchmarks/README.md``; pass
+``--data-dir`` or set ``CONTEXTFOLD_BENCH_DATA`` to read it from elsewhere. Nothing here touches
+the network.
+
+``python benchmarks/_common.py`` re-renders ``benchmarks/RESULTS.md`` from the newest full
+(non ``--quick``) result of each benchmark in ``benchmarks/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import csv
+import gc
+import io
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import tokenize
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_DIR = ROOT / "benchmarks"
+RESULTS_DIR = BENCH_DIR / "results"
+RESULTS_MD = BENCH_DIR / "RESULTS.md"
+DATA_ENV = "CONTEXTFOLD_BENCH_DATA"
+LIBRARIES = ("contextfold", "tiktoken", "bpe-openai", "pydantic", "langchain-core")
+
+
+# --------------------------------------------------------------------------- data
+
+
+def default_data_dir() -> Path:
+    """``$CONTEXTFOLD_BENCH_DATA``, else ``../shared/benchmarks/data`` beside the project."""
+    env = os.environ.get(DATA_ENV)
+    return Path(env) if env else ROOT.parent / "shared" / "benchmarks" / "data"
+
+
+def check_data(data_dir: Path) -> None:
+    needed = [data_dir / "scifact/csv/corpus_train.csv", data_dir / "locomo/locomo10.json"]
+    missing = [str(p) for p in needed if not p.is_file()]
+    if missing:
+        sys.exit(
+            f"benchmark data not found: {', '.join(missing)}; pass --data-dir or set "
+            f"{DATA_ENV} to the folder described in shared/benchmarks/README.md"
+        )
+
+
+def abstract_sentences(abstract: str) -> list[str]:
+    """SciFact's ``abstract`` column is a numpy-style list repr with no commas between the
+    string literals; ``ast.literal_eval`` would glue neighbours together, so read the literals
+    one by one."""
+    tokens = tokenize.generate_tokens(io.StringIO(abstract).readline)
+    return [ast.literal_eval(t.string) for t in tokens if t.type == tokenize.STRING]
+
+
+@dataclass(frozen=True, slots=True)
+class Doc:
+    doc_id: str
+    title: str
+    sentences: tuple[str, ...]
+
+
+def scifact_docs(data_dir: Path) -> Iterator[Doc]:
+    """SciFact corpus documents in file order (5,183)."""
+    csv.field_size_limit(1 << 30)
+    with (data_dir / "scifact/csv/corpus_train.csv").open(newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            sentences = tuple(s.strip() for s in abstract_sentences(row["abstract"]) if s.strip())
+            yield Doc(row["doc_id"], row["title"].strip(), sentences)
+
+
+def scifact_claims(data_dir: Path) -> list[str]:
+    """The 300 SciFact test claims (de-duplicated by id), in file order."""
+    seen: dict[str, str] = {}
+    with (data_dir / "scifact/csv/claims_validation.csv").open(newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            seen.setdefault(row["id"], row["claim"])
+    return list(seen.values())
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    conversation: int  # 0-based index of the LoCoMo sample
+    dia_id: str
+    speaker: str
+    first_speaker: bool  # spoken by the sample's speaker_a
+    date: str  # the session's date_time
+    text: str
+
+
+def locomo_turns(data_dir: Path) -> list[Turn]:
+    """Every LoCoMo dialogue turn (5,882), conversation by conversation, sessions in order.
+    Only the dialogue is read, never the generated summaries or observations."""
+    with (data_dir / "locomo/locomo10.json").open(encoding="utf-8") as f:
+        samples = json.load(f)
+    turns: list[Turn] = []
+    for c, sample in enumerate(samples):
+        conv = sample["conversation"]
+        numbers = sorted(
+            int(key.removeprefix("session_"))
+            for key in conv
+            if key.startswith("session_") and key.removeprefix("session_").isdigit()
+        )
+        for n in numbers:
+            date = conv.get(f"session_{n}_date_time", "")
+            for t in conv[f"session_{n}"]:
+                text = str(t.get("text", "")).strip()
+                if text:
+                    first = t["speaker"] == conv["speaker_a"]
+                    turns.append(Turn(c, t["dia_id"], t["speaker"], first, date, text))
+    return turns
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile ``q`` in [0, 100]."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    pos = (len(ordered) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def timing_stats(seconds: Sequence[float], cpu_seconds: Sequence[float] = ()) -> dict[str, Any]:
+    """Wall-clock statistics in ms, plus the median CPU time of this process when given (on a
+    shared machine the wall clock also counts time other processes held the cores)."""
+    ms = [s * 1000 for s in seconds]
+    stats = {
+        "median_ms": round(statistics.median(ms), 4),
+        "p95_ms": round(percentile(ms, 95), 4),
+        "min_ms": round(min(ms), 4),
+        "max_ms": round(max(ms), 4),
+        "mean_ms": round(statistics.fmean(ms), 4),
+        "n": len(ms),
+    }
+    if cpu_seconds:
+        stats["cpu_median_ms"] = round(statistics.median(cpu_seconds) * 1000, 4)
+    return stats
+
+
+def length_stats(values: Sequence[int]) -> dict[str, Any]:
+    return {
+        "n": len(values),
+        "mean": round(statistics.fmean(values), 1) if values else 0.0,
+        "p50": percentile(values, 50),
+        "p95": round(percentile(values, 95), 1),
+        "min": min(values, default=0),
+        "max": max(values, default=0),
+        "total": sum(values),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Timed:
+    wall: float  # seconds
+    cpu: float  # seconds of CPU time this process used
+    value: Any
+
+
+def time_call(fn: Callable[[], Any]) -> Timed:
+    """Time one call of ``fn`` (garbage collected before, not during)."""
+    gc.collect()
+    cpu = time.process_time()
+    start = time.perf_counter()
+    value = fn()
+    wall = time.perf_counter() - start
+    return Timed(wall, time.process_time() - cpu, value)
+
+
+class Samples:
+    """Wall and CPU times of repeated runs."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    def add(self, timed: Timed) -> Any:
+        self.wall.append(timed.wall)
+        self.cpu.append(timed.cpu)
+        return timed.value
+
+    def stats(self) -> dict[str, Any]:
+        return timing_stats(self.wall, self.cpu)
+
+
+# --------------------------------------------------------------------------- run facts
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_info() -> dict[str, Any]:
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    return {
+        "cores": os.cpu_count(),
+        "usable_cores": len(affinity) if affinity is not None else os.cpu_count(),
+        "cpu_model": _cpu_model(),
+        "python": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "os": platform.platform(),
+        "load_avg_1m_at_start": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def library_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for name in LIBRARIES:
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_state() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", *args], cwd=ROOT, capture_output=True, text=True, check=False, timeout=10
+        )
+        return done.stdout.strip()
+
+    try:
+        return {"commit": git("rev-parse", "HEAD") or None, "dirty": bool(git("status", "-s"))}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far (Linux reports KiB, macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return round(peak / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)
+
+
+def base_result(name: str, description: str, quick: bool) -> dict[str, Any]:
+    return {
+        "name": name,
+        "description": description,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "quick": quick,
+        "command": " ".join(["python", *(_relative(a) for a in sys.argv)]),
+        "machine": machine_info(),
+        "versions": library_versions(),
+        "git": git_state(),
+    }
+
+
+def _relative(arg: str) -> str:
+    try:
+        return str(Path(arg).resolve().relative_to(ROOT))
+    except ValueError:
+        return arg
+
+
+def common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes and few repeats (the smoke test)"
+    )
+    parser.add_argument("--data-dir", type=Path, default=None, help="the shared benchmark data")
+    parser.add_argument(
+        "--results-dir", type=Path, default=RESULTS_DIR, help="where the JSON result goes"
+    )
+    parser.add_argument(
+        "--results-md", type=Path, default=RESULTS_MD, help="the markdown table to regenerate"
+    )
+
+
+def write_result(result: dict[str, Any], results_dir: Path, results_md: Path) -> Path:
+    """Write ``result`` as a new JSON file and regenerate the markdown table."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    stamp = result["created"].replace(":", "").replace("-", "").replace("+0000", "Z")
+    suffix = "-quick" if result["quick"] else ""
+    path = results_dir / f"{result['name']}-{stamp}{suffix}.json"
+    path.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    results_md.write_text(render_results(results_dir), encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------------- RESULTS.md
+
+
+def latest_results(results_dir: Path) -> dict[str, tuple[Path, dict[str, Any]]]:
+    """The newest full run of each benchmark (quick runs only when no full run exists)."""
+    found: dict[str, tuple[tuple[bool, str], Path, dict[str, Any]]] = {}
+    for path in sorted(results_dir.glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        key = (not data.get("quick", False), data.get("created", ""))
+        name = data.get("name", path.stem)
+        if name not in found or key > found[name][0]:
+            found[name] = (key, path, data)
+    return {name: (path, data) for name, (_, path, data) in sorted(found.items())}
+
+
+def _ms(stats: dict[str, Any], key: str) -> str:
+    value = stats[key]
+    return f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
+
+
+def _flags(flags: dict[str, bool]) -> str:
+    bad = [k for k, v in flags.items() if not v]
+    return f"all {len(flags)} true" if not bad else "FALSE: " + ", ".join(bad)
+
+
+def _machine_line(data: dict[str, Any]) -> str:
+    m, v = data["machine"], data["versions"]
+    libs = ", ".join(f"{k} {val}" for k, val in v.items() if val)
+    commit = (data.get("git") or {}).get("commit") or "unknown"
+    dirty = " (uncommitted changes)" if (data.get("git") or {}).get("dirty") else ""
+    return (
+        f"{m['cpu_model']}, {m['usable_cores']} cores, Python {m['python']}, {m['os']}, "
+        f"load {m.get('load_avg_1m_at_start')} at start; "
+        f"{libs}; commit {commit[:10]}{dirty}; run {data['created']}"
+    )
+
+
+def _render_window(path: Path, data: dict[str, Any]) -> list[str]:
+    p = data["parameters"]
+    lines = [
+        "## Window packing (`bench_window.py`)",
+        "",
+        data["description"],
+        "",
+        f"- Command: `{data['command']}` → `{_relative(str(path))}`",
+        f"- Machine: {_machine_line(data)}",
+        f"- {p['n_items']:,} candidates: "
+        + ", ".join(f"{k} {v:,}" for k, v in p["items_by_section"].items())
+        + f"; {p['format']} format, `{p['encoding']}` counter, max_tokens {p['max_tokens']:,}.",
+        "",
+        "| budget | mode | median ms | p95 ms | min ms | CPU median ms | runs | items/s | "
+        "used / available | kept / cut / dropped |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for c in data["configs"]:
+        t = c["timings"]
+        lines.append(
+            f"| {c['budget']} | {c['mode']} | {_ms(t, 'median_ms')} | {_ms(t, 'p95_ms')} | "
+            f"{_ms(t, 'min_ms')} | {_ms(t, 'cpu_median_ms')} | {t['n']} | "
+            f"{c['items_per_s']:,.0f} | "
+            f"{c['used_tokens']:,} / {c['available']:,} ({c['utilisation']:.1%}) | "
+            f"{c['kept']:,} / {c['truncated']:,} / {c['dropped']:,} |"
+        )
+    lines += ["", "Candidate lengths (tokens under the same counter, content only):", ""]
+    lines += [
+        "| section | items | mean | p50 | p95 | max | total |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, s in data["lengths"].items():
+        lines.append(
+            f"| {name} | {s['n']:,} | {s['mean']:,.1f} | {s['p50']:,.0f} | {s['p95']:,.0f} | "
+            f"{s['max']:,} | {s['total']:,} |"
+        )
+    setup = data["setup"]
+    lines += [
+        "",
+        "- Ratios: cold / warm median = "
+        + ", ".join(f"{k} {v:.1f}×" for k, v in data["ratios"].items())
+        + ".",
+        f"- Outside the timed region: encoding load {setup['encoding_load_ms']:,.0f} ms (once "
+        f"per process); building {p['n_items']:,} fresh `ContextItem`s "
+        f"{setup['item_construction']['median_ms']:,.0f} ms (median).",
+        f"- Goal (warm median ≤ {data['goals']['warm_median_ms_limit']} ms): "
+        + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in data["goals"]["met"].items())
+        + ".",
+        f"- Correctness flags: {_flags(data['correctness'])}. Peak RSS {data['peak_rss_mb']} MB.",
+    ]
+    return lines
+
+
+def _render_history(path: Path, data: dict[str, Any]) -> list[str]:
+    p = data["parameters"]
+    lines = [
+        "## History trimming vs LangChain (`bench_history_trim.py`)",
+        "",
+        data["description"],
+        "",
+        f"- Command: `{data['command']}` → `{_relative(str(path))}`",
+        f"- Machine: {_machine_line(data)}",
+        f"- {p['n_messages']:,} messages ("
+        + ", ".join(f"{k} {v:,}" for k, v in p["messages_by_kind"].items())
+        + f"), {p['input_tokens']:,} tokens, trimmed to {p['max_tokens']:,}; "
+        f"`{p['encoding']}` counter shared by both sides.",
+        "",
+        "| implementation | median ms | p95 ms | min ms | CPU median ms | runs | "
+        "langchain / ours | messages kept | tokens used | tool pairs intact |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    ours_median = data["configs"][0]["timings"]["median_ms"]
+    for c in data["configs"]:
+        t = c["timings"]
+        ratio = t["median_ms"] / ours_median if ours_median else float("nan")
+        lines.append(
+            f"| {c['label']} | {_ms(t, 'median_ms')} | {_ms(t, 'p95_ms')} | "
+            f"{_ms(t, 'min_ms')} | {_ms(t, 'cpu_median_ms')} | {t['n']} | {ratio:.2f}× | "
+            f"{c['messages_kept']:,} | "
+            f"{c['tokens_used']:,} | {'yes' if c['tool_pairs_intact'] else 'NO'} |"
+        )
+    goal = data["goals"]
+    cpu = data.get("ratios_langchain_over_ours_cpu") or {}
+    lines += [
+        "",
+        "- Ratio by CPU time: "
+        + ", ".join(f"{k} {v:.2f}×" for k, v in cpu.items() if v is not None)
+        + ".",
+        f"- Goal (langchain / ours ≥ {goal['min_ratio']}×): "
+        + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in goal["met"].items())
+        + ".",
+        f"- Correctness flags: {_flags(data['correctness'])}. Peak RSS {data['peak_rss_mb']} MB.",
+    ]
+    return lines
+
+
+_RENDERERS = {"window": _render_window, "history_trim": _render_history}
+
+
+def render_results(results_dir: Path) -> str:
+    lines = [
+        "# Benchmark results",
+        "",
+        "Generated from the JSON files in `benchmarks/results/` by `benchmarks/_common.py` "
+        "(newest full run of each benchmark); do not edit by hand. Timings are wall-clock "
+        "`time.perf_counter` per call, garbage collected before each call; median and p95 over "
+        "the runs listed. *CPU median* is the CPU time of the benchmark process per call, which "
+        "other processes on a shared machine do not inflate. Peak RSS is the whole benchmark "
+        "process, data loading included. Re-run with `python benchmarks/bench_window.py` and "
+        "`python benchmarks/bench_history_trim.py`.",
+        "",
+    ]
+    for name, (path, data) in latest_results(results_dir).items():
+        render = _RENDERERS.get(name)
+        if render is not None:
+            lines += [*render(path, data), ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    RESULTS_MD.write_text(render_results(RESULTS_DIR), encoding="utf-8")
+    print(f"wrote {RESULTS_MD}")
