@@ -477,9 +477,9 @@ def pack(
                 records.append((j, name, _KEPT, costs[j], costs[j], "pinned"))
             continue
         if unit.conversation and _has_tool_blocks(items, idxs):
-            orphan = _orphan_reason(items, idxs)
-            if orphan is not None:
-                records.extend((j, name, _DROPPED, costs[j], 0, orphan) for j in idxs)
+            reason = _orphan_reason(items, idxs)
+            if reason is not None:
+                records.extend((j, name, _DROPPED, costs[j], 0, reason) for j in idxs)
                 continue
         units.setdefault(name, []).append(unit)
     for name, section_units in units.items():
