@@ -3,24 +3,41 @@ sliding window that evicts the oldest turns and never splits a tool call from it
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from contextfold.errors import ConfigError
 from contextfold.items import ContextItem, Message, QueryBundle
 from contextfold.tokens import OVERHEADS, TiktokenCounter, TokenCounter, count_messages
-from contextfold.window import tool_groups
 
 __all__ = ["MemoryManager", "trim_history"]
 
 
 def _units(messages: Sequence[Message]) -> list[list[int]]:
     """Indices of messages grouped into atomic units (a tool call with its results), in order
-    of each unit's first message."""
-    items = [ContextItem.from_message(m) for m in messages]
+    of each unit's first message. Works on the messages directly: plain text messages (most of
+    them) are units of one without further work."""
+    parent = list(range(len(messages)))
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    owner: dict[str, int] = {}
+    for i, message in enumerate(messages):
+        content = message.content
+        if len(content) == 1 and content[0].type == "text":
+            continue
+        for tool_id in (*message.tool_use_ids, *message.tool_result_ids):
+            if tool_id in owner:
+                parent[find(i)] = find(owner[tool_id])
+            else:
+                owner[tool_id] = i
     groups: dict[int, list[int]] = {}
-    for i, g in enumerate(tool_groups(items)):
-        groups.setdefault(g, []).append(i)
+    for i in range(len(messages)):
+        groups.setdefault(i if parent[i] == i else find(i), []).append(i)
     return sorted(groups.values(), key=lambda idxs: idxs[0])
 
 
@@ -59,8 +76,8 @@ def trim_history(
             f"{max_tokens:,} allowed; raise max_tokens"
         )
     kept: list[int] = []
-    for idxs in reversed(_units(body)):
-        if not _complete(body, idxs):
+    for idxs, complete in _newest_exchanges(body):
+        if not complete:
             continue
         cost = count_messages((body[i] for i in idxs), counter, format)
         if cost > room:
@@ -68,6 +85,33 @@ def trim_history(
         room -= cost
         kept.extend(idxs)
     return head + [body[i] for i in sorted(kept)]
+
+
+def _newest_exchanges(messages: Sequence[Message]) -> Iterator[tuple[list[int], bool]]:
+    """Contiguous spans of messages from the newest back, each closed once every tool result
+    in it has met its call; ``complete`` is false for a span with a call whose result is not in
+    it (or results whose call never comes). Only the spans a caller consumes are examined."""
+    span: list[int] = []
+    waiting: set[str] = set()  # results seen whose call is still further back
+    complete = True
+    for i in range(len(messages) - 1, -1, -1):
+        message = messages[i]
+        span.append(i)
+        content = message.content
+        if not (len(content) == 1 and content[0].type == "text"):
+            waiting.update(message.tool_result_ids)
+            for call in message.tool_use_ids:
+                if call in waiting:
+                    waiting.discard(call)
+                else:
+                    complete = False  # a call without its result
+        if not waiting:
+            span.reverse()
+            yield span, complete
+            span, complete = [], True
+    if span:
+        span.reverse()
+        yield span, False  # results whose call never came
 
 
 class MemoryManager:
