@@ -7,6 +7,10 @@ Catch ``ContextfoldError`` to handle anything the library raises on purpose::
     │   └── BudgetError        a budget that cannot hold what it must (numbers in the message)
     ├── TokenizerError         an encoding file is missing, corrupt or unknown
     ├── FormatError            a payload that is not valid for the named provider format
+    ├── EmbeddingError         an embedding model is missing or corrupt, or returned bad vectors
+    ├── StoreError             the SQLite store cannot be opened, migrated or written
+    ├── LLMError               an LLM or embeddings endpoint failed (after retries); carries
+    │                          the HTTP status and the endpoint's own message
     └── PipelineError          a pipeline cannot run as configured
         └── StepError          a pipeline step raised (``on_error="raise"``); ``__cause__`` is
                                the original exception
@@ -23,9 +27,12 @@ __all__ = [
     "BudgetError",
     "ConfigError",
     "ContextfoldError",
+    "EmbeddingError",
     "FormatError",
+    "LLMError",
     "PipelineError",
     "StepError",
+    "StoreError",
     "TokenizerError",
 ]
 
@@ -48,6 +55,22 @@ class TokenizerError(ContextfoldError):
 
 class FormatError(ContextfoldError, ValueError):
     """A provider payload does not have the shape its format requires."""
+
+
+class EmbeddingError(ContextfoldError):
+    """An embedding model could not be loaded (missing, hash mismatch) or misbehaved."""
+
+
+class StoreError(ContextfoldError):
+    """The store cannot be opened, migrated or written."""
+
+
+class LLMError(ContextfoldError):
+    """An LLM or embeddings endpoint failed; ``status`` is the HTTP status when there was one."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class PipelineError(ContextfoldError):

@@ -1,0 +1,517 @@
+"""``DocumentIndex``: documents in, ranked chunks out — BM25, dense, or both fused with RRF.
+
+The SQLite ``DocumentStore`` holds documents, chunks and vectors; the BM25 index (bm25s) and the
+vector index are derived from it. For a file-backed index the BM25 index is saved next to the
+database (``<db>.bm25/``) stamped with the corpus version and loaded memory-mapped when the
+stamp matches, so opening a large corpus does not re-index it.
+
+>>> from contextfold.testing import HashEmbedder
+>>> index = DocumentIndex(embedder=HashEmbedder())
+>>> doc = index.add_document("Refunds are processed within 14 days of the request.")
+>>> hit = index.search("how long do refunds take", k=1)[0]
+>>> hit.match_source, hit.text[:7]
+('hybrid', 'Refunds')
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from contextfold.errors import ConfigError
+from contextfold.items import ContextItem, QueryBundle, SourceType
+from contextfold.retrieval.base import Chunk, Chunker, Embedder, SearchHit, chunk_id, content_hash
+from contextfold.retrieval.dense import NumpyVectorIndex, USearchVectorIndex, VectorIndex
+from contextfold.retrieval.fusion import mmr, rrf
+from contextfold.retrieval.sparse import BM25Index
+from contextfold.store.documents import DocumentRecord, DocumentStore, _now
+
+if TYPE_CHECKING:
+    from contextfold.tokens import TokenCounter
+
+__all__ = ["AddResult", "DocumentIndex", "SearchMode", "hits_to_items"]
+
+SearchMode = Literal["bm25", "dense", "hybrid"]
+_MODES = ("bm25", "dense", "hybrid")
+
+
+@dataclass(frozen=True)
+class AddResult:
+    """What ``add_document`` did: the document id, whether it was new, its chunk ids."""
+
+    doc_id: str
+    added: bool
+    chunk_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Pending:
+    record: DocumentRecord
+    chunks: list[Chunk]
+
+
+def hits_to_items(hits: Sequence[SearchHit], *, priority: int = 5) -> list[ContextItem]:
+    """Search hits as retrieval ``ContextItem``s (score, ranks and match source in metadata)."""
+    return [
+        ContextItem(
+            id=hit.id,
+            content=hit.text,
+            source=SourceType.RETRIEVAL,
+            score=hit.score,
+            priority=priority,
+            metadata={
+                **hit.metadata,
+                "match_source": hit.match_source,
+                "ranks": dict(hit.ranks),
+                "scores": dict(hit.scores),
+            },
+        )
+        for hit in hits
+    ]
+
+
+class DocumentIndex:
+    """A searchable collection of chunked documents (the seed's ``FAISSMemory(path=...)``).
+
+    ``path=None`` keeps everything in memory; a path is a SQLite file that persists (a folder,
+    or a path without a suffix, holds ``documents.db`` and the saved BM25 index). The
+    embedder defaults to the offline all-MiniLM-L6-v2 (loaded on first use); ``embedder=False``
+    makes a BM25-only index. Filters (tenants, metadata) apply before ranking.
+    """
+
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        *,
+        embedder: Embedder | Literal[False] | None = None,
+        chunker: Chunker | None = None,
+        bm25: BM25Index | None = None,
+        vector_index: Literal["numpy", "usearch"] = "numpy",
+        rrf_k: int = 60,
+        weights: Mapping[str, float] | None = None,
+        fetch_k: int = 100,
+    ) -> None:
+        if path is not None and (Path(path).is_dir() or not Path(path).suffix):
+            path = Path(path) / "documents.db"  # a folder, as the seed's FAISSMemory(path=...)
+        self.path = None if path is None else Path(path)
+        self.store = DocumentStore(":memory:" if self.path is None else self.path)
+        self._embedder_arg = embedder
+        self._embedder: Embedder | None = None
+        self._chunker = chunker
+        self.rrf_k, self.weights, self.fetch_k = rrf_k, dict(weights or {}), fetch_k
+        self._vector_kind = vector_index
+        self._lock = threading.RLock()
+        self._bm25 = bm25 or BM25Index()
+        self._bm25_params = {
+            "k1": self._bm25.k1,
+            "b": self._bm25.b,
+            "method": self._bm25.method,
+            "stemmer": self._bm25.stemmer,
+            "stopwords": self._bm25.stopwords,
+        }
+        self._vectors: VectorIndex | None = None
+        self._loaded = False
+
+    # -- components ------------------------------------------------------------------------
+
+    @property
+    def embedder(self) -> Embedder | None:
+        if self._embedder_arg is False:
+            return None
+        if self._embedder is None:
+            if self._embedder_arg is None:
+                from contextfold.retrieval.embedders import default_embedder
+
+                self._embedder = default_embedder()
+            else:
+                self._embedder = self._embedder_arg
+        return self._embedder
+
+    @property
+    def chunker(self) -> Chunker:
+        if self._chunker is None:
+            from contextfold.retrieval.chunking import TextChunker
+
+            self._chunker = TextChunker()
+        return self._chunker
+
+    @property
+    def version(self) -> int:
+        """Increases on every write; caches keyed by it are never stale."""
+        return self.store.version
+
+    def __len__(self) -> int:
+        return self.store.count()[1]
+
+    def _new_vector_index(self, dim: int) -> VectorIndex:
+        if self._vector_kind == "usearch":
+            return USearchVectorIndex(dim)
+        return NumpyVectorIndex(dim)
+
+    def _bm25_dir(self) -> Path | None:
+        return None if self.path is None else self.path.with_name(self.path.name + ".bm25")
+
+    def _ensure_loaded(self) -> None:
+        """Bring the derived indexes in line with the store (once per process)."""
+        if self._loaded:
+            return
+        with self._lock:
+            if self._loaded:
+                return
+            folder = self._bm25_dir()
+            stamp = folder / "corpus_version.json" if folder else None
+            if stamp is not None and stamp.exists():
+                saved = json.loads(stamp.read_text())
+                if saved.get("version") == self.version and saved.get("params") == (
+                    self._bm25_params
+                ):
+                    assert folder is not None
+                    self._bm25 = BM25Index.load(folder, mmap=True)
+            if len(self._bm25) == 0 and self.store.count()[1]:
+                ids, texts = zip(*self.store.chunk_texts(), strict=True)
+                self._bm25.add(list(ids), list(texts))
+            embedder = self.embedder
+            if embedder is not None:
+                ids_v, matrix = self.store.vectors(embedder.name)
+                if ids_v:
+                    self._vectors = self._new_vector_index(matrix.shape[1])
+                    self._vectors.add(ids_v, matrix)
+            self._loaded = True
+
+    def _attach_texts(self) -> None:
+        if not self._bm25.has_texts:  # a memory-mapped index loaded from disk
+            self._bm25.set_texts(dict(self.store.chunk_texts()))
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def add(self, text: str, metadata: dict[str, Any] | None = None) -> str:
+        """Store ``text`` as one chunk, unsplit (the seed's ``memory.add``); returns its id."""
+        result = self.add_document(text, metadata, chunk=False)
+        return result.chunk_ids[0] if result.chunk_ids else result.doc_id
+
+    def add_document(
+        self,
+        text: str,
+        metadata: dict[str, Any] | None = None,
+        *,
+        tenant: str = "default",
+        source: str | None = None,
+        doc_id: str | None = None,
+        chunk: bool = True,
+        chunker: Chunker | None = None,
+    ) -> AddResult:
+        """Chunk, embed and index one document. The same text in the same tenant is stored
+        once: adding it again returns the existing id with ``added=False``."""
+        return self.add_documents(
+            [(text, metadata)],
+            tenant=tenant,
+            source=source,
+            doc_ids=[doc_id],
+            chunk=chunk,
+            chunker=chunker,
+        )[0]
+
+    def add_documents(
+        self,
+        documents: Iterable[tuple[str, dict[str, Any] | None]],
+        *,
+        tenant: str = "default",
+        source: str | None = None,
+        doc_ids: Sequence[str | None] | None = None,
+        chunk: bool = True,
+        chunker: Chunker | None = None,
+        batch_size: int = 256,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[AddResult]:
+        """Add many documents, embedding their chunks in batches across documents.
+
+        ``progress(n)`` is called with the number of documents finished after each batch.
+        Each document is stored in its own transaction, so an interruption keeps every
+        document finished before it.
+        """
+        self._ensure_loaded()
+        results: list[AddResult] = []
+        pending: list[_Pending] = []
+        pending_chunks = 0
+        seen: dict[str, str] = {}
+        for n, (text, metadata) in enumerate(documents):
+            if not isinstance(text, str) or not text.strip():
+                raise ConfigError(f"document {n} is empty; nothing to index")
+            digest = content_hash(text)
+            existing = seen.get(digest) or self.store.find(tenant, digest)
+            if existing is not None:
+                results.append(AddResult(existing, added=False))
+                continue
+            given = doc_ids[n] if doc_ids is not None and n < len(doc_ids) else None
+            record = DocumentRecord(
+                id=given or content_hash(f"{tenant}\x1f{digest}")[:20],
+                tenant=tenant,
+                content_hash=digest,
+                source=source if source is not None else (metadata or {}).get("source"),
+                text=text,
+                metadata=dict(metadata or {}),
+                created_at=_now(),
+            )
+            seen[digest] = record.id
+            chunks = self._chunks(record, chunker if chunk else None, split=chunk)
+            pending.append(_Pending(record, chunks))
+            results.append(AddResult(record.id, added=True, chunk_ids=[c.id for c in chunks]))
+            pending_chunks += len(chunks)
+            if pending_chunks >= batch_size:
+                self._flush(pending, progress)
+                pending, pending_chunks = [], 0
+        self._flush(pending, progress)
+        return results
+
+    def _chunks(
+        self, record: DocumentRecord, chunker: Chunker | None, *, split: bool
+    ) -> list[Chunk]:
+        if split:
+            chunks = (chunker or self.chunker).split(record.text, doc_id=record.id, metadata={})
+        else:
+            chunks = []
+        if not chunks:
+            text = record.text
+            count = 0
+            counter: TokenCounter | None = getattr(self._chunker, "counter", None)
+            if counter is not None:
+                count = counter.count(text)
+            chunks = [
+                Chunk(
+                    id=chunk_id(record.id, 0, text),
+                    doc_id=record.id,
+                    index=0,
+                    text=text,
+                    start=0,
+                    end=len(text),
+                    token_count=count,
+                    metadata={},
+                )
+            ]
+        return chunks
+
+    def _flush(self, pending: list[_Pending], progress: Callable[[int], None] | None) -> None:
+        if not pending:
+            return
+        embedder = self.embedder
+        texts = [c.text for p in pending for c in p.chunks]
+        vectors = embedder.embed(texts) if embedder is not None else None
+        with self._lock:
+            self._attach_texts()
+            offset = 0
+            for p in pending:
+                n = len(p.chunks)
+                part = None if vectors is None else vectors[offset : offset + n]
+                self.store.add(p.record, p.chunks, part, model=embedder.name if embedder else None)
+                self._bm25.add([c.id for c in p.chunks], [c.text for c in p.chunks])
+                if part is not None:
+                    if self._vectors is None:
+                        self._vectors = self._new_vector_index(part.shape[1])
+                    self._vectors.add([c.id for c in p.chunks], part)
+                offset += n
+        if progress is not None:
+            progress(len(pending))
+
+    def remove_document(self, doc_id: str) -> bool:
+        """Delete a document and its chunks; returns whether it existed."""
+        self._ensure_loaded()
+        with self._lock:
+            self._attach_texts()
+            chunk_ids = self.store.remove(doc_id)
+            self._bm25.remove(chunk_ids)
+            if self._vectors is not None:
+                self._vectors.remove(chunk_ids)
+        return bool(chunk_ids)
+
+    def clear(self) -> None:
+        """Remove every document (the seed's ``clear()``)."""
+        with self._lock:
+            self.store.clear()
+            self._bm25.clear()
+            self._vectors = None
+            folder = self._bm25_dir()
+            if folder is not None and folder.exists():
+                shutil.rmtree(folder)
+
+    def save(self) -> None:
+        """Persist the BM25 index next to the database (file-backed indexes only)."""
+        folder = self._bm25_dir()
+        if folder is None:
+            return
+        self._ensure_loaded()
+        with self._lock:
+            self._bm25.save(folder)
+            stamp = {"version": self.version, "params": self._bm25_params}
+            (folder / "corpus_version.json").write_text(json.dumps(stamp))
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def search(
+        self,
+        query: str | QueryBundle,
+        k: int = 10,
+        *,
+        mode: SearchMode = "hybrid",
+        tenants: Sequence[str] | None = None,
+        filters: Mapping[str, Any] | None = None,
+        weights: Mapping[str, float] | None = None,
+        mmr_lambda: float | None = None,
+    ) -> list[SearchHit]:
+        """The ``k`` best chunks for ``query``.
+
+        ``hybrid`` fuses BM25 and dense rankings (each ``fetch_k`` deep) with RRF; a chunk
+        found by both is ``match_source="hybrid"``. ``weights`` (e.g. ``{"bm25": 1.0,
+        "vector": 0.7}``) override the index's defaults; ``mmr_lambda`` re-ranks the fused
+        list for diversity. A ``QueryBundle`` with an ``embedding`` skips embedding the query.
+        """
+        if mode not in _MODES:
+            raise ConfigError(f"search mode must be one of {_MODES}, got {mode!r}")
+        if k <= 0:
+            return []
+        bundle = query if isinstance(query, QueryBundle) else QueryBundle(query_str=query)
+        depth = max(k, self.fetch_k) if mode == "hybrid" or mmr_lambda is not None else k
+        rankings = self._rankings(bundle, mode, depth, tenants, filters)
+        fused = rrf(
+            {signal: [i for i, _ in ranked] for signal, ranked in rankings.items()},
+            k=self.rrf_k,
+            weights={**self.weights, **(weights or {})} if len(rankings) > 1 else None,
+        )
+        if mmr_lambda is not None:
+            fused = self._diversify(fused, k, mmr_lambda)
+        fused = fused[:k]
+        rows = self.store.chunks(hit.id for hit in fused)
+        scores = {signal: dict(ranked) for signal, ranked in rankings.items()}
+        hits = []
+        for hit in fused:
+            row = rows[hit.id]
+            signals = set(hit.ranks)
+            source = "hybrid" if len(signals) > 1 else ("bm25" if "bm25" in signals else "vector")
+            per_signal = {s: scores[s][hit.id] for s in signals}
+            if len(rankings) > 1:
+                per_signal["hybrid"] = hit.score
+            score = hit.score if len(rankings) > 1 else next(iter(per_signal.values()))
+            hits.append(
+                SearchHit(
+                    id=hit.id,
+                    text=row["text"],
+                    score=score,
+                    match_source=source,
+                    ranks=dict(hit.ranks),
+                    scores=per_signal,
+                    metadata={
+                        **row["metadata"],
+                        "doc_id": row["doc_id"],
+                        "chunk_index": row["index"],
+                        "tenant": row["tenant"],
+                        "source": row["source"],
+                    },
+                )
+            )
+        return hits
+
+    def _rankings(
+        self,
+        bundle: QueryBundle,
+        mode: SearchMode,
+        depth: int,
+        tenants: Sequence[str] | None,
+        filters: Mapping[str, Any] | None,
+    ) -> dict[str, list[tuple[str, float]]]:
+        """Each signal's ``(chunk id, score)`` list, best first, ``depth`` deep."""
+        self._ensure_loaded()
+        filters = {**bundle.filters, **(filters or {})}
+        allowed = (
+            self.store.matching_chunks(tenants=tenants, filters=filters)
+            if tenants is not None or filters
+            else None
+        )
+        rankings: dict[str, list[tuple[str, float]]] = {}
+        if mode in ("bm25", "hybrid"):
+            rankings["bm25"] = self._bm25.search(bundle.query_str, depth, allowed=allowed)
+        if mode in ("dense", "hybrid"):
+            query_vector = self._query_vector(bundle, required=mode == "dense")
+            if query_vector is not None and self._vectors is not None:
+                rankings["vector"] = self._vectors.search(query_vector, depth, allowed=allowed)
+        return rankings
+
+    def search_documents(
+        self,
+        query: str | QueryBundle,
+        k: int = 10,
+        *,
+        mode: SearchMode = "hybrid",
+        depth: int | None = None,
+        tenants: Sequence[str] | None = None,
+        filters: Mapping[str, Any] | None = None,
+        weights: Mapping[str, float] | None = None,
+    ) -> list[tuple[str, float]]:
+        """The ``k`` best documents as ``(doc id, score)``: each signal ranks documents by
+        their best chunk (MaxP), then the document rankings are fused with RRF. This is the
+        form document-level evaluation (SciFact, Cranfield) needs."""
+        if mode not in _MODES:
+            raise ConfigError(f"search mode must be one of {_MODES}, got {mode!r}")
+        if k <= 0:
+            return []
+        bundle = query if isinstance(query, QueryBundle) else QueryBundle(query_str=query)
+        depth = depth or max(4 * k, self.fetch_k)
+        rankings = self._rankings(bundle, mode, depth, tenants, filters)
+        chunk_ids = {cid for ranked in rankings.values() for cid, _ in ranked}
+        doc_of = {cid: row["doc_id"] for cid, row in self.store.chunks(chunk_ids).items()}
+        doc_rankings: dict[str, list[str]] = {}
+        best: dict[str, dict[str, float]] = {}
+        for signal, ranked in rankings.items():
+            docs: dict[str, float] = {}
+            for cid, score in ranked:
+                docs.setdefault(doc_of[cid], score)
+            doc_rankings[signal] = list(docs)
+            best[signal] = docs
+        if len(doc_rankings) == 1:
+            signal = next(iter(doc_rankings))
+            return list(best[signal].items())[:k]
+        fused = rrf(
+            doc_rankings, k=self.rrf_k, weights={**self.weights, **(weights or {})}, limit=k
+        )
+        return [(hit.id, hit.score) for hit in fused]
+
+    def _query_vector(self, bundle: QueryBundle, *, required: bool) -> np.ndarray | None:
+        if bundle.embedding is not None:
+            return np.asarray(bundle.embedding, dtype=np.float32)
+        embedder = self.embedder
+        if embedder is None:
+            if required:
+                raise ConfigError("dense search needs an embedder; this index has none")
+            return None
+        vector: np.ndarray = embedder.embed([bundle.query_str])[0]
+        return vector
+
+    def _diversify(self, fused: list[Any], k: int, lambda_: float) -> list[Any]:
+        if not isinstance(self._vectors, NumpyVectorIndex) or not fused:
+            return fused
+        cache = {}
+        for hit in fused:
+            try:
+                cache[hit.id] = self._vectors.vector(hit.id)
+            except KeyError:
+                continue
+        relevance = {h.id: h.score / fused[0].score for h in fused}
+        order = mmr(
+            [h.id for h in fused],
+            relevance,
+            lambda a, b: float(cache[a] @ cache[b]) if a in cache and b in cache else 0.0,
+            k=k,
+            lambda_=lambda_,
+        )
+        by_id = {h.id: h for h in fused}
+        return [by_id[i] for i in order]
+
+    def retrieve(self, query: str | QueryBundle, top_k: int = 5) -> list[ContextItem]:
+        """The ``Retriever`` protocol: hybrid search as retrieval ``ContextItem``s, so an index
+        plugs straight into ``retriever_step``."""
+        return hits_to_items(self.search(query, top_k))

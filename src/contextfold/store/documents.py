@@ -1,0 +1,254 @@
+"""The document store: documents, their chunks and chunk vectors in SQLite.
+
+It is the source of truth for a retrieval index (``contextfold.retrieval.index``): the BM25 and
+vector indexes are derived from it and can always be rebuilt from it. Documents are
+content-addressed per tenant, so ingesting the same text twice stores it once.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict
+
+from contextfold.errors import ConfigError
+from contextfold.retrieval.base import Chunk
+from contextfold.store.sqlite import MigrationRegistry, connect, transaction
+
+__all__ = ["MIGRATIONS", "DocumentRecord", "DocumentStore"]
+
+MIGRATIONS = MigrationRegistry("documents")
+
+
+@MIGRATIONS.migration
+def m001_create_documents(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        "CREATE TABLE documents ("
+        " id TEXT PRIMARY KEY, tenant TEXT NOT NULL, content_hash TEXT NOT NULL,"
+        " source TEXT, text TEXT NOT NULL, metadata TEXT NOT NULL DEFAULT '{}',"
+        " created_at TEXT NOT NULL, UNIQUE (tenant, content_hash))"
+    )
+    conn.execute(
+        "CREATE TABLE chunks ("
+        " id TEXT PRIMARY KEY,"
+        " doc_id TEXT NOT NULL REFERENCES documents(id) ON DELETE CASCADE,"
+        " idx INTEGER NOT NULL, text TEXT NOT NULL, start INTEGER NOT NULL, end_ INTEGER NOT NULL,"
+        " token_count INTEGER NOT NULL, metadata TEXT NOT NULL DEFAULT '{}')"
+    )
+    conn.execute("CREATE INDEX chunks_by_doc ON chunks (doc_id, idx)")
+    conn.execute(
+        "CREATE TABLE chunk_vectors ("
+        " chunk_id TEXT NOT NULL REFERENCES chunks(id) ON DELETE CASCADE,"
+        " model TEXT NOT NULL, dim INTEGER NOT NULL, vector BLOB NOT NULL,"
+        " PRIMARY KEY (chunk_id, model))"
+    )
+    conn.execute("CREATE TABLE corpus_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    conn.execute("INSERT INTO corpus_meta (key, value) VALUES ('version', '0')")
+
+
+class DocumentRecord(BaseModel):
+    """A stored document (without its chunks)."""
+
+    model_config = ConfigDict(frozen=True)
+    id: str
+    tenant: str
+    content_hash: str
+    source: str | None
+    text: str
+    metadata: dict[str, Any]
+    created_at: str
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+class DocumentStore:
+    """Documents, chunks and vectors in one SQLite file (or ``":memory:"``).
+
+    ``version`` increases on every write, so caches keyed by it never serve stale results.
+    """
+
+    def __init__(self, path: str | Path = ":memory:") -> None:
+        self.path = str(path)
+        self._conn = connect(self.path)
+        MIGRATIONS.apply(self._conn)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    @property
+    def version(self) -> int:
+        row = self._conn.execute("SELECT value FROM corpus_meta WHERE key = 'version'").fetchone()
+        return int(row[0])
+
+    def _bump(self) -> None:
+        self._conn.execute(
+            "UPDATE corpus_meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'version'"
+        )
+
+    def find(self, tenant: str, content_hash: str) -> str | None:
+        """The id of the document with this content in this tenant, if stored."""
+        row = self._conn.execute(
+            "SELECT id FROM documents WHERE tenant = ? AND content_hash = ?",
+            (tenant, content_hash),
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def add(
+        self,
+        document: DocumentRecord,
+        chunks: Sequence[Chunk],
+        vectors: npt.NDArray[np.float32] | None = None,
+        *,
+        model: str | None = None,
+    ) -> None:
+        """Store a document with its chunks (and their vectors, row *i* for chunk *i*) in one
+        transaction: afterwards all of it is stored, or none of it."""
+        if vectors is not None and (model is None or len(vectors) != len(chunks)):
+            raise ConfigError(
+                f"{len(chunks)} chunks need as many vectors and a model name, "
+                f"got {None if vectors is None else len(vectors)} vectors, model={model!r}"
+            )
+        with transaction(self._conn) as conn:
+            conn.execute(
+                "INSERT INTO documents (id, tenant, content_hash, source, text, metadata,"
+                " created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    document.id,
+                    document.tenant,
+                    document.content_hash,
+                    document.source,
+                    document.text,
+                    json.dumps(document.metadata),
+                    document.created_at,
+                ),
+            )
+            conn.executemany(
+                "INSERT INTO chunks (id, doc_id, idx, text, start, end_, token_count, metadata)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                [
+                    (
+                        c.id,
+                        document.id,
+                        c.index,
+                        c.text,
+                        c.start,
+                        c.end,
+                        c.token_count,
+                        json.dumps(c.metadata),
+                    )
+                    for c in chunks
+                ],
+            )
+            if vectors is not None:
+                conn.executemany(
+                    "INSERT INTO chunk_vectors (chunk_id, model, dim, vector) VALUES (?, ?, ?, ?)",
+                    [
+                        (c.id, model, vectors.shape[1], np.asarray(v, np.float32).tobytes())
+                        for c, v in zip(chunks, vectors, strict=True)
+                    ],
+                )
+            self._bump()
+
+    def remove(self, doc_id: str) -> list[str]:
+        """Delete a document (its chunks and vectors cascade); returns the chunk ids removed."""
+        with transaction(self._conn) as conn:
+            ids = [r[0] for r in conn.execute("SELECT id FROM chunks WHERE doc_id = ?", (doc_id,))]
+            conn.execute("DELETE FROM documents WHERE id = ?", (doc_id,))
+            self._bump()
+        return ids
+
+    def clear(self) -> None:
+        with transaction(self._conn) as conn:
+            conn.execute("DELETE FROM documents")
+            self._bump()
+
+    def count(self) -> tuple[int, int]:
+        """``(documents, chunks)``."""
+        docs = self._conn.execute("SELECT COUNT(*) FROM documents").fetchone()[0]
+        chunks = self._conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
+        return int(docs), int(chunks)
+
+    def documents(self, tenant: str | None = None) -> list[DocumentRecord]:
+        sql = "SELECT * FROM documents" + (" WHERE tenant = ?" if tenant else "")
+        rows = self._conn.execute(sql + " ORDER BY created_at, id", (tenant,) if tenant else ())
+        return [
+            DocumentRecord(**{**dict(row), "metadata": json.loads(row["metadata"])}) for row in rows
+        ]
+
+    def chunk_texts(self) -> Iterator[tuple[str, str]]:
+        """Every ``(chunk id, text)`` in insertion order."""
+        for row in self._conn.execute("SELECT id, text FROM chunks ORDER BY rowid"):
+            yield row[0], row[1]
+
+    def vectors(self, model: str) -> tuple[list[str], npt.NDArray[np.float32]]:
+        """Every stored vector of ``model``: ``(chunk ids, matrix)`` in insertion order."""
+        rows = self._conn.execute(
+            "SELECT chunk_id, dim, vector FROM chunk_vectors WHERE model = ? ORDER BY rowid",
+            (model,),
+        ).fetchall()
+        if not rows:
+            return [], np.zeros((0, 0), dtype=np.float32)
+        matrix = np.frombuffer(b"".join(r[2] for r in rows), dtype=np.float32)
+        return [r[0] for r in rows], matrix.reshape(len(rows), int(rows[0][1])).copy()
+
+    def chunks(self, ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Chunk rows joined with their document (tenant, source, document metadata) by id."""
+        wanted = list(dict.fromkeys(ids))
+        found: dict[str, dict[str, Any]] = {}
+        for start in range(0, len(wanted), 500):
+            part = wanted[start : start + 500]
+            rows = self._conn.execute(
+                "SELECT c.id, c.doc_id, c.idx, c.text, c.start, c.end_, c.token_count,"
+                " c.metadata, d.tenant, d.source, d.metadata AS doc_metadata"
+                f" FROM chunks c JOIN documents d ON d.id = c.doc_id"
+                f" WHERE c.id IN ({','.join('?' * len(part))})",
+                part,
+            )
+            for row in rows:
+                found[row["id"]] = {
+                    "doc_id": row["doc_id"],
+                    "index": row["idx"],
+                    "text": row["text"],
+                    "start": row["start"],
+                    "end": row["end_"],
+                    "token_count": row["token_count"],
+                    "tenant": row["tenant"],
+                    "source": row["source"],
+                    "metadata": {**json.loads(row["doc_metadata"]), **json.loads(row["metadata"])},
+                }
+        return found
+
+    def matching_chunks(
+        self, *, tenants: Sequence[str] | None = None, filters: Mapping[str, Any] | None = None
+    ) -> set[str]:
+        """Ids of the chunks whose document is in ``tenants`` and whose metadata (chunk over
+        document) equals every ``filters`` value (a list value matches any of its items)."""
+        clauses: list[str] = []
+        params: list[Any] = []
+        if tenants is not None:
+            clauses.append(f"d.tenant IN ({','.join('?' * len(tenants))})")
+            params.extend(tenants)
+        for key, value in (filters or {}).items():
+            if not key.replace("_", "").replace(".", "").isalnum():
+                raise ConfigError(f"filter keys are plain names, got {key!r}")
+            path = f"$.{key}"
+            expr = (
+                f"COALESCE(json_extract(c.metadata, '{path}'), json_extract(d.metadata, '{path}'))"
+            )
+            values = value if isinstance(value, list | tuple | set) else [value]
+            clauses.append(f"{expr} IN ({','.join('?' * len(values))})")
+            params.extend(values)
+        where = " AND ".join(clauses) or "1"
+        rows = self._conn.execute(
+            f"SELECT c.id FROM chunks c JOIN documents d ON d.id = c.doc_id WHERE {where}", params
+        )
+        return {r[0] for r in rows}

@@ -1,0 +1,123 @@
+"""SQLite plumbing every store shares: connections (WAL, foreign keys) and migrations.
+
+A schema is an ordered registry of named migration functions. ``migrate`` applies the ones a
+database has not seen yet, each in its own transaction, and records them in a
+``schema_migrations`` table — so a database created by any earlier version upgrades in place,
+and a crash mid-migration leaves the previous schema intact.
+
+>>> registry = MigrationRegistry("demo")
+>>> @registry.migration
+... def m001_create_notes(conn: sqlite3.Connection) -> None:
+...     conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
+>>> conn = connect(":memory:")
+>>> registry.apply(conn)
+['m001_create_notes']
+>>> registry.apply(conn)
+[]
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from contextfold.errors import StoreError
+
+__all__ = ["Migration", "MigrationRegistry", "connect", "home_dir", "transaction"]
+
+Migration = Callable[[sqlite3.Connection], None]
+
+
+def home_dir() -> Path:
+    """contextfold's home: ``$CONTEXTFOLD_HOME`` or ``.contextfold/`` in the working directory
+    (created on first use)."""
+    home = Path(os.environ.get("CONTEXTFOLD_HOME") or ".contextfold")
+    home.mkdir(parents=True, exist_ok=True)
+    return home
+
+
+def connect(path: str | Path, *, check_same_thread: bool = False) -> sqlite3.Connection:
+    """Open ``path`` (or ``":memory:"``) with WAL journaling, foreign keys on, a 5 s busy
+    timeout and autocommit mode (transactions are explicit, see ``transaction``)."""
+    target = str(path)
+    if target != ":memory:":
+        Path(target).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        conn = sqlite3.connect(
+            target, timeout=5.0, isolation_level=None, check_same_thread=check_same_thread
+        )
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA foreign_keys = ON")
+        if target != ":memory:":
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"cannot open the SQLite database {target}: {exc}") from exc
+    return conn
+
+
+@contextmanager
+def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any exception."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+class MigrationRegistry:
+    """Ordered, named migrations for one schema (``name`` separates schemas that share a
+    database file)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._migrations: list[tuple[str, Migration]] = []
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _ in self._migrations]
+
+    def migration(self, fn: Migration) -> Migration:
+        """Register ``fn`` as the next migration; its ``__name__`` is its permanent id."""
+        if fn.__name__ in self.names:
+            raise StoreError(f"migration {fn.__name__} is registered twice in {self.name}")
+        self._migrations.append((fn.__name__, fn))
+        return fn
+
+    def apply(self, conn: sqlite3.Connection, *, upto: str | None = None) -> list[str]:
+        """Apply pending migrations in order (stopping after ``upto`` when given); returns the
+        names applied. Each runs in its own transaction with its bookkeeping row."""
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations ("
+            " schema TEXT NOT NULL, name TEXT NOT NULL,"
+            " applied_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),"
+            " PRIMARY KEY (schema, name))"
+        )
+        done = {
+            row[0]
+            for row in conn.execute(
+                "SELECT name FROM schema_migrations WHERE schema = ?", (self.name,)
+            )
+        }
+        applied: list[str] = []
+        for name, fn in self._migrations:
+            if name not in done:
+                try:
+                    with transaction(conn):
+                        fn(conn)
+                        conn.execute(
+                            "INSERT INTO schema_migrations (schema, name) VALUES (?, ?)",
+                            (self.name, name),
+                        )
+                except sqlite3.DatabaseError as exc:
+                    raise StoreError(f"migration {self.name}/{name} failed: {exc}") from exc
+                applied.append(name)
+            if name == upto:
+                break
+        return applied
