@@ -4,11 +4,13 @@ locally; ``HYPOTHESIS_PROFILE`` picks another registered profile."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from contextfold.tokens import TiktokenCounter
+from fake_llm import FakeLLMServer
 
 settings.register_profile(
     "ci",
@@ -39,3 +41,10 @@ def o200k() -> TiktokenCounter:
 @pytest.fixture(scope="session")
 def cl100k() -> TiktokenCounter:
     return TiktokenCounter("cl100k_base")
+
+
+@pytest.fixture
+def fake_llm() -> Iterator[FakeLLMServer]:
+    """A fake OpenAI-compatible server on 127.0.0.1 (see ``tests/fake_llm.py``)."""
+    with FakeLLMServer() as server:
+        yield server

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from contextfold.errors import ConfigError
+from contextfold.errors import ConfigError, EmbeddingError
 from contextfold.items import ContextItem, QueryBundle
 from contextfold.pipeline import ContextPipeline, retriever_step
 from contextfold.retrieval.retrievers import (
@@ -63,7 +63,7 @@ def test_dense_retriever_accepts_the_seed_embed_fn_and_normalises() -> None:
 
 def test_embed_fn_with_inconsistent_dimensions_is_rejected() -> None:
     dense = DenseRetriever(embed_fn=lambda t: [1.0] * (2 if "Python" in t else 3))
-    with pytest.raises(ConfigError, match="different shapes"):
+    with pytest.raises(EmbeddingError, match="same length"):
         dense.index(ITEMS[:2])
 
 

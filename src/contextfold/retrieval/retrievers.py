@@ -29,6 +29,7 @@ from contextfold.items import ContextItem, QueryBundle
 from contextfold.protocols import Retriever
 from contextfold.retrieval.base import Embedder
 from contextfold.retrieval.dense import NumpyVectorIndex, Vectors
+from contextfold.retrieval.embedders import FunctionEmbedder
 from contextfold.retrieval.fusion import rrf
 from contextfold.retrieval.sparse import BM25Index
 
@@ -105,35 +106,6 @@ class InMemoryVectorStore:
         self._index = None
 
 
-class _FunctionEmbedder:
-    """Adapts the seed's ``embed_fn(text) -> list[float]`` to the ``Embedder`` protocol."""
-
-    def __init__(self, fn: Callable[[str], Sequence[float]]) -> None:
-        self._fn = fn
-        self._dim = 0
-
-    @property
-    def name(self) -> str:
-        return f"function:{getattr(self._fn, '__qualname__', 'embed_fn')}"
-
-    @property
-    def dim(self) -> int:
-        return self._dim
-
-    def embed(self, texts: Sequence[str]) -> Vectors:
-        rows = [np.asarray(self._fn(t), dtype=np.float32) for t in texts]
-        if not rows:
-            return np.zeros((0, self._dim), dtype=np.float32)
-        dims = {r.shape for r in rows}
-        if len(dims) != 1 or len(rows[0].shape) != 1:
-            raise ConfigError(f"embed_fn returned vectors of different shapes: {sorted(dims)}")
-        matrix = np.vstack(rows)
-        self._dim = matrix.shape[1]
-        norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-        unit: Vectors = np.divide(matrix, norms, out=np.zeros_like(matrix), where=norms > 0)
-        return unit
-
-
 class DenseRetriever:
     """Nearest items by embedding similarity.
 
@@ -154,7 +126,9 @@ class DenseRetriever:
         self.vector_store = vector_store if vector_store is not None else InMemoryVectorStore()
         self.context_store = context_store if context_store is not None else InMemoryContextStore()
         self._embedder: Embedder | None = (
-            _FunctionEmbedder(embed_fn) if embed_fn is not None else embedder
+            FunctionEmbedder(embed_fn, name=f"function:{getattr(embed_fn, '__qualname__', '?')}")
+            if embed_fn is not None
+            else embedder
         )
 
     @property

@@ -1,0 +1,1 @@
+"""Retrieval evaluation: test collections, ranking metrics and a runner that reports them."""

@@ -1,0 +1,277 @@
+"""A client for OpenAI-compatible endpoints: OpenAI itself, Ollama, vLLM, LM Studio.
+
+They all speak one wire format: ``POST {base_url}/chat/completions`` and
+``POST {base_url}/embeddings``. **``base_url`` is the API root, version included** —
+``https://api.openai.com/v1``, ``http://localhost:11434/v1`` (Ollama),
+``http://localhost:8000/v1`` (vLLM) — and endpoint paths are appended to it as they are.
+
+Every call is retried on 408/429/5xx and connection errors (see ``contextfold.llm.http``), and
+its token usage is added to a ``UsageTracker``.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from contextfold.errors import ConfigError, EmbeddingError, LLMError
+from contextfold.llm.http import JsonHttpClient, RetryPolicy
+
+__all__ = ["ChatResult", "OpenAICompatibleClient", "Usage", "UsageTracker"]
+
+
+class Usage(BaseModel):
+    """Tokens one call (or a sum of calls) consumed, as the endpoint reported them."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+        )
+
+
+class ChatResult(BaseModel):
+    """One chat completion: the reply ``text`` ("" when the model only called tools), the
+    ``model`` that answered, its ``usage``, ``finish_reason`` and the ``raw`` JSON reply."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    text: str
+    model: str
+    usage: Usage = Field(default_factory=Usage)
+    finish_reason: str | None = None
+    raw: dict[str, Any] = Field(default_factory=dict)
+
+
+class UsageTracker:
+    """Adds up token usage across calls; thread-safe.
+
+    >>> tracker = UsageTracker()
+    >>> tracker.record("m", Usage(prompt_tokens=1000, completion_tokens=200))
+    >>> tracker.calls, tracker.total_prompt_tokens, tracker.total_completion_tokens
+    (1, 1000, 200)
+    >>> round(tracker.cost(prompt_per_million=2.5, completion_per_million=10.0), 6)
+    0.0045
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.calls = 0
+        self.total_prompt_tokens = 0
+        self.total_completion_tokens = 0
+        self.by_model: dict[str, Usage] = {}
+
+    def __repr__(self) -> str:
+        return (
+            f"UsageTracker(calls={self.calls}, prompt={self.total_prompt_tokens}, "
+            f"completion={self.total_completion_tokens})"
+        )
+
+    @property
+    def total_tokens(self) -> int:
+        return self.total_prompt_tokens + self.total_completion_tokens
+
+    def record(self, model: str, usage: Usage) -> None:
+        """Count one call to ``model``."""
+        with self._lock:
+            self.calls += 1
+            self.total_prompt_tokens += usage.prompt_tokens
+            self.total_completion_tokens += usage.completion_tokens
+            self.by_model[model] = self.by_model.get(model, Usage()) + usage
+
+    def cost(self, *, prompt_per_million: float, completion_per_million: float) -> float:
+        """The price of the tokens so far, given prices per million prompt/completion tokens."""
+        return (
+            self.total_prompt_tokens * prompt_per_million
+            + self.total_completion_tokens * completion_per_million
+        ) / 1_000_000
+
+    def reset(self) -> None:
+        with self._lock:
+            self.calls = self.total_prompt_tokens = self.total_completion_tokens = 0
+            self.by_model = {}
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _usage(body: Mapping[str, Any]) -> Usage:
+    raw = body.get("usage")
+    if not isinstance(raw, Mapping):
+        return Usage()
+    return Usage(
+        prompt_tokens=_int(raw.get("prompt_tokens")),
+        completion_tokens=_int(raw.get("completion_tokens")),
+    )
+
+
+def _message_text(content: Any) -> str:
+    """``content`` is a string, null (tool calls only) or, on some servers, a list of parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, Mapping))
+    return ""
+
+
+class OpenAICompatibleClient:
+    """Chat completions and embeddings from any OpenAI-compatible endpoint, over httpx.
+
+    ``base_url`` is the API root with its version (``http://localhost:11434/v1``). ``api_key``
+    is sent as ``Authorization: Bearer ...`` and never appears in messages or ``repr``.
+    Failures raise ``LLMError`` with the HTTP status and the endpoint's own message; a
+    response of the wrong shape raises ``LLMError`` too. Use it as a context manager (or call
+    ``close()``) to release connections.
+
+    ``chat`` returns a ``ChatResult``; ``embeddings`` returns one vector per input text, in
+    input order (the reply's ``index`` decides, not its order). Both add to ``usage``.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        headers: Mapping[str, str] | None = None,
+        usage: UsageTracker | None = None,
+        retry: RetryPolicy | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        rng: random.Random | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        all_headers = {"Content-Type": "application/json", **(headers or {})}
+        if api_key:
+            all_headers["Authorization"] = f"Bearer {api_key}"
+        self.http = JsonHttpClient(
+            base_url,
+            headers=all_headers,
+            timeout=timeout,
+            retry=retry or RetryPolicy(max_retries=max_retries),
+            sleep=sleep,
+            rng=rng,
+            transport=transport,
+        )
+        self.usage = usage if usage is not None else UsageTracker()
+
+    @property
+    def base_url(self) -> str:
+        return self.http.base_url
+
+    def __repr__(self) -> str:
+        return f"OpenAICompatibleClient({self.base_url!r})"
+
+    def _post(self, path: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            body = self.http.post_json(path, payload)
+        except LLMError as exc:
+            if exc.status == 404:
+                raise LLMError(
+                    f"{exc}; base_url must be the API root including the version, "
+                    f"e.g. http://localhost:11434/v1 (got {self.base_url})",
+                    status=404,
+                ) from exc
+            raise
+        if not isinstance(body, dict):
+            raise LLMError(
+                f"{self.base_url}/{path} answered with JSON {type(body).__name__}, "
+                "expected an object"
+            )
+        return body
+
+    def chat(self, messages: Sequence[Mapping[str, Any]], model: str, **params: Any) -> ChatResult:
+        """One chat completion; ``params`` (``temperature``, ``max_tokens``, ``tools``, ...)
+        go into the request body as they are."""
+        if params.get("stream"):
+            raise ConfigError("chat() does not stream yet; leave stream unset")
+        body = self._post(
+            "chat/completions", {"model": model, "messages": list(messages), **params}
+        )
+        choices = body.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise LLMError(
+                f"{self.base_url}/chat/completions answered without choices: {str(body)[:300]}"
+            )
+        choice = choices[0]
+        message = choice.get("message")
+        if not isinstance(message, dict):
+            message = {}
+        usage = _usage(body)
+        answered_by = str(body.get("model") or model)
+        self.usage.record(answered_by, usage)
+        finish = choice.get("finish_reason")
+        return ChatResult(
+            text=_message_text(message.get("content")),
+            model=answered_by,
+            usage=usage,
+            finish_reason=str(finish) if finish is not None else None,
+            raw=body,
+        )
+
+    def embeddings(self, texts: Sequence[str], model: str, **params: Any) -> list[list[float]]:
+        """One vector per text, in input order, from a single request (batch upstream).
+
+        Raises ``EmbeddingError`` when the reply has the wrong number of vectors, indices
+        that do not cover the input, or vectors of different lengths."""
+        if not texts:
+            return []
+        body = self._post("embeddings", {"model": model, "input": list(texts), **params})
+        data = body.get("data")
+        if not isinstance(data, list):
+            raise LLMError(f"{self.base_url}/embeddings answered without a data list")
+        if len(data) != len(texts):
+            raise EmbeddingError(
+                f"{self.base_url}/embeddings returned {len(data)} vectors for {len(texts)} "
+                f"texts (model {model!r})"
+            )
+        vectors: list[list[float] | None] = [None] * len(texts)
+        for position, item in enumerate(data):
+            index = item.get("index", position) if isinstance(item, dict) else None
+            vector = item.get("embedding") if isinstance(item, dict) else None
+            if (
+                not isinstance(index, int)
+                or not 0 <= index < len(texts)
+                or vectors[index] is not None
+            ):
+                raise EmbeddingError(
+                    f"{self.base_url}/embeddings returned a bad or repeated index {index!r} "
+                    f"for {len(texts)} texts"
+                )
+            if not isinstance(vector, list) or not vector:
+                raise EmbeddingError(
+                    f"{self.base_url}/embeddings returned no float list for index {index} "
+                    "(ask for encoding_format='float')"
+                )
+            vectors[index] = vector
+        dims = {len(v) for v in vectors if v is not None}
+        if len(dims) != 1:
+            raise EmbeddingError(
+                f"{self.base_url}/embeddings returned vectors of different lengths "
+                f"{sorted(dims)} (model {model!r})"
+            )
+        self.usage.record(str(body.get("model") or model), _usage(body))
+        return [v for v in vectors if v is not None]
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> OpenAICompatibleClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,289 @@
+"""A fake LLM provider: a real HTTP server on 127.0.0.1 speaking provider wire formats.
+
+It runs ``http.server.ThreadingHTTPServer`` in a daemon thread on a free port, records every
+request, and answers from a route table, so clients are tested through their real HTTP path.
+
+Routes now: OpenAI ``POST /v1/chat/completions`` (non-streaming JSON) and ``POST
+/v1/embeddings``. Add a provider (Anthropic ``/v1/messages``, Gemini
+``/v1beta/models/{model}:generateContent``) with ``server.route("POST", regex, handler)``; a
+handler takes the ``RecordedRequest`` and the regex match and returns a ``Reply``.
+
+Failures are scripted: ``fail_next(429, times=2)`` answers the next two requests with 429 (and
+an OpenAI-style error body) before normal service resumes; ``disconnect_next()`` drops the
+connection without an answer. Queued failures apply to any route unless ``path`` is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+ReplyText = str | Callable[[dict[str, Any]], str]
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """One request as the server saw it; ``headers`` have lower-case names."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any  # decoded JSON, or None when the body was empty or not JSON
+    raw: bytes
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int = 200
+    body: Any = None  # JSON-serialisable, or bytes sent as they are
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Failure:
+    status: int  # 0 means: close the connection without answering
+    body: Any
+    headers: dict[str, str]
+    path: str | None
+
+
+Handler = Callable[[RecordedRequest, "re.Match[str]"], Reply]
+
+
+def fake_vector(text: str, dim: int) -> list[float]:
+    """A deterministic, unnormalised vector in [-1, 1)^dim from hashing ``text``."""
+    data = hashlib.shake_256(text.encode("utf-8")).digest(2 * dim)
+    return [int.from_bytes(data[2 * i : 2 * i + 2], "little") / 32768.0 - 1.0 for i in range(dim)]
+
+
+def _words(value: Any) -> int:
+    return len(json.dumps(value).split())
+
+
+class FakeLLMServer:
+    """The fake provider. Use as a context manager or ``start()``/``stop()``.
+
+    ``reply`` is the chat answer: a string, or a function of the request's JSON body.
+    ``embedding_dim`` is the embedding length (a request's ``dimensions`` overrides it);
+    ``reverse_embeddings`` returns ``data`` in reverse order (indices stay right). With
+    ``api_key`` set, a request without ``Authorization: Bearer <api_key>`` gets a 401.
+    """
+
+    def __init__(
+        self,
+        *,
+        reply: ReplyText = "Hello from the fake LLM.",
+        embedding_dim: int = 32,
+        model: str = "fake-model",
+    ) -> None:
+        self.reply = reply
+        self.embedding_dim = embedding_dim
+        self.reverse_embeddings = False
+        self.model = model
+        self.api_key: str | None = None
+        self.requests: list[RecordedRequest] = []
+        self._failures: list[_Failure] = []
+        self._routes: list[tuple[str, re.Pattern[str], Handler]] = []
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self.route("POST", r"/v1/chat/completions", self._openai_chat)
+        self.route("POST", r"/v1/embeddings", self._openai_embeddings)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> FakeLLMServer:
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
+        server.daemon_threads = True
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> FakeLLMServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>`` (no path)."""
+        assert self._server is not None, "start() the server first"
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI-style API root, ``{url}/v1``."""
+        return f"{self.url}/v1"
+
+    # -- scripting ---------------------------------------------------------------------------
+
+    def route(self, method: str, pattern: str, handler: Handler) -> None:
+        """Answer ``method`` requests whose path fully matches ``pattern`` with ``handler``;
+        later routes win over earlier ones."""
+        self._routes.insert(0, (method.upper(), re.compile(pattern), handler))
+
+    def fail_next(
+        self,
+        status: int,
+        *,
+        times: int = 1,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        path: str | None = None,
+    ) -> None:
+        """Answer the next ``times`` requests (to ``path`` if given) with ``status``; ``body``
+        defaults to an OpenAI-style ``{"error": {"message": ...}}``."""
+        if body is None:
+            body = {"error": {"message": f"scripted failure {status}", "type": "fake_error"}}
+        with self._lock:
+            for _ in range(times):
+                self._failures.append(_Failure(status, body, dict(headers or {}), path))
+
+    def disconnect_next(self, *, times: int = 1, path: str | None = None) -> None:
+        """Close the connection without answering the next ``times`` requests."""
+        with self._lock:
+            for _ in range(times):
+                self._failures.append(_Failure(0, None, {}, path))
+
+    def paths(self) -> list[str]:
+        return [r.path for r in self.requests]
+
+    # -- dispatch ----------------------------------------------------------------------------
+
+    def _take_failure(self, path: str) -> _Failure | None:
+        with self._lock:
+            for i, failure in enumerate(self._failures):
+                if failure.path is None or failure.path == path:
+                    return self._failures.pop(i)
+        return None
+
+    def handle(self, request: RecordedRequest) -> Reply | None:
+        """The reply to ``request``; None means drop the connection."""
+        with self._lock:
+            self.requests.append(request)
+        failure = self._take_failure(request.path)
+        if failure is not None:
+            if failure.status == 0:
+                return None
+            return Reply(failure.status, failure.body, failure.headers)
+        if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
+            return Reply(401, {"error": {"message": "Incorrect API key provided"}})
+        path = request.path.split("?", 1)[0]
+        for method, pattern, handler in self._routes:
+            match = pattern.fullmatch(path)
+            if match and method == request.method:
+                return handler(request, match)
+        return Reply(404, {"error": {"message": f"no route for {request.method} {path}"}})
+
+    # -- OpenAI ------------------------------------------------------------------------------
+
+    def _openai_chat(self, request: RecordedRequest, _: re.Match[str]) -> Reply:
+        body = request.body if isinstance(request.body, dict) else {}
+        text = self.reply(body) if callable(self.reply) else self.reply
+        prompt_tokens = _words(body.get("messages", []))
+        completion_tokens = len(text.split())
+        return Reply(
+            200,
+            {
+                "id": f"chatcmpl-{len(self.requests)}",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body.get("model", self.model),
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                },
+            },
+        )
+
+    def _openai_embeddings(self, request: RecordedRequest, _: re.Match[str]) -> Reply:
+        body = request.body if isinstance(request.body, dict) else {}
+        inputs = body.get("input", [])
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if not isinstance(inputs, list) or not inputs:
+            return Reply(400, {"error": {"message": "'input' must be a non-empty list"}})
+        dim = int(body.get("dimensions") or self.embedding_dim)
+        data = [
+            {"object": "embedding", "index": i, "embedding": fake_vector(str(text), dim)}
+            for i, text in enumerate(inputs)
+        ]
+        if self.reverse_embeddings:
+            data.reverse()
+        tokens = sum(len(str(t).split()) for t in inputs)
+        return Reply(
+            200,
+            {
+                "object": "list",
+                "data": data,
+                "model": body.get("model", self.model),
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            },
+        )
+
+
+def _make_handler(fake: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
+    class _Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
+            pass
+
+        def _serve(self) -> None:
+            length = int(self.headers.get("content-length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            try:
+                body = json.loads(raw) if raw else None
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                body = None
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            request = RecordedRequest(self.command, self.path, headers, body, raw)
+            reply = fake.handle(request)
+            if reply is None:
+                self.close_connection = True
+                return
+            payload = (
+                reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
+            )
+            try:
+                self.send_response(reply.status)
+                if "content-type" not in {k.lower() for k in reply.headers}:
+                    self.send_header("Content-Type", "application/json")
+                for key, value in reply.headers.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True
+
+        do_POST = do_GET = do_PUT = do_DELETE = _serve
+
+    return _Handler
