@@ -137,10 +137,12 @@ def test_a_file_index_reopens_with_the_same_results(tmp_path) -> None:
     expected = [(h.id, round(h.score, 6)) for h in first.search("refund receipt days", k=4)]
     again = DocumentIndex(path, embedder=HashEmbedder(), chunker=ParagraphChunker())
     assert [(h.id, round(h.score, 6)) for h in again.search("refund receipt days", k=4)] == expected
-    again.add_document(
-        "Parking at airports is reimbursed up to 30 euros a day."
-    )  # mmap'd BM25 extends
+    again.add_document("Parking at airports is reimbursed up to 30 euros a day.")
     assert again.search("airport parking", k=1, mode="bm25")[0].text.startswith("Parking")
+    again.save()  # replaces the files `again` itself has memory-mapped
+    third = DocumentIndex(path, embedder=HashEmbedder(), chunker=ParagraphChunker())
+    assert third.search("airport parking", k=1, mode="bm25")[0].text.startswith("Parking")
+    assert sorted(p.name for p in tmp_path.iterdir() if "bm25" in p.name) == ["docs.db.bm25"]
 
 
 def test_dense_search_without_an_embedder_is_a_clear_error() -> None:

@@ -11,7 +11,9 @@ or plain text, with every decision explained.
 True
 """
 
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
 
 from contextfold.budget import (
     OverflowStrategy,
@@ -28,9 +30,12 @@ from contextfold.errors import (
     BudgetError,
     ConfigError,
     ContextfoldError,
+    EmbeddingError,
     FormatError,
+    LLMError,
     PipelineError,
     StepError,
+    StoreError,
     TokenizerError,
 )
 from contextfold.formats import (
@@ -62,6 +67,121 @@ from contextfold.result import ContextResult, Diagnostics, StepRecord
 from contextfold.tokens import CharCounter, TiktokenCounter, TokenCounter, counter_for_model
 from contextfold.window import Action, Decision, SectionUsage, Window, pack
 
+# Retrieval pulls in numpy, bm25s and onnxruntime: its names load on first access (PEP 562),
+# so ``import contextfold`` stays light.
+_LAZY = {
+    "BM25Index": "contextfold.retrieval.sparse",
+    "CachedEmbedder": "contextfold.retrieval.embedders",
+    "ChainComposer": "contextfold.retrieval.engine",
+    "Chunk": "contextfold.retrieval.base",
+    "ContextComposer": "contextfold.retrieval.engine",
+    "ContextEngine": "contextfold.retrieval.engine",
+    "DenseRetriever": "contextfold.retrieval.retrievers",
+    "DocumentIndex": "contextfold.retrieval.index",
+    "EdgeType": "contextfold.retrieval.graph",
+    "Embedder": "contextfold.retrieval.base",
+    "FunctionEmbedder": "contextfold.retrieval.embedders",
+    "GraphContextRequest": "contextfold.retrieval.graph",
+    "GraphContextResponse": "contextfold.retrieval.graph",
+    "HybridRetriever": "contextfold.retrieval.retrievers",
+    "InMemoryContextStore": "contextfold.retrieval.retrievers",
+    "InMemoryVectorStore": "contextfold.retrieval.retrievers",
+    "KnowledgeEdge": "contextfold.retrieval.graph",
+    "KnowledgeGraph": "contextfold.retrieval.graph",
+    "KnowledgeNode": "contextfold.retrieval.graph",
+    "MarkdownChunker": "contextfold.retrieval.chunking",
+    "MiniLMEmbedder": "contextfold.retrieval.embedders",
+    "NodeType": "contextfold.retrieval.graph",
+    "NumpyVectorIndex": "contextfold.retrieval.dense",
+    "OpenAICompatibleClient": "contextfold.llm",
+    "OpenAIEmbedder": "contextfold.retrieval.embedders",
+    "PromptComposer": "contextfold.retrieval.engine",
+    "RecursiveChunker": "contextfold.retrieval.chunking",
+    "SearchHit": "contextfold.retrieval.base",
+    "SemanticChunker": "contextfold.retrieval.chunking",
+    "SentenceTransformerEmbedder": "contextfold.retrieval.embedders",
+    "SparseRetriever": "contextfold.retrieval.retrievers",
+    "TextChunker": "contextfold.retrieval.chunking",
+    "USearchVectorIndex": "contextfold.retrieval.dense",
+    "default_embedder": "contextfold.retrieval.embedders",
+    "graph_context": "contextfold.retrieval.graph",
+    "rrf": "contextfold.retrieval.fusion",
+}
+
+if TYPE_CHECKING:
+    from contextfold.llm import (
+        OpenAICompatibleClient,
+    )
+    from contextfold.retrieval.base import (
+        Chunk,
+        Embedder,
+        SearchHit,
+    )
+    from contextfold.retrieval.chunking import (
+        MarkdownChunker,
+        RecursiveChunker,
+        SemanticChunker,
+        TextChunker,
+    )
+    from contextfold.retrieval.dense import (
+        NumpyVectorIndex,
+        USearchVectorIndex,
+    )
+    from contextfold.retrieval.embedders import (
+        CachedEmbedder,
+        FunctionEmbedder,
+        MiniLMEmbedder,
+        OpenAIEmbedder,
+        SentenceTransformerEmbedder,
+        default_embedder,
+    )
+    from contextfold.retrieval.engine import (
+        ChainComposer,
+        ContextComposer,
+        ContextEngine,
+        PromptComposer,
+    )
+    from contextfold.retrieval.fusion import (
+        rrf,
+    )
+    from contextfold.retrieval.graph import (
+        EdgeType,
+        GraphContextRequest,
+        GraphContextResponse,
+        KnowledgeEdge,
+        KnowledgeGraph,
+        KnowledgeNode,
+        NodeType,
+        graph_context,
+    )
+    from contextfold.retrieval.index import (
+        DocumentIndex,
+    )
+    from contextfold.retrieval.retrievers import (
+        DenseRetriever,
+        HybridRetriever,
+        InMemoryContextStore,
+        InMemoryVectorStore,
+        SparseRetriever,
+    )
+    from contextfold.retrieval.sparse import (
+        BM25Index,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'contextfold' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 try:
     __version__ = version("contextfold")
 except PackageNotFoundError:  # running from a source tree without installing
@@ -71,54 +191,93 @@ __all__ = [
     "Action",
     "AnthropicFormatter",
     "AsyncRetriever",
+    "BM25Index",
     "BudgetError",
+    "CachedEmbedder",
+    "ChainComposer",
     "CharCounter",
+    "Chunk",
     "ConfigError",
+    "ContextComposer",
+    "ContextEngine",
     "ContextItem",
     "ContextPipeline",
     "ContextResult",
     "ContextfoldError",
     "Decision",
+    "DenseRetriever",
     "Diagnostics",
+    "DocumentIndex",
+    "EdgeType",
+    "Embedder",
+    "EmbeddingError",
     "FormatError",
     "Formatter",
+    "FunctionEmbedder",
     "GeminiFormatter",
     "GenericTextFormatter",
+    "GraphContextRequest",
+    "GraphContextResponse",
+    "HybridRetriever",
+    "InMemoryContextStore",
+    "InMemoryVectorStore",
+    "KnowledgeEdge",
+    "KnowledgeGraph",
+    "KnowledgeNode",
+    "LLMError",
+    "MarkdownChunker",
     "MemoryManager",
     "MemoryProvider",
     "Message",
+    "MiniLMEmbedder",
+    "NodeType",
+    "NumpyVectorIndex",
+    "OpenAICompatibleClient",
+    "OpenAIEmbedder",
     "OpenAIFormatter",
     "OverflowStrategy",
     "PipelineError",
     "PipelineStep",
     "PostProcessor",
+    "PromptComposer",
     "QueryBundle",
+    "RecursiveChunker",
     "Reranker",
     "Retriever",
+    "SearchHit",
     "SectionBudget",
     "SectionUsage",
+    "SemanticChunker",
+    "SentenceTransformerEmbedder",
     "SourceType",
+    "SparseRetriever",
     "StepError",
     "StepRecord",
+    "StoreError",
     "TextBlock",
+    "TextChunker",
     "TiktokenCounter",
     "TokenBudget",
     "TokenCounter",
     "TokenizerError",
     "ToolResultBlock",
     "ToolUseBlock",
+    "USearchVectorIndex",
     "Window",
     "__version__",
     "counter_for_model",
     "default_agent_budget",
     "default_chat_budget",
+    "default_embedder",
     "default_rag_budget",
     "filter_step",
     "fixed5_budget",
     "graph_budget",
+    "graph_context",
     "pack",
     "postprocessor_step",
     "reranker_step",
     "retriever_step",
+    "rrf",
     "trim_history",
 ]

@@ -1,7 +1,10 @@
 """The ``contextfold`` command line: one module per command group.
 
 ``tokens`` (:mod:`contextfold.cli.tokens`) counts tokens offline; ``build``
-(:mod:`contextfold.cli.build`) packs a request under a budget and explains the result. Errors
+(:mod:`contextfold.cli.build`) packs a request under a budget and explains the result;
+``ingest`` / ``search`` (:mod:`contextfold.cli.corpus`) index and query documents; ``ask``
+(:mod:`contextfold.cli.ask`) answers from them under a budget; ``eval``
+(:mod:`contextfold.cli.eval`) measures retrieval quality on public datasets. Errors
 become one stderr line and an exit code in :mod:`contextfold.cli.common`, never a traceback.
 """
 
@@ -11,7 +14,10 @@ from typing import Annotated
 
 import typer
 
+from contextfold.cli.ask import ask_command
 from contextfold.cli.build import build_command
+from contextfold.cli.corpus import ingest_command, search_command
+from contextfold.cli.eval import eval_app
 from contextfold.cli.tokens import tokens_command
 
 __all__ = ["app", "main"]
@@ -27,6 +33,10 @@ app = typer.Typer(
 )
 app.command("tokens")(tokens_command)
 app.command("build")(build_command)
+app.command("ingest")(ingest_command)
+app.command("search")(search_command)
+app.command("ask")(ask_command)
+app.add_typer(eval_app, name="eval")
 
 
 def _version(value: bool) -> None:

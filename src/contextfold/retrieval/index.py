@@ -16,6 +16,7 @@ stamp matches, so opening a large corpus does not re-index it.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -341,15 +342,31 @@ class DocumentIndex:
                 shutil.rmtree(folder)
 
     def save(self) -> None:
-        """Persist the BM25 index next to the database (file-backed indexes only)."""
+        """Persist the BM25 index next to the database (file-backed indexes only).
+
+        Written to a fresh folder and swapped in, so a reader (or this index, which may have
+        the old files memory-mapped) never sees half-written files; a no-op when the saved
+        index is already current."""
         folder = self._bm25_dir()
         if folder is None:
             return
         self._ensure_loaded()
+        stamp = {"version": self.version, "params": self._bm25_params}
+        current = folder / "corpus_version.json"
+        if current.exists() and json.loads(current.read_text()) == stamp:
+            return
         with self._lock:
-            self._bm25.save(folder)
-            stamp = {"version": self.version, "params": self._bm25_params}
-            (folder / "corpus_version.json").write_text(json.dumps(stamp))
+            fresh = folder.with_name(f"{folder.name}.new-{os.getpid()}")
+            if fresh.exists():
+                shutil.rmtree(fresh)
+            self._bm25.save(fresh)
+            (fresh / "corpus_version.json").write_text(json.dumps(stamp))
+            stale = folder.with_name(f"{folder.name}.old-{os.getpid()}")
+            if folder.exists():
+                folder.rename(stale)
+            fresh.rename(folder)
+            if stale.exists():
+                shutil.rmtree(stale)
 
     # -- reading ---------------------------------------------------------------------------
 

@@ -1,0 +1,129 @@
+"""``contextfold ingest`` / ``search`` / ``ask`` on the demo policy corpus, through typer's
+``CliRunner``; ``ask --llm`` against the fake OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from contextfold.cli import app
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
+POLICIES = ROOT / "examples" / "policies"
+SECTIONS = ("instructions", "goal", "memory", "retrieval", "tool_outputs")
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(app, list(args))
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    db = tmp_path_factory.mktemp("corpus") / "docs.db"
+    result = invoke("ingest", str(POLICIES), "--db", str(db))
+    assert result.exit_code == 0, result.output
+    return db
+
+
+def test_ingest_reports_what_it_stored_and_is_idempotent(corpus: Path) -> None:
+    again = invoke("ingest", str(POLICIES), "--db", str(corpus))
+    assert again.exit_code == 0, again.output
+    match = re.search(r"ingested (\d+) new document\(s\).*skipped (\d+)", again.stdout)
+    assert match is not None and match.group(1) == "0"
+    assert int(match.group(2)) == 7 + 12  # seven policy files, twelve FAQ lines
+
+
+def test_search_modes_find_the_hotel_cap(corpus: Path) -> None:
+    for mode in ("bm25", "dense", "hybrid"):
+        result = invoke(
+            "search",
+            "hotel cap in London",
+            "--mode",
+            mode,
+            "-k",
+            "3",
+            "--db",
+            str(corpus),
+            "--json",
+        )
+        assert result.exit_code == 0, result.output
+        hits = json.loads(result.stdout)
+        assert len(hits) == 3
+        assert any("220" in h["text"] and "London" in h["text"] for h in hits), mode
+        assert all(h["match_source"] in {"bm25", "vector", "hybrid"} for h in hits)
+
+
+def test_search_table_output(corpus: Path) -> None:
+    result = invoke("search", "Uber ride-hailing", "--db", str(corpus), "-k", "2")
+    assert result.exit_code == 0, result.output
+    assert "hybrid search: Uber ride-hailing" in result.stdout
+    assert "ground_transport_policy.txt" in result.stdout
+
+
+def test_ask_prints_five_sections_budget_table_and_sources(corpus: Path) -> None:
+    result = invoke(
+        "ask",
+        "Can I expense Uber rides during business travel?",
+        "--db",
+        str(corpus),
+        "--memory",
+        "Employee works from the Berlin office.",
+        "--tool-output",
+        "trip_lookup -> TR-2291 approved",
+    )
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    for section in SECTIONS:
+        assert re.search(rf"│ {section}\s+│", out), section
+    assert re.search(r"│ retrieval\s+│\s+550 │\s+\d+ │ ⚠ TRUNCATED", out)  # 8 chunks > 550 tokens
+    assert "[Source 1]" in out and "Source 1: " in out
+    assert "Can I expense Uber rides during business travel?" in out
+
+
+def test_ask_with_an_llm_prints_the_answer(corpus: Path, fake_llm) -> None:
+    fake_llm.reply = "Yes, standard-tier rides are reimbursable [Source 1]."
+    result = invoke(
+        "ask",
+        "Can I expense Uber rides?",
+        "--db",
+        str(corpus),
+        "--llm",
+        fake_llm.base_url,
+        "--model",
+        "test-model",
+    )
+    assert result.exit_code == 0, result.output
+    assert "Answer:\nYes, standard-tier rides are reimbursable [Source 1]." in result.stdout
+    request = fake_llm.requests[-1]
+    assert request.body["model"] == "test-model"
+    assert request.body["messages"][0]["role"] == "system"
+    assert any("Source 1:" in str(m["content"]) for m in request.body["messages"])
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["search", "x", "--mode", "fuzzy"], "unknown mode"),
+        (["search", "x", "-k", "0"], "-k must be a positive"),
+        (["ask", "x", "--budget", "huge"], "--budget must be fixed5 or rag"),
+        (["ask", "x", "--llm", "http://127.0.0.1:9"], "--llm and --model go together"),
+        (["ingest", "/definitely/not/here"], "no such file"),
+        (["ingest", "README.md", "--overlap", "300"], "--overlap < --chunk-size"),
+    ],
+)
+def test_bad_input_is_one_clear_error(corpus: Path, args: list[str], fragment: str) -> None:
+    result = invoke(*args, "--db", str(corpus))
+    assert result.exit_code == 2, result.output
+    assert fragment in result.output and "Traceback" not in result.output
+
+
+def test_search_without_a_corpus_says_how_to_make_one(tmp_path: Path) -> None:
+    result = invoke("search", "x", "--db", str(tmp_path / "none.db"))
+    assert result.exit_code == 2
+    assert "run `contextfold ingest" in result.output
