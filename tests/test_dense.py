@@ -119,3 +119,13 @@ def test_usearch_similarities_are_cosines_and_filters_work(data) -> None:
     assert index.search(vectors[9], 1)[0][0] != "v9"
     index.add(["v1"], vectors[2:3])  # replace
     assert len(index) == 499
+
+
+@pytest.mark.parametrize("kind", [NumpyVectorIndex, USearchVectorIndex])
+def test_similarities_are_exact_cosines_for_named_ids(kind, data) -> None:
+    ids, vectors = data
+    index = kind(16)
+    index.add(ids, vectors)
+    sims = index.similarities(vectors[0], ["v1", "missing", "v0"])
+    assert sims[0] == pytest.approx(float(vectors[1] @ vectors[0]), abs=1e-5)
+    assert sims[1] is None and sims[2] == pytest.approx(1.0, abs=1e-5)

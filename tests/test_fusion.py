@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from contextfold.errors import ConfigError
-from contextfold.retrieval.fusion import mmr, rrf
+from contextfold.retrieval.fusion import convex, mmr, rrf
 
 
 def test_rrf_sums_reciprocal_ranks_with_k_60() -> None:
@@ -72,3 +72,25 @@ def test_mmr_trades_relevance_for_diversity() -> None:
     assert mmr(list(relevance), relevance, same_topic, k=2, lambda_=0.5) == ["a1", "b1"]
     with pytest.raises(ConfigError):
         mmr(["a"], {"a": 1.0}, same_topic, k=1, lambda_=1.5)
+
+
+def test_convex_normalises_by_theoretical_minimum_and_pool_maximum() -> None:
+    hits = convex(
+        {"bm25": {"a": 8.0, "b": 2.0}, "vector": {"a": 0.0, "b": 0.5, "c": 1.0}},
+        weights={"bm25": 0.2, "vector": 0.8},
+        minimums={"bm25": 0.0, "vector": -1.0},
+        ranks={"bm25": {"a": 1, "b": 2}, "vector": {"c": 1, "b": 2, "a": 3}},
+    )
+    scores = {h.id: h.score for h in hits}
+    assert scores["a"] == pytest.approx(0.2 * 1.0 + 0.8 * 0.5)
+    assert scores["b"] == pytest.approx(0.2 * 0.25 + 0.8 * 0.75)
+    assert scores["c"] == pytest.approx(0.8 * 1.0)  # unscored by BM25: contributes 0 there
+    assert [h.id for h in hits] == ["c", "b", "a"]
+    assert hits[0].ranks == {"vector": 1}
+
+
+def test_convex_validates_its_weights() -> None:
+    with pytest.raises(ConfigError, match="same signals"):
+        convex({"bm25": {"a": 1.0}}, weights={"vector": 1.0}, minimums={})
+    with pytest.raises(ConfigError, match=">= 0"):
+        convex({"bm25": {"a": 1.0}}, weights={"bm25": -1.0}, minimums={})

@@ -73,8 +73,8 @@ def test_each_mode_finds_the_relevant_chunk_first(mode) -> None:
     assert hit.metadata["source"] == "refunds.txt" and hit.metadata["topic"] == "refunds"
 
 
-def test_hybrid_hits_carry_per_signal_ranks_and_match_source() -> None:
-    hits = _index().search("refund receipt", k=5, mode="hybrid")
+def test_rrf_hybrid_hits_carry_per_signal_ranks_and_match_source() -> None:
+    hits = _index(fusion="rrf").search("refund receipt", k=5, mode="hybrid")
     both = [h for h in hits if h.match_source == "hybrid"]
     assert both, "a chunk found by BM25 and dense must be marked hybrid"
     for hit in both:
@@ -82,6 +82,28 @@ def test_hybrid_hits_carry_per_signal_ranks_and_match_source() -> None:
         expected = sum(1 / (60 + r) for r in hit.ranks.values())
         assert hit.score == pytest.approx(expected) == hit.scores["hybrid"]
     assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+
+
+def test_convex_hybrid_scores_are_normalised_weighted_sums() -> None:
+    index = _index(alpha=0.3)
+    hits = index.search("refund receipt days", k=5, mode="hybrid")
+    pool_bm25 = max(h.scores.get("bm25", 0.0) for h in hits)
+    pool_cos = max(h.scores["vector"] for h in hits)
+    for hit in hits:
+        expected = 0.3 * hit.scores.get("bm25", 0.0) / pool_bm25 + 0.7 * (
+            hit.scores["vector"] + 1
+        ) / (pool_cos + 1)
+        assert hit.score == pytest.approx(expected, rel=1e-5) == hit.scores["hybrid"]
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    assert hits[0].match_source == "hybrid" and set(hits[0].ranks) == {"bm25", "vector"}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"), [({"fusion": "max"}, "fusion"), ({"alpha": 2}, "alpha")]
+)
+def test_invalid_fusion_settings(kwargs, fragment) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        DocumentIndex(embedder=False, **kwargs)
 
 
 def test_bm25_only_hits_are_marked_bm25() -> None:

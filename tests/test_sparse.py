@@ -134,3 +134,10 @@ def test_analysis_without_stemming_or_stopwords() -> None:
     assert analyze("The Running dogs", stemmer=None, stopwords=None) == ["the", "running", "dogs"]
     with pytest.raises(ConfigError, match="stemmer"):
         analyze("x", stemmer="klingon")
+
+
+def test_score_of_and_reusing_a_scores_vector(index: BM25Index) -> None:
+    scores = index.scores("cat park")
+    assert index.search("ignored", k=3, scores=scores) == index.search("cat park", k=3)
+    looked_up = index.score_of(scores, ["d2", "d3", "nope"])
+    assert looked_up[0] > 0 and looked_up[1] == 0.0 and looked_up[2] == 0.0

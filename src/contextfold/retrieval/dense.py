@@ -45,6 +45,8 @@ class VectorIndex(Protocol):
         self, vector: Vectors, k: int, *, allowed: Collection[str] | None = None
     ) -> list[tuple[str, float]]: ...
 
+    def similarities(self, vector: Vectors, ids: Sequence[str]) -> list[float | None]: ...
+
     def clear(self) -> None: ...
 
 
@@ -121,6 +123,14 @@ class NumpyVectorIndex:
 
     def clear(self) -> None:
         self.__init__(self.dim)  # type: ignore[misc]
+
+    def similarities(self, vector: Vectors, ids: Sequence[str]) -> list[float | None]:
+        """Exact cosine of ``vector`` with each of ``ids`` (``None`` for unknown ids)."""
+        query = np.asarray(vector, dtype=np.float32).reshape(-1)
+        rows = [self._row.get(i) for i in ids]
+        known = [r for r in rows if r is not None]
+        values = iter((self._matrix[known] @ query).tolist()) if known else iter(())
+        return [None if r is None else float(next(values)) for r in rows]
 
     def vector(self, doc_id: str) -> Vectors:
         """The stored vector of ``doc_id`` (``KeyError`` when absent)."""
@@ -245,6 +255,9 @@ class USearchVectorIndex:
             expansion_add=expansion_add,
             expansion_search=expansion_search,
         )
+
+    def similarities(self, vector: Vectors, ids: Sequence[str]) -> list[float | None]:
+        return self._exact.similarities(vector, ids)
 
     def search(
         self, vector: Vectors, k: int, *, allowed: Collection[str] | None = None

@@ -165,16 +165,27 @@ class BM25Index:
             return np.zeros(len(self._ids), dtype=np.float32)
         return np.asarray(self._model.get_scores_from_ids(term_ids), dtype=np.float32)
 
+    def score_of(self, scores: np.ndarray, ids: Sequence[str]) -> list[float]:
+        """Look up ``ids`` in a ``scores(query)`` vector (0.0 for unknown ids)."""
+        return [float(scores[self._row[i]]) if i in self._row else 0.0 for i in ids]
+
     def search(
-        self, query: str, k: int = 10, *, allowed: Collection[str] | None = None
+        self,
+        query: str,
+        k: int = 10,
+        *,
+        allowed: Collection[str] | None = None,
+        scores: np.ndarray | None = None,
     ) -> list[tuple[str, float]]:
         """The ``k`` best ``(id, score)`` pairs for ``query``, best first; ties by index order.
 
-        ``allowed`` restricts the match to those ids (a filter applied before ranking).
+        ``allowed`` restricts the match to those ids (a filter applied before ranking);
+        ``scores`` reuses a ``scores(query)`` vector already computed.
         """
         if k <= 0:
             return []
-        scores = self.scores(query)
+        if scores is None:
+            scores = self.scores(query)
         if scores.size == 0:
             return []
         if allowed is not None:
