@@ -39,8 +39,10 @@ After changing a command, run `.venv/bin/python scripts/gen_cli_docs.py` (the te
 while this file is stale).
 
 Exit codes: `0` success; `2` bad input (a missing or unreadable file, invalid JSON, a field of
-the wrong type, an unknown budget / format / model / encoding, a budget that cannot hold the
-pinned instructions and query, an unknown option); `1` any other contextfold error at run time.
+the wrong type, an unknown budget / format / model / encoding / mode / dataset, a budget that
+cannot hold the pinned instructions and query, searching a corpus that was never ingested, an
+unknown option); `1` any other contextfold error at run time (e.g. an LLM endpoint that fails
+after its retries).
 Every error is one line on stderr that starts with `error:`, never a traceback (option-parsing
 errors are reported by typer with the command's usage line).
 """
@@ -59,6 +61,13 @@ def render() -> str:
     for command in app.registered_commands:
         name = command.name or ""
         parts.append(f"## `contextfold {name}`\n\n```text\n" + _help([name]) + "\n```\n")
+    for group in app.registered_groups:
+        name = group.name or ""
+        parts.append(f"## `contextfold {name}`\n\n```text\n" + _help([name]) + "\n```\n")
+        assert group.typer_instance is not None
+        for command in group.typer_instance.registered_commands:
+            sub = [name, command.name or ""]
+            parts.append(f"## `contextfold {' '.join(sub)}`\n\n```text\n" + _help(sub) + "\n```\n")
     return "\n".join(parts)
 
 

@@ -395,3 +395,13 @@ def test_real_cranfield_counts() -> None:
     assert (len(ds.corpus), len(ds.queries), len(ds.qrels)) == (1400, 225, 225)
     gains = [g for judged in ds.qrels.values() for g in judged.values()]
     assert {g: gains.count(g) for g in (4, 3, 2, 1)} == {4: 128, 3: 387, 2: 734, 1: 363}
+
+
+@needs_data
+def test_real_scifact_train_split_is_disjoint_from_test() -> None:
+    train = load_dataset("scifact", DATA / "scifact", split="train")
+    test = load_scifact(DATA / "scifact")
+    assert (len(train.queries), train.n_judgments) == (809, 919)
+    assert not set(train.queries) & set(test.queries)
+    with pytest.raises(ConfigError, match="only scifact"):
+        load_dataset("cranfield", DATA / "cranfield", split="train")

@@ -47,7 +47,9 @@ def retrieval_index(
     )
     chunker = TextChunker(chunk_size=chunk_size, overlap=chunk_size // 8) if chunk_size else None
     index = DocumentIndex(embedder=embedder, chunker=chunker)
-    docs = list(dataset.corpus.items())
+    # An empty record (Cranfield has two) cannot be indexed or retrieved; it still counts in
+    # the metrics if a query judged it relevant.
+    docs = [(doc_id, doc) for doc_id, doc in dataset.corpus.items() if doc.full_text.strip()]
     with Progress(transient=True, disable=not progress) as bar:
         task = bar.add_task(f"indexing {dataset.name}", total=len(docs))
         for start in range(0, len(docs), 256):
@@ -67,6 +69,9 @@ def retrieval_command(
     data: Annotated[
         Path, typer.Option(metavar="PATH", help="The dataset folder (e.g. .../data/scifact).")
     ],
+    split: Annotated[
+        str, typer.Option(metavar="NAME", help="Query split: test, or train (SciFact only).")
+    ] = "test",
     modes: Annotated[
         str, typer.Option(metavar="LIST", help="Comma-separated: bm25,dense,hybrid.")
     ] = "bm25,dense,hybrid",
@@ -89,7 +94,7 @@ def retrieval_command(
         bad = sorted(set(wanted) - {"bm25", "dense", "hybrid"})
         if bad or not wanted:
             raise InputError(f"--modes takes bm25, dense and/or hybrid, got {modes!r}")
-        ds = load_dataset(dataset, data)
+        ds = load_dataset(dataset, data, split=split)
         index = retrieval_index(
             ds, embed=wanted != ["bm25"], chunk_size=chunk_size, progress=progress
         )
@@ -108,6 +113,6 @@ def retrieval_command(
     typer.echo(report.to_markdown())
     if out is not None:
         payload = json.loads(report.to_json())
-        payload["settings"] = {"chunk_size": chunk_size, "data": str(data)}
+        payload["settings"] = {"chunk_size": chunk_size, "data": str(data), "split": split}
         payload["created"] = datetime.now(UTC).isoformat(timespec="seconds")
         out.write_text(json.dumps(payload, indent=2))

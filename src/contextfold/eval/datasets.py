@@ -176,14 +176,19 @@ def _beir_qrels(path: Path) -> dict[str, dict[str, int]]:
     return qrels
 
 
-def load_scifact(path: str | Path) -> IRDataset:
-    """BEIR's SciFact test split from the folder holding ``csv/`` and ``qrels/``.
+def load_scifact(path: str | Path, *, split: str = "test") -> IRDataset:
+    """BEIR's SciFact test split (or, with ``split="train"``, the train split's claims and
+    qrels — for tuning without touching the test queries) from the folder holding ``csv/``
+    and ``qrels/``.
 
     Corpus: ``csv/corpus_train.csv`` (5,183 abstracts; body = sentences joined by a space).
     Queries: the claims of ``csv/claims_validation.csv`` (de-duplicated by id) that have
     judgments in ``qrels/test.tsv`` (300 queries, 339 pairs).
     """
     root = Path(path)
+    if split not in ("test", "train"):
+        raise ConfigError(f"SciFact has a 'test' and a 'train' split, not {split!r}")
+    claims_file = "claims_validation.csv" if split == "test" else "claims_train.csv"
     corpus_rows = _csv_rows(
         _need(
             root / "csv/corpus_train.csv", "SciFact's corpus CSV (doc_id,title,abstract,structured)"
@@ -191,10 +196,11 @@ def load_scifact(path: str | Path) -> IRDataset:
         {"doc_id", "title", "abstract"},
     )
     claim_rows = _csv_rows(
-        _need(root / "csv/claims_validation.csv", "SciFact's test claims CSV (columns id, claim)"),
+        _need(root / f"csv/{claims_file}", f"SciFact's {split} claims CSV (columns id, claim)"),
         {"id", "claim"},
     )
-    qrels = _beir_qrels(_need(root / "qrels/test.tsv", "BEIR's SciFact test qrels TSV"))
+    qrels_file = root / f"qrels/{split}.tsv"
+    qrels = _beir_qrels(_need(qrels_file, f"BEIR's SciFact {split} qrels TSV"))
 
     corpus: dict[str, IRDoc] = {}
     for row in corpus_rows:
@@ -209,8 +215,8 @@ def load_scifact(path: str | Path) -> IRDataset:
     unjudged = sorted(set(qrels) - set(claims))
     if unjudged:
         raise ConfigError(
-            f"{root / 'qrels/test.tsv'} judges {len(unjudged)} queries that "
-            f"csv/claims_validation.csv does not hold (first: {unjudged[:5]})"
+            f"{qrels_file} judges {len(unjudged)} queries that "
+            f"csv/{claims_file} does not hold (first: {unjudged[:5]})"
         )
     queries = {qid: text for qid, text in claims.items() if qid in qrels}
     return IRDataset(name="scifact", corpus=corpus, queries=queries, qrels=qrels)
@@ -306,8 +312,9 @@ DATASETS = {"scifact": load_scifact, "cranfield": load_cranfield}
 """The loaders :func:`load_dataset` dispatches to, by name."""
 
 
-def load_dataset(name: str, path: str | Path) -> IRDataset:
-    """Load the collection ``name`` (``"scifact"`` or ``"cranfield"``) from its folder."""
+def load_dataset(name: str, path: str | Path, *, split: str = "test") -> IRDataset:
+    """Load the collection ``name`` (``"scifact"`` or ``"cranfield"``) from its folder;
+    ``split="train"`` exists for SciFact only."""
     loader = DATASETS.get(name.lower())
     if loader is None:
         raise ConfigError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
@@ -316,4 +323,8 @@ def load_dataset(name: str, path: str | Path) -> IRDataset:
             f"{path} is not a folder: expected the {name} dataset folder described in "
             "shared/benchmarks/README.md"
         )
+    if split != "test":
+        if name.lower() != "scifact":
+            raise ConfigError(f"only scifact has a {split!r} split; {name} has one query set")
+        return load_scifact(path, split=split)
     return loader(path)
