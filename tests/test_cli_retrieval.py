@@ -127,3 +127,48 @@ def test_search_without_a_corpus_says_how_to_make_one(tmp_path: Path) -> None:
     result = invoke("search", "x", "--db", str(tmp_path / "none.db"))
     assert result.exit_code == 2
     assert "run `contextfold ingest" in result.output
+
+
+def test_eval_retrieval_reports_every_mode_and_writes_json(tmp_path: Path) -> None:
+    from test_eval_retrieval import write_cranfield
+
+    data = write_cranfield(tmp_path / "cran", "1 2 1\n2 1 3\n3 2 2\n")
+    out = tmp_path / "report.json"
+    result = invoke(
+        "eval",
+        "retrieval",
+        "--dataset",
+        "cranfield",
+        "--data",
+        str(data),
+        "--modes",
+        "bm25,hybrid",
+        "--no-progress",
+        "--out",
+        str(out),
+    )
+    assert result.exit_code == 0, result.output
+    assert re.search(r"\| bm25 \| [01]\.\d{4} \|", result.stdout)
+    report = json.loads(out.read_text())
+    assert [m["mode"] for m in report["modes"]] == ["bm25", "hybrid"]
+    assert report["settings"]["split"] == "test"
+    # "shear flow past plates" -> document 2 is the only one about shear flow
+    bm25 = report["modes"][0]
+    assert bm25["ndcg"] > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--dataset", "msmarco"], "unknown dataset"),
+        (["--dataset", "cranfield", "--modes", "bm25,fuzzy"], "--modes takes"),
+        (["--dataset", "cranfield", "--split", "train"], "only scifact"),
+    ],
+)
+def test_eval_bad_input(tmp_path: Path, args: list[str], fragment: str) -> None:
+    from test_eval_retrieval import write_cranfield
+
+    data = write_cranfield(tmp_path / "cran", "1 2 1\n")
+    result = invoke("eval", "retrieval", *args, "--data", str(data), "--no-progress")
+    assert result.exit_code == 2, result.output
+    assert fragment in result.output
