@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -129,3 +132,21 @@ def test_similarities_are_exact_cosines_for_named_ids(kind, data) -> None:
     sims = index.similarities(vectors[0], ["v1", "missing", "v0"])
     assert sims[0] == pytest.approx(float(vectors[1] @ vectors[0]), abs=1e-5)
     assert sims[1] is None and sims[2] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_usearch_then_the_onnx_embedder_in_one_process_does_not_crash() -> None:
+    # Regression: loading usearch before onnxruntime segfaulted on the first embedding.
+    script = (
+        "import numpy as np\n"
+        "from contextfold.retrieval.dense import USearchVectorIndex\n"
+        "from contextfold.retrieval.embedders import MiniLMEmbedder\n"
+        "index = USearchVectorIndex(384)\n"
+        "vector = MiniLMEmbedder().embed(['refund policy'])\n"
+        "index.add(['a'], vector)\n"
+        "print(index.search(vector[0], 1)[0][0])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "a"

@@ -103,7 +103,7 @@ def test_a_failed_add_stores_nothing() -> None:
 def test_vectors_need_a_model_and_matching_rows() -> None:
     store = DocumentStore()
     doc = _doc("x y")
-    with pytest.raises(ConfigError, match="2 chunks need as many vectors"):
+    with pytest.raises(ConfigError, match=r"2 chunks of document \w+ need as many vectors"):
         store.add(doc, _chunks(doc, ["x", "y"]), np.zeros((1, 3), np.float32), model="m")
 
 
@@ -150,3 +150,16 @@ def test_reopening_a_file_keeps_everything(tmp_path) -> None:
     again = DocumentStore(path)
     assert again.count() == (1, 1)
     assert [d.text for d in again.documents()] == ["persist me"]
+
+
+def test_add_many_is_one_all_or_nothing_transaction() -> None:
+    store = DocumentStore()
+    good, bad = _doc("first"), _doc("second")
+    bad_chunk = _chunks(bad, ["second"])[0]
+    with pytest.raises(sqlite3.IntegrityError):
+        store.add_many(
+            [(good, _chunks(good, ["first"]), None), (bad, [bad_chunk, bad_chunk], None)]
+        )
+    assert store.count() == (0, 0) and store.version == 0
+    store.add_many([(good, _chunks(good, ["first"]), None), (bad, [bad_chunk], None)])
+    assert store.count() == (2, 2) and store.version == 1

@@ -8,6 +8,7 @@ the same interface; it is approximate, so measure its recall against the exact i
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Collection, Sequence
 from pathlib import Path
@@ -201,6 +202,10 @@ class USearchVectorIndex:
         expansion_add: int = 128,
         expansion_search: int = 64,
     ) -> None:
+        # usearch's native library, loaded first, crashes onnxruntime when it loads later
+        # (a segfault on the first embedding); loading onnxruntime first avoids it.
+        with contextlib.suppress(ImportError):
+            import onnxruntime  # noqa: F401
         try:
             from usearch.index import Index
         except ImportError as exc:  # pragma: no cover - exercised only without the extra

@@ -169,6 +169,10 @@ class MiniLMEmbedder:
             options.inter_op_num_threads = 1
             if self.intra_op_num_threads is not None:
                 options.intra_op_num_threads = self.intra_op_num_threads
+            # Idle worker threads would otherwise spin after every call and steal the CPU the
+            # vector search right after a query embedding needs (measured: 2x slower search).
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            options.add_session_config_entry("session.inter_op.allow_spinning", "0")
             session = onnxruntime.InferenceSession(
                 str(model), sess_options=options, providers=["CPUExecutionProvider"]
             )

@@ -259,8 +259,8 @@ class DocumentIndex:
         """Add many documents, embedding their chunks in batches across documents.
 
         ``progress(n)`` is called with the number of documents finished after each batch.
-        Each document is stored in its own transaction, so an interruption keeps every
-        document finished before it.
+        Each batch (about ``batch_size`` chunks) is stored in one transaction, so an
+        interruption keeps every batch finished before it and nothing of the one in flight.
         """
         self._ensure_loaded()
         results: list[AddResult] = []
@@ -331,17 +331,20 @@ class DocumentIndex:
         vectors = embedder.embed(texts) if embedder is not None else None
         with self._lock:
             self._attach_texts()
+            batch = []
             offset = 0
             for p in pending:
                 n = len(p.chunks)
                 part = None if vectors is None else vectors[offset : offset + n]
-                self.store.add(p.record, p.chunks, part, model=embedder.name if embedder else None)
-                self._bm25.add([c.id for c in p.chunks], [c.text for c in p.chunks])
+                batch.append((p.record, p.chunks, part))
+                offset += n
+            self.store.add_many(batch, model=embedder.name if embedder else None)
+            for _, chunks, part in batch:
+                self._bm25.add([c.id for c in chunks], [c.text for c in chunks])
                 if part is not None:
                     if self._vectors is None:
                         self._vectors = self._new_vector_index(part.shape[1])
-                    self._vectors.add([c.id for c in p.chunks], part)
-                offset += n
+                    self._vectors.add([c.id for c in chunks], part)
         if progress is not None:
             progress(len(pending))
 

@@ -65,8 +65,11 @@ def analyze(
     if stopwords:
         stop = _stopwords(stopwords)
         words = [w for w in words if w not in stop]
-    if stemmer:
-        words = _stemmer(stemmer).stemWords(words)
+    if stemmer and words:
+        # Stem each distinct word once: a document repeats most of its words.
+        distinct = list(dict.fromkeys(words))
+        stems = dict(zip(distinct, _stemmer(stemmer).stemWords(distinct), strict=True))
+        words = [stems[w] for w in words]
     return words
 
 
