@@ -433,7 +433,96 @@ def _render_history(path: Path, data: dict[str, Any]) -> list[str]:
     return lines
 
 
-_RENDERERS = {"window": _render_window, "history_trim": _render_history}
+def _render_retrieval(path: Path, data: dict[str, Any]) -> list[str]:
+    p = data["parameters"]
+    vocab = p["vocabulary"]
+    lines = [
+        f"## Retrieval at {p['n_chunks']:,} chunks (`bench_retrieval.py`)",
+        "",
+        data["description"],
+        "",
+        f"- Command: `{data['command']}` → `{_relative(str(path))}`",
+        f"- Machine: {_machine_line(data)}; load {data['machine'].get('load_avg_1m_at_end')} "
+        "at end",
+        f"- {p['n_chunks']:,} chunks of {p['chunk_words'][0]}–{p['chunk_words'][1]} words "
+        f"(mean {p['chunk_words_mean']}) drawn from {vocab['words']:,} words of "
+        f"{vocab['source']} by Zipf rank (s={p['zipf']['s']}, q={p['zipf']['q']}), seed "
+        f"{p['seed']}; {p['n_queries']} queries of {p['query_words'][0]}–{p['query_words'][1]} "
+        f"words ({p['query_terms_mean']} BM25 terms on average); top-{p['k']}; "
+        f"{p['rounds']} interleaved rounds after {p['warmup']} warm-up calls; query embedder "
+        f"`{p['embedder']}`.",
+        "",
+        "| section | implementation | median ms | p95 ms | min ms | CPU median ms | calls | "
+        "round medians ms | note |",
+        "|---|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for c in data["configs"]:
+        t = c["timings"]
+        note = c.get("note", "")
+        if "recall_at_10" in c:
+            note = (
+                f"recall@10 {c['recall_at_10']:.3f} (random queries), "
+                f"{c['recall_at_10_near_queries']:.3f} (queries near a corpus vector)"
+            )
+        rounds = " / ".join(f"{m:,.2f}" for m in c.get("round_medians_ms", []))
+        lines.append(
+            f"| {c['group']} | {c['label']} | {_ms(t, 'median_ms')} | {_ms(t, 'p95_ms')} | "
+            f"{_ms(t, 'min_ms')} | {_ms(t, 'cpu_median_ms')} | {t['n']} | {rounds} | {note} |"
+        )
+    r, g, hybrid = data["ratios"], data["goals"], data["hybrid"]
+    met = g["met"]
+    hybrid_median = g["values"]["hybrid_median_ms"]
+    lines += [
+        "",
+        "| measure | value | goal | |",
+        "|---|---:|---:|---|",
+        f"| rank-bm25 / contextfold BM25 (median, same queries) | "
+        f"{r['rank_bm25_over_contextfold']:,.1f}× (CPU {r['rank_bm25_over_contextfold_cpu']:,.1f}×)"
+        f" | ≥ {g['rank_bm25_over_contextfold_min']}× | "
+        f"{'met' if met['rank_bm25_over_contextfold'] else 'MISSED'} |",
+        f"| contextfold BM25 / raw bm25s (median) | {r['contextfold_over_bm25s']:.2f}× "
+        f"(CPU {r['contextfold_over_bm25s_cpu']:.2f}×) | ≤ {g['contextfold_over_bm25s_max']}× | "
+        f"{'met' if met['contextfold_over_bm25s'] else 'MISSED'} |",
+        f"| hybrid query median (embedding included) | {hybrid_median:,.2f} ms | "
+        f"≤ {g['hybrid_median_ms_max']} ms | {'met' if met['hybrid_median_ms'] else 'MISSED'} |",
+        "",
+        "| build / ingest | seconds | chunks/s |",
+        "|---|---:|---:|",
+    ]
+    for name, value in data["builds_s"].items():
+        lines.append(f"| {name}, {p['n_chunks']:,} chunks | {value:,.2f} | "
+                     f"{p['n_chunks'] / value:,.0f} |")  # fmt: skip
+    lines += [
+        f"| DocumentIndex.add_documents, {hybrid['chunks']:,} chunks, precomputed vectors | "
+        f"{hybrid['ingest_s']:,.2f} | {hybrid['ingest_chunks_per_s']:,} |",
+        f"| first DocumentIndex search after that ingest (builds BM25) | "
+        f"{hybrid['first_search_s']:,.2f} | |",
+        f"| add_document of one chunk to that index | {hybrid['add_one_document_ms'] / 1000:,.4f}"
+        " | |",
+        f"| first search after that add (rebuilds BM25) | "
+        f"{hybrid['first_search_after_add_ms'] / 1000:,.2f} | |",
+    ]
+    for v in data["ingest"].values():
+        what = f"with `{v['embedder']}`" if v["embedder"] else "BM25 only (`embedder=False`)"
+        lines.append(
+            f"| add_documents, {v['documents']:,} {p['ingest_source']} docs → {v['chunks']:,} "
+            f"chunks, {what}, median of {v['runs']} | {v['add_documents_s']:,.2f} "
+            f"(+{v['first_search_s']:,.2f} first search) | {v['chunks_per_s']:,.0f} "
+            f"({v['chunks_per_s_to_searchable']:,.0f} to searchable) |"
+        )
+    lines += ["", f"- Ingest chunker: {p['ingest_chunker']}."]
+    lines += [f"- {note}" for note in data.get("notes", [])]
+    lines.append(
+        f"- Correctness flags: {_flags(data['correctness'])}. Peak RSS {data['peak_rss_mb']} MB."
+    )
+    return lines
+
+
+_RENDERERS = {
+    "window": _render_window,
+    "history_trim": _render_history,
+    "retrieval": _render_retrieval,
+}
 
 
 def render_results(results_dir: Path) -> str:
@@ -445,8 +534,8 @@ def render_results(results_dir: Path) -> str:
         "`time.perf_counter` per call, garbage collected before each call; median and p95 over "
         "the runs listed. *CPU median* is the CPU time of the benchmark process per call, which "
         "other processes on a shared machine do not inflate. Peak RSS is the whole benchmark "
-        "process, data loading included. Re-run with `python benchmarks/bench_window.py` and "
-        "`python benchmarks/bench_history_trim.py`.",
+        "process, data loading included. Re-run with `python benchmarks/bench_window.py`, "
+        "`python benchmarks/bench_history_trim.py` and `python benchmarks/bench_retrieval.py`.",
         "",
     ]
     for name, (path, data) in latest_results(results_dir).items():

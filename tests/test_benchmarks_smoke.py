@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -52,6 +53,30 @@ COMMON_KEYS = {
 TIMING_KEYS = {"median_ms", "p95_ms", "min_ms", "max_ms", "mean_ms", "n"}
 
 
+def run_quick(tmp_path: Path, script: str, name: str) -> tuple[dict[str, Any], Path]:
+    """Run ``script --quick`` into ``tmp_path``; its JSON result and the markdown it wrote."""
+    md = tmp_path / "RESULTS.md"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / script),
+            "--quick",
+            "--results-dir",
+            str(tmp_path),
+            "--results-md",
+            str(md),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "error"},
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (path,) = tmp_path.glob(f"{name}-*-quick.json")
+    return json.loads(path.read_text(encoding="utf-8")), md
+
+
 @needs_data
 @pytest.mark.parametrize(
     ("script", "name", "extra_keys", "config_keys"),
@@ -73,26 +98,7 @@ TIMING_KEYS = {"median_ms", "p95_ms", "min_ms", "max_ms", "mean_ms", "n"}
 def test_benchmark_quick_run(
     tmp_path: Path, script: str, name: str, extra_keys: set[str], config_keys: set[str]
 ) -> None:
-    md = tmp_path / "RESULTS.md"
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(BENCHMARKS / script),
-            "--quick",
-            "--results-dir",
-            str(tmp_path),
-            "--results-md",
-            str(md),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONWARNINGS": "error"},
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    (path,) = tmp_path.glob(f"{name}-*-quick.json")
-    result = json.loads(path.read_text(encoding="utf-8"))
+    result, md = run_quick(tmp_path, script, name)
     assert COMMON_KEYS | extra_keys <= result.keys()
     assert result["name"] == name and result["quick"] is True
     assert {"cores", "cpu_model", "python", "os"} <= result["machine"].keys()
@@ -111,3 +117,41 @@ def test_scifact_abstract_literals_are_read_one_by_one() -> None:
         "Second, with 'quotes'.",
         "Third's.",
     ]
+
+
+def test_retrieval_benchmark_quick_run(tmp_path: Path) -> None:
+    """``bench_retrieval.py`` needs no shared data (it falls back to a built-in word list), so
+    this one is not skipped without it."""
+    result, md = run_quick(tmp_path, "bench_retrieval.py", "retrieval")
+    extra = {"builds_s", "bm25", "dense", "hybrid", "ingest", "ratios", "notes"}
+    assert COMMON_KEYS | extra <= result.keys()
+    assert result["name"] == "retrieval" and result["quick"] is True
+    assert {"n_chunks", "n_queries", "embedder", "vocabulary"} <= result["parameters"].keys()
+    labels = {c["label"] for c in result["configs"]}
+    assert {
+        "contextfold BM25Index.search",
+        "bm25s tokenize + retrieve",
+        "rank_bm25 BM25Okapi.get_top_n",
+        "contextfold NumpyVectorIndex (exact)",
+        "contextfold USearchVectorIndex (HNSW)",
+        "DocumentIndex.search hybrid",
+    } <= labels
+    for config in result["configs"]:
+        timings = config["timings"]
+        assert timings.keys() >= TIMING_KEYS and timings["n"] >= 1
+        assert timings["median_ms"] > 0 and timings["p95_ms"] >= timings["median_ms"]
+        assert config["round_medians_ms"] and config["group"] in {"bm25", "dense", "hybrid"}
+    assert all(seconds > 0 for seconds in result["builds_s"].values())
+    assert 0 <= result["dense"]["usearch_recall_at_10"] <= 1
+    assert result["hybrid"]["ingest_chunks_per_s"] > 0
+    for ingest in result["ingest"].values():
+        assert ingest["chunks"] >= ingest["documents"] > 0 and ingest["chunks_per_s"] > 0
+    assert all(r > 0 for r in result["ratios"].values())
+    assert set(result["goals"]["met"]) == {
+        "rank_bm25_over_contextfold",
+        "contextfold_over_bm25s",
+        "hybrid_median_ms",
+    }
+    assert result["correctness"] and all(v is True for v in result["correctness"].values())
+    assert result["peak_rss_mb"] > 0
+    assert "## Retrieval at" in md.read_text(encoding="utf-8")
