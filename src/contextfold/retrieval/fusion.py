@@ -148,9 +148,4 @@ def convex(
     first_seen = {doc_id: n for n, doc_id in enumerate(fused)}
     ordered = sorted(fused, key=lambda d: (-fused[d], first_seen[d]))[:limit]
     ranks = ranks or {}
-    return [
-        FusedHit(
-            (d, fused[d], {s: r[d] for s, r in ranks.items() if d in r})
-        )
-        for d in ordered
-    ]
+    return [FusedHit((d, fused[d], {s: r[d] for s, r in ranks.items() if d in r})) for d in ordered]
