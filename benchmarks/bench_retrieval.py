@@ -17,7 +17,8 @@ Sections, all in one process:
    two cores, so the corpus vectors are the random unit vectors of section 2, handed to the
    index by an embedder that looks corpus texts up and embeds anything else (the queries) with
    the real model. The timing covers everything a query does: embedding, BM25 and vector search
-   ``fetch_k`` deep, RRF, fetching the chunk rows from SQLite, building the hits.
+   ``fetch_k`` deep, score fusion (convex, the default), fetching the chunk rows from SQLite,
+   building the hits.
 4. **Ingest**: chunks/s for ``DocumentIndex.add_documents`` on real SciFact abstracts, with the
    real embedder, and BM25-only (``embedder=False``).
 
@@ -660,7 +661,8 @@ def main(argv: list[str] | None = None) -> int:
         "tokenisation and `rank_bm25.BM25Okapi.get_top_n` (seed 000's engine) given the same "
         "terms; dense: exact numpy and HNSW (usearch) over random 384-d unit vectors; hybrid: "
         "`DocumentIndex.search(mode='hybrid')` end to end (query embedding, BM25 + vector "
-        "search 100 deep, RRF, SQLite row fetch) with precomputed corpus vectors; ingest: "
+        "search 100 deep, convex score fusion, SQLite row fetch) with precomputed corpus "
+        "vectors; ingest: "
         "`DocumentIndex.add_documents` on SciFact abstracts with the real embedder and "
         "BM25-only.",
         quick,

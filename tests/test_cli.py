@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -241,16 +242,36 @@ def test_cli_reference_is_current() -> None:
     assert done.returncode == 0, done.stderr
 
 
-def test_readme_starts_with_the_two_setup_commands() -> None:
+def readme_commands() -> list[str]:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert readme.index("```bash") < readme.index("\n## ")  # the commands come first
     first_block = readme.split("```bash\n", 1)[1].split("```", 1)[0]
-    commands = [line for line in first_block.splitlines() if not line.startswith("#")]
-    assert commands == [
-        "python3 -m venv .venv && .venv/bin/pip install -e . && .venv/bin/contextfold build "
-        "--input examples/travel_request.json --budget fixed5 --explain",
-        'python3 -m venv .venv && .venv/bin/pip install -e ".[dev]" && scripts/check',
-    ]
-    assert readme.index("```bash") < readme.index("\n## ")
+    return [line for line in first_block.splitlines() if not line.startswith("#")]
+
+
+def test_readme_starts_with_the_two_setup_commands() -> None:
+    main_job, tests = readme_commands()
+    assert main_job.startswith("python3 -m venv .venv && .venv/bin/pip install -e . && ")
+    assert ".venv/bin/contextfold ingest examples/policies && " in main_job
+    assert tests == 'python3 -m venv .venv && .venv/bin/pip install -e ".[dev]" && scripts/check'
+
+
+def test_readme_main_job_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The main job's contextfold commands, run in order from the repository root (the venv
+    steps are CI's job); the corpus goes to the test's own CONTEXTFOLD_HOME."""
+    monkeypatch.chdir(ROOT)
+    main_job, _ = readme_commands()
+    steps = [step for step in main_job.split(" && ") if step.startswith(".venv/bin/contextfold ")]
+    assert len(steps) == 2
+    outputs = []
+    for step in steps:
+        result = invoke(*shlex.split(step)[1:])
+        assert result.exit_code == 0, f"{step}\n{result.output}"
+        outputs.append(result.stdout)
+    assert "ingested 19 new document(s)" in outputs[0]
+    for section in SECTIONS:
+        assert re.search(rf"│ {section}\s+│", outputs[1]), section
+    assert "[Source 1]" in outputs[1]
 
 
 def test_readme_library_example_runs(capsys: pytest.CaptureFixture[str]) -> None:
