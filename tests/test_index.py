@@ -211,3 +211,23 @@ def test_retrieve_returns_retrieval_items() -> None:
 def test_invalid_mode_is_rejected() -> None:
     with pytest.raises(ConfigError, match="search mode"):
         _index().search("x", mode="fuzzy")  # type: ignore[arg-type]
+
+
+def test_a_second_writer_on_the_same_file_is_seen(tmp_path) -> None:
+    path = tmp_path / "shared.db"
+    reader = _index(path)
+    assert reader.search("giraffe", k=1, mode="bm25") == []
+    writer = DocumentIndex(path, embedder=HashEmbedder(), chunker=ParagraphChunker())
+    writer.add_document("A giraffe may be expensed as a team mascot.")
+    assert reader.search("giraffe", k=1)[0].text.startswith("A giraffe")
+    assert reader.search("giraffe mascot", k=1, mode="dense")[0].text.startswith("A giraffe")
+
+
+def test_chunks_stored_without_vectors_are_embedded_when_dense_search_needs_them(tmp_path) -> None:
+    path = tmp_path / "late.db"
+    bm25_only = DocumentIndex(path, embedder=False, chunker=ParagraphChunker())
+    bm25_only.add_document("Hotel stays in London are capped at 220 euros per night.")
+    dense = DocumentIndex(path, embedder=HashEmbedder(), chunker=ParagraphChunker())
+    hit = dense.search("London hotel", k=1, mode="dense")[0]
+    assert hit.match_source == "vector" and "London" in hit.text
+    assert dense.store.chunks_without_vectors(HashEmbedder().name) == []

@@ -144,6 +144,7 @@ class DocumentIndex:
         }
         self._vectors: VectorIndex | None = None
         self._loaded = False
+        self._synced = -1  # the store version the derived indexes reflect
 
     # -- components ------------------------------------------------------------------------
 
@@ -185,12 +186,15 @@ class DocumentIndex:
         return None if self.path is None else self.path.with_name(self.path.name + ".bm25")
 
     def _ensure_loaded(self) -> None:
-        """Bring the derived indexes in line with the store (once per process)."""
-        if self._loaded:
+        """Bring the derived indexes in line with the store: on first use, and again whenever
+        another writer (another process or ``DocumentIndex`` on the same file) changed it."""
+        if self._loaded and self.store.version == self._synced:
             return
         with self._lock:
-            if self._loaded:
+            if self._loaded and self.store.version == self._synced:
                 return
+            self._bm25 = BM25Index(**self._bm25_params)
+            self._vectors = None
             folder = self._bm25_dir()
             stamp = folder / "corpus_version.json" if folder else None
             if stamp is not None and stamp.exists():
@@ -205,11 +209,22 @@ class DocumentIndex:
                 self._bm25.add(list(ids), list(texts))
             embedder = self.embedder
             if embedder is not None:
+                missing = self.store.chunks_without_vectors(embedder.name)
+                for start in range(0, len(missing), 256):  # e.g. ingested with --no-embed
+                    part = missing[start : start + 256]
+                    vectors = embedder.embed([text for _, text in part])
+                    self.store.add_vectors([i for i, _ in part], vectors, embedder.name)
                 ids_v, matrix = self.store.vectors(embedder.name)
                 if ids_v:
                     self._vectors = self._new_vector_index(matrix.shape[1])
                     self._vectors.add(ids_v, matrix)
+            self._synced = self.store.version
             self._loaded = True
+
+    def _wrote(self, before: int) -> None:
+        """After our own write: still in sync unless someone else wrote in between."""
+        if self._synced == before:
+            self._synced = self.store.version
 
     def _attach_texts(self) -> None:
         if not self._bm25.has_texts:  # a memory-mapped index loaded from disk
@@ -338,7 +353,9 @@ class DocumentIndex:
                 part = None if vectors is None else vectors[offset : offset + n]
                 batch.append((p.record, p.chunks, part))
                 offset += n
+            before = self.store.version
             self.store.add_many(batch, model=embedder.name if embedder else None)
+            self._wrote(before)
             for _, chunks, part in batch:
                 self._bm25.add([c.id for c in chunks], [c.text for c in chunks])
                 if part is not None:
@@ -353,7 +370,9 @@ class DocumentIndex:
         self._ensure_loaded()
         with self._lock:
             self._attach_texts()
+            before = self.store.version
             chunk_ids = self.store.remove(doc_id)
+            self._wrote(before)
             self._bm25.remove(chunk_ids)
             if self._vectors is not None:
                 self._vectors.remove(chunk_ids)
@@ -365,6 +384,8 @@ class DocumentIndex:
             self.store.clear()
             self._bm25.clear()
             self._vectors = None
+            self._synced = self.store.version
+            self._loaded = True
             folder = self._bm25_dir()
             if folder is not None and folder.exists():
                 shutil.rmtree(folder)

@@ -222,6 +222,28 @@ class DocumentStore:
         matrix = np.frombuffer(b"".join(r[2] for r in rows), dtype=np.float32)
         return [r[0] for r in rows], matrix.reshape(len(rows), int(rows[0][1])).copy()
 
+    def chunks_without_vectors(self, model: str) -> list[tuple[str, str]]:
+        """``(chunk id, text)`` of every chunk that has no vector from ``model`` yet."""
+        rows = self._conn.execute(
+            "SELECT c.id, c.text FROM chunks c WHERE NOT EXISTS (SELECT 1 FROM chunk_vectors v"
+            " WHERE v.chunk_id = c.id AND v.model = ?) ORDER BY c.rowid",
+            (model,),
+        )
+        return [(r[0], r[1]) for r in rows]
+
+    def add_vectors(self, ids: Sequence[str], vectors: npt.NDArray[np.float32], model: str) -> None:
+        """Store vectors for existing chunks (one transaction; bumps the version)."""
+        with transaction(self._conn) as conn:
+            conn.executemany(
+                "INSERT OR REPLACE INTO chunk_vectors (chunk_id, model, dim, vector)"
+                " VALUES (?, ?, ?, ?)",
+                [
+                    (i, model, vectors.shape[1], np.asarray(v, np.float32).tobytes())
+                    for i, v in zip(ids, vectors, strict=True)
+                ],
+            )
+            self._bump()
+
     def chunks(self, ids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """Chunk rows joined with their document (tenant, source, document metadata) by id."""
         wanted = list(dict.fromkeys(ids))
