@@ -193,7 +193,7 @@ class DocumentIndex:
         with self._lock:
             if self._loaded and self.store.version == self._synced:
                 return
-            self._bm25 = BM25Index(**self._bm25_params)
+            self._bm25 = self._bm25.empty_copy()
             self._vectors = None
             folder = self._bm25_dir()
             stamp = folder / "corpus_version.json" if folder else None

@@ -132,6 +132,12 @@ class BM25Index:
             self._texts.pop(doc_id, None)
         self._dirty = self._dirty or len(self._texts) != before
 
+    def empty_copy(self) -> BM25Index:
+        """A new, empty index with the same settings."""
+        return BM25Index(
+            k1=self.k1, b=self.b, method=self.method, stemmer=self.stemmer, stopwords=self.stopwords
+        )
+
     def clear(self) -> None:
         self._texts, self._ids, self._row, self._model, self._dirty = {}, [], {}, None, False
         self._texts_attached = True
