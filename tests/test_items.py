@@ -153,3 +153,19 @@ def test_query_bundle() -> None:
     assert query.embedding == [0.1, 0.2]
     with pytest.raises(ValidationError, match="frozen"):
         query.query_str = "other"  # type: ignore[misc]
+
+
+def test_a_copy_with_new_metadata_is_costed_again() -> None:
+    from contextfold.formats import GenericTextFormatter
+    from contextfold.tokens import TiktokenCounter
+
+    counter, formatter = TiktokenCounter("cl100k_base"), GenericTextFormatter()
+    item = ContextItem(content="Refunds take 14 days.", metadata={"source": "a.txt"})
+    short = formatter.item_costs([item], counter)[0]
+    longer = item.model_copy(update={"metadata": {"source": "a-much-longer-file-name.txt"}})
+    assert formatter.item_costs([longer], counter)[0] > short
+    assert formatter.item_costs([item], counter)[0] == short
+    moved = item.model_copy(update={"source": SourceType.MEMORY})
+    formatter.item_cost(moved, counter)  # recomputed for the new source, not read from item's
+    entries = moved.__pydantic_private__["_tokens"].values()  # type: ignore[index]
+    assert {entry[2] for entry in entries} == {SourceType.MEMORY}

@@ -173,9 +173,12 @@ class ContextItem(BaseModel):
     pinned: bool = False
     message: Message | None = None
 
-    # counter name -> (content it was counted for, count); the content check keeps the cache
-    # honest across ``model_copy(update={"content": ...})``, which copies private state.
-    _tokens: dict[str, tuple[str, int]] = PrivateAttr(default_factory=dict)
+    # key -> (content, metadata, source it was computed for, value). ``model_copy`` shares
+    # private state, so every field a rendering may depend on is checked by identity: a copy
+    # with new content, metadata (e.g. a document's source label) or source recomputes.
+    _tokens: dict[str, tuple[str, dict[str, Any], SourceType, int]] = PrivateAttr(
+        default_factory=dict
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -204,20 +207,25 @@ class ContextItem(BaseModel):
         return self.memo(counter.name, lambda: counter.count(self.content))
 
     def memo(self, key: str, compute: Callable[[], int]) -> int:
-        """A per-item cache for values derived from ``content`` (token costs per counter and
-        format); recomputed when the content changed."""
+        """A per-item cache for values derived from the item (token costs per counter and
+        format); recomputed when its content, metadata or source changed."""
         # Read the private dict straight from its slot: pydantic's attribute fallback for
         # private names costs ~2 µs a call, which the packer would pay per item.
-        cache: dict[str, tuple[str, int]] = self.__pydantic_private__["_tokens"]  # type: ignore[index]
+        cache: dict[str, tuple[str, dict[str, Any], SourceType, int]]
+        cache = self.__pydantic_private__["_tokens"]  # type: ignore[index]
         cached = cache.get(key)
         if cached is not None:
-            if cached[0] is self.content:
-                return cached[1]
+            if (
+                cached[0] is self.content
+                and cached[1] is self.metadata
+                and cached[2] is self.source
+            ):
+                return cached[3]
             # ``model_copy`` shares this dict with the original; give the copy its own so the
             # two stop overwriting each other's entries.
             cache = self.__pydantic_private__["_tokens"] = {}  # type: ignore[index]
         value = compute()
-        cache[key] = (self.content, value)
+        cache[key] = (self.content, self.metadata, self.source, value)
         return value
 
 

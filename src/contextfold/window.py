@@ -15,26 +15,55 @@ How a window is filled:
 4. The kept items are formatted and the payload is counted exactly; the count never exceeds
    the budget (if joining parts ever costs more than the parts, the lowest-ranked unit goes).
 
-Each item's cost is computed once per pack (and cached on the item across packs); decisions
-are kept as compact records and become ``Decision`` models when first read.
+How it stays fast (10,000 candidates in about 15 ms, most of it spent reading the items and
+formatting the payload): each item's cost is computed once per pack (and cached on the item
+across packs); the fields the packer ranks by are read once into plain lists with C-level
+getters (``contextfold._units``, which also builds the units); a unit is named by its first
+candidate index, so the common unit of one item needs no object of its own; ranking is two
+stable sorts with C-level keys; once nothing left in a section can fit, the rest are dropped
+in bulk; and each candidate's decision is one compact status in a list (``Status``) that
+becomes a ``Decision`` model, reason text included, when first read.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from bisect import bisect_left, bisect_right
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cached_property
-from operator import attrgetter
-from typing import Any
+from itertools import compress, repeat
+from operator import attrgetter, itemgetter, methodcaller, neg
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, PrivateAttr, computed_field
 
+from contextfold._units import (
+    CLOSED,
+    DROPPED,
+    FIELDS,
+    FITS,
+    KEPT,
+    SUMMARIZED,
+    TRUNCATED,
+    UNASSIGNED,
+    SectionMap,
+    Status,
+    Units,
+    build_units,
+    tool_groups,
+)
 from contextfold.budget import OverflowStrategy, SectionBudget, TokenBudget
 from contextfold.errors import BudgetError
 from contextfold.formats.base import Formatter, item_message
-from contextfold.items import ContextItem, Message, SourceType, TextBlock
+from contextfold.items import (
+    ContextItem,
+    Message,
+    SourceType,
+    TextBlock,
+)
 from contextfold.tokens import TokenCounter
 from contextfold.truncation import Keep, truncate_text
 
@@ -42,8 +71,6 @@ __all__ = ["Action", "Decision", "SectionUsage", "Window", "pack", "tool_groups"
 
 #: A truncated item keeps at least this many tokens of content, or it is dropped instead.
 MIN_TRUNCATED_TOKENS = 8
-UNASSIGNED = "unassigned"
-_HISTORY_CLOSED = "older than the oldest kept turn; history stays a contiguous suffix"
 
 
 class Action(StrEnum):
@@ -95,11 +122,27 @@ class SectionUsage(BaseModel):
         return 100.0 * self.used / base if base else 0.0
 
 
-# A decision before it becomes a ``Decision`` model: (candidate index, section, action,
-# tokens before, tokens after, reason). Plain tuples and plain-str actions keep the hot loop
-# cheap (Enum members hash in Python code); ``Window.decisions`` builds the models on first read.
-_Record = tuple[int, str, str, int, int, str]
-_KEPT, _TRUNCATED, _DROPPED, _SUMMARIZED = "kept", "truncated", "dropped", "summarized"
+_ACTIONS = {action.value: action for action in Action}
+_CREATED, _TIMESTAMP = attrgetter("created_at"), methodcaller("timestamp")
+
+
+def _needs(cost: int, room: int, name: str, suffix: str) -> str:
+    return f"needs {cost:,} tokens, {room:,} left in section {name!r}{suffix}"
+
+
+def _spell(status: Status, cost: int, name: str, suffix: str) -> tuple[str, int, str]:
+    """A status as (action, tokens after, reason); ``cost`` is the candidate's."""
+    if isinstance(status, str):
+        return KEPT, cost, status
+    if isinstance(status, int):
+        return DROPPED, 0, _needs(cost, status, name, suffix)
+    return status
+
+
+def _suffix(section: SectionBudget) -> str:
+    if section.overflow is OverflowStrategy.TRUNCATE_OLDEST:
+        return " (oldest outputs go first)"
+    return ""
 
 
 class Window(BaseModel):
@@ -118,116 +161,34 @@ class Window(BaseModel):
     estimated: bool
     format: str
     _candidates: Sequence[ContextItem] = PrivateAttr(default=())
-    _records: Sequence[_Record] = PrivateAttr(default=())
+    _costs: Sequence[int] = PrivateAttr(default=())
+    _sections: SectionMap | None = PrivateAttr(default=None)
+    _status: Sequence[Status] = PrivateAttr(default=())
+    _suffixes: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @computed_field  # type: ignore[prop-decorator]
     @cached_property
     def decisions(self) -> tuple[Decision, ...]:
         """One decision per candidate, in candidate order."""
-        items = self._candidates
-        return tuple(
-            Decision(
-                item_id=items[index].id,
-                section=section,
-                source=items[index].source,
-                action=Action(action),
-                tokens_before=before,
-                tokens_after=after,
-                reason=reason,
-            )
-            for index, section, action, before, after, reason in self._records
-        )
-
-
-# --------------------------------------------------------------------------- units and groups
-
-
-@dataclass(slots=True)
-class _Unit:
-    """Candidate indices packed all-or-none, in candidate order."""
-
-    idxs: list[int]
-    cost: int
-    conversation: bool
-    priority: int
-    score: float
-
-
-def tool_groups(items: Sequence[ContextItem]) -> list[int]:
-    """A group number per item: items sharing a ``group_id``, or a tool call id, share one."""
-    parent = list(range(len(items)))
-
-    def find(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    owner: dict[tuple[str, str], int] = {}
-    for i, item in enumerate(items):
-        message = item.message
-        if item.group_id is None and (
-            message is None or (len(message.content) == 1 and message.content[0].type == "text")
+        out = []
+        suffixes = self._suffixes
+        names = self._sections.names() if self._sections is not None else ()
+        for item, cost, name, status in zip(
+            self._candidates, self._costs, names, self._status, strict=True
         ):
-            continue
-        keys = [("group", item.group_id)] if item.group_id else []
-        if message is not None:
-            keys += [("tool", t) for t in (*message.tool_use_ids, *message.tool_result_ids)]
-        for key in keys:
-            if key in owner:
-                parent[find(i)] = find(owner[key])
-            else:
-                owner[key] = i
-    return [i if parent[i] == i else find(i) for i in range(len(items))]
-
-
-def _has_tool_blocks(items: Sequence[ContextItem], idxs: list[int]) -> bool:
-    for i in idxs:
-        message = items[i].message
-        if message is not None and (len(message.content) > 1 or message.content[0].type != "text"):
-            return True
-    return False
-
-
-def _orphan_reason(items: Sequence[ContextItem], idxs: list[int]) -> str | None:
-    """Why a conversation unit carries a tool call without its result (or the reverse)."""
-    calls: set[str] = set()
-    results: set[str] = set()
-    for i in idxs:
-        message = items[i].message
-        if message is not None:
-            calls.update(message.tool_use_ids)
-            results.update(message.tool_result_ids)
-    if calls - results:
-        return f"tool call {sorted(calls - results)[0]} has no result among the candidates"
-    if results - calls:
-        return f"tool result for {sorted(results - calls)[0]} has no call among the candidates"
-    return None
-
-
-def _lonely_tool_traffic(items: Sequence[ContextItem], idxs: list[int]) -> set[int]:
-    """Unpinned members of a pinned unit whose tool calls or results lack their partner; going
-    without one can orphan its partners, so repeat until nothing changes."""
-    lonely: set[int] = set()
-    while True:
-        calls: set[str] = set()
-        results: set[str] = set()
-        for j in idxs:
-            message = items[j].message
-            if j not in lonely and message is not None:
-                calls.update(message.tool_use_ids)
-                results.update(message.tool_result_ids)
-        unmatched = calls ^ results
-        more = set()
-        for j in idxs:
-            message = items[j].message
-            if j in lonely or items[j].pinned or message is None:
-                continue
-            if unmatched & {*message.tool_use_ids, *message.tool_result_ids}:
-                more.add(j)
-        if not more:
-            return lonely
-        lonely |= more
+            action, after, reason = _spell(status, cost, name, suffixes[name])
+            out.append(
+                Decision(
+                    item_id=item.id,
+                    section=name,
+                    source=item.source,
+                    action=_ACTIONS[action],
+                    tokens_before=cost,
+                    tokens_after=after,
+                    reason=reason,
+                )
+            )
+        return tuple(out)
 
 
 # --------------------------------------------------------------------------- the fill
@@ -235,101 +196,156 @@ def _lonely_tool_traffic(items: Sequence[ContextItem], idxs: list[int]) -> set[i
 
 @dataclass(slots=True)
 class _Fill:
-    kept: list[tuple[int, ContextItem]] = field(default_factory=list)  # (position, item)
-    records: list[_Record] = field(default_factory=list)
+    """One section's fill; the decisions it made are in the packer's statuses."""
+
+    kept: list[int] = field(default_factory=list)  # candidates kept whole
+    cuts: dict[int, ContextItem] = field(default_factory=dict)  # candidate -> its cut
+    summaries: list[tuple[int, ContextItem]] = field(default_factory=list)  # (position, item)
     used: int = 0
+    smallest: float = math.inf  # the smallest cost among the candidates left out or cut
 
 
 @dataclass(slots=True)
 class _Packer:
-    items: Sequence[ContextItem]
+    units: Units
     costs: list[int]
+    status: list[Status]
     counter: TokenCounter
     formatter: Formatter
     next_position: int  # positions for hook summaries, after every candidate
+    orders: dict[str, list[int]] = field(default_factory=dict)
+    floors: dict[str, float] = field(default_factory=dict)  # see ``_order``
+    history_only: set[str] = field(default_factory=set)  # sections of history alone
 
-    def fill(self, section: SectionBudget, name: str, units: list[_Unit], allowance: int) -> _Fill:
+    def fill(self, section: SectionBudget, name: str, allowance: int) -> _Fill:
         out = _Fill()
         strategy = section.overflow
         cuts = strategy in (OverflowStrategy.TRUNCATE, OverflowStrategy.TRUNCATE_OLDEST)
         keep: Keep = "tail" if strategy is OverflowStrategy.TRUNCATE_OLDEST else "head"
-        suffix = (
-            " (oldest outputs go first)" if strategy is OverflowStrategy.TRUNCATE_OLDEST else ""
-        )
+        suffix = _suffix(section)
+        summarize = strategy is OverflowStrategy.SUMMARIZE
         room = allowance
-        history_open = True
+        closed = False  # history is closed once a turn did not fit
+        smallest = math.inf
         misfits: list[int] = []
-        items, costs, records, kept = self.items, self.costs, out.records, out.kept
-        for unit in self._order(units, strategy):
-            if unit.conversation and not history_open:
-                for i in unit.idxs:
-                    records.append((i, name, _DROPPED, costs[i], 0, _HISTORY_CLOSED))
+        units, costs, status, kept = self.units, self.costs, self.status, out.kept
+        unit_cost, members, conversation = units.cost, units.members, units.conversation
+        order = self._order(section, name)
+        # Once nothing left could fit, the rest go for want of room without a look each; that
+        # needs a section of units of one, none of them history (whose misfits close it).
+        floor = self.floors[name] if not summarize else -1
+        history_only = name in self.history_only
+        # The hot loop: most units are one item, dropped for want of room; keep that path short.
+        for u in order:
+            if closed and conversation[u]:
+                for i in members.get(u) or (u,):
+                    status[i] = CLOSED
+                    smallest = min(smallest, costs[i])
                 continue
-            if unit.cost <= room:
-                room -= unit.cost
-                for i in unit.idxs:
-                    kept.append((i, items[i]))
-                    records.append((i, name, _KEPT, costs[i], costs[i], "fits"))
+            cost = unit_cost[u]
+            if cost <= room:
+                room -= cost
+                if u in members:
+                    for i in members[u]:
+                        status[i] = FITS
+                    kept.extend(members[u])
+                else:
+                    status[u] = FITS
+                    kept.append(u)
                 continue
+            m = members.get(u)
             cut = None
-            if cuts and len(unit.idxs) == 1:
-                cut = self._truncate(items[unit.idxs[0]], room, keep)
+            if cuts and m is None:
+                cut = self._truncate(units.items[u], room, keep)
                 cuts = cut is None  # one cut per section: after it the section is full
             if cut is not None:
-                i, cost = unit.idxs[0], self.formatter.item_cost(cut, self.counter)
-                room -= cost
-                kept.append((i, cut))
-                records.append(
-                    (
-                        i,
-                        name,
-                        _TRUNCATED,
-                        unit.cost,
-                        cost,
-                        f"cut from {unit.cost:,} to {cost:,} tokens to fit section {name!r}",
-                    )
-                )
+                after = self.formatter.item_cost(cut, self.counter)
+                room -= after
+                out.cuts[u] = cut
+                reason = f"cut from {cost:,} to {after:,} tokens to fit section {name!r}"
+                status[u] = (TRUNCATED, after, reason)
+                smallest = min(smallest, cost)
+            elif m is None:
+                status[u] = room
+                if cost < smallest:
+                    smallest = cost
+                if summarize:
+                    misfits.append(u)
+                elif room < floor and not cuts:
+                    rest = order[order.index(u) + 1 :]
+                    any(map(status.__setitem__, rest, repeat(room)))
+                    smallest = min(smallest, min(map(unit_cost.__getitem__, rest), default=cost))
+                    break
             else:
-                reason = f"needs {unit.cost:,} tokens, {room:,} left in section {name!r}{suffix}"
-                misfits.extend(unit.idxs)
-                for i in unit.idxs:
-                    records.append((i, name, _DROPPED, costs[i], 0, reason))
-            history_open = history_open and not unit.conversation
-        if strategy is OverflowStrategy.SUMMARIZE and misfits:
+                dropped = (DROPPED, 0, _needs(cost, room, name, suffix))
+                for i in m:
+                    status[i] = dropped
+                    smallest = min(smallest, costs[i])
+                if summarize:
+                    misfits.extend(m)
+            if conversation[u] and not closed:
+                closed = True
+                if history_only:  # the rest is history, all of it closed now
+                    rest = order[order.index(u) + 1 :]
+                    smallest = min(smallest, self._close(rest))
+                    break
+        if summarize and misfits:
             room = self._summarize(out, section, name, misfits, room)
         out.used = allowance - room
+        out.smallest = smallest
         return out
 
-    def _order(self, units: list[_Unit], strategy: OverflowStrategy) -> Iterator[_Unit]:
-        """Ranked units merged with the conversation queue (newest first, order forced)."""
-        history = [u for u in units if u.conversation]
-        history.reverse()
-        others = [u for u in units if not u.conversation]
-        if strategy is OverflowStrategy.TRUNCATE_OLDEST:
-            items = self.items
-
-            def newest(u: _Unit) -> float:
-                return max(items[i].created_at.timestamp() for i in u.idxs)
-
-            others.sort(key=lambda u: (-u.priority, -newest(u), -u.idxs[0]))
+    def _order(self, section: SectionBudget, name: str) -> list[int]:
+        """The section's units ranked, merged with its history queue (newest first, order
+        forced); computed once per pack."""
+        order = self.orders.get(name)
+        if order is not None:
+            return order
+        units = self.units
+        history = units.history.get(name, [])[::-1]
+        others = units.others.get(name, []).copy()
+        priority, score = units.priority, units.score
+        ranked = section.overflow is not OverflowStrategy.TRUNCATE_OLDEST
+        if not ranked:
+            # Newest first: by priority, then the unit's newest timestamp, then candidate order
+            # (the keys are unique: sort them, and read each unit back from its key).
+            items = units.items
+            stamps = list(map(_TIMESTAMP, map(_CREATED, map(items.__getitem__, others))))
+            for pos, u in enumerate(others):
+                if u in units.members:
+                    stamps[pos] = max(_TIMESTAMP(items[i].created_at) for i in units.members[u])
+            keys = zip(
+                map(neg, map(priority.__getitem__, others)),
+                map(neg, stamps),
+                map(neg, others),
+                strict=True,
+            )
+            others = list(map(neg, map(itemgetter(2), sorted(keys))))
         else:
             # Two stable passes with C-level keys: priority, then score, then candidate order.
-            others.sort(key=attrgetter("score"), reverse=True)
-            others.sort(key=attrgetter("priority"), reverse=True)
+            others.sort(key=score.__getitem__, reverse=True)
+            others.sort(key=priority.__getitem__, reverse=True)
         if not history:
-            yield from others
-            return
-        h = o = 0
-        while h < len(history) or o < len(others):
-            if o >= len(others) or (
-                h < len(history)
-                and (history[h].priority, history[h].score) >= (others[o].priority, others[o].score)
-            ):
-                yield history[h]
-                h += 1
-            else:
-                yield others[o]
-                o += 1
+            order = others
+        elif not others:
+            order = history
+            self.history_only.add(name)
+        else:
+            order = _merge(history, others, priority, score, ranked)
+        self.orders[name] = order
+        # The smallest unit cost, when the section has only units of one and no history.
+        simple = not history and units.members.keys().isdisjoint(others)
+        self.floors[name] = min(map(units.cost.__getitem__, others), default=0) if simple else -1
+        return order
+
+    def _close(self, rest: list[int]) -> float:
+        """Drop the history units ``rest`` as older than the oldest kept turn; their smallest
+        cost."""
+        members = self.units.members
+        if not members.keys().isdisjoint(rest):
+            rest = [i for u in rest for i in members.get(u) or (u,)]
+        any(map(self.status.__setitem__, rest, repeat(CLOSED)))
+        return min(map(self.costs.__getitem__, rest), default=math.inf)
 
     def _truncate(self, item: ContextItem, room: int, keep: Keep) -> ContextItem | None:
         if item.message is not None and not all(
@@ -356,20 +372,17 @@ class _Packer:
         self, out: _Fill, section: SectionBudget, name: str, misfits: list[int], room: int
     ) -> int:
         assert section.summarize is not None  # the budget validates this
-        originals = [i for i in misfits if self.items[i].source is not SourceType.CONVERSATION]
+        items, status = self.units.items, self.status
+        originals = [i for i in misfits if items[i].source is not SourceType.CONVERSATION]
         if not originals:
             return room
-        wanted = set(originals)
         try:
-            summaries = list(
-                section.summarize([self.items[i] for i in originals], room, self.counter)
-            )
+            summaries = list(section.summarize([items[i] for i in originals], room, self.counter))
         except Exception as exc:  # a failing hook leaves the misfits dropped, with the reason
             note = f"summarize hook failed ({type(exc).__name__}: {exc}); "
-            out.records[:] = [
-                (r[0], r[1], r[2], r[3], r[4], note + r[5]) if r[0] in wanted else r
-                for r in out.records
-            ]
+            for i in originals:
+                reason = _spell(status[i], self.costs[i], name, _suffix(section))[2]
+                status[i] = (DROPPED, 0, note + reason)
             return room
         kept_any = 0
         for summary in summaries:
@@ -377,33 +390,66 @@ class _Packer:
             cost = self.formatter.item_cost(summary, self.counter)
             if cost <= room:
                 room -= cost
-                out.kept.append((self.next_position, summary))
+                out.summaries.append((self.next_position, summary))
                 self.next_position += 1
                 kept_any += 1
         if kept_any:
-            reason = f"summarized into {kept_any} item(s) by the section's hook"
-            out.records[:] = [
-                (r[0], r[1], _SUMMARIZED, r[3], r[4], reason) if r[0] in wanted else r
-                for r in out.records
-            ]
+            summarized = (
+                SUMMARIZED,
+                0,
+                f"summarized into {kept_any} item(s) by the section's hook",
+            )
+            for i in originals:
+                status[i] = summarized
         return room
 
 
+def _merge(
+    history: list[int], others: list[int], priority: list[int], score: list[float], ranked: bool
+) -> list[int]:
+    """Interleave the history queue (newest first) with the ranked units: a turn goes before
+    every unit it ranks at least as high as."""
+    # A NaN score (the sum is NaN then; so is it with both infinities) makes the ranking no
+    # order that bisection could search: merge one by one.
+    if ranked and not math.isnan(sum(score)):
+        # ``others`` is sorted by (-priority, -score): find each turn's place by bisection.
+        def neg_priority(u: int) -> int:
+            return -priority[u]
+
+        def neg_score(u: int) -> float:
+            return -score[u]
+
+        out: list[int] = []
+        o = 0
+        last = None
+        for u in history:
+            rank = (-priority[u], -score[u])
+            if rank != last:  # a run of turns of one rank goes in one place
+                p, s = last = rank
+                lo = bisect_left(others, p, o, key=neg_priority)
+                hi = bisect_right(others, p, lo, key=neg_priority)
+                at = bisect_left(others, s, lo, hi, key=neg_score)
+                out += others[o:at]
+                o = at
+            out.append(u)
+        out += others[o:]
+        return out
+    out = []
+    h = o = 0
+    while h < len(history) or o < len(others):
+        if o >= len(others) or (
+            h < len(history)
+            and (priority[history[h]], score[history[h]]) >= (priority[others[o]], score[others[o]])
+        ):
+            out.append(history[h])
+            h += 1
+        else:
+            out.append(others[o])
+            o += 1
+    return out
+
+
 # --------------------------------------------------------------------------- pack
-
-
-def _section_names(budget: TokenBudget, items: Sequence[ContextItem]) -> list[str]:
-    if not budget.sections:
-        return ["context"] * len(items)
-    explicit = {s.name for s in budget.sections}
-    # Enum members hash in Python code; their identities are unique and hash in C.
-    by_source = {id(source): s.name for s in budget.sections for source in s.sources}
-    return [
-        item.section
-        if item.section is not None and item.section in explicit
-        else by_source.get(id(item.source), UNASSIGNED)
-        for item in items
-    ]
 
 
 def pack(
@@ -417,6 +463,7 @@ def pack(
     Raises ``BudgetError`` when the pinned items alone do not fit.
     """
     items = list(items)
+    n = len(items)
     sections = sorted(  # stable: definition order on ties
         budget.sections or (SectionBudget(name="context", sources=tuple(SourceType)),),
         key=lambda s: -s.priority,
@@ -430,60 +477,15 @@ def pack(
     order = [*sections, unassigned]
     by_name = {s.name: s for s in order}
     costs = formatter.item_costs(items, counter)
-    packer = _Packer(items, costs, counter, formatter, len(items))
-    section_of = _section_names(budget, items)
-
-    # Atomic units per section, in candidate order; pinned units are kept outright, orphaned
-    # tool traffic is dropped. Most items are units of one: they take the fast path.
-    groups = tool_groups(items)
-    roots = {g for i, g in enumerate(groups) if g != i}
-    members: dict[tuple[str, int], list[int]] = {}
-    for i, g in enumerate(groups):
-        if g != i or i in roots:
-            members.setdefault((section_of[i], g), []).append(i)
-    units: dict[str, list[_Unit]] = {}
-    records: list[_Record] = []
-    kept: list[tuple[int, ContextItem]] = []
-    pinned_used: dict[str, int] = {}
-    conversation = SourceType.CONVERSATION
-    for i, item in enumerate(items):
-        name = section_of[i]
-        if groups[i] != i or i in roots:
-            idxs = members[(name, groups[i])]
-            if idxs[0] != i:
-                continue  # a later member of a group already handled at its first member
-            unit = _Unit(
-                idxs,
-                sum(costs[j] for j in idxs),
-                any(items[j].source is conversation for j in idxs),
-                max(items[j].priority for j in idxs),
-                max(items[j].score for j in idxs),
-            )
-            pinned = any(items[j].pinned for j in idxs)
-        else:
-            idxs = [i]
-            unit = _Unit(idxs, costs[i], item.source is conversation, item.priority, item.score)
-            pinned = item.pinned
-        if pinned:
-            if unit.conversation and _has_tool_blocks(items, idxs):
-                lonely = _lonely_tool_traffic(items, idxs)
-                if lonely:  # a pinned group never carries orphaned tool traffic in
-                    orphan = _orphan_reason(items, idxs) or "tool traffic without its partner"
-                    records.extend((j, name, _DROPPED, costs[j], 0, orphan) for j in lonely)
-                    idxs = [j for j in idxs if j not in lonely]
-            pinned_used[name] = pinned_used.get(name, 0) + sum(costs[j] for j in idxs)
-            for j in idxs:
-                kept.append((j, items[j]))
-                records.append((j, name, _KEPT, costs[j], costs[j], "pinned"))
-            continue
-        if unit.conversation and _has_tool_blocks(items, idxs):
-            reason = _orphan_reason(items, idxs)
-            if reason is not None:
-                records.extend((j, name, _DROPPED, costs[j], 0, reason) for j in idxs)
-                continue
-        units.setdefault(name, []).append(unit)
-    for name, section_units in units.items():
-        units[name] = _contiguous(section_units, items)
+    # Items are frozen pydantic models whose fields live in ``__dict__``: reading it with
+    # C-level getters is several times cheaper than attribute access item by item.
+    fields = list(map(FIELDS, items))
+    sources = list(map(itemgetter("source"), fields))
+    section_of = SectionMap.of(budget, sources, fields)
+    # Every candidate gets its own status below (a None left over would fail when read).
+    status = cast(list[Status], [None] * n)
+    units, kept_pinned, pinned_used = build_units(items, fields, sources, costs, section_of, status)
+    packer = _Packer(units, costs, status, counter, formatter, n)
 
     base = formatter.base_cost(counter)
     pinned_total = sum(pinned_used.values())
@@ -504,45 +506,63 @@ def pack(
                 )
 
     fills, allowances = _allocate(
-        budget, order, units, pinned_used, packer, available - base - pinned_total
+        budget, order, pinned_used, packer, available - base - pinned_total
     )
+    kept_idx = kept_pinned.copy()
+    cuts: dict[int, ContextItem] = {}
+    summaries: list[tuple[int, ContextItem]] = []
     for fill in fills.values():
-        kept.extend(fill.kept)
-        records.extend(fill.records)
-    kept.sort(key=lambda pair: pair[0])
-    records.sort(key=lambda r: r[0])
-    payload = formatter.format([item for _, item in kept])
+        kept_idx += fill.kept
+        kept_idx += fill.cuts
+        cuts.update(fill.cuts)
+        summaries += fill.summaries
+    kept_idx.sort()
+    summaries.sort(key=lambda pair: pair[0])
+    kept_items = list(map(items.__getitem__, kept_idx))
+    for i, cut in cuts.items():
+        kept_items[bisect_left(kept_idx, i)] = cut
+    kept_items += [item for _, item in summaries]
+    payload = formatter.format(kept_items)
     used = formatter.count_payload(payload, counter)
-    while used > available:  # joins cost a token more than their parts: drop the last-ranked
-        victim = _last_ranked(kept, section_of, by_name)
-        if victim is None:
-            raise BudgetError(
-                f"the payload needs {used:,} tokens but the budget leaves {available:,}; "
-                "raise max_tokens"
+    tallies = _tallies(order, units.sizes, section_of, fills, pinned_used, kept_pinned)
+    if used > available:
+        kept = [*zip(kept_idx, kept_items, strict=False), *summaries]
+        while used > available:  # joins cost a token more than their parts: drop the last-ranked
+            victim = _last_ranked(kept, n, section_of, by_name)
+            if victim is None:
+                raise BudgetError(
+                    f"the payload needs {used:,} tokens but the budget leaves {available:,}; "
+                    "raise max_tokens"
+                )
+            idx, _ = kept.pop(victim)
+            before = status[idx]
+            tally = tallies[section_of[idx]]
+            if isinstance(before, tuple):  # a cut
+                tally[2] -= 1
+                tally[3] -= before[1]
+            else:
+                tally[1] -= 1
+                tally[3] -= costs[idx]
+            status[idx] = (
+                DROPPED,
+                0,
+                "dropped after measuring the formatted payload: joining parts cost more tokens "
+                "than the parts alone",
             )
-        idx, _ = kept.pop(victim)
-        pos = next(p for p, r in enumerate(records) if r[0] == idx)
-        index, section, _, before, _, _ = records[pos]
-        records[pos] = (
-            index,
-            section,
-            _DROPPED,
-            before,
-            0,
-            "dropped after measuring the formatted payload: joining parts cost more tokens "
-            "than the parts alone",
-        )
-        payload = formatter.format([item for _, item in kept])
-        used = formatter.count_payload(payload, counter)
+            kept_items = [item for _, item in kept]
+            payload = formatter.format(kept_items)
+            used = formatter.count_payload(payload, counter)
+        kept_idx = [i for i, _ in kept if i < n]
 
+    left_out = bytearray(b"\x01") * n
+    for i in kept_idx:
+        left_out[i] = 0
     # Built from values the packer made itself: skip re-validating every kept item.
     window = Window.model_construct(
-        items=tuple(item for _, item in kept),
+        items=tuple(kept_items),
         payload=payload,
-        sections=_usages(order, allowances, pinned_used, records, fills),
-        overflow_items=tuple(
-            items[r[0]] for r in records if r[2] == _DROPPED or r[2] == _SUMMARIZED
-        ),
+        sections=_usages(order, allowances, pinned_used, tallies),
+        overflow_items=tuple(compress(items, left_out)),
         used_tokens=used,
         available=available,
         max_tokens=budget.max_tokens,
@@ -552,50 +572,16 @@ def pack(
         format=formatter.name,
     )
     window._candidates = items
-    window._records = records
+    window._costs = costs
+    window._sections = section_of
+    window._status = status
+    window._suffixes = {s.name: _suffix(s) for s in order}
     return window
-
-
-def _contiguous(units: list[_Unit], items: Sequence[ContextItem]) -> list[_Unit]:
-    """Merge conversation units whose turns interleave (a tool call, another turn, then the
-    result; a ``group_id`` spanning turns) into one unit. History is taken newest first, whole
-    units at a time; a unit that spans another unit's turns would otherwise leave a gap, and
-    the kept history would not be a suffix."""
-    if all(len(u.idxs) == 1 for u in units if u.conversation):
-        return units
-    conversation = SourceType.CONVERSATION
-    spans = sorted(
-        (
-            min(i for i in u.idxs if items[i].source is conversation),
-            max(i for i in u.idxs if items[i].source is conversation),
-            u,
-        )
-        for u in units
-        if u.conversation
-    )
-    merged: list[tuple[int, _Unit]] = []  # (last turn index, unit)
-    for lo, hi, unit in spans:
-        if merged and lo < merged[-1][0]:
-            last, prev = merged[-1]
-            merged[-1] = (
-                max(last, hi),
-                _Unit(
-                    sorted(prev.idxs + unit.idxs),
-                    prev.cost + unit.cost,
-                    True,
-                    max(prev.priority, unit.priority),
-                    max(prev.score, unit.score),
-                ),
-            )
-        else:
-            merged.append((hi, unit))
-    return [u for u in units if not u.conversation] + [u for _, u in merged]
 
 
 def _allocate(
     budget: TokenBudget,
     order: list[SectionBudget],
-    units: dict[str, list[_Unit]],
     pinned_used: dict[str, int],
     packer: _Packer,
     free: int,
@@ -618,7 +604,7 @@ def _allocate(
         else:
             held = sum(reserve_left[s.name] for s in order[pos + 1 :])
             allowance = int(max(0, min(cap_of(section), free - held)))
-        fill = packer.fill(section, name, units.get(name, []), allowance)
+        fill = packer.fill(section, name, allowance)
         fills[name], allowances[name] = fill, allowance
         free -= fill.used
         pool -= max(0, fill.used - reserve_left[name])
@@ -626,20 +612,25 @@ def _allocate(
         for section in order:
             name = section.name
             fill = fills[name]
-            smallest = min((r[3] for r in fill.records if r[2] != _KEPT), default=None)
-            if smallest is None or free < min(smallest, MIN_TRUNCATED_TOKENS * 4):
+            if free < min(fill.smallest, MIN_TRUNCATED_TOKENS * 4):
                 continue  # nothing that was left out could use the leftover
             allowance = int(min(cap_of(section), fill.used + free))
             if allowance > allowances[name]:
-                again = packer.fill(section, name, units.get(name, []), allowance)
+                saved = packer.status.copy()
+                again = packer.fill(section, name, allowance)
                 if again.used > fill.used:
                     free -= again.used - fill.used
                     fills[name], allowances[name] = again, allowance
+                else:
+                    packer.status[:] = saved
     return fills, allowances
 
 
 def _last_ranked(
-    kept: list[tuple[int, ContextItem]], section_of: list[str], by_name: dict[str, SectionBudget]
+    kept: list[tuple[int, ContextItem]],
+    n: int,
+    section_of: SectionMap,
+    by_name: dict[str, SectionBudget],
 ) -> int | None:
     """Position in ``kept`` of the lowest-ranked item that may go: not pinned, not tool traffic,
     and for conversation only the oldest kept turn (history stays contiguous)."""
@@ -651,7 +642,7 @@ def _last_ranked(
         message = item.message
         if (
             item.pinned
-            or idx >= len(section_of)
+            or idx >= n
             or (message is not None and (message.tool_use_ids or message.tool_result_ids))
         ):
             continue
@@ -664,25 +655,37 @@ def _last_ranked(
     return None if best is None else best[1]
 
 
+def _tallies(
+    order: list[SectionBudget],
+    sizes: Counter[str],
+    section_of: SectionMap,
+    fills: dict[str, _Fill],
+    pinned_used: dict[str, int],
+    kept_pinned: list[int],
+) -> dict[str, list[int]]:
+    """Per section: [candidates, kept, truncated, used tokens]."""
+    pinned = Counter(section_of[i] for i in kept_pinned)
+    return {
+        s.name: [
+            sizes[s.name],
+            pinned[s.name] + len(fills[s.name].kept),
+            len(fills[s.name].cuts),
+            pinned_used.get(s.name, 0) + fills[s.name].used,
+        ]
+        for s in order
+    }
+
+
 def _usages(
     order: list[SectionBudget],
     allowances: dict[str, int],
     pinned_used: dict[str, int],
-    records: list[_Record],
-    fills: dict[str, _Fill],
+    tallies: dict[str, list[int]],
 ) -> tuple[SectionUsage, ...]:
-    actions = (_KEPT, _TRUNCATED, _DROPPED, _SUMMARIZED)
-    counts = {s.name: dict.fromkeys(actions, 0) for s in order}
-    used = dict.fromkeys(counts, 0)
-    for r in records:
-        counts[r[1]][r[2]] += 1
-        used[r[1]] += r[4]
-    for name, fill in fills.items():  # summaries from a summarize hook have no record
-        used[name] += fill.used - sum(r[4] for r in fill.records)
     rows = []
     for s in order:
-        c = counts[s.name]
-        if s.name == UNASSIGNED and not any(c.values()):
+        candidates, kept, truncated, used = tallies[s.name]
+        if s.name == UNASSIGNED and not candidates:
             continue
         rows.append(
             SectionUsage(
@@ -691,11 +694,11 @@ def _usages(
                 reserved=s.min,
                 limit=s.max,
                 allowance=allowances[s.name] + pinned_used.get(s.name, 0),
-                used=used[s.name],
-                candidates=sum(c.values()),
-                kept=c[_KEPT],
-                truncated=c[_TRUNCATED],
-                dropped=c[_DROPPED] + c[_SUMMARIZED],
+                used=used,
+                candidates=candidates,
+                kept=kept,
+                truncated=truncated,
+                dropped=candidates - kept - truncated,
             )
         )
     return tuple(rows)

@@ -8,9 +8,12 @@ memory and retrieved content go in a user-role context message unless ``memory_a
 
 from __future__ import annotations
 
+import re
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, ClassVar, Protocol, runtime_checkable
 from xml.sax.saxutils import quoteattr
 
@@ -63,16 +66,19 @@ def item_message(item: ContextItem) -> Message:
     return Message(role=item.metadata.get("role", "user"), content=item.content)
 
 
+_SOURCE = attrgetter("source")
+
+
 def layout_items(items: Sequence[ContextItem]) -> Layout:
     by: dict[SourceType, list[ContextItem]] = {source: [] for source in SourceType}
-    for item in items:
-        by[item.source].append(item)
+    # Each item appended to its source's list by a C-level loop (a window holds thousands).
+    any(map(list.append, map(by.__getitem__, map(_SOURCE, items)), items))
     ranked = sorted(by[SourceType.RETRIEVAL], key=lambda i: (-i.priority, -i.score))
     return Layout(
         system=tuple(by[SourceType.SYSTEM]),
         memory=tuple(by[SourceType.MEMORY]),
         dynamic=(*ranked, *by[SourceType.TOOL]),
-        history=tuple(item_message(i) for i in by[SourceType.CONVERSATION]),
+        history=tuple(map(item_message, by[SourceType.CONVERSATION])),
         query=tuple(by[SourceType.USER]),
     )
 
@@ -85,14 +91,25 @@ _TAGS = {
 _ATTRS = ("source", "title", "tool_name")
 
 
+_ESCAPED = re.compile(r'[&<>"\n\r\t]')  # what ``quoteattr`` rewrites
+
+
+def _quoteattr(value: str) -> str:
+    """``quoteattr(value)``, without its seven replaces when there is nothing to escape."""
+    return quoteattr(value) if _ESCAPED.search(value) else f'"{value}"'
+
+
 def render_part(item: ContextItem) -> str:
     """The text an item contributes to a payload: instructions and the query verbatim; memory,
     documents and tool outputs wrapped in a tag that names them."""
     tag = _TAGS.get(item.source)
     if tag is None:
         return item.content
-    attrs = "".join(
-        f" {key}={quoteattr(str(item.metadata[key]))}" for key in _ATTRS if key in item.metadata
+    metadata = item.metadata
+    attrs = (
+        "".join([f" {key}={_quoteattr(str(metadata[key]))}" for key in _ATTRS if key in metadata])
+        if metadata
+        else ""
     )
     return f"<{tag}{attrs}>\n{item.content}\n</{tag}>"
 
@@ -121,19 +138,24 @@ class BaseFormatter(ABC):
         return oh.per_message + sum(counter.count(s) + oh.per_part for s in block_strings(message))
 
     def item_cost(self, item: ContextItem, counter: TokenCounter) -> int:
-        key = f"{self.name}/{counter.name}"
+        key = sys.intern(f"{self.name}/{counter.name}")
         if item.source is SourceType.CONVERSATION:
             return item.memo(key, lambda: self.message_cost(item_message(item), counter))
         return item.memo(key, lambda: counter.count(render_part(item)) + self.overhead.per_part)
 
     def item_costs(self, items: Sequence[ContextItem], counter: TokenCounter) -> list[int]:
         """``item_cost`` for many items; cache hits are read inline (the packer's hot loop)."""
-        key = f"{self.name}/{counter.name}"
+        key = sys.intern(f"{self.name}/{counter.name}")
         costs = []
         for item in items:
             hit = item.__pydantic_private__["_tokens"].get(key)  # type: ignore[index]
-            if hit is not None and hit[0] is item.content:
-                costs.append(hit[1])
+            if (
+                hit is not None
+                and hit[0] is item.content
+                and hit[1] is item.metadata
+                and hit[2] is item.source
+            ):
+                costs.append(hit[3])
             else:
                 costs.append(self.item_cost(item, counter))
         return costs
@@ -151,9 +173,9 @@ class BaseFormatter(ABC):
 
     def split_memory(self, layout: Layout) -> tuple[list[str], list[str]]:
         """(system parts, context parts) in layout order, honouring ``memory_as_system``."""
-        system = [render_part(i) for i in layout.system]
-        memory = [render_part(i) for i in layout.memory]
-        dynamic = [render_part(i) for i in layout.dynamic]
+        system = list(map(render_part, layout.system))
+        memory = list(map(render_part, layout.memory))
+        dynamic = list(map(render_part, layout.dynamic))
         if self.memory_as_system:
             return system + memory, dynamic
         return system, memory + dynamic

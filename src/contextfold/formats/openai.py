@@ -41,6 +41,13 @@ _JOIN = "\n\n"
 
 def message_to_openai(message: Message) -> list[dict[str, Any]]:
     """One message as OpenAI chat messages (a tool message becomes one per result)."""
+    content = message.content
+    if len(content) == 1 and isinstance(content[0], TextBlock) and message.role != "tool":
+        # The common case, a plain text message, without the general path's passes.
+        out: dict[str, Any] = {"role": message.role, "content": content[0].text}
+        if message.name:
+            out["name"] = message.name
+        return [out]
     if message.role == "tool":
         return [
             {"role": "tool", "tool_call_id": b.tool_use_id, "content": b.content}
@@ -48,7 +55,7 @@ def message_to_openai(message: Message) -> list[dict[str, Any]]:
             if isinstance(b, ToolResultBlock)
         ]
     text = "\n".join(b.text for b in message.content if isinstance(b, TextBlock))
-    out: dict[str, Any] = {"role": message.role, "content": text}
+    out = {"role": message.role, "content": text}
     if message.name:
         out["name"] = message.name
     calls = [
