@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -325,7 +326,7 @@ class _Engine:
         return piece.start
 
 
-class _BaseChunker:
+class _BaseChunker(ABC):
     """Turns planned spans into chunk texts and ``Chunk`` values."""
 
     chunk_size: int
@@ -342,8 +343,9 @@ class _BaseChunker:
     def _sections(self, text: str) -> list[_Section]:
         return [_Section(0, len(text))]
 
+    @abstractmethod
     def _section_pieces(self, engine: _Engine, section: _Section) -> list[_Piece]:
-        raise NotImplementedError
+        """The pieces of one section, in order (each subclass splits its own way)."""
 
     def _plan(self, text: str) -> list[_Planned]:
         engine = _Engine(text, self.counter, self.chunk_size - self.overlap)
