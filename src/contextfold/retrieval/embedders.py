@@ -20,6 +20,7 @@ import hashlib
 import importlib.util
 import sqlite3
 import threading
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from functools import cache
@@ -361,7 +362,28 @@ class CachedEmbedder:
         self.close()
 
 
-class FunctionEmbedder:
+class _LearnsDim(ABC):
+    """For embedders whose dimension is known only after a first call: ``dim`` embeds one
+    probe text when asked before any ``embed``."""
+
+    _dim: int | None
+
+    @abstractmethod
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        """Row-normalised vectors for ``texts`` (the ``Embedder`` protocol)."""
+
+    @property
+    def dim(self) -> int:
+        if self._dim is None:
+            self.embed(["dimension probe"])
+        assert self._dim is not None
+        return self._dim
+
+    def _empty(self) -> Vectors:
+        return np.zeros((0, self._dim or 0), dtype=np.float32)
+
+
+class FunctionEmbedder(_LearnsDim):
     """Adapts ``embed_fn(text) -> list[float]`` (the seed API) to the ``Embedder`` protocol.
 
     Vectors are L2-normalised (an all-zero vector stays zero). Every vector must have the same
@@ -394,16 +416,9 @@ class FunctionEmbedder:
     def name(self) -> str:
         return self._name
 
-    @property
-    def dim(self) -> int:
-        if self._dim is None:
-            self.embed(["dimension probe"])
-        assert self._dim is not None
-        return self._dim
-
     def embed(self, texts: Sequence[str]) -> Vectors:
         if not texts:
-            return np.zeros((0, self._dim or 0), dtype=np.float32)
+            return self._empty()
         rows: list[Vectors] = []
         for i, text in enumerate(texts):
             row = np.asarray(self._fn(text), dtype=np.float32)
@@ -423,7 +438,7 @@ class FunctionEmbedder:
         return _normalise(np.vstack(rows))
 
 
-class OpenAIEmbedder:
+class OpenAIEmbedder(_LearnsDim):
     """Vectors from an OpenAI-compatible ``/embeddings`` endpoint (OpenAI, Ollama, vLLM).
 
     ``base_url`` is the API root with its version, e.g. ``http://localhost:11434/v1``; requests
@@ -467,16 +482,9 @@ class OpenAIEmbedder:
     def name(self) -> str:
         return f"openai-compatible:{self.model}"
 
-    @property
-    def dim(self) -> int:
-        if self._dim is None:
-            self.embed(["dimension probe"])
-        assert self._dim is not None
-        return self._dim
-
     def embed(self, texts: Sequence[str]) -> Vectors:
         if not texts:
-            return np.zeros((0, self._dim or 0), dtype=np.float32)
+            return self._empty()
         parts: list[Vectors] = []
         for start in range(0, len(texts), self.batch_size):
             batch = list(texts[start : start + self.batch_size])
