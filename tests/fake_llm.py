@@ -3,14 +3,27 @@
 It runs ``http.server.ThreadingHTTPServer`` in a daemon thread on a free port, records every
 request, and answers from a route table, so clients are tested through their real HTTP path.
 
-Routes now: OpenAI ``POST /v1/chat/completions`` (non-streaming JSON) and ``POST
-/v1/embeddings``. Add a provider (Anthropic ``/v1/messages``, Gemini
-``/v1beta/models/{model}:generateContent``) with ``server.route("POST", regex, handler)``; a
-handler takes the ``RecordedRequest`` and the regex match and returns a ``Reply``.
+Routes (non-streaming JSON, each in its provider's shape):
 
-Failures are scripted: ``fail_next(429, times=2)`` answers the next two requests with 429 (and
-an OpenAI-style error body) before normal service resumes; ``disconnect_next()`` drops the
-connection without an answer. Queued failures apply to any route unless ``path`` is given.
+- OpenAI ``POST /v1/chat/completions`` and ``POST /v1/embeddings`` (root: ``base_url``);
+- Anthropic ``POST /v1/messages`` (root: ``url``), which answers 400 like Anthropic when
+  ``max_tokens`` is missing or a message has a role other than user/assistant;
+- Gemini ``POST /v1beta/models/<model>:generateContent`` (root: ``url``), which answers 400
+  for a role other than user/model, and with no candidates and a ``promptFeedback`` when
+  ``block_reason`` is set (a blocked prompt).
+
+Every chat route answers ``reply`` (a string, or a function of the request's JSON body in that
+provider's shape) and reports usage: prompt tokens are the words of the JSON-encoded input,
+completion tokens the words of the reply. Add a route with ``server.route("POST", regex,
+handler)``; a handler takes the ``RecordedRequest`` and the regex match and returns a ``Reply``.
+
+With ``api_key`` set, a request without the provider's credential (``Authorization: Bearer``,
+``x-api-key``, ``x-goog-api-key``) gets a 401.
+
+Failures are scripted: ``fail_next(429, times=2)`` answers the next two requests with 429 before
+normal service resumes; ``disconnect_next()`` drops the connection without an answer. Queued
+failures apply to any route unless ``path`` is given. Unless ``body`` is given, an error body
+has the shape of the provider the path belongs to (all three nest ``error.message``).
 """
 
 from __future__ import annotations
@@ -48,7 +61,7 @@ class Reply:
 @dataclass
 class _Failure:
     status: int  # 0 means: close the connection without answering
-    body: Any
+    body: Any  # None: the provider-shaped default for the request's path
     headers: dict[str, str]
     path: str | None
 
@@ -66,13 +79,73 @@ def _words(value: Any) -> int:
     return len(json.dumps(value).split())
 
 
+def _provider(path: str) -> str:
+    """Which wire format a path belongs to: "anthropic", "gemini" or "openai"."""
+    path = path.split("?", 1)[0]
+    if path == "/v1/messages":
+        return "anthropic"
+    if path.startswith("/v1beta/"):
+        return "gemini"
+    return "openai"
+
+
+_ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+_GOOGLE_STATUSES = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    429: "RESOURCE_EXHAUSTED",
+    503: "UNAVAILABLE",
+}
+
+
+#: The ``generationConfig`` fields the Gemini route accepts (Gemini rejects unknown names).
+GEMINI_GENERATION_CONFIG = frozenset(
+    {
+        "temperature",
+        "maxOutputTokens",
+        "topP",
+        "topK",
+        "stopSequences",
+        "seed",
+        "presencePenalty",
+        "frequencyPenalty",
+        "candidateCount",
+        "responseMimeType",
+        "responseSchema",
+        "thinkingConfig",
+    }
+)
+
+
+def error_body(path: str, status: int, message: str) -> dict[str, Any]:
+    """An error body in the shape of the provider ``path`` belongs to."""
+    provider = _provider(path)
+    if provider == "anthropic":
+        kind = _ANTHROPIC_ERROR_TYPES.get(status, "api_error")
+        return {"type": "error", "error": {"type": kind, "message": message}}
+    if provider == "gemini":
+        google_status = _GOOGLE_STATUSES.get(status, "INTERNAL")
+        return {"error": {"code": status, "message": message, "status": google_status}}
+    return {"error": {"message": message, "type": "fake_error"}}
+
+
 class FakeLLMServer:
     """The fake provider. Use as a context manager or ``start()``/``stop()``.
 
     ``reply`` is the chat answer: a string, or a function of the request's JSON body.
     ``embedding_dim`` is the embedding length (a request's ``dimensions`` overrides it);
     ``reverse_embeddings`` returns ``data`` in reverse order (indices stay right). With
-    ``api_key`` set, a request without ``Authorization: Bearer <api_key>`` gets a 401.
+    ``api_key`` set, a request without the provider's credential gets a 401. ``block_reason``
+    (e.g. ``"SAFETY"``) makes the Gemini route answer as for a blocked prompt.
     """
 
     def __init__(
@@ -87,6 +160,7 @@ class FakeLLMServer:
         self.reverse_embeddings = False
         self.model = model
         self.api_key: str | None = None
+        self.block_reason: str | None = None
         self.requests: list[RecordedRequest] = []
         self._failures: list[_Failure] = []
         self._routes: list[tuple[str, re.Pattern[str], Handler]] = []
@@ -95,6 +169,10 @@ class FakeLLMServer:
         self._thread: threading.Thread | None = None
         self.route("POST", r"/v1/chat/completions", self._openai_chat)
         self.route("POST", r"/v1/embeddings", self._openai_embeddings)
+        self.route("POST", r"/v1/messages", self._anthropic_messages)
+        self.route(
+            "POST", r"/v1beta/(?P<model>(?:tuned)?[mM]odels/[^/:]+):generateContent", self._gemini
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -151,9 +229,7 @@ class FakeLLMServer:
         path: str | None = None,
     ) -> None:
         """Answer the next ``times`` requests (to ``path`` if given) with ``status``; ``body``
-        defaults to an OpenAI-style ``{"error": {"message": ...}}``."""
-        if body is None:
-            body = {"error": {"message": f"scripted failure {status}", "type": "fake_error"}}
+        defaults to the provider's error shape with message ``scripted failure <status>``."""
         with self._lock:
             for _ in range(times):
                 self._failures.append(_Failure(status, body, dict(headers or {}), path))
@@ -184,15 +260,33 @@ class FakeLLMServer:
         if failure is not None:
             if failure.status == 0:
                 return None
-            return Reply(failure.status, failure.body, failure.headers)
-        if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
-            return Reply(401, {"error": {"message": "Incorrect API key provided"}})
+            body = failure.body
+            if body is None:
+                body = error_body(
+                    request.path, failure.status, f"scripted failure {failure.status}"
+                )
+            return Reply(failure.status, body, failure.headers)
+        if self.api_key and self._credential(request) != self.api_key:
+            return Reply(401, error_body(request.path, 401, "Incorrect API key provided"))
         path = request.path.split("?", 1)[0]
         for method, pattern, handler in self._routes:
             match = pattern.fullmatch(path)
             if match and method == request.method:
                 return handler(request, match)
-        return Reply(404, {"error": {"message": f"no route for {request.method} {path}"}})
+        return Reply(404, error_body(path, 404, f"no route for {request.method} {path}"))
+
+    @staticmethod
+    def _credential(request: RecordedRequest) -> str | None:
+        provider = _provider(request.path)
+        if provider == "anthropic":
+            return request.headers.get("x-api-key")
+        if provider == "gemini":
+            return request.headers.get("x-goog-api-key")
+        auth = request.headers.get("authorization", "")
+        return auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
+
+    def _reply_text(self, body: dict[str, Any]) -> str:
+        return self.reply(body) if callable(self.reply) else self.reply
 
     # -- OpenAI ------------------------------------------------------------------------------
 
@@ -245,6 +339,94 @@ class FakeLLMServer:
                 "data": data,
                 "model": body.get("model", self.model),
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            },
+        )
+
+    # -- Anthropic ---------------------------------------------------------------------------
+
+    def _anthropic_messages(self, request: RecordedRequest, _: re.Match[str]) -> Reply:
+        body = request.body if isinstance(request.body, dict) else {}
+        messages = body.get("messages")
+        problem = None
+        if not isinstance(body.get("max_tokens"), int):
+            problem = "max_tokens: Field required"
+        elif not isinstance(messages, list) or not messages:
+            problem = "messages: Field required"
+        else:
+            for i, message in enumerate(messages):
+                role = message.get("role") if isinstance(message, dict) else None
+                if role not in ("user", "assistant"):
+                    problem = f"messages.{i}.role: Input should be 'user' or 'assistant'"
+                    break
+        if problem:
+            return Reply(400, error_body(request.path, 400, problem))
+        text = self._reply_text(body)
+        input_tokens = _words([body.get("system", ""), messages])
+        return Reply(
+            200,
+            {
+                "id": f"msg_fake{len(self.requests)}",
+                "type": "message",
+                "role": "assistant",
+                "model": body.get("model", self.model),
+                "content": [{"type": "text", "text": text}],
+                "stop_reason": "end_turn",
+                "stop_sequence": None,
+                "usage": {"input_tokens": input_tokens, "output_tokens": len(text.split())},
+            },
+        )
+
+    # -- Gemini ------------------------------------------------------------------------------
+
+    def _gemini(self, request: RecordedRequest, match: re.Match[str]) -> Reply:
+        body = request.body if isinstance(request.body, dict) else {}
+        contents = body.get("contents")
+        if not isinstance(contents, list) or not contents:
+            return Reply(400, error_body(request.path, 400, "contents is not specified"))
+        for i, content in enumerate(contents):
+            role = content.get("role") if isinstance(content, dict) else None
+            if role not in ("user", "model"):
+                message = f"Please use a valid role: user, model. (contents[{i}].role={role!r})"
+                return Reply(400, error_body(request.path, 400, message))
+        unknown = sorted(set(body.get("generationConfig") or {}) - GEMINI_GENERATION_CONFIG)
+        if unknown:
+            message = (
+                f'Invalid JSON payload received. Unknown name "{unknown[0]}" at generation_config'
+            )
+            return Reply(400, error_body(request.path, 400, message))
+        prompt_tokens = _words([body.get("systemInstruction", ""), contents])
+        model = match.group("model").split("/", 1)[1]
+        if self.block_reason:
+            return Reply(
+                200,
+                {
+                    "promptFeedback": {"blockReason": self.block_reason, "safetyRatings": []},
+                    "usageMetadata": {
+                        "promptTokenCount": prompt_tokens,
+                        "totalTokenCount": prompt_tokens,
+                    },
+                    "modelVersion": model,
+                },
+            )
+        text = self._reply_text(body)
+        completion_tokens = len(text.split())
+        return Reply(
+            200,
+            {
+                "candidates": [
+                    {
+                        "content": {"parts": [{"text": text}], "role": "model"},
+                        "finishReason": "STOP",
+                        "index": 0,
+                    }
+                ],
+                "usageMetadata": {
+                    "promptTokenCount": prompt_tokens,
+                    "candidatesTokenCount": completion_tokens,
+                    "totalTokenCount": prompt_tokens + completion_tokens,
+                },
+                "modelVersion": model,
+                "responseId": f"fake-{len(self.requests)}",
             },
         )
 

@@ -6,107 +6,24 @@ They all speak one wire format: ``POST {base_url}/chat/completions`` and
 ``http://localhost:8000/v1`` (vLLM) — and endpoint paths are appended to it as they are.
 
 Every call is retried on 408/429/5xx and connection errors (see ``contextfold.llm.http``), and
-its token usage is added to a ``UsageTracker``.
+its token usage is added to a ``UsageTracker``. ``ChatResult``, ``Usage`` and
+``UsageTracker`` live in ``contextfold.llm.base`` and are re-exported here.
 """
 
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field
 
 from contextfold.errors import ConfigError, EmbeddingError, LLMError
+from contextfold.llm.base import ChatResult, Usage, UsageTracker, int_field
 from contextfold.llm.http import JsonHttpClient, RetryPolicy
 
 __all__ = ["ChatResult", "OpenAICompatibleClient", "Usage", "UsageTracker"]
-
-
-class Usage(BaseModel):
-    """Tokens one call (or a sum of calls) consumed, as the endpoint reported them."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-    def __add__(self, other: Usage) -> Usage:
-        return Usage(
-            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
-            completion_tokens=self.completion_tokens + other.completion_tokens,
-        )
-
-
-class ChatResult(BaseModel):
-    """One chat completion: the reply ``text`` ("" when the model only called tools), the
-    ``model`` that answered, its ``usage``, ``finish_reason`` and the ``raw`` JSON reply."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    text: str
-    model: str
-    usage: Usage = Field(default_factory=Usage)
-    finish_reason: str | None = None
-    raw: dict[str, Any] = Field(default_factory=dict)
-
-
-class UsageTracker:
-    """Adds up token usage across calls; thread-safe.
-
-    >>> tracker = UsageTracker()
-    >>> tracker.record("m", Usage(prompt_tokens=1000, completion_tokens=200))
-    >>> tracker.calls, tracker.total_prompt_tokens, tracker.total_completion_tokens
-    (1, 1000, 200)
-    >>> round(tracker.cost(prompt_per_million=2.5, completion_per_million=10.0), 6)
-    0.0045
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.calls = 0
-        self.total_prompt_tokens = 0
-        self.total_completion_tokens = 0
-        self.by_model: dict[str, Usage] = {}
-
-    def __repr__(self) -> str:
-        return (
-            f"UsageTracker(calls={self.calls}, prompt={self.total_prompt_tokens}, "
-            f"completion={self.total_completion_tokens})"
-        )
-
-    @property
-    def total_tokens(self) -> int:
-        return self.total_prompt_tokens + self.total_completion_tokens
-
-    def record(self, model: str, usage: Usage) -> None:
-        """Count one call to ``model``."""
-        with self._lock:
-            self.calls += 1
-            self.total_prompt_tokens += usage.prompt_tokens
-            self.total_completion_tokens += usage.completion_tokens
-            self.by_model[model] = self.by_model.get(model, Usage()) + usage
-
-    def cost(self, *, prompt_per_million: float, completion_per_million: float) -> float:
-        """The price of the tokens so far, given prices per million prompt/completion tokens."""
-        return (
-            self.total_prompt_tokens * prompt_per_million
-            + self.total_completion_tokens * completion_per_million
-        ) / 1_000_000
-
-    def reset(self) -> None:
-        with self._lock:
-            self.calls = self.total_prompt_tokens = self.total_completion_tokens = 0
-            self.by_model = {}
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _usage(body: Mapping[str, Any]) -> Usage:
@@ -114,8 +31,8 @@ def _usage(body: Mapping[str, Any]) -> Usage:
     if not isinstance(raw, Mapping):
         return Usage()
     return Usage(
-        prompt_tokens=_int(raw.get("prompt_tokens")),
-        completion_tokens=_int(raw.get("completion_tokens")),
+        prompt_tokens=int_field(raw.get("prompt_tokens")),
+        completion_tokens=int_field(raw.get("completion_tokens")),
     )
 
 
