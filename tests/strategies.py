@@ -4,7 +4,8 @@ Candidates cover every ``SourceType``: pinned instructions and queries, ranked f
 priorities, scores, ``group_id`` groups and explicit sections, and a conversation whose tool
 exchanges are sometimes complete, sometimes missing a result or a call, and sometimes split by
 an unrelated turn. Ids are unique and every timestamp is explicit, so a drawn candidate list
-packs the same way every time.
+packs the same way every time. ``histories`` draws plain message lists with the same tool
+exchanges, for history filtering.
 """
 
 from __future__ import annotations
@@ -198,34 +199,53 @@ def _conversation(draw: st.DrawFn, max_turns: int, conv_groups: bool) -> list[di
             bare: dict[str, Any] = draw(_bare_turns)
             turn(**bare)
         else:
-            drawn = draw(_calls)
-            uses = [
-                ToolUseBlock(id=f"call_{calls + j}", name=name, input=args)
-                for j, (name, args, *_) in enumerate(drawn)
-            ]
-            calls += len(uses)
-            results = [
-                ToolResultBlock(
-                    tool_use_id=u.id, content=text, name=u.name if named else None, is_error=error
-                )
-                for u, (_, _, text, named, error) in zip(uses, drawn, strict=True)
-            ]
-            fate = draw(_fates)
-            if fate == "no_result":
-                results = results[: draw(st.integers(0, len(results) - 1))]
-            if fate != "no_call":
-                lead = draw(_leads)
-                text = (TextBlock(text=lead),) if lead is not None else ()
-                turn(Message(role="assistant", content=(*text, *uses)))
-            if fate == "interleaved":
-                turn(draw(_user_messages))
-            if results:
-                if draw(st.booleans()):
-                    turn(Message(role="tool", content=tuple(results)))
-                else:
-                    for r in results:
-                        turn(Message(role="tool", content=(r,)))
+            exchange, used = _exchange(draw, calls, _fates)
+            calls += used
+            for message in exchange:
+                turn(message)
     return out
+
+
+def _exchange(
+    draw: st.DrawFn, first_id: int, fates: st.SearchStrategy[str]
+) -> tuple[list[Message], int]:
+    """One tool exchange, its call ids numbered from ``first_id``, and how many ids it used: an
+    assistant message with 1–3 calls, then their results in one tool message or one each. Its
+    fate may drop some results (``no_result``) or the call (``no_call``), put a user turn
+    between call and results (``interleaved``), or spread the calls over two assistant
+    messages answered by one tool message, linking them (``split``)."""
+    drawn = draw(_calls)
+    uses = [
+        ToolUseBlock(id=f"call_{first_id + j}", name=name, input=args)
+        for j, (name, args, *_) in enumerate(drawn)
+    ]
+    results = [
+        ToolResultBlock(
+            tool_use_id=u.id, content=text, name=u.name if named else None, is_error=error
+        )
+        for u, (_, _, text, named, error) in zip(uses, drawn, strict=True)
+    ]
+    out: list[Message] = []
+    fate = draw(fates)
+    if fate == "no_result":
+        results = results[: draw(st.integers(0, len(results) - 1))]
+    if fate != "no_call":
+        lead = draw(_leads)
+        text = (TextBlock(text=lead),) if lead is not None else ()
+        cut = draw(st.integers(1, len(uses) - 1)) if fate == "split" and len(uses) > 1 else 0
+        if cut:
+            out.append(Message(role="assistant", content=(*text, *uses[:cut])))
+            out.append(Message(role="assistant", content=tuple(uses[cut:])))
+        else:
+            out.append(Message(role="assistant", content=(*text, *uses)))
+    if fate == "interleaved":
+        out.append(draw(_user_messages))
+    if results:
+        if fate == "split" or draw(st.booleans()):
+            out.append(Message(role="tool", content=tuple(results)))
+        else:
+            out.extend(Message(role="tool", content=(r,)) for r in results)
+    return out, len(uses)
 
 
 @st.composite
@@ -254,6 +274,38 @@ def candidates(
         ContextItem(id=f"c{i}", **{"created_at": EPOCH, **fields})
         for i, fields in enumerate(ordered)
     ]
+
+
+# --------------------------------------------------------------------------- histories
+
+_history_texts = st.builds(
+    Message,
+    role=st.sampled_from(["user", "user", "assistant", "assistant", "system"]),
+    content=_text_blocks,
+    name=_names,
+)
+_history_fates = st.sampled_from(["ok", "ok", "ok", "split", "interleaved", "no_result", "no_call"])
+_paired_fates = st.sampled_from(["ok", "ok", "split", "interleaved"])
+_mostly_text = st.sampled_from([True, True, False])
+
+
+@st.composite
+def histories(draw: st.DrawFn, *, max_turns: int = 14, paired: bool = False) -> list[Message]:
+    """A message list, oldest first: text messages of every role (system ones included, a
+    ``name`` now and then, same-role neighbours common) and tool exchanges (see
+    ``_exchange``). With ``paired``, every tool call has its result and every result its
+    call."""
+    fates = _paired_fates if paired else _history_fates
+    out: list[Message] = []
+    calls = 0
+    for _ in range(draw(st.integers(0, max_turns))):
+        if draw(_mostly_text):  # an exchange brings two to five messages
+            out.append(draw(_history_texts))
+        else:
+            exchange, used = _exchange(draw, calls, fates)
+            calls += used
+            out.extend(exchange)
+    return out
 
 
 # --------------------------------------------------------------------------- budgets

@@ -69,7 +69,15 @@ def test_migrations_are_recorded_once() -> None:
     rows = store._conn.execute(
         "SELECT name FROM schema_migrations WHERE schema = 'memory' ORDER BY name"
     ).fetchall()
-    assert [r[0] for r in rows] == MIGRATIONS.names == ["m001_create_memory", "m002_create_fts"]
+    assert (
+        [r[0] for r in rows]
+        == MIGRATIONS.names
+        == [
+            "m001_create_memory",
+            "m002_create_fts",
+            "m003_related_tags_and_vectors",
+        ]
+    )
     assert MIGRATIONS.apply(store._conn) == []
 
 

@@ -13,10 +13,14 @@ from contextfold.tokens import OVERHEADS, TiktokenCounter, TokenCounter, count_m
 __all__ = ["MemoryManager", "trim_history"]
 
 
-def _units(messages: Sequence[Message]) -> list[list[int]]:
-    """Indices of messages grouped into atomic units (a tool call with its results), in order
-    of each unit's first message. Works on the messages directly: plain text messages (most of
-    them) are units of one without further work."""
+def tool_units(messages: Sequence[Message]) -> list[list[int]]:
+    """Indices of messages grouped into atomic units, in order of each unit's first message.
+
+    Messages sharing a tool call id (a call and its results, and transitively every message
+    linked to those) form one unit, indices ascending; every other message is a unit of one.
+    Plain text messages (most of them) take no further work. Shared by the sliding window
+    here and by history filtering (``contextfold.memory.history``); not part of the public
+    API."""
     parent = list(range(len(messages)))
 
     def find(i: int) -> int:
@@ -187,7 +191,7 @@ class MemoryManager:
         if over <= 0:
             return
         drop: set[int] = set()
-        for idxs in _units(messages):
+        for idxs in tool_units(messages):
             if over <= 0:
                 break
             if len(drop) + len(idxs) == len(messages) and not _complete(messages, idxs):

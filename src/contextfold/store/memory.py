@@ -31,8 +31,10 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
+import numpy as np
+import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
 from contextfold.errors import ConfigError, StoreError
@@ -51,12 +53,27 @@ __all__ = [
     "StoredSegment",
     "StoredTurn",
     "TagSummary",
+    "TurnRow",
     "WorkingSetEntry",
 ]
 
 MIGRATIONS = MigrationRegistry("memory")
 
 Depth = Literal["none", "summary", "segments", "full"]
+
+
+class TurnRow(NamedTuple):
+    """A stored turn's plain columns (no message parsing): the fast read path."""
+
+    seq: int
+    role: str
+    text: str
+    created_at: datetime
+    token_count: int
+
+
+# A turn's tags with their weights, and its related tags.
+_TurnTags = tuple[dict[str, float], list[str]]
 
 _IMMUTABLE_TURNS = "raw turns are append-only: a turn is never updated or deleted"
 
@@ -167,6 +184,21 @@ def m002_create_fts(conn: sqlite3.Connection) -> None:
         conn.execute(f"INSERT INTO {fts} ({fts}) VALUES ('rebuild')")
 
 
+@MIGRATIONS.migration
+def m003_related_tags_and_vectors(conn: sqlite3.Connection) -> None:
+    # ``related`` tags are alternate terms for cross-vocabulary recall (weighted lower, and not
+    # counted as the turn's topics); segments keep theirs too. Turn vectors hold the dense
+    # embedding of each turn per embedder name, as float32 bytes.
+    conn.execute("ALTER TABLE turn_tags ADD COLUMN related INTEGER NOT NULL DEFAULT 0")
+    conn.execute("ALTER TABLE segments ADD COLUMN related_tags TEXT NOT NULL DEFAULT '[]'")
+    conn.execute(
+        "CREATE TABLE turn_vectors ("
+        " session_id TEXT NOT NULL, seq INTEGER NOT NULL, model TEXT NOT NULL,"
+        " vector BLOB NOT NULL, PRIMARY KEY (session_id, model, seq),"
+        " FOREIGN KEY (session_id, seq) REFERENCES turns(session_id, seq) ON DELETE CASCADE)"
+    )
+
+
 _FROZEN = ConfigDict(frozen=True)
 
 
@@ -191,6 +223,7 @@ class StoredTurn(BaseModel):
     content_hash: str
     token_count: int
     tags: dict[str, float] = Field(default_factory=dict)
+    related_tags: tuple[str, ...] = ()
 
 
 class NewSegment(BaseModel):
@@ -203,6 +236,7 @@ class NewSegment(BaseModel):
     summary: str
     full_text: str
     tags: tuple[str, ...] = ()
+    related_tags: tuple[str, ...] = ()
     summary_tokens: int | None = None
     full_tokens: int | None = None
 
@@ -222,6 +256,7 @@ class StoredSegment(BaseModel):
     full_tokens: int
     created_at: datetime
     seqs: tuple[int, ...]
+    related_tags: tuple[str, ...] = ()
 
 
 class TagSummary(BaseModel):
@@ -414,20 +449,24 @@ class MemoryStore:
             (session_id, lo, hi),
         ).fetchall()
         tags = self._tags(session_id, lo, hi)
-        return [self._turn(row, tags.get(row["seq"], {})) for row in rows]
+        return [self._turn(row, tags.get(row["seq"], ({}, []))) for row in rows]
 
-    def _tags(self, session_id: str, lo: int, hi: int) -> dict[int, dict[str, float]]:
-        found: dict[int, dict[str, float]] = {}
+    def _tags(self, session_id: str, lo: int, hi: int) -> dict[int, _TurnTags]:
+        found: dict[int, _TurnTags] = {}
         for row in self._conn.execute(
-            "SELECT seq, tag, weight FROM turn_tags WHERE session_id = ? AND seq BETWEEN ? AND ?"
-            " ORDER BY seq, weight DESC, tag",
+            "SELECT seq, tag, weight, related FROM turn_tags WHERE session_id = ?"
+            " AND seq BETWEEN ? AND ? ORDER BY seq, weight DESC, tag",
             (session_id, lo, hi),
         ):
-            found.setdefault(row[0], {})[row[1]] = row[2]
+            tags, related = found.setdefault(row[0], ({}, []))
+            if row[3]:
+                related.append(row[1])
+            else:
+                tags[row[1]] = row[2]
         return found
 
     @staticmethod
-    def _turn(row: sqlite3.Row, tags: dict[str, float]) -> StoredTurn:
+    def _turn(row: sqlite3.Row, tags: _TurnTags = ({}, [])) -> StoredTurn:
         return StoredTurn(
             session_id=row["session_id"],
             seq=row["seq"],
@@ -435,43 +474,155 @@ class MemoryStore:
             created_at=datetime.fromisoformat(row["created_at"]),
             content_hash=row["content_hash"],
             token_count=row["token_count"],
-            tags=tags,
+            tags=tags[0],
+            related_tags=tuple(tags[1]),
         )
 
     # -- tags -----------------------------------------------------------------------------------
 
     def tag_turn(self, session_id: str, seq: int, tag: str, weight: float = 1.0) -> None:
         """Add (or re-weight) one tag of a turn."""
-        self._write_tags(session_id, seq, {tag: weight}, replace=False)
+        self._write_tags(session_id, [seq], [(session_id, seq, tag, weight, 0)], replace=False)
 
-    def set_turn_tags(self, session_id: str, seq: int, tags: Mapping[str, float]) -> None:
-        """Replace all tags of a turn."""
-        self._write_tags(session_id, seq, tags, replace=True)
+    def set_turn_tags(
+        self,
+        session_id: str,
+        seq: int,
+        tags: Mapping[str, float],
+        related: Sequence[str] = (),
+    ) -> None:
+        """Replace all tags (and related tags) of a turn."""
+        self.set_tags_many(session_id, {seq: (tags, related)})
+
+    def set_tags_many(
+        self, session_id: str, tagged: Mapping[int, tuple[Mapping[str, float], Sequence[str]]]
+    ) -> None:
+        """Replace the tags and related tags of several turns in one transaction
+        (``tagged`` maps a seq to its tags with weights and its related tags)."""
+        rows: list[tuple[str, int, str, float, int]] = []
+        for seq, (tags, related) in tagged.items():
+            rows.extend((session_id, seq, tag, float(w), 0) for tag, w in tags.items())
+            rows.extend((session_id, seq, tag, 0.5, 1) for tag in related if tag not in tags)
+        self._write_tags(session_id, list(tagged), rows, replace=True)
 
     def _write_tags(
-        self, session_id: str, seq: int, tags: Mapping[str, float], *, replace: bool
+        self,
+        session_id: str,
+        seqs: Sequence[int],
+        rows: Sequence[tuple[str, int, str, float, int]],
+        *,
+        replace: bool,
     ) -> None:
         try:
             with transaction(self._conn) as conn:
                 if replace:
-                    conn.execute(
-                        "DELETE FROM turn_tags WHERE session_id = ? AND seq = ?", (session_id, seq)
+                    conn.executemany(
+                        "DELETE FROM turn_tags WHERE session_id = ? AND seq = ?",
+                        [(session_id, seq) for seq in seqs],
                     )
                 conn.executemany(
-                    "INSERT INTO turn_tags (session_id, seq, tag, weight) VALUES (?, ?, ?, ?)"
-                    " ON CONFLICT (session_id, seq, tag) DO UPDATE SET weight = excluded.weight",
-                    [(session_id, seq, tag, float(w)) for tag, w in tags.items()],
+                    "INSERT INTO turn_tags (session_id, seq, tag, weight, related)"
+                    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id, seq, tag) DO UPDATE"
+                    " SET weight = excluded.weight, related = excluded.related",
+                    rows,
                 )
         except sqlite3.IntegrityError as exc:
-            raise ConfigError(f"session {session_id!r} has no turn {seq}") from exc
+            known = {
+                r[0]
+                for r in self._conn.execute(
+                    "SELECT seq FROM turns WHERE session_id = ?", (session_id,)
+                )
+            }
+            missing = ", ".join(str(seq) for seq in seqs if seq not in known)
+            raise ConfigError(f"session {session_id!r} has no turn {missing}") from exc
 
     def tag_counts(self, session_id: str) -> dict[str, int]:
-        """How many turns of the session carry each tag."""
+        """How many turns of the session carry each tag (related tags not counted)."""
         rows = self._conn.execute(
-            "SELECT tag, COUNT(*) FROM turn_tags WHERE session_id = ? GROUP BY tag ORDER BY tag",
+            "SELECT tag, COUNT(*) FROM turn_tags WHERE session_id = ? AND related = 0"
+            " GROUP BY tag ORDER BY tag",
             (session_id,),
         )
         return {r[0]: int(r[1]) for r in rows}
+
+    def turns_tagged(
+        self, session_id: str, tags: Sequence[str]
+    ) -> dict[int, list[tuple[str, bool]]]:
+        """The turns carrying any of ``tags`` (as a tag or a related tag): seq -> the matching
+        (tag, related) pairs."""
+        found: dict[int, list[tuple[str, bool]]] = {}
+        for start in range(0, len(tags), 500):
+            chunk = list(tags[start : start + 500])
+            marks = ",".join("?" * len(chunk))
+            for row in self._conn.execute(
+                "SELECT seq, tag, related FROM turn_tags WHERE session_id = ?"
+                f" AND tag IN ({marks})",
+                (session_id, *chunk),
+            ):
+                found.setdefault(row[0], []).append((row[1], bool(row[2])))
+        return found
+
+    def tag_last_seen(self, session_id: str) -> dict[str, datetime]:
+        """When each tag of the session was last on a turn."""
+        rows = self._conn.execute(
+            "SELECT tt.tag, MAX(t.created_at) FROM turn_tags tt JOIN turns t"
+            " ON t.session_id = tt.session_id AND t.seq = tt.seq"
+            " WHERE tt.session_id = ? AND tt.related = 0 GROUP BY tt.tag",
+            (session_id,),
+        )
+        return {r[0]: datetime.fromisoformat(r[1]) for r in rows}
+
+    def active_tokens(self, session_id: str) -> int:
+        """Tokens of the session's turns at or above its compaction watermark."""
+        row = self._conn.execute(
+            "SELECT COALESCE(SUM(t.token_count), 0) FROM turns t JOIN sessions s"
+            " ON s.id = t.session_id WHERE t.session_id = ? AND t.seq >= s.compaction_watermark",
+            (session_id,),
+        ).fetchone()
+        return int(row[0])
+
+    # -- turn vectors ---------------------------------------------------------------------------
+
+    def turns_without_vectors(self, session_id: str, model: str) -> list[tuple[int, str]]:
+        """(seq, text) of the session's turns with no vector from ``model`` yet, in order."""
+        rows = self._conn.execute(
+            "SELECT t.seq, t.content_text FROM turns t WHERE t.session_id = ? AND NOT EXISTS"
+            " (SELECT 1 FROM turn_vectors v WHERE v.session_id = t.session_id AND v.model = ?"
+            " AND v.seq = t.seq) ORDER BY t.seq",
+            (session_id, model),
+        )
+        return [(int(r[0]), r[1]) for r in rows]
+
+    def add_turn_vectors(
+        self, session_id: str, model: str, seqs: Sequence[int], vectors: npt.NDArray[Any]
+    ) -> None:
+        """Store one float32 vector per turn (rows of ``vectors``, aligned with ``seqs``)."""
+        if len(seqs) != len(vectors):
+            raise ConfigError(f"{len(seqs)} seqs need as many vectors, got {len(vectors)}")
+        matrix = np.ascontiguousarray(vectors, dtype=np.float32)
+        with transaction(self._conn) as conn:
+            conn.executemany(
+                "INSERT OR REPLACE INTO turn_vectors (session_id, seq, model, vector)"
+                " VALUES (?, ?, ?, ?)",
+                [
+                    (session_id, seq, model, row.tobytes())
+                    for seq, row in zip(seqs, matrix, strict=True)
+                ],
+            )
+
+    def turn_vectors(
+        self, session_id: str, model: str, *, after: int = 0
+    ) -> tuple[list[int], npt.NDArray[np.float32]]:
+        """The seqs (> ``after``) with a vector from ``model`` and their vectors, in seq order."""
+        rows = self._conn.execute(
+            "SELECT seq, vector FROM turn_vectors WHERE session_id = ? AND model = ? AND seq > ?"
+            " ORDER BY seq",
+            (session_id, model, after),
+        ).fetchall()
+        if not rows:
+            return [], np.zeros((0, 0), dtype=np.float32)
+        matrix = np.stack([np.frombuffer(r[1], dtype=np.float32) for r in rows])
+        return [int(r[0]) for r in rows], matrix
 
     # -- search ---------------------------------------------------------------------------------
 
@@ -493,7 +644,36 @@ class MemoryStore:
             return []
         seqs = [r["seq"] for r in rows]
         tags = self._tags(session_id, min(seqs), max(seqs))
-        return [(self._turn(r, tags.get(r["seq"], {})), float(r["score"])) for r in rows]
+        return [(self._turn(r, tags.get(r["seq"], ({}, []))), float(r["score"])) for r in rows]
+
+    def search_turn_seqs(
+        self, session_id: str, query: str, limit: int = 10
+    ) -> list[tuple[int, float]]:
+        """Like ``search_turns`` but only (seq, score) pairs: the fast path for ranking."""
+        match = _fts_query(query)
+        if match is None:
+            return []
+        rows = self._conn.execute(
+            "SELECT t.seq, -bm25(turns_fts) FROM turns_fts JOIN turns t ON t.id ="
+            " turns_fts.rowid WHERE turns_fts MATCH ? AND t.session_id = ?"
+            " ORDER BY bm25(turns_fts), t.seq LIMIT ?",
+            (match, session_id, limit),
+        )
+        return [(int(r[0]), float(r[1])) for r in rows]
+
+    def turn_rows(self, session_id: str, seqs: Sequence[int]) -> dict[int, TurnRow]:
+        """Role, text, time and token count of the given turns, without parsing messages."""
+        found: dict[int, TurnRow] = {}
+        for start in range(0, len(seqs), 500):
+            chunk = list(seqs[start : start + 500])
+            marks = ",".join("?" * len(chunk))
+            for r in self._conn.execute(
+                "SELECT seq, role, content_text, created_at, token_count FROM turns"
+                f" WHERE session_id = ? AND seq IN ({marks})",
+                (session_id, *chunk),
+            ):
+                found[r[0]] = TurnRow(r[0], r[1], r[2], datetime.fromisoformat(r[3]), r[4])
+        return found
 
     def search_segments(
         self, session_id: str, query: str, limit: int = 10
@@ -576,7 +756,8 @@ class MemoryStore:
             full_tokens = self.counter.count(seg.full_text)
         cursor = conn.execute(
             "INSERT INTO segments (session_id, first_seq, last_seq, summary, full_text, tags,"
-            " summary_tokens, full_tokens, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " related_tags, summary_tokens, full_tokens, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 session_id,
                 seg.first_seq,
@@ -584,6 +765,7 @@ class MemoryStore:
                 seg.summary,
                 seg.full_text,
                 json.dumps(list(seg.tags)),
+                json.dumps(list(seg.related_tags)),
                 summary_tokens,
                 full_tokens,
                 _iso(_now()),
@@ -624,6 +806,7 @@ class MemoryStore:
                 summary=r["summary"],
                 full_text=r["full_text"],
                 tags=tuple(json.loads(r["tags"])),
+                related_tags=tuple(json.loads(r["related_tags"])),
                 summary_tokens=r["summary_tokens"],
                 full_tokens=r["full_tokens"],
                 created_at=datetime.fromisoformat(r["created_at"]),
@@ -659,7 +842,7 @@ class MemoryStore:
         after its ``source_watermark``."""
         rows = self._conn.execute(
             "SELECT ts.*, EXISTS (SELECT 1 FROM turn_tags tt WHERE tt.session_id = ts.session_id"
-            " AND tt.tag = ts.tag AND tt.seq > ts.source_watermark) AS stale"
+            " AND tt.tag = ts.tag AND tt.related = 0 AND tt.seq > ts.source_watermark) AS stale"
             " FROM tag_summaries ts WHERE ts.session_id = ? ORDER BY ts.tag",
             (session_id,),
         )

@@ -1,0 +1,323 @@
+"""Assembly: the memory block of one request, within the memory budget, in a cache-stable order.
+
+Order, most stable first (so provider prompt caches keep hitting): the ``<context-topics>``
+hint (changes only at compaction), paged-in topics (change on expand/collapse), then the
+dynamic part — summaries (all tag summaries for a broad question, segment summaries earliest
+first for a temporal one, the matched topics' summaries otherwise) and the recalled raw turns,
+verbatim, in conversation order under date headers. Raw turns come before summaries for a
+specific question (only a raw turn holds a detail verbatim); a broad or temporal question
+gives summaries up to ``summary_share`` of the budget first. The rendered block is counted
+whole and is never over budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from pydantic import BaseModel, ConfigDict
+
+from contextfold.items import ContextItem, SourceType
+from contextfold.memory.config import AssemblySettings
+from contextfold.memory.paging import PagedTopic
+from contextfold.memory.recall import RankedTurn
+from contextfold.memory.rules import TagRules
+from contextfold.memory.tagging import TagResult
+from contextfold.store.memory import MemoryStore, TagSummary, TurnRow
+from contextfold.tokens import TokenCounter
+
+__all__ = ["Assembler", "MemoryBlock", "MemoryBudget"]
+
+
+class MemoryBudget(BaseModel):
+    """Where the memory budget went, in tokens (``used`` counts the whole rendered block,
+    wrappers included)."""
+
+    model_config = ConfigDict(frozen=True)
+    budget: int
+    hint: int = 0
+    paged: int = 0
+    summaries: int = 0
+    turns: int = 0
+    used: int = 0
+    turns_recalled: int = 0
+    turns_skipped: int = 0
+
+
+@dataclass
+class MemoryBlock:
+    text: str
+    items: list[ContextItem]
+    budget: MemoryBudget
+
+
+@dataclass
+class _Part:
+    kind: str
+    text: str
+    tokens: int
+    meta: dict[str, object] = field(default_factory=dict)
+    priority: int = 5
+
+
+def _day(moment: datetime) -> str:
+    return f"[{moment.day} {moment:%B %Y}]"
+
+
+class Assembler:
+    def __init__(
+        self,
+        store: MemoryStore,
+        counter: TokenCounter,
+        rules: TagRules,
+        settings: AssemblySettings,
+    ) -> None:
+        self.store = store
+        self.counter = counter
+        self.rules = rules
+        self.settings = settings
+        self._topic_cache: dict[str, tuple[tuple[object, ...], list[str], str]] = {}
+        self._summary_cache: dict[str, tuple[int, dict[str, TagSummary]]] = {}
+
+    def _topics(self, sid: str, now: datetime, tools: bool) -> tuple[list[str], str]:
+        """The live stored topics (summarised or segmented, TTL not run out), best first by
+        rule priority then compacted turn count, and the ``<context-topics>`` hint listing
+        them. Both change only at compaction (or at a TTL's day boundary), so they are cached
+        per compaction watermark: the hint stays byte-identical between compactions."""
+        watermark = self.store.session(sid).compaction_watermark
+        key = (sid, watermark, now.date().isoformat(), tools)
+        cached = self._topic_cache.get(sid)
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+        segments = self.store.segments(sid)
+        counts: dict[str, int] = {}
+        for seg in segments:
+            for tag in seg.tags:
+                counts[tag] = counts.get(tag, 0) + len(seg.seqs)
+        last_seen = self.store.tag_last_seen(sid)
+        live = [
+            tag
+            for tag in counts
+            if tag not in last_seen or not self.rules.expired(tag, last_seen[tag], now)
+        ]
+        live.sort(key=lambda t: (-self.rules.priority(t), -counts[t], t))
+        hint = self._hint(sid, live, counts, tools)
+        self._topic_cache[sid] = (key, live, hint)
+        return live, hint
+
+    def _cached_summaries(self, sid: str) -> dict[str, TagSummary]:
+        """Tag summaries change only at compaction: cached per watermark."""
+        watermark = self.store.session(sid).compaction_watermark
+        cached = self._summary_cache.get(sid)
+        if cached is None or cached[0] != watermark:
+            cached = (watermark, self.store.tag_summaries(sid))
+            self._summary_cache[sid] = cached
+        return cached[1]
+
+    def _hint(self, sid: str, tags: list[str], counts: dict[str, int], tools: bool) -> str:
+        if not self.settings.context_hint_enabled or not tags:
+            return ""
+        summaries = self._cached_summaries(sid)
+        lines = ["<context-topics>", "Prior conversation topics available for recall:"]
+        if tools:
+            lines.append(
+                "Use find_quote for specific facts, expand_topic for detail on a topic, "
+                "collapse_topic to free budget."
+            )
+        header = len(lines)
+        limit = self.settings.context_hint_max_tokens
+        used = self.counter.count("\n".join([*lines, "</context-topics>"]))
+        for tag in tags:
+            gist = " ".join(summaries[tag].summary.split()[:10]) if tag in summaries else ""
+            line = f"- {tag} ({counts.get(tag, 0)} turns)" + (f": {gist}…" if gist else "")
+            cost = self.counter.count(line) + 1
+            if used + cost > limit:
+                break
+            lines.append(line)
+            used += cost
+        if len(lines) == header:
+            return ""
+        return "\n".join([*lines, "</context-topics>"])
+
+    def _summaries(self, sid: str, tags: TagResult, live: list[str]) -> list[_Part]:
+        if tags.temporal:
+            return [
+                _Part(
+                    "segment",
+                    seg.summary,
+                    seg.summary_tokens,
+                    {"segment_id": seg.id, "first_seq": seg.first_seq, "tags": list(seg.tags)},
+                )
+                for seg in self.store.segments(sid)  # earliest first
+            ]
+        summaries = self._cached_summaries(sid)
+        wanted = live if tags.broad else [t for t in tags.tags if t in summaries]
+        return [
+            _Part(
+                "tag_summary",
+                f"{tag}: {summaries[tag].summary}",
+                summaries[tag].tokens + 3,
+                {"tag": tag},
+                self.rules.priority(tag),
+            )
+            for tag in wanted
+            if tag in summaries
+        ]
+
+    def assemble(
+        self,
+        sid: str,
+        ranked: Sequence[RankedTurn],
+        *,
+        tags: TagResult,
+        paged: Sequence[PagedTopic],
+        budget: int,
+        tools: bool = False,
+        now: datetime | None = None,
+    ) -> MemoryBlock:
+        now = now or datetime.now(UTC)
+        live, hint = self._topics(sid, now, tools)
+        room = budget
+        hint_tokens = self.counter.count(hint) if hint else 0
+        if hint_tokens > room:
+            hint, hint_tokens = "", 0
+        room -= hint_tokens
+        paged_parts: list[_Part] = []
+        for topic in paged:
+            text = f"## {topic.tag} ({topic.depth})\n{topic.text}"
+            cost = self.counter.count(text) + 1
+            if cost <= room - 8:
+                paged_parts.append(
+                    _Part("paged", text, cost, {"tag": topic.tag, "depth": topic.depth})
+                )
+                room -= cost
+        summary_parts: list[_Part] = []
+        summaries = self._summaries(sid, tags, live)
+        first_summaries = tags.broad or tags.temporal
+        if first_summaries:
+            cap = int(room * self.settings.summary_share)
+            summary_parts, room = self._take(summaries, min(cap, room), room)
+        turn_parts, skipped, room = self._turns(sid, ranked, room)
+        if not first_summaries and summaries:
+            summary_parts, room = self._take(summaries, room, room)
+        return self._render(
+            budget, hint, hint_tokens, paged_parts, summary_parts, turn_parts, skipped
+        )
+
+    def _take(self, parts: list[_Part], cap: int, room: int) -> tuple[list[_Part], int]:
+        taken, used = [], 0
+        for part in parts:
+            if used + part.tokens + 1 <= cap:
+                taken.append(part)
+                used += part.tokens + 1
+        return taken, room - used
+
+    def _turns(
+        self, sid: str, ranked: Sequence[RankedTurn], room: int
+    ) -> tuple[list[_Part], int, int]:
+        room -= 12  # the <memory> wrapper and a first date header
+        if room <= 0 or not ranked:
+            return [], len(ranked), max(room, 0)
+        rows = self.store.turn_rows(sid, [r.seq for r in ranked])
+        chosen: list[tuple[TurnRow, RankedTurn]] = []
+        days: set[str] = set()
+        skipped = 0
+        for hit in ranked:
+            row = rows.get(hit.seq)
+            if row is None:
+                continue
+            cost = row.token_count + 1
+            day = _day(row.created_at)
+            if day not in days and days:
+                cost += 8
+            if cost > room:
+                skipped += 1
+                continue
+            days.add(day)
+            chosen.append((row, hit))
+            room -= cost
+        chosen.sort(key=lambda pair: pair[0].seq)
+        parts = [
+            _Part(
+                "turn",
+                row.text,
+                row.token_count,
+                {
+                    "seq": row.seq,
+                    "role": row.role,
+                    "day": _day(row.created_at),
+                    "score": hit.score,
+                    "signals": hit.ranks,
+                },
+            )
+            for row, hit in chosen
+        ]
+        return parts, skipped, room
+
+    def _render(
+        self,
+        budget: int,
+        hint: str,
+        hint_tokens: int,
+        paged: list[_Part],
+        summaries: list[_Part],
+        turns: list[_Part],
+        skipped: int,
+    ) -> MemoryBlock:
+        def text_of(turn_parts: list[_Part]) -> str:
+            blocks = [hint] if hint else []
+            if paged:
+                blocks.append(
+                    "<memory-topics>\n" + "\n".join(p.text for p in paged) + "\n</memory-topics>"
+                )
+            body: list[str] = [p.text for p in summaries]
+            day = None
+            for part in turn_parts:
+                if part.meta["day"] != day:
+                    day = part.meta["day"]
+                    body.append(str(day))
+                body.append(part.text)
+            if body:
+                blocks.append("<memory>\n" + "\n".join(body) + "\n</memory>")
+            return "\n".join(blocks)
+
+        text = text_of(turns)
+        used = self.counter.count(text) if text else 0
+        # Exact check of the rendered whole: drop the lowest-ranked turns until it fits.
+        while used > budget and turns:
+            worst = min(turns, key=lambda p: float(p.meta["score"]))  # type: ignore[arg-type]
+            turns.remove(worst)
+            skipped += 1
+            text = text_of(turns)
+            used = self.counter.count(text) if text else 0
+        items = [
+            ContextItem(
+                content=part.text,
+                source=SourceType.MEMORY,
+                section="memory",
+                priority=min(10, max(1, part.priority)),
+                score=float(part.meta.get("score", 0.0)),  # type: ignore[arg-type]
+                metadata={"kind": part.kind, **part.meta},
+            )
+            for part in [
+                *([_Part("hint", hint, hint_tokens)] if hint else []),
+                *paged,
+                *summaries,
+                *turns,
+            ]
+        ]
+        return MemoryBlock(
+            text=text,
+            items=items,
+            budget=MemoryBudget(
+                budget=budget,
+                hint=hint_tokens,
+                paged=sum(p.tokens for p in paged),
+                summaries=sum(p.tokens for p in summaries),
+                turns=sum(p.tokens for p in turns),
+                used=used,
+                turns_recalled=len(turns),
+                turns_skipped=skipped,
+            ),
+        )

@@ -1,0 +1,223 @@
+"""``contextfold.yaml``: the memory engine's configuration, validated by pydantic.
+
+Every section has defaults, so an empty file is a valid configuration (the offline default:
+keyword tagging, extractive summaries, MiniLM embeddings, SQLite in ``$CONTEXTFOLD_HOME``).
+Unknown keys are errors — a misspelt option never silently does nothing.
+
+>>> cfg = MemoryConfig.model_validate({"compaction": {"soft_threshold": 0.6}})
+>>> cfg.compaction.soft_threshold, cfg.compaction.hard_threshold
+(0.6, 0.85)
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from contextfold.errors import ConfigError
+from contextfold.memory.rules import TagRule
+
+__all__ = [
+    "TEMPLATES",
+    "AssemblySettings",
+    "CompactionSettings",
+    "HistorySettings",
+    "LLMSettings",
+    "MemoryConfig",
+    "PagingSettings",
+    "RecallSettings",
+    "SplittingSettings",
+    "TaggerSettings",
+    "load_config",
+    "template",
+]
+
+TEMPLATES = ("chat", "coding", "rag")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LLMSettings(_Section):
+    """An optional LLM for tagging and summaries (any OpenAI-compatible endpoint, Anthropic or
+    Gemini). The API key is read from the environment variable ``api_key_env``."""
+
+    provider: Literal["openai", "ollama", "anthropic", "gemini"]
+    model: str
+    base_url: str | None = None
+    api_key_env: str | None = None
+    context_window: int = Field(8192, gt=1088)
+    timeout: float = Field(60.0, gt=0)
+    prompt_price_per_million: float = Field(0.0, ge=0)
+    completion_price_per_million: float = Field(0.0, ge=0)
+
+
+class SplittingSettings(_Section):
+    enabled: bool = False
+    frequency_threshold: int = Field(15, ge=2)
+    frequency_pct_threshold: float = Field(0.15, gt=0, le=1)
+
+
+class TaggerSettings(_Section):
+    """``type`` tags stored turns; ``inbound`` tags new messages before recall (closed set:
+    only tags already stored can match)."""
+
+    type: Literal["keyword", "llm"] = "keyword"
+    inbound: Literal["keyword", "embedding"] = "keyword"
+    keywords: dict[str, list[str]] = Field(default_factory=dict)
+    max_tags: int = Field(5, ge=1, le=20)
+    embedding_threshold: float = Field(0.25, ge=-1, le=1)
+    lookback_words: int = Field(8, ge=0)
+    splitting: SplittingSettings = SplittingSettings()
+
+
+class CompactionSettings(_Section):
+    soft_threshold: float = Field(0.70, gt=0, le=1)
+    hard_threshold: float = Field(0.85, gt=0, le=1)
+    protected_recent_turns: int = Field(6, ge=0)
+    max_concurrent_summaries: int = Field(4, ge=1)
+    summarizer: Literal["extractive", "llm"] = "extractive"
+    summary_ratio: float = Field(0.3, gt=0, le=1)
+    tag_summary_tokens: int = Field(200, ge=16)
+    max_segment_tokens: int = Field(2000, ge=64)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> CompactionSettings:
+        if self.soft_threshold > self.hard_threshold:
+            raise ValueError(
+                f"soft_threshold {self.soft_threshold} is above hard_threshold "
+                f"{self.hard_threshold}; the soft one must come first"
+            )
+        return self
+
+
+class AssemblySettings(_Section):
+    """``memory_budget``: tokens memory may add to one request (hint, paged topics,
+    summaries and recalled turns together)."""
+
+    memory_budget: int = Field(2048, ge=64)
+    context_hint_enabled: bool = True
+    context_hint_max_tokens: int = Field(200, ge=16, le=1000)
+    summary_share: float = Field(0.6, ge=0, le=1)
+
+
+class RecallSettings(_Section):
+    """How stored turns are ranked: RRF (constant ``rrf_k``) of the tag, full-text and dense
+    signals scaled by their ``*_weight``; ``neighbor_weight`` gives each turn that share of its
+    better neighbour's score (an answer sits next to its question). The defaults are the
+    values tuned on LoCoMo (docs/eval-locomo.md)."""
+
+    embedder: Literal["minilm", "none"] = "minilm"
+    rrf_k: int = Field(20, ge=1)
+    tag_weight: float = Field(0.3, ge=0)
+    fts_weight: float = Field(1.0, ge=0)
+    dense_weight: float = Field(1.5, ge=0)
+    neighbor_weight: float = Field(0.5, ge=0, le=1)
+    related_weight: float = Field(0.5, ge=0, le=1)
+    fts_limit: int = Field(300, ge=10)
+
+
+class PagingSettings(_Section):
+    """``mode: tools`` offers expand/collapse/find_quote tools to the model; ``auto`` pages
+    topics silently. ``budget``: tokens paged-in topics may hold in total."""
+
+    enabled: bool = True
+    mode: Literal["auto", "tools"] = "auto"
+    budget: int = Field(4096, ge=0)
+
+
+class HistorySettings(_Section):
+    """``filter_off_topic`` drops live-history turns whose tags miss the inbound tags (off by
+    default: it re-cuts the history every turn, which defeats provider prompt caches)."""
+
+    filter_off_topic: bool = False
+
+
+class MemoryConfig(_Section):
+    version: str = "1"
+    storage_path: str | None = None
+    context_window: int = Field(120_000, ge=512)
+    encoding: Literal["cl100k_base", "o200k_base"] = "cl100k_base"
+    tagger: TaggerSettings = TaggerSettings()
+    tag_rules: list[TagRule] = Field(default_factory=list)
+    compaction: CompactionSettings = CompactionSettings()
+    assembly: AssemblySettings = AssemblySettings()
+    recall: RecallSettings = RecallSettings()
+    paging: PagingSettings = PagingSettings()
+    history: HistorySettings = HistorySettings()
+    llm: LLMSettings | None = None
+
+    @model_validator(mode="after")
+    def _llm_when_needed(self) -> MemoryConfig:
+        wants = [
+            name
+            for name, on in (
+                ("tagger.type: llm", self.tagger.type == "llm"),
+                ("compaction.summarizer: llm", self.compaction.summarizer == "llm"),
+            )
+            if on
+        ]
+        if wants and self.llm is None:
+            raise ValueError(f"{' and '.join(wants)} need an `llm:` section (provider, model)")
+        return self
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for err in error.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        lines.append(f"  {where}: {err['msg']}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, *, source: str = "configuration") -> MemoryConfig:
+    """Validate already-loaded YAML data; errors name each bad field."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: expected a mapping at the top level, got {type(data).__name__}"
+        )
+    try:
+        return MemoryConfig.model_validate(data)
+    except ValidationError as exc:
+        count = exc.error_count()
+        raise ConfigError(
+            f"{source}: {count} invalid setting{'s' if count > 1 else ''}:\n{_describe(exc)}"
+        ) from None
+
+
+def load_config(path: str | Path) -> MemoryConfig:
+    """Read and validate ``contextfold.yaml``; a missing file, a YAML syntax error (with its
+    line) or an invalid setting raises ``ConfigError``."""
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(
+            f"config file {str(file)!r} not found; create one with `contextfold init chat`"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {str(file)!r}: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{file}: invalid YAML{where}: {problem}") from None
+    return parse_config(data, source=str(file))
+
+
+def template(kind: str) -> str:
+    """The commented starter ``contextfold.yaml`` for ``kind`` (chat, coding or rag)."""
+    if kind not in TEMPLATES:
+        raise ConfigError(f"unknown template {kind!r}; choose one of {', '.join(TEMPLATES)}")
+    return (resources.files("contextfold.memory") / "templates" / f"{kind}.yaml").read_text(
+        encoding="utf-8"
+    )

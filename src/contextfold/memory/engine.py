@@ -1,0 +1,556 @@
+"""``MemoryEngine``: two hooks around an LLM call give a conversation unbounded memory.
+
+``on_message_inbound(message, history)`` runs before the call: it tags the message (closed
+set: only stored tags can match; broad and temporal questions are detected), recalls stored
+turns and summaries, pages topics in, and returns an ``AssembledContext`` whose
+``prepend_text`` fits the memory budget. ``on_turn_complete(messages)`` runs after it: it
+stores the new turns raw, tags them, and compacts when the live turns cross a threshold.
+
+>>> from contextfold.store.memory import MemoryStore
+>>> engine = MemoryEngine(store=MemoryStore(), embedder=None)
+>>> _ = engine.on_turn_complete([
+...     {"role": "user", "content": "Our Henninger filing deadline is March 3."},
+...     {"role": "assistant", "content": "Noted: the Henninger filing is due March 3."},
+... ])
+>>> "March 3" in engine.on_message_inbound("When is the Henninger filing due?").prepend_text
+True
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from contextfold.errors import ConfigError
+from contextfold.items import ContextItem, Message, QueryBundle
+from contextfold.memory.assemble import Assembler, MemoryBudget
+from contextfold.memory.canonical import TagCanonicalizer
+from contextfold.memory.compactor import CompactionReport, Compactor, Level, TokenMonitor
+from contextfold.memory.config import MemoryConfig, load_config
+from contextfold.memory.history import FilteredHistory, filter_history
+from contextfold.memory.paging import Pager, PagingResult
+from contextfold.memory.recall import Quote, RankedTurn, Recaller
+from contextfold.memory.rules import TagRules
+from contextfold.memory.summarize import ExtractiveSummarizer, LLMSummarizer, Summarizer
+from contextfold.memory.tagging import EmbeddingTagger, KeywordTagger, LLMTagger, Tagger, TagResult
+from contextfold.memory.tools import TOOL_NAMES, tool_definitions
+from contextfold.retrieval.base import Embedder
+from contextfold.store.memory import CostReport, Depth, MemoryStore, StoredTurn
+from contextfold.store.sqlite import home_dir
+from contextfold.tokens import TiktokenCounter, TokenCounter
+
+__all__ = ["AssembledContext", "MemoryEngine", "MemoryStatus"]
+
+MessageLike = Message | Mapping[str, Any]
+
+
+class AssembledContext(BaseModel):
+    """What memory adds to one request. ``prepend_text`` is the rendered memory block (put it
+    after the stable system prompt); ``items`` are the same pieces as ``ContextItem``s for a
+    ``ContextPipeline``; ``budget`` says where the memory budget went; ``history`` is the
+    filtered live history when one was given."""
+
+    model_config = ConfigDict(frozen=True)
+    session_id: str
+    prepend_text: str
+    matched_tags: tuple[str, ...]
+    related_tags: tuple[str, ...]
+    broad: bool
+    temporal: bool
+    items: tuple[ContextItem, ...]
+    budget: MemoryBudget
+    recalled: tuple[RankedTurn, ...]
+    history: FilteredHistory | None = None
+    tagger: str = "keyword"
+
+
+class MemoryStatus(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    session_id: str
+    turns: int
+    live_turns: int
+    live_tokens: int
+    context_window: int
+    level: Level
+    compaction_watermark: int
+    segments: int
+    tags: dict[str, int]
+    tag_summaries: int
+    stale_tag_summaries: int
+    working_set: dict[str, str]
+
+
+def as_message(value: MessageLike) -> Message:
+    if isinstance(value, Message):
+        return value
+    try:
+        return Message.model_validate(dict(value))
+    except Exception as exc:  # pydantic's ValidationError, a non-mapping …
+        raise ConfigError(f"not a chat message: {str(value)[:120]!r} ({exc})") from None
+
+
+def _hash_key(message: Message) -> tuple[str, str]:
+    return (message.role, message.text())
+
+
+class MemoryEngine:
+    """The conversation memory of one store, for any number of sessions.
+
+    Build it from a ``MemoryConfig`` (or ``config_path`` to a ``contextfold.yaml``) and
+    optionally override parts: ``store`` (a ``MemoryStore`` or a path), ``tagger`` (tags stored
+    turns), ``inbound_tagger`` (tags new messages; closed set), ``summarizer``, ``embedder``
+    (``"default"``: offline MiniLM; ``None``: no dense recall), ``counter``, ``llm_client``.
+    ``session_id`` is the session the hooks use when they are not given one."""
+
+    def __init__(
+        self,
+        config: MemoryConfig | None = None,
+        *,
+        config_path: str | Path | None = None,
+        store: MemoryStore | str | Path | None = None,
+        session_id: str = "default",
+        tagger: Tagger | None = None,
+        inbound_tagger: Tagger | None = None,
+        summarizer: Summarizer | None = None,
+        embedder: Embedder | Literal["default"] | None = "default",
+        counter: TokenCounter | None = None,
+        llm_client: Any = None,
+    ) -> None:
+        if config is not None and config_path is not None:
+            raise ConfigError("pass either config or config_path, not both")
+        self.config = (
+            load_config(config_path) if config_path is not None else config or MemoryConfig()
+        )
+        cfg = self.config
+        self.counter = counter or TiktokenCounter(cfg.encoding)
+        if isinstance(store, MemoryStore):
+            self.store = store
+        else:
+            path = store or cfg.storage_path or home_dir() / "memory.db"
+            if str(path) != ":memory:":
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self.store = MemoryStore(path, counter=self.counter)
+        self.session_id = session_id
+        self.rules = TagRules(cfg.tag_rules)
+        self.canonicalizer = TagCanonicalizer(self.store.aliases())
+        self.llm_client = llm_client if llm_client is not None else self._make_client()
+        if embedder == "default":
+            embedder = self._default_embedder()
+        self.embedder: Embedder | None = embedder
+        keyword = KeywordTagger(
+            cfg.tagger.keywords or None,
+            max_tags=cfg.tagger.max_tags,
+            canonicalizer=self.canonicalizer,
+        )
+        self.tagger: Tagger = tagger or self._make_tagger(keyword)
+        self.inbound_tagger: Tagger = inbound_tagger or self._make_inbound(keyword)
+        self.summarizer: Summarizer = summarizer or self._make_summarizer()
+        self.compactor = Compactor(
+            self.store,
+            self.summarizer,
+            TokenMonitor(
+                cfg.context_window,
+                soft=cfg.compaction.soft_threshold,
+                hard=cfg.compaction.hard_threshold,
+            ),
+            protected_recent=cfg.compaction.protected_recent_turns,
+            rules=self.rules,
+            summary_ratio=cfg.compaction.summary_ratio,
+            tag_summary_tokens=cfg.compaction.tag_summary_tokens,
+            max_segment_tokens=cfg.compaction.max_segment_tokens,
+            max_concurrent=cfg.compaction.max_concurrent_summaries,
+        )
+        self.recaller = Recaller(
+            self.store,
+            embedder=self.embedder,
+            k=cfg.recall.rrf_k,
+            fts_limit=cfg.recall.fts_limit,
+            related_weight=cfg.recall.related_weight,
+            weights={
+                "tags": cfg.recall.tag_weight,
+                "fts": cfg.recall.fts_weight,
+                "dense": cfg.recall.dense_weight,
+            },
+            neighbor_weight=cfg.recall.neighbor_weight,
+        )
+        self.pager = Pager(self.store, budget=cfg.paging.budget)
+        self.assembler = Assembler(self.store, self.counter, self.rules, cfg.assembly)
+        self._vocab: dict[str, dict[str, int]] = {}
+        self._lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        return f"MemoryEngine(store={self.store.path!r}, session={self.session_id!r})"
+
+    # -- construction helpers -------------------------------------------------------------------
+
+    def _make_client(self) -> Any:
+        llm = self.config.llm
+        if llm is None:
+            return None
+        from contextfold.llm.factory import make_chat_client
+
+        return make_chat_client(
+            llm.provider, base_url=llm.base_url, api_key_env=llm.api_key_env, timeout=llm.timeout
+        )
+
+    def _default_embedder(self) -> Embedder | None:
+        if self.config.recall.embedder == "none":
+            return None
+        from contextfold.retrieval.embedders import default_embedder
+
+        return default_embedder()
+
+    def _log_usage(self, kind: str) -> Any:
+        llm = self.config.llm
+
+        def record(model: str, usage: Any) -> None:
+            cost = 0.0
+            if llm is not None:
+                cost = (
+                    usage.prompt_tokens * llm.prompt_price_per_million
+                    + usage.completion_tokens * llm.completion_price_per_million
+                ) / 1e6
+            self.store.log_cost(
+                self.session_id, kind, model, usage.prompt_tokens, usage.completion_tokens, cost
+            )
+
+        return record
+
+    def _make_tagger(self, keyword: KeywordTagger) -> Tagger:
+        cfg = self.config
+        if cfg.tagger.type == "llm" and cfg.llm is not None:
+            return LLMTagger(
+                self.llm_client,
+                cfg.llm.model,
+                fallback=keyword,
+                max_tags=cfg.tagger.max_tags,
+                lookback_words=cfg.tagger.lookback_words,
+                on_usage=self._log_usage("tagging"),
+            )
+        return keyword
+
+    def _make_inbound(self, keyword: KeywordTagger) -> Tagger:
+        if self.config.tagger.inbound == "embedding":
+            if self.embedder is None:
+                raise ConfigError("tagger.inbound: embedding needs an embedder (recall.embedder)")
+            return EmbeddingTagger(self.embedder, threshold=self.config.tagger.embedding_threshold)
+        return keyword
+
+    def _make_summarizer(self) -> Summarizer:
+        cfg = self.config
+        extractive = ExtractiveSummarizer(self.counter, ratio=cfg.compaction.summary_ratio)
+        if cfg.compaction.summarizer == "llm" and cfg.llm is not None:
+            return LLMSummarizer(
+                self.llm_client,
+                cfg.llm.model,
+                counter=self.counter,
+                context_window=cfg.llm.context_window,
+                fallback=extractive,
+                on_usage=self._log_usage("summary"),
+            )
+        return extractive
+
+    # -- sessions -------------------------------------------------------------------------------
+
+    def _session(self, session_id: str | None) -> str:
+        sid = session_id or self.session_id
+        if sid not in self._vocab:
+            if sid not in self.store.sessions():
+                self.store.create_session(sid)
+            self._vocab[sid] = self.store.tag_counts(sid)
+        return sid
+
+    def vocabulary(self, session_id: str | None = None) -> dict[str, int]:
+        """The session's tags with their turn counts."""
+        with self._lock:
+            return dict(self._vocab[self._session(session_id)])
+
+    # -- writing --------------------------------------------------------------------------------
+
+    def _new_messages(self, sid: str, messages: Sequence[Message]) -> list[Message]:
+        """The messages after the last stored turns (matched by role and text, as a block of up
+        to 8); all of them when none matches (only new turns given, or a re-cut history)."""
+        last = self.store.last_seq(sid)
+        if last == 0 or not messages:
+            return list(messages)
+        rows = self.store.turn_rows(sid, list(range(max(1, last - 7), last + 1)))
+        stored = [(rows[s].role, rows[s].text) for s in sorted(rows)]
+        keys = [_hash_key(m) for m in messages]
+        for size in range(min(len(stored), len(keys)), 0, -1):
+            block = stored[-size:]
+            for start in range(len(keys) - size, -1, -1):
+                if keys[start : start + size] == block:
+                    return list(messages[start + size :])
+        return list(messages)
+
+    def _tag_and_store(
+        self,
+        sid: str,
+        messages: Sequence[Message],
+        timestamps: Sequence[datetime] | None,
+    ) -> list[int]:
+        seqs = self.store.append_turns(sid, messages, timestamps=timestamps)
+        vocab = self._vocab[sid]
+        previous = (
+            [
+                t.message.text()
+                for t in self.store.turns(sid, start=max(1, seqs[0] - 3), end=seqs[0] - 1)
+            ]
+            if seqs and seqs[0] > 1
+            else []
+        )
+        tagged: dict[int, tuple[dict[str, float], Sequence[str]]] = {}
+        for seq, message in zip(seqs, messages, strict=True):
+            text = message.text()
+            result = self.tagger.tag(text, vocabulary=list(vocab), context=previous[-3:])
+            weights = {tag: 1.0 if i == 0 else 0.9 for i, tag in enumerate(result.tags)}
+            tagged[seq] = (weights, result.related_tags)
+            for tag in result.tags:
+                vocab[tag] = vocab.get(tag, 0) + 1
+            previous.append(text)
+        self.store.set_tags_many(sid, tagged)
+        return seqs
+
+    def on_turn_complete(
+        self,
+        messages: Sequence[MessageLike],
+        *,
+        session_id: str | None = None,
+        timestamps: Sequence[datetime] | None = None,
+    ) -> CompactionReport | None:
+        """Store and tag the turns of ``messages`` not stored yet (system messages are not
+        turns), then compact if the live turns cross a threshold. ``messages`` may be the whole
+        history or only the new turns; ``timestamps`` (one per message) default to now."""
+        parsed = [as_message(m) for m in messages]
+        if timestamps is not None and len(timestamps) != len(parsed):
+            raise ConfigError(
+                f"{len(parsed)} messages need as many timestamps, got {len(timestamps)}"
+            )
+        with self._lock:
+            sid = self._session(session_id)
+            stamps = dict(zip(map(id, parsed), timestamps, strict=True)) if timestamps else None
+            turns = [m for m in self._new_messages(sid, parsed) if m.role != "system"]
+            if turns:
+                when = [stamps[id(m)] for m in turns] if stamps else None
+                self._tag_and_store(sid, turns, when)
+            return self.compactor.maybe_compact(sid)
+
+    def ingest_history(
+        self,
+        messages: Sequence[MessageLike],
+        *,
+        session_id: str | None = None,
+        timestamps: Sequence[datetime] | None = None,
+    ) -> CompactionReport | None:
+        """Bootstrap a session from an existing conversation (same as ``on_turn_complete``)."""
+        return self.on_turn_complete(messages, session_id=session_id, timestamps=timestamps)
+
+    def compact(self, *, session_id: str | None = None) -> CompactionReport | None:
+        """Compact now, whatever the thresholds say (``None`` when nothing is compactable)."""
+        with self._lock:
+            return self.compactor.compact(self._session(session_id), level="hard")
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def tag_message(self, message: str, *, session_id: str | None = None) -> TagResult:
+        """The inbound tags of ``message``: only tags the session already has."""
+        with self._lock:
+            sid = self._session(session_id)
+            vocab = self._vocab[sid]
+            raw = self.inbound_tagger.tag(message, vocabulary=list(vocab))
+            tags = tuple(t for t in raw.tags if t in vocab)
+            related = tuple(t for t in raw.related_tags if t in vocab and t not in tags)
+            return raw.model_copy(
+                update={"tags": tags, "related_tags": related, "primary": tags[0] if tags else None}
+            )
+
+    def on_message_inbound(
+        self,
+        message: str | MessageLike,
+        conversation_history: Sequence[MessageLike] = (),
+        *,
+        session_id: str | None = None,
+        budget: int | None = None,
+    ) -> AssembledContext:
+        """Memory for ``message`` within ``budget`` tokens (default: assembly.memory_budget).
+        Turns already in ``conversation_history`` are not recalled again."""
+        text = message if isinstance(message, str) else as_message(message).text()
+        history = [as_message(m) for m in conversation_history]
+        with self._lock:
+            sid = self._session(session_id)
+            tags = self.tag_message(text, session_id=sid)
+            live = {_hash_key(m) for m in history}
+            exclude = {t.seq for t in self._turns_matching(sid, live)} if live else set()
+            ranked = self.recaller.rank(
+                sid,
+                text,
+                tags=tags.tags,
+                related=tags.related_tags,
+                exclude=exclude,
+                tag_counts=self._vocab[sid],
+            )
+            if self.config.paging.enabled and self.config.paging.mode == "auto":
+                self.pager.touch(sid, list(tags.tags))
+            paged = self.pager.loaded(sid) if self.config.paging.enabled else []
+            block = self.assembler.assemble(
+                sid,
+                ranked,
+                tags=tags,
+                paged=paged,
+                budget=budget if budget is not None else self.config.assembly.memory_budget,
+                tools=self.config.paging.enabled and self.config.paging.mode == "tools",
+            )
+            filtered = self._filter(sid, history, tags) if history else None
+        return AssembledContext(
+            session_id=sid,
+            prepend_text=block.text,
+            matched_tags=tags.tags,
+            related_tags=tags.related_tags,
+            broad=tags.broad,
+            temporal=tags.temporal,
+            items=tuple(block.items),
+            budget=block.budget,
+            recalled=tuple(ranked),
+            history=filtered,
+            tagger=tags.source,
+        )
+
+    def _turns_matching(self, sid: str, keys: set[tuple[str, str]]) -> list[StoredTurn]:
+        return [t for t in self.store.turns(sid) if _hash_key(t.message) in keys]
+
+    def _filter(self, sid: str, history: list[Message], tags: TagResult) -> FilteredHistory:
+        watermark = self.store.session(sid).compaction_watermark
+        compacted_keys = {
+            _hash_key(t.message) for t in self.store.turns(sid, end=max(0, watermark - 1))
+        }
+        compacted = 0
+        for message in history:
+            if message.role == "system" or _hash_key(message) in compacted_keys:
+                compacted += 1
+                continue
+            break
+        keep = None
+        if self.config.history.filter_off_topic and tags.tags:
+            wanted = set(tags.tags) | set(tags.related_tags)
+
+            def keep(_: int, m: Message) -> bool:
+                result = self.tagger.tag(m.text(), vocabulary=list(self._vocab[sid]))
+                return bool(wanted & set(result.tags))
+
+        return filter_history(
+            history,
+            protected_recent=self.config.compaction.protected_recent_turns,
+            compacted=compacted,
+            keep=keep,
+            broad=tags.broad or tags.temporal,
+        )
+
+    def context_items(self, query: QueryBundle) -> list[ContextItem]:
+        """``MemoryProvider``: lets ``ContextPipeline.with_memory(engine)`` pack memory."""
+        return list(self.on_message_inbound(query.query_str).items)
+
+    # -- paging and tools -----------------------------------------------------------------------
+
+    def expand_topic(
+        self, tag: str, depth: Depth = "full", *, session_id: str | None = None
+    ) -> PagingResult:
+        with self._lock:
+            sid = self._session(session_id)
+            return self.pager.expand(sid, self.canonicalizer.canonical(tag), depth)
+
+    def collapse_topic(
+        self, tag: str, depth: Depth = "summary", *, session_id: str | None = None
+    ) -> PagingResult:
+        with self._lock:
+            sid = self._session(session_id)
+            return self.pager.collapse(sid, self.canonicalizer.canonical(tag), depth)
+
+    def find_quote(
+        self, query: str, *, limit: int = 5, session_id: str | None = None
+    ) -> list[Quote]:
+        with self._lock:
+            return self.recaller.find_quote(self._session(session_id), query, limit=limit)
+
+    def tool_definitions(self, format: str = "openai") -> list[dict[str, Any]]:
+        """JSON tool definitions (expand_topic, collapse_topic, find_quote) for ``format``."""
+        return tool_definitions(format)
+
+    def handle_tool_call(
+        self, name: str, arguments: Mapping[str, Any], *, session_id: str | None = None
+    ) -> str:
+        """Run a memory tool call from a model; returns the tool result text (JSON). A bad
+        call returns an error text for the model instead of raising."""
+        import json
+
+        if name not in TOOL_NAMES:
+            return json.dumps({"error": f"unknown tool {name!r}; tools: {', '.join(TOOL_NAMES)}"})
+        try:
+            if name == "find_quote":
+                quotes = self.find_quote(
+                    str(arguments["query"]),
+                    limit=int(arguments.get("limit", 5)),
+                    session_id=session_id,
+                )
+                return json.dumps([q.model_dump() for q in quotes])
+            op = self.expand_topic if name == "expand_topic" else self.collapse_topic
+            default = "full" if name == "expand_topic" else "summary"
+            result = op(
+                str(arguments["tag"]), arguments.get("depth", default), session_id=session_id
+            )
+            text = self.pager.topic_text(self._session(session_id), result.tag, result.depth)
+            return json.dumps({**result.model_dump(), "content": text})
+        except KeyError as exc:
+            return json.dumps({"error": f"{name} needs the argument {exc.args[0]!r}"})
+        except ConfigError as exc:
+            return json.dumps({"error": str(exc)})
+
+    # -- reports --------------------------------------------------------------------------------
+
+    def status(self, *, session_id: str | None = None) -> MemoryStatus:
+        with self._lock:
+            sid = self._session(session_id)
+            session = self.store.session(sid)
+            last = self.store.last_seq(sid)
+            live_tokens = self.store.active_tokens(sid)
+            summaries = self.store.tag_summaries(sid)
+            return MemoryStatus(
+                session_id=sid,
+                turns=last,
+                live_turns=last - max(session.compaction_watermark, 1) + 1 if last else 0,
+                live_tokens=live_tokens,
+                context_window=self.config.context_window,
+                level=self.compactor.monitor.level(live_tokens),
+                compaction_watermark=session.compaction_watermark,
+                segments=len(self.store.segments(sid)),
+                tags=dict(sorted(self._vocab[sid].items(), key=lambda kv: (-kv[1], kv[0]))),
+                tag_summaries=len(summaries),
+                stale_tag_summaries=sum(s.stale for s in summaries.values()),
+                working_set={t: e.depth for t, e in self.store.working_set(sid).items()},
+            )
+
+    def cost_report(
+        self, *, session_id: str | None = None, all_sessions: bool = False
+    ) -> CostReport:
+        return self.store.cost_report(None if all_sessions else session_id or self.session_id)
+
+    def add_alias(self, alias: str, canonical: str) -> None:
+        """Register ``alias`` → ``canonical`` (stored; used by every later tagging)."""
+        with self._lock:
+            self.canonicalizer.add_alias(alias, canonical)
+            self.store.set_alias(
+                self.canonicalizer.normalize(alias), self.canonicalizer.canonical(canonical)
+            )
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> MemoryEngine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

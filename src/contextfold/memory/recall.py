@@ -1,0 +1,253 @@
+"""Recall: which stored turns, segments and tag summaries answer an inbound message.
+
+Three signals rank the stored raw turns, fused with reciprocal-rank fusion:
+
+* **tag overlap**, IDF-weighted: each inbound tag a turn carries adds ``log(1 + N / df)``
+  (N turns, df turns with the tag); a match through a related tag counts half;
+* **full text**: SQLite FTS5 ``bm25()`` over the stored turn text (an OR query, stop words
+  removed);
+* **dense**: cosine between the message and each turn's embedding (turns are embedded lazily,
+  in batches, the first time a recall needs them — never on the write path).
+
+Raw turns are the only thing that can hold a detail verbatim, so they are what recall ranks;
+summaries are chosen by the assembler (broad queries: tag summaries; temporal ones: segment
+summaries earliest first). ``find_quote`` searches the raw text directly and returns excerpts
+with the tags of the turn and of its segment.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Collection, Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict
+
+from contextfold.retrieval.base import Embedder
+from contextfold.store.memory import MemoryStore
+
+__all__ = ["Quote", "RankedTurn", "Recaller"]
+
+
+class RankedTurn(BaseModel):
+    """A stored turn's place in a recall: its fused ``score`` and the rank (1 = best) each
+    signal gave it (``tags``, ``fts``, ``dense``; absent when the signal did not find it)."""
+
+    model_config = ConfigDict(frozen=True)
+    seq: int
+    score: float
+    ranks: dict[str, int]
+
+
+class Quote(BaseModel):
+    """A ``find_quote`` hit: an excerpt of a stored turn, where it is, and its topics."""
+
+    model_config = ConfigDict(frozen=True)
+    seq: int
+    role: str
+    excerpt: str
+    tags: tuple[str, ...]
+    segment_id: int | None
+    compacted: bool
+    created_at: str
+
+
+def _excerpt(text: str, words: Collection[str], width: int) -> str:
+    """Up to ``width`` characters of ``text`` around its first occurrence of any of ``words``."""
+    if len(text) <= width:
+        return text
+    low = text.lower()
+    hits = [i for w in words if (i := low.find(w)) >= 0]
+    centre = min(hits) if hits else 0
+    start = max(0, min(centre - width // 3, len(text) - width))
+    piece = text[start : start + width]
+    return ("…" if start > 0 else "") + piece + ("…" if start + width < len(text) else "")
+
+
+class Recaller:
+    """Ranks a session's stored turns for a message (see the module docstring).
+
+    ``embedder`` may be ``None`` (no dense signal). ``k`` is the RRF constant; ``fts_limit``
+    how many full-text hits to fuse; ``weights`` scale each signal's RRF share."""
+
+    def __init__(
+        self,
+        store: MemoryStore,
+        *,
+        embedder: Embedder | None = None,
+        k: int = 60,
+        fts_limit: int = 300,
+        related_weight: float = 0.5,
+        weights: dict[str, float] | None = None,
+        embed_batch: int = 256,
+        neighbor_weight: float = 0.0,
+    ) -> None:
+        self.store = store
+        self.embedder = embedder
+        self.k = k
+        self.fts_limit = fts_limit
+        self.related_weight = related_weight
+        self.weights = {"tags": 1.0, "fts": 1.0, "dense": 1.0, **(weights or {})}
+        self.embed_batch = embed_batch
+        self.neighbor_weight = neighbor_weight
+        self._vectors: dict[str, tuple[list[int], npt.NDArray[np.float32]]] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Recaller(embedder={self.embedder!r}, k={self.k})"
+
+    @property
+    def _model(self) -> str:
+        return getattr(self.embedder, "name", type(self.embedder).__name__)
+
+    # -- dense ----------------------------------------------------------------------------------
+
+    def ensure_vectors(self, session_id: str) -> int:
+        """Embed the session's turns that have no vector yet; returns how many were embedded."""
+        if self.embedder is None:
+            return 0
+        todo = self.store.turns_without_vectors(session_id, self._model)
+        for start in range(0, len(todo), self.embed_batch):
+            batch = todo[start : start + self.embed_batch]
+            vectors = self.embedder.embed([text for _, text in batch])
+            self.store.add_turn_vectors(session_id, self._model, [s for s, _ in batch], vectors)
+        return len(todo)
+
+    def _session_vectors(self, session_id: str) -> tuple[list[int], npt.NDArray[np.float32]]:
+        self.ensure_vectors(session_id)
+        with self._lock:
+            seqs, matrix = self._vectors.get(session_id, ([], np.zeros((0, 0), np.float32)))
+            after = seqs[-1] if seqs else 0
+            new_seqs, new = self.store.turn_vectors(session_id, self._model, after=after)
+            if new_seqs:
+                matrix = new if not seqs else np.vstack([matrix, new])
+                seqs = seqs + new_seqs
+                self._vectors[session_id] = (seqs, matrix)
+            return seqs, matrix
+
+    def forget(self, session_id: str) -> None:
+        """Drop the cached vectors of a session (after it was deleted)."""
+        with self._lock:
+            self._vectors.pop(session_id, None)
+
+    def _dense(self, session_id: str, text: str, limit: int) -> list[int]:
+        if self.embedder is None or not text.strip():
+            return []
+        seqs, matrix = self._session_vectors(session_id)
+        if not seqs:
+            return []
+        query = self.embedder.embed([text])[0].astype(np.float32)
+        scores = matrix @ query
+        top = np.argsort(-scores, kind="stable")[:limit]
+        return [seqs[i] for i in top]
+
+    # -- tags -----------------------------------------------------------------------------------
+
+    def _tag_scores(
+        self,
+        session_id: str,
+        tags: Sequence[str],
+        related: Sequence[str],
+        counts: Mapping[str, int] | None,
+    ) -> dict[int, float]:
+        wanted = list(dict.fromkeys([*tags, *related]))
+        if not wanted:
+            return {}
+        if counts is None:
+            counts = self.store.tag_counts(session_id)
+        total = max(1, self.store.last_seq(session_id))
+        primary = set(tags)
+        scores: dict[int, float] = {}
+        for seq, matches in self.store.turns_tagged(session_id, wanted).items():
+            score = 0.0
+            for tag, is_related in matches:
+                idf = math.log(1 + total / max(1, counts.get(tag, 1)))
+                half = is_related or tag not in primary
+                score += idf * (self.related_weight if half else 1.0)
+            scores[seq] = score
+        return scores
+
+    # -- fusion ---------------------------------------------------------------------------------
+
+    def rank(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        tags: Sequence[str] = (),
+        related: Sequence[str] = (),
+        exclude: Collection[int] = (),
+        limit: int = 200,
+        tag_counts: Mapping[str, int] | None = None,
+    ) -> list[RankedTurn]:
+        """The session's turns for ``text``, best first (at most ``limit``), skipping the seqs
+        in ``exclude`` (e.g. turns the live history already holds). ``tag_counts`` (turns per
+        tag) saves a query when the caller keeps them."""
+        lists: dict[str, list[int]] = {}
+        tag_scores = self._tag_scores(session_id, tags, related, tag_counts)
+        if tag_scores:
+            lists["tags"] = sorted(tag_scores, key=lambda s: (-tag_scores[s], -s))
+        fts = self.store.search_turn_seqs(session_id, text, limit=self.fts_limit)
+        if fts:
+            lists["fts"] = [seq for seq, _ in fts]
+        dense = self._dense(session_id, text, self.fts_limit)
+        if dense:
+            lists["dense"] = dense
+        fused: dict[int, float] = {}
+        ranks: dict[int, dict[str, int]] = {}
+        for name, seqs in lists.items():
+            weight = self.weights.get(name, 1.0)
+            position = 0
+            for seq in seqs:
+                if seq in exclude:
+                    continue
+                position += 1
+                fused[seq] = fused.get(seq, 0.0) + weight / (self.k + position)
+                ranks.setdefault(seq, {})[name] = position
+        if self.neighbor_weight:
+            # A dialogue answer sits next to its question: each turn also earns a share of
+            # its better neighbour's score.
+            base = dict(fused)
+            for seq, score in base.items():
+                for near in (seq - 1, seq + 1):
+                    if near not in exclude and near >= 1:
+                        fused[near] = max(
+                            fused.get(near, 0.0), base.get(near, 0.0) + self.neighbor_weight * score
+                        )
+                        ranks.setdefault(near, {})
+        order = sorted(fused, key=lambda s: (-fused[s], s))[:limit]
+        return [RankedTurn(seq=s, score=fused[s], ranks=ranks[s]) for s in order]
+
+    # -- find_quote -----------------------------------------------------------------------------
+
+    def find_quote(
+        self, session_id: str, query: str, *, limit: int = 5, width: int = 300
+    ) -> list[Quote]:
+        """Full-text search of the raw stored turns (compacted or not), bypassing tags: each hit
+        is an excerpt around the match, with the tags of the turn and of its segment."""
+        hits = self.store.search_turns(session_id, query, limit=limit)
+        if not hits:
+            return []
+        watermark = self.store.session(session_id).compaction_watermark
+        segment_of: dict[int, tuple[int, tuple[str, ...]]] = {}
+        for seg in self.store.segments(session_id):
+            for seq in seg.seqs:
+                segment_of[seq] = (seg.id, seg.tags)
+        words = [w.lower() for w in query.split() if len(w) > 2]
+        quotes = []
+        for turn, _ in hits:
+            seg_id, seg_tags = segment_of.get(turn.seq, (None, ()))
+            quotes.append(
+                Quote(
+                    seq=turn.seq,
+                    role=turn.message.role,
+                    excerpt=_excerpt(turn.message.text(), words, width),
+                    tags=tuple(dict.fromkeys([*turn.tags, *seg_tags])),
+                    segment_id=seg_id,
+                    compacted=turn.seq < watermark,
+                    created_at=turn.created_at.isoformat(),
+                )
+            )
+        return quotes

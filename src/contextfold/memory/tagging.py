@@ -1,0 +1,837 @@
+"""Topic tags for conversation turns: the ``Tagger`` protocol and its three implementations.
+
+Tags emerge from the conversation; nothing is configured up front. Each tagger returns a
+``TagResult`` — canonical tags, most important first, alternate terms for recall, and two
+intent flags that switch memory recall to another path:
+
+- ``broad`` — the message asks about the conversation as a whole ("what did we discuss?",
+  "summarize everything"): recall loads every tag summary instead of filtering by tag.
+- ``temporal`` — the message points at a position in time ("at the beginning", "the first thing
+  I asked"): recall reads segment summaries, earliest first.
+
+The taggers:
+
+- ``KeywordTagger`` — deterministic, offline, fast (thousands of turns a second): configured
+  keywords, tags already in the session's vocabulary, and salient keyphrases of the text
+  itself (``support-group``, ``caroline``), rare words favoured. The default.
+- ``EmbeddingTagger`` — closed set: ranks the session's existing tags by cosine similarity to
+  the message. It can only return tags that exist, so it suits inbound messages, where a wrong
+  tag would page unrelated history into the prompt.
+- ``LLMTagger`` — one chat call per turn; the richest tags, reusing known ones (vocabulary
+  feedback). It suits the response pass (after the model answered) and falls back to the
+  keyword tagger on any failure.
+
+``detect_broad`` and ``detect_temporal`` are the deterministic regexes every tagger ORs in.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, model_validator
+
+from contextfold.errors import ConfigError, ContextfoldError
+from contextfold.memory.canonical import TagCanonicalizer
+from contextfold.retrieval.base import Embedder
+from contextfold.retrieval.sparse import _stemmer, _stopwords
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from contextfold.llm.openai_compat import Usage
+
+__all__ = [
+    "EmbeddingTagger",
+    "KeywordTagger",
+    "LLMTagger",
+    "SupportsChat",
+    "TagResult",
+    "Tagger",
+    "detect_broad",
+    "detect_temporal",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class TagResult(BaseModel):
+    """What a tagger says about one text.
+
+    ``tags`` are canonical, most important first; ``primary`` is ``tags[0]`` (or ``None``).
+    ``related_tags`` are alternate terms for cross-vocabulary recall, never in ``tags``.
+    ``source`` names the tagger that produced the tags (``"keyword"``, ``"embedding"``,
+    ``"llm"``, or ``"keyword-fallback"`` with ``fallback_reason`` saying why).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    tags: tuple[str, ...] = ()
+    related_tags: tuple[str, ...] = ()
+    broad: bool = False
+    temporal: bool = False
+    source: str = "keyword"
+    fallback_reason: str | None = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def primary(self) -> str | None:
+        return self.tags[0] if self.tags else None
+
+    @model_validator(mode="after")
+    def _check(self) -> TagResult:
+        if len(set(self.tags)) != len(self.tags) or "" in self.tags:
+            raise ValueError(f"tags must be distinct and non-empty, got {self.tags}")
+        overlap = set(self.tags) & set(self.related_tags)
+        if overlap:
+            raise ValueError(f"related_tags repeat tags: {sorted(overlap)}")
+        return self
+
+
+@runtime_checkable
+class Tagger(Protocol):
+    """Tags a text by topic.
+
+    Implementations must guarantee: ``tag`` never raises on any string (``""`` gives a result
+    with no tags); returned tags are canonical, distinct and non-empty; ``related_tags`` are
+    disjoint from ``tags``; ``broad`` and ``temporal`` are at least what ``detect_broad`` and
+    ``detect_temporal`` say about ``text``; the arguments are never mutated.
+
+    ``vocabulary`` is the tags already known in the session, so the tagger can reuse them (an
+    embedding tagger returns only these); ``context`` is a few preceding turn texts, oldest
+    first, used when ``text`` alone is too short to tag ("yes, do that").
+    """
+
+    def tag(
+        self, text: str, *, vocabulary: Sequence[str] = (), context: Sequence[str] = ()
+    ) -> TagResult: ...
+
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+# -- intent detection ----------------------------------------------------------------------
+
+_CONVO = r"(?:conversation|discussion|chat|session|thread)"
+_TALKED = (
+    r"(?:discuss(?:ed)?|talk(?:ed)? about|cover(?:ed)?|go(?:ne)? over|went over|chat(?:ted)? about)"
+)
+_BROAD = re.compile(
+    "|".join(
+        [
+            rf"\bwhat (?:did|have|had) (?:we|you and i|i) (?:been )?{_TALKED}",
+            r"\bwhat (?:were|was) (?:we|i) (?:talking|chatting) about\b",
+            rf"\b(?:summari[sz]e|sum up|recap|review|go over) (?:everything|it all|all of it|"
+            rf"(?:the|our|this) (?:whole |entire )?{_CONVO}|what (?:we|you)(?:'ve| have)? "
+            rf"{_TALKED})",
+            r"\brecap\b",
+            r"\bcatch me up\b",
+            rf"\bremind me (?:of )?(?:what|everything) (?:we|you|i)(?:'ve| have)? "
+            rf"(?:{_TALKED}|said|decided|asked)",
+            rf"\beverything (?:we|you)(?:'ve| have)? (?:{_TALKED}|said|decided)",
+            rf"\b(?:overview|summary|rundown) of (?:our|the|this) (?:whole |entire )?{_CONVO}",
+            r"\bwhat (?:topics|things|subjects) (?:have|did) (?:we|you)\b",
+            r"\bwhat have we (?:done|decided) so far\b",
+        ]
+    ),
+    re.IGNORECASE,
+)
+# Every pattern above contains one of these: a cheap test before the regex.
+_BROAD_HINTS = (
+    "what",
+    "summ",
+    "recap",
+    "review",
+    "go over",
+    "catch me up",
+    "remind",
+    "everything",
+    "overview",
+    "rundown",
+)
+_PAST = r"(?:\w+ed|said|told|wrote|did|brought up|gave|sent|made|thought)"
+_TEMPORAL = re.compile(
+    "|".join(
+        [
+            r"\b(?:at|to|from|since) the (?:very )?(?:beginning|start|outset)\b",
+            rf"\b(?:beginning|start) of (?:our|the|this) {_CONVO}",
+            r"\b(?:very )?early on\b",
+            rf"\bearlier (?:in|during) (?:our|the|this) {_CONVO}",
+            rf"\bfirst (?:thing|question|topic|message|request|few \w+) (?:that )?(?:i|we|you) "
+            rf"{_PAST}",
+            r"\bwhat was (?:the|my|our) (?:very )?first\b",
+            rf"\b(?:in|during) (?:our|the) (?:first|previous|last|earlier) {_CONVO}",
+            rf"\b(?:previous|earlier|last) {_CONVO}\b",
+            r"\boriginally\b(?! from)",
+            r"\blast time\b(?!-)",
+            r"\bwhen we (?:first|started|began)\b",
+            r"\b(?:i|we|you) (?:\w+ed|said|asked|told) (?:\w+ )?(?:earlier|before|at first|"
+            r"initially|at the start)\b",
+            r"\b(?:a few|several|some|\d+) (?:messages|turns|questions) ago\b",
+        ]
+    ),
+    re.IGNORECASE,
+)
+# Every pattern above contains one of these.
+_TEMPORAL_HINTS = (
+    "begin",
+    "start",
+    "outset",
+    "early",
+    "earlier",
+    "first",
+    "previous",
+    "last",
+    "original",
+    "when we",
+    "ago",
+    "before",
+    "initially",
+)
+
+
+def detect_broad(text: str) -> bool:
+    """Whether ``text`` asks about the conversation as a whole.
+
+    >>> detect_broad("Can you recap what we discussed?"), detect_broad("When did Caroline go?")
+    (True, False)
+    """
+    low = text.lower()
+    return any(hint in low for hint in _BROAD_HINTS) and _BROAD.search(text) is not None
+
+
+def detect_temporal(text: str) -> bool:
+    """Whether ``text`` refers to a position in the conversation's time.
+
+    >>> detect_temporal("What was the first thing I asked?"), detect_temporal("first-class")
+    (True, False)
+    """
+    low = text.lower()
+    return any(hint in low for hint in _TEMPORAL_HINTS) and _TEMPORAL.search(text) is not None
+
+
+# -- keyword tagger ------------------------------------------------------------------------
+
+# Function words, conversational filler, vague adjectives and time words: never a topic.
+# bm25s's 33 English stop words are added to these. Published long lists were considered and
+# rejected: they drop topic words ("group", "system", "computer", "research").
+_CHATTER = _words(
+    """
+    a about above actually after again against ago all almost already also although always am
+    among an and another any anybody anyone anything anyway anywhere are aren around as at away
+    awesome back basically be became because become been before being below best better between
+    big bit both but by can cannot certain clear cool could couldn currently day days definitely
+    did didn different do does doesn doing don done down due during each earlier easy either
+    else enough especially even ever every everybody everyone everything exactly few fine first
+    folks for from full further glad good great guy guys had hadn hard has hasn have haven
+    having he hello her here hers herself hey hi high him himself his honestly how however huge
+    i idea if im important in indeed instead interesting into is isn it its itself ive just
+    kind kinda large last lately later least less like likely literally little long lot lots
+    low many may maybe me might mine month months more morning most much must my myself neither
+    never new next nice night no nobody none nor not nothing now of off often oh ok okay old on
+    once one ones only onto or other others otherwise our ours ourselves out over own part
+    people perhaps person please possible pretty previous probably question quick quite rather
+    re real really recently right same second several she short should shouldn similar simple
+    since small so some somebody someone something sometimes somewhat soon sorry sort specific
+    still stuff such super sure than that thats the their theirs them themselves then there
+    these they thing things third this those though through thus time times to today together
+    tomorrow tonight too totally toward under until up upon us usually very via was wasn way
+    ways we week weeks well were weren what whatever when whenever where whether which while
+    who whom whose why will with within without won wonderful would wouldn wow yeah year years
+    yes yesterday yet you your yours yourself yourselves ll ve
+    came felt gave got kept knew made said saw told took thought went mr mrs ms dr prof
+    """
+)
+# Verbs of conversation itself, removed in every inflection (compared by stem: "talked").
+_CHATTER_VERBS = _words(
+    """
+    add appreciate ask be bring call check come consider decide describe discuss do explain
+    feel figure find forget get give go guess happen have hear help hope keep know learn let like
+    look love make mean mention mind need put realize recommend remember say see seem set show
+    sound start suggest suppose take talk tell thank think try understand use want wish
+    wonder worry write
+    """
+)
+_WORD_OR_BREAK = re.compile(r"\w+|[.!?;:,()\[\]{}\"“”]|\n")
+_SENTENCE_END = frozenset(".!?\n")
+_TITLES = ("mr", "mrs", "ms", "dr", "prof", "st", "jr", "sr", "vs", "etc")
+_NAME_BONUS = 1.5
+_BIGRAM_BONUS = 1.25
+_KEEP_FRACTION = 0.35  # a keyphrase must score at least this share of the best one
+_CACHE_LIMIT = 200_000
+
+# Token info: (stem, is_content, may end a pair, weight); ``None`` marks a break.
+_Info = tuple[str, bool, bool, float]
+
+
+class KeywordTagger:
+    """Deterministic tags from keywords, the session vocabulary and the text's own keyphrases.
+
+    Ranking, highest tier first:
+
+    1. **configured tags** — ``vocabulary`` maps a tag to keywords or phrases, matched as whole
+       words, case-insensitively and stem-aware (keyword ``filing`` matches "filings");
+    2. **known tags** — tags in the ``vocabulary`` argument of ``tag()`` whose every part
+       occurs in the text (stem-aware), so "databases" reuses the known tag ``database``;
+    3. **keyphrases** (``keyphrases=True``) — content words and adjacent content-word pairs
+       (``support-group``), scored by count, rarity across the texts seen so far (a running
+       document frequency, updated by ``observe`` and by every ``tag`` call when ``learn``),
+       and a bonus for capitalised names and acronyms; numbers are skipped.
+
+    ``related_tags`` holds the parts of chosen pairs and the next keyphrases down. A text with
+    no content word and fewer than ``lookback_words`` words ("ok, do that") takes the topics of
+    its ``context`` turns. A capitalised word ending in "s" met mid-sentence is a name
+    (``Jones``): it is registered with the canonicalizer as never plural-folded. Results
+    depend only on the constructor arguments and the texts seen before, in order.
+
+    >>> tagger = KeywordTagger({"legal": ["court", "filing"]})
+    >>> tagger.tag("The court filings are due Friday.").tags
+    ('legal', 'friday')
+    >>> KeywordTagger().tag("When did Caroline go to the support group?").tags
+    ('caroline', 'support-group')
+    """
+
+    def __init__(
+        self,
+        vocabulary: Mapping[str, Sequence[str]] | None = None,
+        *,
+        keyphrases: bool = True,
+        max_tags: int = 5,
+        canonicalizer: TagCanonicalizer | None = None,
+        learn: bool = True,
+        lookback_words: int = 8,
+        language: str = "english",
+    ) -> None:
+        if max_tags < 1:
+            raise ConfigError(f"max_tags must be >= 1, got {max_tags}")
+        self.keyphrases = keyphrases
+        self.max_tags = max_tags
+        self.canonicalizer = canonicalizer or TagCanonicalizer()
+        self.learn = learn
+        self.lookback_words = lookback_words
+        self._stem_word = _stemmer(language).stemWord
+        self._stop = _CHATTER | _stopwords("en")
+        self._stop_stems = frozenset(self._stem(w) for w in _CHATTER_VERBS)
+        self._info: dict[str, _Info | None] = {}
+        self._names: set[str] = set()
+        self._titles = frozenset(self._stem(w) for w in _TITLES)
+        self._surface: dict[str, str] = {}
+        self._known: tuple[tuple[str, ...], dict[str, list[tuple[str, tuple[str, ...]]]]] | None
+        self._known = None
+        self._df: dict[str, int] = {}
+        self._docs = 0
+        self._lock = threading.Lock()
+        self._keywords: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+        self._configured: list[str] = []
+        for tag, words in (vocabulary or {}).items():
+            name = self.canonicalizer.canonical(tag)
+            if not name:
+                raise ConfigError(f"configured tag {tag!r} is empty after normalization")
+            self._configured.append(name)
+            for phrase in words:
+                stems = tuple(self._stem(w) for w in re.findall(r"\w+", phrase.lower()))
+                if stems:
+                    self._keywords.setdefault(stems[0], []).append((name, stems))
+
+    def __repr__(self) -> str:
+        return (
+            f"KeywordTagger({len(self._configured)} configured tags, keyphrases={self.keyphrases},"
+            f" {self._docs} texts seen)"
+        )
+
+    @property
+    def documents_seen(self) -> int:
+        return self._docs
+
+    def _stem(self, word: str) -> str:
+        return str(self._stem_word(word))
+
+    def _token(self, token: str) -> _Info | None:
+        """Cached facts about one raw token; ``None`` for punctuation. The first spelling
+        seen of a stem becomes its tag's surface form, so a tag stays stable."""
+        try:
+            return self._info[token]
+        except KeyError:
+            pass
+        if len(self._info) >= _CACHE_LIMIT:
+            self._info.clear()
+        if token in _SENTENCE_END or not (token[0].isalnum() or token[0] == "_"):
+            self._info[token] = None
+            return None
+        low = token.lower()
+        stem = self._stem(low)
+        content = (
+            len(low) > 1
+            and low not in self._stop
+            and stem not in self._stop_stems
+            and not any(c.isdigit() for c in low)
+        )
+        if content and stem not in self._surface:
+            if len(self._surface) >= _CACHE_LIMIT:
+                self._surface.clear()
+            self._surface[stem] = low
+        # "Melanie painted": a past-tense verb is rarely a topic, and after a word it starts a
+        # clause, not a phrase.
+        past = len(low) > 4 and low.endswith("ed") and stem != low
+        found = (stem, content, not past, 0.5 if past else 1.0)
+        self._info[token] = found
+        return found
+
+    def _terms(self, text: str) -> tuple[list[str], list[tuple[str, float]]]:
+        """Every word's stem (for keyword matching) and the weighted keyphrase candidates as
+        ``(key, weight)``: a single word's key is its stem, a pair's ``"stem1 stem2"``."""
+        stems: list[str] = []
+        candidates: list[tuple[str, float]] = []
+        previous: tuple[str, float] | None = None
+        sentence_start = True
+        for token in _WORD_OR_BREAK.findall(text):
+            info = self._token(token)
+            if info is None:
+                previous = None
+                if token in _SENTENCE_END and not (stems and stems[-1] in self._titles):
+                    sentence_start = True  # but not after "Dr." or "Mrs."
+                continue
+            stem, content, ends_pair, weight = info
+            stems.append(stem)
+            if not content:
+                previous = None
+                sentence_start = False
+                continue
+            if (token[0].isupper() and not sentence_start) or (len(token) > 1 and token.isupper()):
+                weight *= _NAME_BONUS
+                if token[-1] == "s" and token[1:].islower() and token not in self._names:
+                    self._names.add(token)
+                    self.canonicalizer.protect(token)  # Jones, Jenkins: never "jone"
+            sentence_start = False
+            candidates.append((stem, weight))
+            if previous is not None and ends_pair:
+                candidates.append((f"{previous[0]} {stem}", min(previous[1], weight)))
+            previous = (stem, weight)
+        return stems, candidates
+
+    def observe(self, text: str) -> None:
+        """Count ``text`` in the running document frequencies (words common across the
+        conversation then weigh less)."""
+        _, candidates = self._terms(text)
+        self._observe({key for key, _ in candidates if " " not in key})
+
+    def _observe(self, keys: set[str]) -> None:
+        with self._lock:
+            self._docs += 1
+            df = self._df
+            for key in keys:
+                df[key] = df.get(key, 0) + 1
+            if len(df) > _CACHE_LIMIT:  # forget the words seen only once
+                self._df = {k: v for k, v in df.items() if v > 1}
+
+    def _rank(self, candidates: list[tuple[str, float]]) -> list[tuple[str, float]]:
+        """Candidates merged by key and scored, best first: a word weighs its count times its
+        rarity, a pair 1.25 times its weaker word (times its count, at most 2)."""
+        weights: dict[str, float] = {}
+        for key, weight in candidates:
+            weights[key] = weights.get(key, 0.0) + weight
+        docs, df, log = self._docs + 2, self._df, math.log
+        scores: dict[str, float] = {}
+        for key, weight in weights.items():
+            if " " not in key:
+                scores[key] = weight * log(docs / (df.get(key, 0) + 1))
+        for key, weight in weights.items():
+            if " " in key:
+                first, second = key.split(" ")
+                scores[key] = _BIGRAM_BONUS * min(scores[first], scores[second]) * min(weight, 2.0)
+        # sorted() is stable: equal scores keep the text's order
+        return sorted(scores.items(), key=lambda item: -item[1])
+
+    def _name(self, key: str) -> str:
+        """The canonical tag for a candidate key (stems shown in their first-seen spelling)."""
+        surface = self._surface
+        if " " in key:
+            first, second = key.split(" ")
+            return self.canonicalizer.canonical(
+                f"{surface.get(first, first)}-{surface.get(second, second)}"
+            )
+        return self.canonicalizer.canonical(surface.get(key, key))
+
+    def keyphrases_of(self, text: str) -> list[tuple[str, float]]:
+        """The text's keyphrases as ``(tag, score)``, best first, without learning from it."""
+        _, candidates = self._terms(text)
+        named = ((self._name(key), score) for key, score in self._rank(candidates))
+        return list({tag: score for tag, score in reversed(list(named)) if tag}.items())[::-1]
+
+    def _known_index(
+        self, vocabulary: Sequence[str]
+    ) -> dict[str, list[tuple[str, tuple[str, ...]]]]:
+        """Known tags by the stem of their first part; rebuilt when the vocabulary changes."""
+        key = tuple(vocabulary)
+        cached = self._known
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        index: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+        for tag in key:
+            name = self.canonicalizer.canonical(tag)
+            parts = tuple(self._stem(p) for p in name.split("-") if p)
+            if parts:
+                index.setdefault(parts[0], []).append((name, parts))
+        self._known = (key, index)
+        return index
+
+    def tag(
+        self, text: str, *, vocabulary: Sequence[str] = (), context: Sequence[str] = ()
+    ) -> TagResult:
+        stems, candidates = self._terms(text)
+        if self.learn and candidates:
+            self._observe({key for key, _ in candidates if " " not in key})
+        if context and not candidates and len(stems) < self.lookback_words:
+            # "ok, do that": nothing to tag here, so the turn takes its context's topics.
+            for previous in context[-3:]:
+                more_stems, more = self._terms(previous)
+                stems += more_stems
+                candidates += more
+        chosen: list[str] = []
+        related: list[str] = []
+        consumed: set[str] = set()  # stems explained by a chosen keyword, known tag or pair
+        taken: set[str] = set()  # stems of chosen single-word keyphrases
+        if self._keywords:
+            hits: dict[str, int] = {}
+            for i, stem in enumerate(stems):
+                for name, sequence in self._keywords.get(stem, ()):
+                    if tuple(stems[i : i + len(sequence)]) == sequence:
+                        hits[name] = hits.get(name, 0) + 1
+                        consumed.update(sequence)
+            chosen += sorted(hits, key=lambda name: -hits[name])
+        if vocabulary:
+            index = self._known_index(vocabulary)
+            present = set(stems)
+            known = [
+                (name, parts)
+                for stem in present
+                for name, parts in index.get(stem, ())
+                if all(p in present for p in parts)
+            ]
+            known.sort(key=lambda k: (-len(k[1]), k[0]))  # longest match first, then by name
+            for name, parts in known:
+                if name not in chosen:
+                    chosen.append(name)
+                    consumed.update(parts)
+        if self.keyphrases and candidates:
+            ranked = self._rank(candidates)
+            floor = ranked[0][1] * _KEEP_FRACTION
+            limit = self.max_tags
+            for key, score in ranked:
+                if len(chosen) >= limit and len(related) >= limit:
+                    break
+                tag = self._name(key)
+                if not tag or tag in chosen:
+                    continue
+                words = key.split(" ")
+                blocked = (consumed | taken) if len(words) > 1 else consumed
+                if len(chosen) < limit and score >= floor and blocked.isdisjoint(words):
+                    chosen.append(tag)
+                    if len(words) > 1:
+                        consumed.update(words)
+                        related += [self._name(w) for w in words]
+                    else:
+                        taken.update(words)
+                else:
+                    related.append(tag)
+        tags = tuple(chosen[: self.max_tags])
+        extra = [t for t in dict.fromkeys(related + chosen[self.max_tags :]) if t and t not in tags]
+        return TagResult(
+            tags=tags,
+            related_tags=tuple(extra[: self.max_tags]),
+            broad=detect_broad(text),
+            temporal=detect_temporal(text),
+            source="keyword",
+        )
+
+
+# -- embedding tagger ----------------------------------------------------------------------
+
+
+class EmbeddingTagger:
+    """Closed-set tags: the session's known tags ranked by cosine similarity to the text.
+
+    Only tags in the ``vocabulary`` argument are ever returned, spelled as given there; no
+    vocabulary, no tags. A tag goes in ``tags`` when its cosine is at least ``threshold`` and
+    within ``margin`` of the best tag's (at most ``max_tags``); the next ones at or above
+    ``related_threshold`` (default: ``threshold``) go in ``related_tags``. The margin keeps a
+    clear winner from dragging a weak runner-up along ("arduino circuits": ``electronics``
+    0.53, ``database`` 0.26). A tag is embedded as its words (``support-group`` →
+    "support group"), once. A text of fewer than ``lookback_words`` words is embedded together
+    with its last ``context`` turns.
+
+    The defaults are tuned for all-MiniLM-L6-v2, where a message's right tag scores about
+    0.2–0.55 and a greeting scores about 0.2 against everything.
+
+    >>> from contextfold.testing import HashEmbedder
+    >>> tagger = EmbeddingTagger(HashEmbedder())
+    >>> tagger.tag("my database is slow", vocabulary=["database", "cooking"]).tags
+    ('database',)
+    """
+
+    def __init__(
+        self,
+        embedder: Embedder,
+        *,
+        threshold: float = 0.25,
+        margin: float = 0.1,
+        max_tags: int = 3,
+        related_threshold: float | None = None,
+        lookback_words: int = 8,
+    ) -> None:
+        if max_tags < 1:
+            raise ConfigError(f"max_tags must be >= 1, got {max_tags}")
+        if margin < 0:
+            raise ConfigError(f"margin must be >= 0, got {margin}")
+        self.embedder = embedder
+        self.threshold = threshold
+        self.margin = margin
+        self.max_tags = max_tags
+        self.related_threshold = threshold if related_threshold is None else related_threshold
+        self.lookback_words = lookback_words
+        self._vectors: dict[str, npt.NDArray[np.float32]] = {}
+
+    def __repr__(self) -> str:
+        return f"EmbeddingTagger({self.embedder.name!r}, threshold={self.threshold})"
+
+    def _tag_vectors(self, tags: list[str]) -> npt.NDArray[np.float32]:
+        missing = [t for t in tags if t not in self._vectors]
+        if missing:
+            vectors = self.embedder.embed([t.replace("-", " ").replace("_", " ") for t in missing])
+            self._vectors.update(zip(missing, vectors, strict=True))
+        return np.stack([self._vectors[t] for t in tags])
+
+    def tag(
+        self, text: str, *, vocabulary: Sequence[str] = (), context: Sequence[str] = ()
+    ) -> TagResult:
+        broad, temporal = detect_broad(text), detect_temporal(text)
+        known = [t for t in dict.fromkeys(vocabulary) if t and t.strip()]
+        if not known or not text.strip():
+            return TagResult(broad=broad, temporal=temporal, source="embedding")
+        query = text
+        if context and len(text.split()) < self.lookback_words:
+            query = "\n".join([*context[-3:], text])
+        try:
+            vector = self.embedder.embed([query])[0]
+            scores = self._tag_vectors(known) @ vector
+        except ContextfoldError as exc:  # a broken embedder must not break the request
+            logger.warning("embedding tagger %s failed, no tags: %s", self.embedder.name, exc)
+            return TagResult(
+                broad=broad, temporal=temporal, source="embedding", fallback_reason=str(exc)
+            )
+        order = sorted(range(len(known)), key=lambda i: (-float(scores[i]), i))
+        floor = max(self.threshold, float(scores[order[0]]) - self.margin)
+        tags = [known[i] for i in order if scores[i] >= floor][: self.max_tags]
+        related = [
+            known[i] for i in order if known[i] not in tags and scores[i] >= self.related_threshold
+        ][: self.max_tags]
+        return TagResult(
+            tags=tuple(tags),
+            related_tags=tuple(related),
+            broad=broad,
+            temporal=temporal,
+            source="embedding",
+        )
+
+
+# -- LLM tagger ----------------------------------------------------------------------------
+
+
+class _ChatReply(Protocol):
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def usage(self) -> Usage: ...
+
+
+class SupportsChat(Protocol):
+    """What ``LLMTagger`` needs from a client: ``chat(messages, model, **params)`` returning
+    something with ``.text`` and ``.usage`` (``OpenAICompatibleClient`` qualifies)."""
+
+    def chat(self, messages: list[dict[str, Any]], model: str, **params: Any) -> _ChatReply: ...
+
+
+_GENERIC = _words(
+    "general misc miscellaneous other others none unknown na n-a null untagged no-topic "
+    "default topic tag"
+)
+_FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
+_MAX_TAG_CHARS = 48
+_MAX_TAG_PARTS = 5
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    tags: list[str]
+    primary: str | None = None
+    related_tags: list[str] = Field(default_factory=list)
+    broad: bool = False
+    temporal: bool = False
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    """The first JSON object in ``text``: inside a ``` fence if there is one, else anywhere."""
+    decoder = json.JSONDecoder()
+    for source in [*_FENCE.findall(text), text]:
+        start = source.find("{")
+        while start != -1:
+            try:
+                value, _ = decoder.raw_decode(source, start)
+            except ValueError:
+                value = None
+            if isinstance(value, dict):
+                return value
+            start = source.find("{", start + 1)
+    return None
+
+
+_SYSTEM_PROMPT = """\
+You tag the turns of a conversation by topic, for a memory system that later finds earlier \
+turns by their tags. Reply with one JSON object and nothing else:
+{{"tags": [...], "primary": "...", "related_tags": [...], "broad": false, "temporal": false}}
+
+- "tags": {min_tags} to {max_tags} short topic tags, lower-case, words joined by hyphens \
+(like "database", "support-group", "marathon-training"), most important first. Name the \
+subject matter (people, places, projects, technologies, activities), not the form of the \
+message: never "question", "request", "general" or "misc".
+- Reuse a known tag whenever the message is about that topic; create a new tag only for a \
+topic no known tag covers.
+- "primary": the single most important of your tags.
+- "related_tags": up to {max_tags} other words someone might use for the same topics \
+(synonyms, broader or narrower terms), none of them repeated from "tags".
+- "broad": true when the message asks about the whole conversation ("what did we discuss?", \
+"summarize everything").
+- "temporal": true when the message points at a time in the conversation ("at the \
+beginning", "the first thing I asked", "last time")."""
+
+
+class LLMTagger:
+    """Tags from one chat-model call per text, with the session vocabulary in the prompt.
+
+    The model answers JSON (a ```json fence or prose around it is fine); tags are
+    canonicalized, generic ones ("general", "misc") and overlong ones dropped, and the regex
+    detectors are OR-ed into ``broad``/``temporal``. On any failure — the call raises (HTTP
+    error after retries, timeout), no JSON, a reply of the wrong shape, no usable tag — the
+    ``fallback`` tagger (a ``KeywordTagger`` by default) answers instead, with
+    ``source="keyword-fallback"`` and ``fallback_reason``; the failure is logged, never
+    raised. ``on_usage(model, usage)`` is called after every completed call.
+
+    ``min_tags``/``max_tags`` are asked for in the prompt; more than ``max_tags`` are cut.
+    Texts of fewer than ``lookback_words`` words get up to three ``context`` turns in the
+    prompt. ``params`` go into every chat request (default ``temperature=0``).
+    """
+
+    def __init__(
+        self,
+        client: SupportsChat,
+        model: str,
+        *,
+        fallback: Tagger | None = None,
+        min_tags: int = 1,
+        max_tags: int = 6,
+        lookback_words: int = 8,
+        on_usage: Callable[[str, Usage], None] | None = None,
+        canonicalizer: TagCanonicalizer | None = None,
+        max_vocabulary: int = 200,
+        max_chars: int = 6000,
+        params: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not 1 <= min_tags <= max_tags:
+            raise ConfigError(f"need 1 <= min_tags <= max_tags, got {min_tags} and {max_tags}")
+        self.client = client
+        self.model = model
+        self.canonicalizer = canonicalizer or TagCanonicalizer()
+        self.fallback: Tagger = fallback or KeywordTagger(canonicalizer=self.canonicalizer)
+        self.min_tags, self.max_tags = min_tags, max_tags
+        self.lookback_words = lookback_words
+        self.on_usage = on_usage
+        self.max_vocabulary = max_vocabulary
+        self.max_chars = max_chars
+        self.params: dict[str, Any] = {"temperature": 0.0, **(params or {})}
+
+    def __repr__(self) -> str:
+        return f"LLMTagger(model={self.model!r}, fallback={type(self.fallback).__name__})"
+
+    def messages(
+        self, text: str, *, vocabulary: Sequence[str] = (), context: Sequence[str] = ()
+    ) -> list[dict[str, Any]]:
+        """The chat messages sent for ``text`` (exposed for inspection and tests)."""
+        system = _SYSTEM_PROMPT.format(min_tags=self.min_tags, max_tags=self.max_tags)
+        known = list(dict.fromkeys(t for t in vocabulary if t))[: self.max_vocabulary]
+        parts = [f"Known tags: {', '.join(known)}" if known else "Known tags: (none yet)"]
+        if context and len(text.split()) < self.lookback_words:
+            earlier = "\n".join(f"- {turn[:500]}" for turn in context[-3:])
+            parts.append(f"Earlier turns, for context only (tag the message below):\n{earlier}")
+        parts.append(f"Message to tag:\n{text[: self.max_chars]}")
+        return [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "\n\n".join(parts)},
+        ]
+
+    def tag(
+        self, text: str, *, vocabulary: Sequence[str] = (), context: Sequence[str] = ()
+    ) -> TagResult:
+        if not text.strip():
+            return TagResult(broad=False, temporal=False, source="llm")
+        messages = self.messages(text, vocabulary=vocabulary, context=context)
+        try:
+            reply = self.client.chat(messages, self.model, **self.params)
+        except Exception as exc:  # any client, any failure: fall back, never raise
+            return self._fall_back(text, vocabulary, context, f"LLM call failed: {exc}")
+        if self.on_usage is not None:
+            self.on_usage(self.model, reply.usage)
+        raw = _json_object(reply.text)
+        if raw is None:
+            return self._fall_back(
+                text, vocabulary, context, f"no JSON object in the reply: {reply.text[:200]!r}"
+            )
+        try:
+            parsed = _Reply.model_validate(raw)
+        except ValidationError as exc:
+            reason = f"reply has the wrong shape: {exc.errors()[0]['msg']} in {raw!r}"[:300]
+            return self._fall_back(text, vocabulary, context, reason)
+        tags = self._clean(parsed.tags)
+        if not tags:
+            return self._fall_back(
+                text, vocabulary, context, f"no usable tags in the reply: {parsed.tags!r}"
+            )
+        primary = self.canonicalizer.canonical(parsed.primary or "")
+        if primary in tags:
+            tags.remove(primary)
+            tags.insert(0, primary)
+        tags = tags[: self.max_tags]
+        related = [t for t in self._clean(parsed.related_tags) if t not in tags]
+        return TagResult(
+            tags=tuple(tags),
+            related_tags=tuple(related[: self.max_tags]),
+            broad=parsed.broad or detect_broad(text),
+            temporal=parsed.temporal or detect_temporal(text),
+            source="llm",
+        )
+
+    def _clean(self, tags: Sequence[str]) -> list[str]:
+        kept = []
+        for tag in tags:
+            name = self.canonicalizer.canonical(str(tag))
+            if (
+                name
+                and name not in _GENERIC
+                and len(name) <= _MAX_TAG_CHARS
+                and name.count("-") < _MAX_TAG_PARTS
+            ):
+                kept.append(name)
+        return list(dict.fromkeys(kept))
+
+    def _fall_back(
+        self, text: str, vocabulary: Sequence[str], context: Sequence[str], reason: str
+    ) -> TagResult:
+        logger.warning("LLM tagging with %s fell back to keywords: %s", self.model, reason)
+        result = self.fallback.tag(text, vocabulary=vocabulary, context=context)
+        return result.model_copy(update={"source": "keyword-fallback", "fallback_reason": reason})

@@ -1,0 +1,261 @@
+"""MemoryEngine end to end: storing, tagging, compaction, recall, paging, tools, history."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contextfold import ContextPipeline
+from contextfold.errors import ConfigError
+from contextfold.items import Message, ToolResultBlock, ToolUseBlock
+from contextfold.memory.config import MemoryConfig
+from contextfold.memory.engine import MemoryEngine
+from contextfold.store.memory import MemoryStore
+from contextfold.testing import HashEmbedder
+from contextfold.tokens import TiktokenCounter
+
+COUNTER = TiktokenCounter("cl100k_base")
+
+TOPICS = {
+    "legal": "The Henninger filing deadline is March {n}; the court clerk wants motion copy {n}.",
+    "fitness": "My deadlift plan for week {n}: five sets at {n}0 kilograms, then rowing.",
+    "garden": "Planted {n} tomato seedlings and basil along the greenhouse wall today.",
+}
+
+
+def conversation(rounds: int) -> list[dict[str, str]]:
+    messages = []
+    for n in range(1, rounds + 1):
+        for topic, text in TOPICS.items():
+            messages.append({"role": "user", "content": text.format(n=n)})
+            messages.append({"role": "assistant", "content": f"Noted about {topic}, item {n}."})
+    return messages
+
+
+def engine(window: int = 100_000, **overrides: object) -> MemoryEngine:
+    cfg = MemoryConfig.model_validate({"context_window": window, **overrides})
+    return MemoryEngine(cfg, store=MemoryStore(counter=COUNTER), embedder=None, counter=COUNTER)
+
+
+def test_only_new_turns_are_stored_and_system_messages_are_not_turns() -> None:
+    eng = engine()
+    history = [{"role": "system", "content": "Be brief."}, *conversation(1)]
+    eng.on_turn_complete(history)
+    eng.on_turn_complete([*history, {"role": "user", "content": "And the greenhouse roof?"}])
+    texts = [t.message.text() for t in eng.store.turns("default")]
+    assert len(texts) == 7
+    assert texts[-1] == "And the greenhouse roof?"
+    assert "Be brief." not in texts
+
+
+def test_tags_emerge_without_a_vocabulary() -> None:
+    eng = engine()
+    eng.on_turn_complete(conversation(2))
+    vocab = eng.vocabulary()
+    assert any("henninger" in tag for tag in vocab)
+    assert any("deadlift" in tag for tag in vocab)
+
+
+def test_compaction_fires_at_the_soft_threshold_and_keeps_recent_turns() -> None:
+    eng = engine(window=600)
+    report = None
+    for message in conversation(6):
+        report = eng.on_turn_complete([message]) or report
+    assert report is not None and report.segments_compacted > 0
+    assert report.tokens_freed > 0
+    session = eng.store.session("default")
+    assert eng.store.last_seq("default") - session.compaction_watermark + 1 >= 6
+    assert len(eng.store.turns("default")) == 36  # raw turns are never removed
+
+
+def test_a_segment_keeps_every_tag_of_its_turns() -> None:
+    eng = engine(window=600)
+    eng.on_turn_complete(conversation(6))
+    eng.compact()
+    turns = {t.seq: t for t in eng.store.turns("default")}
+    segments = eng.store.segments("default")
+    assert segments
+    for seg in segments:
+        source_tags = {tag for seq in seg.seqs for tag in turns[seq].tags}
+        assert source_tags <= set(seg.tags)
+
+
+def test_one_tag_summary_per_tag_of_the_compacted_segments() -> None:
+    eng = engine(window=600)
+    eng.on_turn_complete(conversation(6))
+    eng.compact()
+    summaries = eng.store.tag_summaries("default")
+    segment_tags = {t for s in eng.store.segments("default") for t in s.tags}
+    assert set(summaries) == segment_tags
+    assert all(s.summary for s in summaries.values())
+
+
+def test_an_early_detail_is_recalled_verbatim_after_compaction() -> None:
+    eng = engine(window=600)
+    eng.on_turn_complete(conversation(6))
+    eng.compact()
+    assembled = eng.on_message_inbound("When is the Henninger filing deadline for motion copy 1?")
+    assert TOPICS["legal"].format(n=1) in assembled.prepend_text
+    assert assembled.budget.used <= 2048
+    assert not assembled.broad and not assembled.temporal
+
+
+def test_broad_question_loads_tag_summaries_and_temporal_loads_segments_earliest_first() -> None:
+    eng = engine(window=600)
+    eng.on_turn_complete(conversation(6))
+    eng.compact()
+    broad = eng.on_message_inbound("Can you summarize everything we discussed?")
+    assert broad.broad
+    assert any(i.metadata["kind"] == "tag_summary" for i in broad.items)
+    temporal = eng.on_message_inbound("What did we talk about at the very beginning?")
+    assert temporal.temporal
+    firsts = [i.metadata["first_seq"] for i in temporal.items if i.metadata["kind"] == "segment"]
+    assert firsts and firsts == sorted(firsts) and firsts[0] == 1
+
+
+@settings(max_examples=30, deadline=None)
+@given(budget=st.integers(min_value=64, max_value=1500))
+def test_the_memory_block_never_exceeds_its_budget(budget: int) -> None:
+    eng = _COMPACTED
+    for question in ("Henninger motion deadline?", "summarize everything", "early on?"):
+        assembled = eng.on_message_inbound(question, budget=budget)
+        assert COUNTER.count(assembled.prepend_text) <= budget
+        assert assembled.budget.used == COUNTER.count(assembled.prepend_text)
+
+
+_COMPACTED = engine(window=600)
+_COMPACTED.on_turn_complete(conversation(6))
+_COMPACTED.compact()
+
+
+def test_context_hint_lists_stored_topics_and_stays_identical_between_compactions() -> None:
+    eng = engine(window=600)
+    eng.on_turn_complete(conversation(6))
+    eng.compact()
+    first = eng.on_message_inbound("deadlift plan?").prepend_text
+    eng.on_turn_complete([{"role": "user", "content": "Another basil question."}])
+    second = eng.on_message_inbound("tomato seedlings?").prepend_text
+    hint = first.split("</context-topics>")[0]
+    assert hint.startswith("<context-topics>")
+    assert second.startswith(hint)  # cache-stable prefix
+
+
+def test_find_quote_returns_excerpts_with_tags() -> None:
+    eng = engine(window=600)
+    eng.on_turn_complete(conversation(6))
+    eng.compact()
+    quotes = eng.find_quote("greenhouse seedlings")
+    assert quotes and "greenhouse" in quotes[0].excerpt
+    assert quotes[0].tags
+    assert quotes[0].compacted
+
+
+def test_expand_evicts_least_recently_used_topics_to_fit_the_budget() -> None:
+    eng = engine(window=600, paging={"budget": 120})
+    eng.on_turn_complete(conversation(6))
+    eng.compact()
+    tags = [t for t in eng.status().tags if eng.pager.topic_tokens("default", t, "full") > 40]
+    first, second = tags[0], tags[1]
+    eng.expand_topic(first, "full")
+    result = eng.expand_topic(second, "full")
+    assert result.total_tokens <= 120 or result.depth != "full"
+    ws = eng.store.working_set("default")
+    assert ws[first].depth != "full"  # the older topic was collapsed
+    assert any(c.reason.startswith("evicted") for c in result.changes)
+
+
+def test_collapse_cannot_go_deeper_and_unknown_topics_are_errors() -> None:
+    eng = engine(window=600)
+    eng.on_turn_complete(conversation(6))
+    eng.compact()
+    tag = next(iter(eng.store.tag_summaries("default")))
+    eng.expand_topic(tag, "segments")
+    assert eng.collapse_topic(tag, "summary").depth == "summary"
+    with pytest.raises(ConfigError, match="shallower"):
+        eng.collapse_topic(tag, "full")
+    with pytest.raises(ConfigError, match="no stored topic"):
+        eng.expand_topic("no-such-topic")
+
+
+def test_tool_calls_run_and_bad_calls_return_errors_for_the_model() -> None:
+    eng = engine(window=600)
+    eng.on_turn_complete(conversation(6))
+    eng.compact()
+    found = json.loads(eng.handle_tool_call("find_quote", {"query": "deadlift"}))
+    assert found and "deadlift" in found[0]["excerpt"].lower()
+    assert "error" in json.loads(eng.handle_tool_call("expand_topic", {}))
+    assert "error" in json.loads(eng.handle_tool_call("rm_rf", {}))
+    names = [t["name"] for t in eng.tool_definitions("anthropic")]
+    assert names == ["expand_topic", "collapse_topic", "find_quote"]
+
+
+def test_live_history_turns_are_not_recalled_and_compacted_ones_are_filtered() -> None:
+    eng = engine(window=600)
+    history = conversation(6)
+    eng.on_turn_complete(history)
+    eng.compact()
+    assembled = eng.on_message_inbound("tomato seedlings?", history)
+    assert assembled.history is not None
+    reasons = {r.reason for r in assembled.history.removed}
+    assert reasons == {"compacted"}
+    kept = [m.text() for m in assembled.history.messages]
+    assert kept[-1] == history[-1]["content"]
+    assert not any(text in assembled.prepend_text for text in kept)
+
+
+def test_tool_chains_are_stored_and_never_split_by_compaction() -> None:
+    eng = engine(window=600, compaction={"protected_recent_turns": 2})
+    call = Message(
+        role="assistant", content=(ToolUseBlock(id="c1", name="weather", input={"q": "Oslo"}),)
+    )
+    result = Message(role="tool", content=(ToolResultBlock(tool_use_id="c1", content="rain"),))
+    messages = [*conversation(3), call, result, {"role": "assistant", "content": "It rains."}]
+    eng.on_turn_complete(messages)
+    eng.compact()
+    assert eng.store.session("default").compaction_watermark == 19  # stops before the call
+    for seg in eng.store.segments("default"):
+        stored = eng.store.turns("default", seg.first_seq, seg.last_seq)
+        calls = {i for t in stored for i in t.message.tool_use_ids}
+        results = {i for t in stored for i in t.message.tool_result_ids}
+        assert calls == results
+
+
+def test_pipeline_packs_memory_items() -> None:
+    eng = engine()
+    eng.on_turn_complete(conversation(2))
+    result = ContextPipeline(max_tokens=2000).with_memory(eng).build("Henninger filing deadline?")
+    assert "Henninger filing deadline is March 1" in result.text
+
+
+def test_sessions_are_separate() -> None:
+    eng = engine()
+    eng.on_turn_complete(conversation(1), session_id="a")
+    eng.on_turn_complete([{"role": "user", "content": "Zebra stripes"}], session_id="b")
+    assert "Henninger" not in eng.on_message_inbound("Henninger?", session_id="b").prepend_text
+    assert eng.status(session_id="a").turns == 6 and eng.status(session_id="b").turns == 1
+
+
+def test_dense_signal_ranks_turns_when_an_embedder_is_given() -> None:
+    cfg = MemoryConfig.model_validate({})
+    eng = MemoryEngine(
+        cfg, store=MemoryStore(counter=COUNTER), embedder=HashEmbedder(), counter=COUNTER
+    )
+    eng.on_turn_complete(conversation(2))
+    assembled = eng.on_message_inbound("greenhouse basil")
+    assert any("dense" in r.ranks for r in assembled.recalled)
+
+
+def test_engine_from_config_file_and_bad_messages(tmp_path: Path) -> None:
+    path = tmp_path / "contextfold.yaml"
+    path.write_text(f"storage_path: {tmp_path / 'm.db'}\nrecall:\n  embedder: none\n")
+    eng = MemoryEngine(config_path=path)
+    eng.on_turn_complete(conversation(1))
+    eng.close()
+    again = MemoryEngine(config_path=path)
+    assert again.status().turns == 6  # persisted
+    with pytest.raises(ConfigError, match="not a chat message"):
+        again.on_turn_complete([{"role": "wizard", "content": "hi"}])
