@@ -4,7 +4,10 @@
 (:mod:`contextfold.cli.build`) packs a request under a budget and explains the result;
 ``ingest`` / ``search`` (:mod:`contextfold.cli.corpus`) index and query documents; ``ask``
 (:mod:`contextfold.cli.ask`) answers from them under a budget; ``eval``
-(:mod:`contextfold.cli.eval`) measures retrieval quality on public datasets. Errors
+(:mod:`contextfold.cli.eval`) measures retrieval quality on public datasets. ``memory``
+(:mod:`contextfold.cli.memory`) inspects and drives a conversation's memory; ``chat``
+(:mod:`contextfold.cli.chat`) replays a conversation through it; ``config`` / ``init`` /
+``cost-report`` (:mod:`contextfold.cli.config_cmd`) manage ``contextfold.yaml``. Errors
 become one stderr line and an exit code in :mod:`contextfold.cli.common`, never a traceback.
 """
 
@@ -16,8 +19,11 @@ import typer
 
 from contextfold.cli.ask import ask_command
 from contextfold.cli.build import build_command
+from contextfold.cli.chat import chat_command
+from contextfold.cli.config_cmd import config_app, cost_report_command, init_command
 from contextfold.cli.corpus import ingest_command, search_command
 from contextfold.cli.eval import eval_app
+from contextfold.cli.memory import memory_app
 from contextfold.cli.tokens import tokens_command
 
 __all__ = ["app", "main"]
@@ -36,7 +42,12 @@ app.command("build")(build_command)
 app.command("ingest")(ingest_command)
 app.command("search")(search_command)
 app.command("ask")(ask_command)
+app.command("chat")(chat_command)
+app.command("init")(init_command)
+app.command("cost-report")(cost_report_command)
 app.add_typer(eval_app, name="eval")
+app.add_typer(memory_app, name="memory")
+app.add_typer(config_app, name="config")
 
 
 def _version(value: bool) -> None:

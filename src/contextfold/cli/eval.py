@@ -2,7 +2,9 @@
 
 ``eval retrieval`` indexes a BEIR-style collection (SciFact, Cranfield) with the same
 ``DocumentIndex`` the library uses and reports nDCG@10 and recall@100 for BM25, dense and
-hybrid over every query.
+hybrid over every query. ``eval locomo`` feeds each LoCoMo conversation to memory systems
+(the baselines, and any registered with ``contextfold.eval.locomo_systems.register_system``)
+and reports evidence recall and answer containment per token budget.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
     from contextfold.retrieval.base import Embedder
     from contextfold.retrieval.index import DocumentIndex, SearchMode
 
-__all__ = ["eval_app", "retrieval_index"]
+__all__ = ["eval_app", "locomo_command", "retrieval_index"]
 
 eval_app = typer.Typer(
     help="Measure retrieval and memory quality on public datasets.", no_args_is_help=True
@@ -116,3 +118,106 @@ def retrieval_command(
         payload["settings"] = {"chunk_size": chunk_size, "data": str(data), "split": split}
         payload["created"] = datetime.now(UTC).isoformat(timespec="seconds")
         out.write_text(json.dumps(payload, indent=2))
+
+
+def _budgets(text: str) -> list[int]:
+    parts = [p.strip().replace("_", "") for p in text.split(",") if p.strip()]
+    try:
+        budgets = [int(p) for p in parts]
+    except ValueError:
+        budgets = []
+    if not budgets or any(b < 1 for b in budgets):
+        raise InputError(
+            f"--budget takes comma-separated whole token counts >= 1 (e.g. 512,1024), got {text!r}"
+        )
+    return budgets
+
+
+LOCOMO_SYSTEM_MODULES = ("contextfold.eval.locomo_memory",)
+"""Modules that register more LoCoMo systems when imported (the memory engine's is one);
+imported only when ``--systems`` names a system the baselines module does not register."""
+
+
+def _import_system_modules() -> None:
+    import importlib
+
+    for module in LOCOMO_SYSTEM_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:  # the module exists but one of its imports is missing
+                raise
+
+
+@eval_app.command("locomo")
+def locomo_command(
+    data: Annotated[
+        Path,
+        typer.Option(metavar="PATH", help="locomo10.json, or the folder holding it."),
+    ],
+    budget: Annotated[
+        str, typer.Option(metavar="LIST", help="Comma-separated token budgets (cl100k_base).")
+    ] = "512,1024,2048,4096",
+    systems: Annotated[
+        str,
+        typer.Option(metavar="LIST", help="Comma-separated registered systems."),
+    ] = "truncation,bm25,dense,rrf,oracle",
+    out: Annotated[
+        Path,
+        typer.Option(metavar="DIR", help="Where locomo.json, locomo.md and locomo.png go."),
+    ] = Path("benchmarks/results/locomo"),
+    conversations: Annotated[
+        int | None,
+        typer.Option(
+            metavar="N", min=1, help="Only the first N conversations (a smoke run; partial)."
+        ),
+    ] = None,
+    audit: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE", help="The audit's errors.json (default: <data dir>/audit/errors.json)."
+        ),
+    ] = None,
+    per_question: Annotated[
+        bool, typer.Option("--per-question", help="Keep every question's scores in the JSON.")
+    ] = False,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+) -> None:
+    """Evidence recall and answer containment on LoCoMo, per system and token budget."""
+    from contextfold.eval.locomo import load_locomo
+    from contextfold.eval.locomo_report import write_report
+    from contextfold.eval.locomo_run import run_locomo
+    from contextfold.eval.locomo_systems import SYSTEMS, SystemContext
+    from contextfold.store.sqlite import home_dir
+
+    with cli_errors():
+        budgets = _budgets(budget)
+        names = [s.strip() for s in systems.split(",") if s.strip()]
+        if any(n not in SYSTEMS for n in names):
+            _import_system_modules()
+        unknown = [n for n in names if n not in SYSTEMS]
+        if unknown or not names:
+            raise InputError(
+                f"--systems: unknown {', '.join(map(repr, unknown)) or 'empty list'}; "
+                f"choose from {', '.join(SYSTEMS)}"
+            )
+        if not data.exists():
+            raise InputError(f"{data}: no such file or folder (expected locomo10.json)")
+        loaded = load_locomo(data, audit_path=audit)
+        chosen = loaded[:conversations] if conversations else loaded
+        ctx = SystemContext(embedding_cache=home_dir() / "embedding-cache.db")
+        try:
+            report = run_locomo(
+                chosen,
+                list(dict.fromkeys(names)),
+                budgets,
+                progress=progress,
+                context=ctx,
+                partial_of=len(loaded),
+                per_question=per_question,
+            )
+        finally:
+            ctx.close()
+        paths = write_report(report, out)
+    typer.echo(report.to_markdown())
+    typer.echo("\nwrote " + ", ".join(str(p) for p in paths.values()), err=True)
