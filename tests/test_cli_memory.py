@@ -336,6 +336,7 @@ def test_chat_replay_asks_the_configured_llm_and_logs_its_cost(tmp_path: Path, f
         ([], "contextfold chat is headless: pass --replay FILE"),
         (["--replay", "/no/such/prompts.txt"], "no such file"),
         (["--replay", str(CONVERSATION), "--budget", "8"], "--budget must be at least 64"),
+        (["--replay", str(CONVERSATION), "--out", "/no/such/dir/s.json"], "cannot write"),
     ],
 )
 def test_chat_bad_input(fresh: Path, args: list[str], fragment: str) -> None:

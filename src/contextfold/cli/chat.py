@@ -1,6 +1,7 @@
 """``contextfold chat --replay FILE``: run a conversation through the memory hooks, headless.
 
-Each user turn goes through ``on_message_inbound`` (with the live history so far), gets a reply
+Each user turn goes through ``on_message_inbound`` with the live history so far (the turns not
+compacted yet: what an app keeps sending once memory holds the older ones), gets a reply
 — the file's own, the configured ``llm:``'s, or a placeholder — and is stored with
 ``on_turn_complete``, which compacts when the live turns cross a threshold. One line per turn
 shows what memory did; ``--out`` keeps every turn's data as JSON. An interactive chat TUI is out
@@ -109,7 +110,9 @@ def _llm_reply(
     if ctx.prepend_text:
         system += "\n\n" + ctx.prepend_text
     messages = [{"role": "system", "content": system}]
-    messages += [{"role": m.role, "content": m.text()} for m in live if m.role != "system"]
+    messages += [
+        {"role": m.role, "content": m.text()} for m in live if m.role in ("user", "assistant")
+    ]
     messages.append({"role": "user", "content": user.text()})
     result = engine.llm_client.chat(messages, llm.model)
     usage = result.usage
@@ -117,10 +120,10 @@ def _llm_reply(
         usage.prompt_tokens * llm.prompt_price_per_million
         + usage.completion_tokens * llm.completion_price_per_million
     ) / 1e6
+    model = result.model or llm.model
     engine.store.log_cost(
-        engine.session_id, "chat", result.model or llm.model, usage.prompt_tokens,
-        usage.completion_tokens, cost,
-    )  # fmt: skip
+        engine.session_id, "chat", model, usage.prompt_tokens, usage.completion_tokens, cost
+    )
     return str(result.text)
 
 
@@ -263,14 +266,17 @@ def chat_command(
                     turn, live = _replay_turn(engine, number, user, answer, history, live, budget)
                     turns.append(turn)
                     bar.advance(task)
-    payload: dict[str, Any] = {
-        "session": session,
-        "source": replay,
-        "turns": [t.model_dump() for t in turns],
-        "messages": [{"role": m.role, "content": m.text()} for m in history],
-    }
-    if out is not None:
-        out.write_text(json.dumps(payload, indent=2, ensure_ascii=False), encoding="utf-8")
+        payload: dict[str, Any] = {
+            "session": session,
+            "source": replay,
+            "turns": [t.model_dump() for t in turns],
+            "messages": [{"role": m.role, "content": m.text()} for m in history],
+        }
+        if out is not None:
+            try:
+                out.write_text(json.dumps(payload, indent=2, ensure_ascii=False), encoding="utf-8")
+            except OSError as exc:
+                raise InputError(f"{out}: cannot write ({exc.strerror or exc})") from None
     if json_out:
         echo_json(payload)
         return

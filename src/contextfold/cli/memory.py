@@ -8,6 +8,7 @@ message (what a request would get); ``aliases`` lists, suggests and adds tag ali
 from __future__ import annotations
 
 import difflib
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -223,15 +224,17 @@ def compact_command(
     if messages is not None:
         typer.echo(f"stored {stored} new turn(s) of {len(messages)} message(s) in {session!r}")
     if not reports:
-        typer.echo("nothing to compact: every live turn is among the protected recent turns")
+        typer.echo("nothing to compact: the live turns are all among the protected recent ones")
     for phase, report in reports.items():
         title = "compaction while ingesting" if phase == "ingest" else "forced compaction"
         print_pairs(title, _report_rows(report))
 
 
 def _inbound(
-    config: ConfigOption, session: str, message: str, budget: int | None
+    config: Path | None, session: str, message: str, budget: int | None, *, show: int = 0
 ) -> tuple[AssembledContext, dict[int, tuple[str, str]]]:
+    """The inbound hook's result for ``message``, and ``(role, text)`` of the ``show`` best
+    recalled turns."""
     if not message.strip():
         raise InputError("--message is empty")
     if budget is not None and budget < 64:
@@ -240,7 +243,7 @@ def _inbound(
         ctx = engine.on_message_inbound(message, budget=budget)
         turns: dict[int, tuple[str, str]] = {
             t.seq: (t.message.role, t.message.text())
-            for r in ctx.recalled
+            for r in ctx.recalled[:show]
             for t in engine.store.turns(session, start=r.seq, end=r.seq)
         }
     return ctx, turns
@@ -266,7 +269,9 @@ def retrieve_command(
     with its fused score and the rank every signal gave it, and where the memory budget went.
     Like a real request, it may page matched topics in."""
     with cli_errors():
-        ctx, turns = _inbound(config, session, message, budget)
+        if limit < 0:
+            raise InputError(f"--limit must be 0 or more, got {limit}")
+        ctx, turns = _inbound(config, session, message, budget, show=limit)
     recalled = [
         {
             "seq": r.seq,
@@ -275,7 +280,7 @@ def retrieve_command(
             "role": turns.get(r.seq, ("?", ""))[0],
             "text": excerpt(turns.get(r.seq, ("", ""))[1], 160),
         }
-        for r in ctx.recalled[: max(limit, 0)]
+        for r in ctx.recalled[:limit]
     ]
     echo_json(
         {
