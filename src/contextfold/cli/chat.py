@@ -252,14 +252,15 @@ def chat_command(
             if reset:
                 engine.store.delete_session(session)
             live = list(history)
+            console = Console(stderr=True)
             with Progress(
                 TextColumn("[bold]replay[/bold]"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TimeElapsedColumn(),
-                console=Console(stderr=True),
+                console=console,
                 transient=True,
-                disable=not progress or len(pairs) < 10,
+                disable=not (progress and console.is_terminal) or len(pairs) < 10,
             ) as bar:
                 task = bar.add_task("", total=len(pairs))
                 for number, (user, answer) in enumerate(pairs, start=1):
