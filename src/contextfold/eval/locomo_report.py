@@ -148,7 +148,12 @@ class LocomoReport(BaseModel):
             "",
             "Latency is one `contexts` call serving every budget (question embedding included). "
             "Ingest embeds only turns the run's shared vector cache does not hold yet, so a "
-            "system that reuses another's vectors (rrf after dense) ingests faster.",
+            "system that reuses another's vectors (rrf after dense) ingests faster"
+            + (
+                f", and vectors cached on disk by an earlier run ({cache}) are not re-embedded."
+                if (cache := self.config.get("embedding_cache"))
+                else "."
+            ),
         ]
         return "\n".join(lines)
 

@@ -304,6 +304,7 @@ def run_locomo(
             "budgets": wanted,
             "systems": list(factories),
             "tokenizer": ctx.counter.name,
+            "embedding_cache": ctx.embedding_cache,
             "conversations": [c.sample_id for c in conversations],
             "context_order": "conversation order (baselines)",
             "fill": "rank order, skipping a turn that does not fit (baselines)",

@@ -113,6 +113,11 @@ class SystemContext:
         self._cached: CachedEmbedder | None = None
 
     @property
+    def embedding_cache(self) -> str | None:
+        """The SQLite file stored vectors are cached in across runs (``None``: memory only)."""
+        return None if self._cache_path is None else str(self._cache_path)
+
+    @property
     def embedder(self) -> Embedder:
         """The uncached embedder (created on first use)."""
         if self._inner is None:
