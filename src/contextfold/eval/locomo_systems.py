@@ -22,6 +22,7 @@ Every baseline returns the chosen turns' ``turn_text`` joined by ``"\\n"`` and p
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import (
@@ -232,7 +233,7 @@ def pack_turns(
     return ""
 
 
-class RankingSystem:
+class RankingSystem(ABC):
     """Base for systems that rank the conversation's turns per question: override ``rank``
     (and ``prepare`` to build an index at ingest); packing per budget is done here.
 
@@ -256,12 +257,12 @@ class RankingSystem:
         self.costs = [self.ctx.counter.count(t + "\n") for t in self.texts]
         self.prepare(conversation)
 
-    def prepare(self, conversation: LocomoConversation) -> None:
+    def prepare(self, conversation: LocomoConversation) -> None:  # noqa: B027 (optional hook)
         """Build whatever ``rank`` needs (called by ``ingest`` once the turns are set)."""
 
+    @abstractmethod
     def rank(self, question: str) -> Sequence[int]:
         """Turn indices, best first (need not cover every turn)."""
-        raise NotImplementedError
 
     def contexts(self, question: str, budgets: Sequence[int]) -> dict[int, str]:
         order = list(self.rank(question))

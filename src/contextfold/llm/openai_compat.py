@@ -19,9 +19,16 @@ from typing import Any
 
 import httpx
 
-from contextfold.errors import ConfigError, EmbeddingError, LLMError
-from contextfold.llm.base import ChatResult, Usage, UsageTracker, int_field
-from contextfold.llm.http import JsonHttpClient, RetryPolicy
+from contextfold.errors import EmbeddingError, LLMError
+from contextfold.llm.base import (
+    ChatResult,
+    HttpChatClient,
+    Usage,
+    UsageTracker,
+    int_field,
+    refuse_stream,
+)
+from contextfold.llm.http import RetryPolicy
 
 __all__ = ["ChatResult", "OpenAICompatibleClient", "Usage", "UsageTracker"]
 
@@ -45,7 +52,7 @@ def _message_text(content: Any) -> str:
     return ""
 
 
-class OpenAICompatibleClient:
+class OpenAICompatibleClient(HttpChatClient):
     """Chat completions and embeddings from any OpenAI-compatible endpoint, over httpx.
 
     ``base_url`` is the API root with its version (``http://localhost:11434/v1``). ``api_key``
@@ -72,50 +79,31 @@ class OpenAICompatibleClient:
         rng: random.Random | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        all_headers = {"Content-Type": "application/json", **(headers or {})}
+        all_headers = dict(headers or {})
         if api_key:
             all_headers["Authorization"] = f"Bearer {api_key}"
-        self.http = JsonHttpClient(
+        super().__init__(
             base_url,
             headers=all_headers,
             timeout=timeout,
-            retry=retry or RetryPolicy(max_retries=max_retries),
+            max_retries=max_retries,
+            usage=usage,
+            retry=retry,
             sleep=sleep,
             rng=rng,
             transport=transport,
         )
-        self.usage = usage if usage is not None else UsageTracker()
 
-    @property
-    def base_url(self) -> str:
-        return self.http.base_url
-
-    def __repr__(self) -> str:
-        return f"OpenAICompatibleClient({self.base_url!r})"
-
-    def _post(self, path: str, payload: Mapping[str, Any]) -> dict[str, Any]:
-        try:
-            body = self.http.post_json(path, payload)
-        except LLMError as exc:
-            if exc.status == 404:
-                raise LLMError(
-                    f"{exc}; base_url must be the API root including the version, "
-                    f"e.g. http://localhost:11434/v1 (got {self.base_url})",
-                    status=404,
-                ) from exc
-            raise
-        if not isinstance(body, dict):
-            raise LLMError(
-                f"{self.base_url}/{path} answered with JSON {type(body).__name__}, "
-                "expected an object"
-            )
-        return body
+    def _not_found_hint(self) -> str | None:
+        return (
+            "base_url must be the API root including the version, "
+            f"e.g. http://localhost:11434/v1 (got {self.base_url})"
+        )
 
     def chat(self, messages: Sequence[Mapping[str, Any]], model: str, **params: Any) -> ChatResult:
         """One chat completion; ``params`` (``temperature``, ``max_tokens``, ``tools``, ...)
         go into the request body as they are."""
-        if params.get("stream"):
-            raise ConfigError("chat() does not stream yet; leave stream unset")
+        refuse_stream(params)
         body = self._post(
             "chat/completions", {"model": model, "messages": list(messages), **params}
         )
@@ -183,12 +171,3 @@ class OpenAICompatibleClient:
             )
         self.usage.record(str(body.get("model") or model), _usage(body))
         return [v for v in vectors if v is not None]
-
-    def close(self) -> None:
-        self.http.close()
-
-    def __enter__(self) -> OpenAICompatibleClient:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
