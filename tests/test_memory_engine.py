@@ -259,3 +259,89 @@ def test_engine_from_config_file_and_bad_messages(tmp_path: Path) -> None:
     assert again.status().turns == 6  # persisted
     with pytest.raises(ConfigError, match="not a chat message"):
         again.on_turn_complete([{"role": "wizard", "content": "hi"}])
+
+
+def test_compacted_turns_dropped_from_the_history_stay_recallable() -> None:
+    eng = engine(window=600)
+    history = conversation(6)
+    eng.on_turn_complete(history)
+    eng.compact()
+    assembled = eng.on_message_inbound("Henninger filing deadline March 1?", history)
+    assert assembled.history is not None
+    kept = {m.text() for m in assembled.history.messages}
+    early = TOPICS["legal"].format(n=1)
+    assert early not in kept  # compacted: the filter dropped it from the history …
+    assert early in assembled.prepend_text  # … so memory must still bring it back
+
+
+def test_a_resent_history_is_stored_once_and_new_only_stores_a_repeat() -> None:
+    eng = engine()
+    exchange = [{"role": "user", "content": "ok"}, {"role": "assistant", "content": "sure"}]
+    eng.on_turn_complete(exchange)
+    eng.on_turn_complete(exchange)  # the same messages again: a resend
+    assert eng.status().turns == 2
+    eng.on_turn_complete(exchange, new_only=True)  # the user really said it twice
+    assert [t.message.text() for t in eng.store.turns("default")] == ["ok", "sure"] * 2
+
+
+def test_score_and_rrf_fusion_both_rank_the_matching_turn_first() -> None:
+    for fusion in ("score", "rrf"):
+        eng = engine(recall={"fusion": fusion, "embedder": "none"})
+        eng.on_turn_complete(conversation(3))
+        top = eng.on_message_inbound("seedlings in the greenhouse").recalled[0]
+        assert "greenhouse" in eng.store.turn_rows("default", [top.seq])[top.seq].text
+    with pytest.raises(ValueError, match="fusion"):
+        engine(recall={"fusion": "max"})
+
+
+def test_length_prior_prefers_the_turn_that_says_more() -> None:
+    def top_text(prior: float) -> str:
+        eng = engine(recall={"length_prior": prior, "neighbor_weight": 0, "tag_weight": 0})
+        filler = " ".join(["the studio schedule moved again"] * 12)
+        eng.on_turn_complete(
+            [
+                {"role": "user", "content": "Kiln!"},
+                {"role": "user", "content": "The kiln reached 1200 degrees before the glaze set."},
+                {"role": "user", "content": f"{filler} and the kiln too"},
+            ],
+            new_only=True,
+        )
+        top = eng.on_message_inbound("kiln").recalled[0].seq
+        return eng.store.turn_rows("default", [top])[top].text
+
+    assert top_text(0.0) == "Kiln!"  # BM25 alone favours the short turn
+    assert top_text(1.0).startswith("The kiln reached")
+
+
+@pytest.mark.parametrize("budget", [300, 1000, 8000])
+def test_the_hint_takes_a_bounded_share_of_the_budget(budget: int) -> None:
+    eng = engine(window=600)
+    eng.on_turn_complete(conversation(12))
+    eng.compact()
+    assembled = eng.on_message_inbound("deadlift plan?", budget=budget)
+    limit = min(200, int(budget * 0.05))
+    assert assembled.budget.hint <= limit
+    assert assembled.budget.hint > 0 or limit < 40
+
+
+def test_close_closes_the_llm_client_it_built_but_not_one_passed_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("CF_TEST_KEY", "k")
+    llm = {"provider": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"}
+    cfg = MemoryConfig.model_validate({"llm": {**llm, "api_key_env": "CF_TEST_KEY"}})
+    built = MemoryEngine(cfg, store=MemoryStore(counter=COUNTER), embedder=None)
+    closed: list[bool] = []
+    monkeypatch.setattr(built.llm_client, "close", lambda: closed.append(True))
+    built.close()
+    assert closed == [True] and built.llm_client is None
+
+    class Client:
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    mine = Client()
+    MemoryEngine(cfg, store=MemoryStore(counter=COUNTER), embedder=None, llm_client=mine).close()
+    assert not mine.closed

@@ -384,3 +384,19 @@ def test_working_set_aliases_and_costs() -> None:
     assert (report.calls, report.prompt_tokens, report.completion_tokens) == (2, 150, 15)
     assert report.by_kind == {"summary": 0.25, "tagging": 0.5}
     assert store.cost_report().cost_usd == pytest.approx(1.75)
+
+
+def test_question_words_do_not_match_turns_that_only_share_grammar() -> None:
+    store = MemoryStore(counter=CharCounter())
+    sid = store.create_session()
+    store.append_turns(
+        sid,
+        [
+            Message(role="user", content="What did you do about it? How would we know?"),
+            Message(role="user", content="The kiln firing reached 1200 degrees."),
+        ],
+    )
+    hits = store.search_turn_seqs(sid, "What did we do about the kiln?")
+    assert [seq for seq, _ in hits] == [2]
+    # A question made only of such words still searches with them.
+    assert [seq for seq, _ in store.search_turn_seqs(sid, "what did we do")] == [1]

@@ -80,13 +80,14 @@ class Assembler:
         self._topic_cache: dict[str, tuple[tuple[object, ...], list[str], str]] = {}
         self._summary_cache: dict[str, tuple[int, dict[str, TagSummary]]] = {}
 
-    def _topics(self, sid: str, now: datetime, tools: bool) -> tuple[list[str], str]:
+    def _topics(self, sid: str, now: datetime, tools: bool, limit: int) -> tuple[list[str], str]:
         """The live stored topics (summarised or segmented, TTL not run out), best first by
         rule priority then compacted turn count, and the ``<context-topics>`` hint listing
-        them. Both change only at compaction (or at a TTL's day boundary), so they are cached
-        per compaction watermark: the hint stays byte-identical between compactions."""
+        them within ``limit`` tokens. Both change only at compaction (or at a TTL's day
+        boundary), so they are cached per compaction watermark: for one budget, the hint stays
+        byte-identical between compactions."""
         watermark = self.store.session(sid).compaction_watermark
-        key = (sid, watermark, now.date().isoformat(), tools)
+        key = (sid, watermark, now.date().isoformat(), tools, limit)
         cached = self._topic_cache.get(sid)
         if cached is not None and cached[0] == key:
             return cached[1], cached[2]
@@ -102,7 +103,7 @@ class Assembler:
             if tag not in last_seen or not self.rules.expired(tag, last_seen[tag], now)
         ]
         live.sort(key=lambda t: (-self.rules.priority(t), -counts[t], t))
-        hint = self._hint(sid, live, counts, tools)
+        hint = self._hint(sid, live, counts, tools, limit)
         self._topic_cache[sid] = (key, live, hint)
         return live, hint
 
@@ -115,7 +116,9 @@ class Assembler:
             self._summary_cache[sid] = cached
         return cached[1]
 
-    def _hint(self, sid: str, tags: list[str], counts: dict[str, int], tools: bool) -> str:
+    def _hint(
+        self, sid: str, tags: list[str], counts: dict[str, int], tools: bool, limit: int
+    ) -> str:
         if not self.settings.context_hint_enabled or not tags:
             return ""
         summaries = self._cached_summaries(sid)
@@ -126,7 +129,6 @@ class Assembler:
                 "collapse_topic to free budget."
             )
         header = len(lines)
-        limit = self.settings.context_hint_max_tokens
         used = self.counter.count("\n".join([*lines, "</context-topics>"]))
         for tag in tags:
             gist = " ".join(summaries[tag].summary.split()[:10]) if tag in summaries else ""
@@ -177,7 +179,10 @@ class Assembler:
         now: datetime | None = None,
     ) -> MemoryBlock:
         now = now or datetime.now(UTC)
-        live, hint = self._topics(sid, now, tools)
+        hint_limit = min(
+            self.settings.context_hint_max_tokens, int(budget * self.settings.context_hint_share)
+        )
+        live, hint = self._topics(sid, now, tools, hint_limit)
         room = budget
         hint_tokens = self.counter.count(hint) if hint else 0
         if hint_tokens > room:

@@ -98,26 +98,33 @@ class CompactionSettings(_Section):
 
 class AssemblySettings(_Section):
     """``memory_budget``: tokens memory may add to one request (hint, paged topics,
-    summaries and recalled turns together)."""
+    summaries and recalled turns together). The ``<context-topics>`` hint gets at most
+    ``context_hint_max_tokens`` and at most ``context_hint_share`` of the request's budget."""
 
     memory_budget: int = Field(2048, ge=64)
     context_hint_enabled: bool = True
     context_hint_max_tokens: int = Field(200, ge=16, le=1000)
+    context_hint_share: float = Field(0.05, ge=0, le=1)
     summary_share: float = Field(0.6, ge=0, le=1)
 
 
 class RecallSettings(_Section):
-    """How stored turns are ranked: RRF (constant ``rrf_k``) of the tag, full-text and dense
-    signals scaled by their ``*_weight``; ``neighbor_weight`` gives each turn that share of its
-    better neighbour's score (an answer sits next to its question). The defaults are the
-    values tuned on LoCoMo (docs/eval-locomo.md)."""
+    """How stored turns are ranked: the tag, full-text and dense signals, each scaled by its
+    ``*_weight``, fused by ``fusion`` (``score``: min-max scaled scores summed; ``rrf``:
+    reciprocal-rank fusion with constant ``rrf_k``); ``neighbor_weight`` gives each turn that
+    share of its better neighbour's score (an answer sits next to its question);
+    ``length_prior`` multiplies a turn's score by ``(tokens + 2) ** length_prior`` (short
+    chit-chat rarely holds a fact). The defaults are the values measured best on LoCoMo
+    (docs/eval-locomo.md)."""
 
     embedder: Literal["minilm", "none"] = "minilm"
+    fusion: Literal["score", "rrf"] = "score"
     rrf_k: int = Field(20, ge=1)
-    tag_weight: float = Field(0.3, ge=0)
+    tag_weight: float = Field(0.1, ge=0)
     fts_weight: float = Field(1.0, ge=0)
-    dense_weight: float = Field(1.5, ge=0)
+    dense_weight: float = Field(1.0, ge=0)
     neighbor_weight: float = Field(0.5, ge=0, le=1)
+    length_prior: float = Field(0.3, ge=0, le=2)
     related_weight: float = Field(0.5, ge=0, le=1)
     fts_limit: int = Field(300, ge=10)
 

@@ -138,6 +138,9 @@ class MemoryEngine:
         self.session_id = session_id
         self.rules = TagRules(cfg.tag_rules)
         self.canonicalizer = TagCanonicalizer(self.store.aliases())
+        # A client built here from the config is closed by close(); one passed in is the
+        # caller's to close.
+        self._owns_client = llm_client is None
         self.llm_client = llm_client if llm_client is not None else self._make_client()
         if embedder == "default":
             embedder = self._default_embedder()
@@ -177,6 +180,8 @@ class MemoryEngine:
                 "dense": cfg.recall.dense_weight,
             },
             neighbor_weight=cfg.recall.neighbor_weight,
+            fusion=cfg.recall.fusion,
+            length_prior=cfg.recall.length_prior,
         )
         self.pager = Pager(self.store, budget=cfg.paging.budget)
         self.assembler = Assembler(self.store, self.counter, self.rules, cfg.assembly)
@@ -272,11 +277,12 @@ class MemoryEngine:
 
     # -- writing --------------------------------------------------------------------------------
 
-    def _new_messages(self, sid: str, messages: Sequence[Message]) -> list[Message]:
+    def _new_messages(self, sid: str, messages: Sequence[Message], new_only: bool) -> list[Message]:
         """The messages after the last stored turns (matched by role and text, as a block of up
-        to 8); all of them when none matches (only new turns given, or a re-cut history)."""
+        to 8); all of them when none matches (only new turns given, or a re-cut history) or
+        when ``new_only``."""
         last = self.store.last_seq(sid)
-        if last == 0 or not messages:
+        if new_only or last == 0 or not messages:
             return list(messages)
         rows = self.store.turn_rows(sid, list(range(max(1, last - 7), last + 1)))
         stored = [(rows[s].role, rows[s].text) for s in sorted(rows)]
@@ -322,10 +328,17 @@ class MemoryEngine:
         *,
         session_id: str | None = None,
         timestamps: Sequence[datetime] | None = None,
+        new_only: bool = False,
     ) -> CompactionReport | None:
         """Store and tag the turns of ``messages`` not stored yet (system messages are not
-        turns), then compact if the live turns cross a threshold. ``messages`` may be the whole
-        history or only the new turns; ``timestamps`` (one per message) default to now."""
+        turns), then compact if the live turns cross a threshold. ``timestamps`` (one per
+        message) default to now.
+
+        ``messages`` may be the whole history or only the new turns: the stored tail is found
+        in it and what follows is new, so sending the same history twice stores nothing
+        twice. That also means new turns that repeat the stored tail exactly (the same
+        exchange again) are taken for a resend; pass ``new_only=True`` when ``messages`` are
+        only new turns, and every one of them is stored."""
         parsed = [as_message(m) for m in messages]
         if timestamps is not None and len(timestamps) != len(parsed):
             raise ConfigError(
@@ -334,7 +347,7 @@ class MemoryEngine:
         with self._lock:
             sid = self._session(session_id)
             stamps = dict(zip(map(id, parsed), timestamps, strict=True)) if timestamps else None
-            turns = [m for m in self._new_messages(sid, parsed) if m.role != "system"]
+            turns = [m for m in self._new_messages(sid, parsed, new_only) if m.role != "system"]
             if turns:
                 when = [stamps[id(m)] for m in turns] if stamps else None
                 self._tag_and_store(sid, turns, when)
@@ -346,9 +359,12 @@ class MemoryEngine:
         *,
         session_id: str | None = None,
         timestamps: Sequence[datetime] | None = None,
+        new_only: bool = False,
     ) -> CompactionReport | None:
         """Bootstrap a session from an existing conversation (same as ``on_turn_complete``)."""
-        return self.on_turn_complete(messages, session_id=session_id, timestamps=timestamps)
+        return self.on_turn_complete(
+            messages, session_id=session_id, timestamps=timestamps, new_only=new_only
+        )
 
     def compact(self, *, session_id: str | None = None) -> CompactionReport | None:
         """Compact now, whatever the thresholds say (``None`` when nothing is compactable)."""
@@ -384,7 +400,10 @@ class MemoryEngine:
         with self._lock:
             sid = self._session(session_id)
             tags = self.tag_message(text, session_id=sid)
-            live = {_hash_key(m) for m in history}
+            filtered = self._filter(sid, history, tags) if history else None
+            # Turns the model will see in its (filtered) history are not recalled again; the
+            # ones the filter drops (compacted, off-topic) stay candidates.
+            live = {_hash_key(m) for i in self._kept_inputs(filtered) for m in (history[i],)}
             exclude = {t.seq for t in self._turns_matching(sid, live)} if live else set()
             ranked = self.recaller.rank(
                 sid,
@@ -405,7 +424,6 @@ class MemoryEngine:
                 budget=budget if budget is not None else self.config.assembly.memory_budget,
                 tools=self.config.paging.enabled and self.config.paging.mode == "tools",
             )
-            filtered = self._filter(sid, history, tags) if history else None
         return AssembledContext(
             session_id=sid,
             prepend_text=block.text,
@@ -419,6 +437,12 @@ class MemoryEngine:
             history=filtered,
             tagger=tags.source,
         )
+
+    @staticmethod
+    def _kept_inputs(filtered: FilteredHistory | None) -> list[int]:
+        if filtered is None:
+            return []
+        return [i for indices in filtered.kept_indices for i in indices]
 
     def _turns_matching(self, sid: str, keys: set[tuple[str, str]]) -> list[StoredTurn]:
         return [t for t in self.store.turns(sid) if _hash_key(t.message) in keys]
@@ -547,6 +571,9 @@ class MemoryEngine:
             )
 
     def close(self) -> None:
+        if self._owns_client and self.llm_client is not None:
+            self.llm_client.close()
+            self.llm_client = None
         self.store.close()
 
     def __enter__(self) -> MemoryEngine:

@@ -1,6 +1,6 @@
 """Recall: which stored turns, segments and tag summaries answer an inbound message.
 
-Three signals rank the stored raw turns, fused with reciprocal-rank fusion:
+Three signals rank the stored raw turns:
 
 * **tag overlap**, IDF-weighted: each inbound tag a turn carries adds ``log(1 + N / df)``
   (N turns, df turns with the tag); a match through a related tag counts half;
@@ -8,6 +8,14 @@ Three signals rank the stored raw turns, fused with reciprocal-rank fusion:
   removed);
 * **dense**: cosine between the message and each turn's embedding (turns are embedded lazily,
   in batches, the first time a recall needs them — never on the write path).
+
+Fusion is ``"score"`` by default: each signal's scores are min-max scaled over its own top
+list and summed with the signal's weight; ``"rrf"`` (reciprocal-rank fusion with constant
+``k``) is the alternative. Scores carry information ranks drop — a clear dense winner stays
+ahead — and on LoCoMo score fusion recalled about one point more (docs/eval-locomo.md). Then
+each turn earns a share (``neighbor_weight``) of its better neighbour's score, since a
+dialogue answer sits next to its question, and a length prior multiplies each score by
+``(tokens + 2) ** length_prior``: a two-word "thanks!" rarely holds the fact asked about.
 
 Raw turns are the only thing that can hold a detail verbatim, so they are what recall ranks;
 summaries are chosen by the assembler (broad queries: tag summaries; temporal ones: segment
@@ -20,6 +28,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Collection, Mapping, Sequence
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -66,11 +75,16 @@ def _excerpt(text: str, words: Collection[str], width: int) -> str:
     return ("…" if start > 0 else "") + piece + ("…" if start + width < len(text) else "")
 
 
+Fusion = Literal["score", "rrf"]
+
+
 class Recaller:
     """Ranks a session's stored turns for a message (see the module docstring).
 
-    ``embedder`` may be ``None`` (no dense signal). ``k`` is the RRF constant; ``fts_limit``
-    how many full-text hits to fuse; ``weights`` scale each signal's RRF share."""
+    ``embedder`` may be ``None`` (no dense signal). ``fusion`` is ``"score"`` or ``"rrf"``
+    (``k`` is the RRF constant); ``fts_limit`` how many full-text and dense hits to fuse;
+    ``weights`` scale each signal's share; ``neighbor_weight`` and ``length_prior`` as in the
+    module docstring (0 turns either off)."""
 
     def __init__(
         self,
@@ -83,7 +97,11 @@ class Recaller:
         weights: dict[str, float] | None = None,
         embed_batch: int = 256,
         neighbor_weight: float = 0.0,
+        fusion: Fusion = "score",
+        length_prior: float = 0.0,
     ) -> None:
+        if fusion not in ("score", "rrf"):
+            raise ValueError(f"fusion must be 'score' or 'rrf', not {fusion!r}")
         self.store = store
         self.embedder = embedder
         self.k = k
@@ -92,6 +110,8 @@ class Recaller:
         self.weights = {"tags": 1.0, "fts": 1.0, "dense": 1.0, **(weights or {})}
         self.embed_batch = embed_batch
         self.neighbor_weight = neighbor_weight
+        self.fusion: Fusion = fusion
+        self.length_prior = length_prior
         self._vectors: dict[str, tuple[list[int], npt.NDArray[np.float32]]] = {}
         self._lock = threading.Lock()
 
@@ -132,7 +152,7 @@ class Recaller:
         with self._lock:
             self._vectors.pop(session_id, None)
 
-    def _dense(self, session_id: str, text: str, limit: int) -> list[int]:
+    def _dense(self, session_id: str, text: str, limit: int) -> list[tuple[int, float]]:
         if self.embedder is None or not text.strip():
             return []
         seqs, matrix = self._session_vectors(session_id)
@@ -141,7 +161,7 @@ class Recaller:
         query = self.embedder.embed([text])[0].astype(np.float32)
         scores = matrix @ query
         top = np.argsort(-scores, kind="stable")[:limit]
-        return [seqs[i] for i in top]
+        return [(seqs[i], float(scores[i])) for i in top]
 
     # -- tags -----------------------------------------------------------------------------------
 
@@ -185,26 +205,26 @@ class Recaller:
         """The session's turns for ``text``, best first (at most ``limit``), skipping the seqs
         in ``exclude`` (e.g. turns the live history already holds). ``tag_counts`` (turns per
         tag) saves a query when the caller keeps them."""
-        lists: dict[str, list[int]] = {}
         tag_scores = self._tag_scores(session_id, tags, related, tag_counts)
-        if tag_scores:
-            lists["tags"] = sorted(tag_scores, key=lambda s: (-tag_scores[s], -s))
-        fts = self.store.search_turn_seqs(session_id, text, limit=self.fts_limit)
-        if fts:
-            lists["fts"] = [seq for seq, _ in fts]
-        dense = self._dense(session_id, text, self.fts_limit)
-        if dense:
-            lists["dense"] = dense
+        signals = {
+            "tags": sorted(tag_scores.items(), key=lambda kv: (-kv[1], -kv[0])),
+            "fts": self.store.search_turn_seqs(session_id, text, limit=self.fts_limit),
+            "dense": self._dense(session_id, text, self.fts_limit),
+        }
         fused: dict[int, float] = {}
         ranks: dict[int, dict[str, int]] = {}
-        for name, seqs in lists.items():
+        for name, hits in signals.items():
+            hits = [(seq, score) for seq, score in hits if seq not in exclude]
+            if not hits:
+                continue
             weight = self.weights.get(name, 1.0)
-            position = 0
-            for seq in seqs:
-                if seq in exclude:
-                    continue
-                position += 1
-                fused[seq] = fused.get(seq, 0.0) + weight / (self.k + position)
+            high, low = hits[0][1], hits[-1][1]
+            for position, (seq, score) in enumerate(hits, 1):
+                if self.fusion == "rrf":
+                    share = 1 / (self.k + position)
+                else:
+                    share = (score - low) / (high - low) if high > low else 1.0
+                fused[seq] = fused.get(seq, 0.0) + weight * share
                 ranks.setdefault(seq, {})[name] = position
         if self.neighbor_weight:
             # A dialogue answer sits next to its question: each turn also earns a share of
@@ -217,6 +237,10 @@ class Recaller:
                             fused.get(near, 0.0), base.get(near, 0.0) + self.neighbor_weight * score
                         )
                         ranks.setdefault(near, {})
+        if self.length_prior and fused:
+            tokens = self.store.turn_token_counts(session_id, list(fused))
+            for seq in fused:
+                fused[seq] *= (tokens.get(seq, 0) + 2) ** self.length_prior
         order = sorted(fused, key=lambda s: (-fused[s], s))[:limit]
         return [RankedTurn(seq=s, score=fused[s], ranks=ranks[s]) for s in order]
 

@@ -307,10 +307,113 @@ def _message_json(message: Message) -> str:
     )
 
 
+# Words a question is made of but an answer rarely shares: interrogatives, auxiliaries,
+# pronouns and fillers. BM25's own stop list (Lucene's 33 words) keeps them, and in an OR
+# query every one of them pulls in turns that only share the grammar of the question.
+QUESTION_STOPWORDS = frozenset(
+    [
+        "what",
+        "whats",
+        "when",
+        "where",
+        "which",
+        "who",
+        "whom",
+        "whose",
+        "why",
+        "how",
+        "do",
+        "does",
+        "did",
+        "doing",
+        "done",
+        "have",
+        "has",
+        "had",
+        "having",
+        "am",
+        "were",
+        "been",
+        "being",
+        "can",
+        "could",
+        "would",
+        "should",
+        "shall",
+        "may",
+        "might",
+        "must",
+        "i",
+        "me",
+        "my",
+        "mine",
+        "myself",
+        "you",
+        "your",
+        "yours",
+        "yourself",
+        "he",
+        "him",
+        "his",
+        "himself",
+        "she",
+        "her",
+        "hers",
+        "herself",
+        "we",
+        "us",
+        "our",
+        "ours",
+        "its",
+        "them",
+        "theirs",
+        "themselves",
+        "about",
+        "any",
+        "anything",
+        "some",
+        "something",
+        "ever",
+        "also",
+        "just",
+        "so",
+        "very",
+        "much",
+        "many",
+        "more",
+        "most",
+        "other",
+        "than",
+        "too",
+        "from",
+        "up",
+        "out",
+        "over",
+        "again",
+        "once",
+        "here",
+        "there",
+        "now",
+        "all",
+        "both",
+        "each",
+        "few",
+        "own",
+        "same",
+        "only",
+        "tell",
+        "know",
+        "think",
+    ]
+)
+
+
 def _fts_query(query: str) -> str | None:
-    """An FTS5 ``OR`` query of the query's words, stop words removed, each quoted (so no
-    character of the user's text is FTS5 syntax); ``None`` when no word is left."""
-    terms = dict.fromkeys(analyze(query, stemmer=None))
+    """An FTS5 ``OR`` query of the query's words, stop words (and the grammar of a question:
+    ``QUESTION_STOPWORDS``) removed, each quoted (so no character of the user's text is FTS5
+    syntax); ``None`` when no word is left. A query of nothing but such words keeps them."""
+    words = analyze(query, stemmer=None)
+    terms = dict.fromkeys(w for w in words if w not in QUESTION_STOPWORDS) or dict.fromkeys(words)
     if not terms:
         return None
     return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
@@ -660,6 +763,20 @@ class MemoryStore:
             (match, session_id, limit),
         )
         return [(int(r[0]), float(r[1])) for r in rows]
+
+    def turn_token_counts(self, session_id: str, seqs: Sequence[int]) -> dict[int, int]:
+        """The token count of each given turn (seqs not stored are left out)."""
+        found: dict[int, int] = {}
+        for start in range(0, len(seqs), 500):
+            chunk = list(seqs[start : start + 500])
+            marks = ",".join("?" * len(chunk))
+            found.update(
+                self._conn.execute(
+                    f"SELECT seq, token_count FROM turns WHERE session_id = ? AND seq IN ({marks})",
+                    (session_id, *chunk),
+                ).fetchall()
+            )
+        return found
 
     def turn_rows(self, session_id: str, seqs: Sequence[int]) -> dict[int, TurnRow]:
         """Role, text, time and token count of the given turns, without parsing messages."""
