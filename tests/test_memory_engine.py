@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from contextfold.errors import ConfigError
 from contextfold.items import Message, ToolResultBlock, ToolUseBlock
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
+from contextfold.memory.summarize import ExtractiveSummarizer
 from contextfold.store.memory import MemoryStore
 from contextfold.testing import HashEmbedder
 from contextfold.tokens import TiktokenCounter
@@ -345,3 +347,54 @@ def test_close_closes_the_llm_client_it_built_but_not_one_passed_in(
     mine = Client()
     MemoryEngine(cfg, store=MemoryStore(counter=COUNTER), embedder=None, llm_client=mine).close()
     assert not mine.closed
+
+
+class SpySummarizer(ExtractiveSummarizer):
+    """The default summarizer, recording each call's input texts."""
+
+    def __init__(self) -> None:
+        super().__init__(COUNTER)
+        self.calls: list[tuple[tuple[str, ...], list[str]]] = []
+
+    def summarize(self, texts, *, max_tokens, tags=(), instructions=None):  # type: ignore[no-untyped-def]
+        self.calls.append((tuple(tags), list(texts)))
+        return super().summarize(texts, max_tokens=max_tokens, tags=tags)
+
+
+def test_tag_summaries_roll_forward_and_keep_each_lines_speaker() -> None:
+    spy = SpySummarizer()
+    cfg = MemoryConfig.model_validate(
+        {"context_window": 100_000, "compaction": {"tag_summary_tokens": 60}}
+    )
+    eng = MemoryEngine(cfg, store=MemoryStore(counter=COUNTER), embedder=None, summarizer=spy)
+    speakers = ["Ann", "Bob"]
+    rounds = [
+        [
+            {
+                "role": "user",
+                "content": f"{speakers[n % 2]}: Kiln firing {n} on {n} March 2024 "
+                f"reached {n}00 degrees for Priya's glaze batch {n}.",
+            }
+            for n in range(start, start + 12)
+        ]
+        for start in (1, 13)
+    ]
+    eng.on_turn_complete(rounds[0])
+    eng.compact()
+    first = eng.store.tag_summaries("default")
+    eng.on_turn_complete(rounds[1])
+    spy.calls.clear()
+    eng.compact()
+    kiln = next(tag for tag in first if "kiln" in tag)
+    (inputs,) = [texts for tags, texts in spy.calls if tags == (kiln,)]
+    old_lines = first[kiln].summary.splitlines()
+    assert inputs[: len(old_lines)] == old_lines  # the previous summary, then only new segments
+    done = first[kiln].source_watermark
+    new_segments = [s for s in eng.store.segments("default") if s.last_seq > done]
+    assert new_segments and all(s.first_seq > done for s in new_segments)
+    assert inputs[len(old_lines) :] == [
+        line for s in new_segments for line in s.summary.splitlines() if line.strip()
+    ]
+    for summary in eng.store.tag_summaries("default").values():
+        for line in summary.summary.splitlines():
+            assert not re.match(r"^\w+: \w+: ", line), line  # never "Ann: Bob: …"

@@ -263,25 +263,35 @@ class Compactor:
 
     def rebuild_tag_summaries(self, session_id: str, tags: set[str] | None = None) -> list[str]:
         """Rebuild the tag summary of each tag in ``tags`` (default: every stale or missing
-        one) from the tag's segment summaries, earliest first; returns the tags rebuilt."""
-        segments = self.store.segments(session_id)
+        one); returns the tags rebuilt.
+
+        Rebuilds roll forward: the input is the tag's current summary plus the summaries of
+        its segments compacted after that summary's watermark (earliest first), so each
+        compaction costs what it added, not the whole history again. A tag with no summary
+        yet starts from all of its segments. Input already within ``tag_summary_tokens`` is
+        stored as is."""
+        current = self.store.tag_summaries(session_id)
         by_tag: dict[str, list[str]] = {}
-        for seg in segments:
+        for seg in self.store.segments(session_id):
             for tag in seg.tags:
-                by_tag.setdefault(tag, []).append(seg.summary)
+                done = current.get(tag)
+                if done is None or seg.last_seq > done.source_watermark:
+                    by_tag.setdefault(tag, []).append(seg.summary)
         if tags is None:
-            current = self.store.tag_summaries(session_id)
             tags = {t for t in by_tag if t not in current or current[t].stale}
         watermark = self.store.session(session_id).compaction_watermark - 1
         todo = sorted(t for t in tags if t in by_tag)
 
         def build(tag: str) -> str:
-            joined = "\n".join(by_tag[tag])
+            parts = [current[tag].summary, *by_tag[tag]] if tag in current else by_tag[tag]
+            # One text per line: an extractive summary's lines each carry their own speaker.
+            texts = [line for part in parts for line in part.splitlines() if line.strip()]
+            joined = "\n".join(texts)
             if self.store.counter.count(joined) <= self.tag_summary_tokens:
                 return joined  # already short enough: nothing to summarise
             rule = self.rules.for_tag(tag)
             return self.summarizer.summarize(
-                by_tag[tag],
+                texts,
                 max_tokens=self.tag_summary_tokens,
                 tags=(tag,),
                 instructions=rule.summary_prompt,

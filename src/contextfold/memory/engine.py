@@ -302,14 +302,9 @@ class MemoryEngine:
     ) -> list[int]:
         seqs = self.store.append_turns(sid, messages, timestamps=timestamps)
         vocab = self._vocab[sid]
-        previous = (
-            [
-                t.message.text()
-                for t in self.store.turns(sid, start=max(1, seqs[0] - 3), end=seqs[0] - 1)
-            ]
-            if seqs and seqs[0] > 1
-            else []
-        )
+        before = list(range(max(1, seqs[0] - 3), seqs[0])) if seqs else []
+        rows = self.store.turn_rows(sid, before) if before else {}
+        previous = [rows[seq].text for seq in before if seq in rows]
         tagged: dict[int, tuple[dict[str, float], Sequence[str]]] = {}
         for seq, message in zip(seqs, messages, strict=True):
             text = message.text()

@@ -97,27 +97,44 @@ class ExtractiveSummarizer:
         self.counter = counter
         self.ratio = ratio
         self.min_tokens = min_tokens
+        self.cache_size = 50_000
+        self._cache: dict[str, tuple[tuple[float, str, tuple[str, ...]], ...]] = {}
 
     def __repr__(self) -> str:
         return f"ExtractiveSummarizer(ratio={self.ratio})"
 
+    def _scored(self, text: str) -> tuple[tuple[float, str, tuple[str, ...]], ...]:
+        """The sentences of one text as ``(score without the tag bonus, sentence with its
+        speaker, lower-cased words)``. Cached: tag summaries see the same segment-summary
+        lines again at every compaction."""
+        cached = self._cache.get(text)
+        if cached is not None:
+            return cached
+        match = _SPEAKER.match(text)
+        speaker = match.group(1) if match else None
+        body = text[match.end() :] if match else text
+        out = []
+        for i, sentence in enumerate(_sentences(body)):
+            words = tuple(_WORD.findall(sentence.lower()))
+            score = 3.0 * len(_MONTH.findall(sentence))
+            score += 2.0 * min(len(_NUMBER.findall(sentence)), 3)
+            score += 1.5 * len(_ENTITY.findall(sentence))
+            score += 1.0 if i == 0 else 0.0
+            if len(words) < 4:
+                score -= 1.0
+            out.append((score, f"{speaker}: {sentence}" if speaker else sentence, words))
+        if len(self._cache) >= self.cache_size:
+            self._cache.clear()
+        result = self._cache[text] = tuple(out)
+        return result
+
     def _candidates(self, texts: Sequence[str], tags: Sequence[str]) -> list[tuple[float, str]]:
         tag_words = {w for tag in tags for w in _WORD.findall(tag.lower())}
-        scored = []
-        for text in texts:
-            match = _SPEAKER.match(text)
-            speaker = match.group(1) if match else None
-            body = text[match.end() :] if match else text
-            for i, sentence in enumerate(_sentences(body)):
-                score = 3.0 * len(_MONTH.findall(sentence))
-                score += 2.0 * min(len(_NUMBER.findall(sentence)), 3)
-                score += 1.5 * len(_ENTITY.findall(sentence))
-                score += sum(1.0 for w in _WORD.findall(sentence.lower()) if w in tag_words)
-                score += 1.0 if i == 0 else 0.0
-                if len(_WORD.findall(sentence)) < 4:
-                    score -= 1.0
-                scored.append((score, f"{speaker}: {sentence}" if speaker else sentence))
-        return scored
+        return [
+            (score + sum(1.0 for w in words if w in tag_words), sentence)
+            for text in texts
+            for score, sentence, words in self._scored(text)
+        ]
 
     def summarize(
         self,

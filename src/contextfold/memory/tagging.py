@@ -322,7 +322,7 @@ class KeywordTagger:
         self._names: set[str] = set()
         self._titles = frozenset(self._stem(w) for w in _TITLES)
         self._surface: dict[str, str] = {}
-        self._known: tuple[tuple[str, ...], dict[str, list[tuple[str, tuple[str, ...]]]]] | None
+        self._known: tuple[list[str], dict[str, list[tuple[str, tuple[str, ...]]]]] | None
         self._known = None
         self._df: dict[str, int] = {}
         self._docs = 0
@@ -467,18 +467,25 @@ class KeywordTagger:
     def _known_index(
         self, vocabulary: Sequence[str]
     ) -> dict[str, list[tuple[str, tuple[str, ...]]]]:
-        """Known tags by the stem of their first part; rebuilt when the vocabulary changes."""
-        key = tuple(vocabulary)
+        """Known tags by the stem of their first part. A vocabulary grows by appending (a
+        session's tags in first-seen order), so the index is extended with the new tags; any
+        other change rebuilds it."""
         cached = self._known
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        index: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
-        for tag in key:
+        if cached is not None:
+            seen, index = cached
+            if len(vocabulary) >= len(seen) and list(vocabulary[: len(seen)]) == seen:
+                new = vocabulary[len(seen) :]
+            else:
+                seen, index, new = [], {}, vocabulary
+        else:
+            seen, index, new = [], {}, vocabulary
+        for tag in new:
             name = self.canonicalizer.canonical(tag)
             parts = tuple(self._stem(p) for p in name.split("-") if p)
             if parts:
                 index.setdefault(parts[0], []).append((name, parts))
-        self._known = (key, index)
+        seen.extend(new)
+        self._known = (seen, index)
         return index
 
     def tag(
