@@ -221,7 +221,7 @@ class Assembler:
     def _turns(
         self, sid: str, ranked: Sequence[RankedTurn], room: int
     ) -> tuple[list[_Part], int, int]:
-        room -= 12  # the <memory> wrapper and a first date header
+        room -= self.counter.count("<memory>\n") + self.counter.count("\n</memory>")
         if room <= 0 or not ranked:
             return [], len(ranked), max(room, 0)
         rows = self.store.turn_rows(sid, [r.seq for r in ranked])
@@ -232,10 +232,13 @@ class Assembler:
             row = rows.get(hit.seq)
             if row is None:
                 continue
-            cost = row.token_count + 1
+            # Each turn and date header is a line: its cost is its text with the newline that
+            # ends it (with cl100k the newline nearly always merges into the final
+            # punctuation). The rendered block is counted again whole (see _render).
+            cost = self.counter.count(row.text + "\n")
             day = _day(row.created_at)
-            if day not in days and days:
-                cost += 8
+            if day not in days:
+                cost += self.counter.count(day + "\n")
             if cost > room:
                 skipped += 1
                 continue

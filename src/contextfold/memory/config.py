@@ -122,7 +122,7 @@ class RecallSettings(_Section):
     rrf_k: int = Field(20, ge=1)
     tag_weight: float = Field(0.1, ge=0)
     fts_weight: float = Field(1.0, ge=0)
-    dense_weight: float = Field(1.0, ge=0)
+    dense_weight: float = Field(1.2, ge=0)
     neighbor_weight: float = Field(0.5, ge=0, le=1)
     length_prior: float = Field(0.3, ge=0, le=2)
     related_weight: float = Field(0.5, ge=0, le=1)
