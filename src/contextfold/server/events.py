@@ -1,0 +1,133 @@
+"""What the dashboard shows: one ``RequestRecord`` per proxied request, published on an
+``EventBus`` that keeps the recent records and fans new ones out to live subscribers (SSE).
+
+The proxy publishes a record when a request has been forwarded and updates it (same ``id``)
+when the reply is complete and its tags are known; subscribers receive both versions.
+
+>>> import asyncio
+>>> bus = EventBus(keep=2)
+>>> for n in range(3):
+...     bus.publish(RequestRecord(id=f"r{n}", session_id="s", turn=n))
+>>> [r.id for r in bus.recent()]
+['r1', 'r2']
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["BudgetRow", "EventBus", "InspectedMessage", "RequestRecord"]
+
+
+class BudgetRow(BaseModel):
+    """One section of the per-request budget table."""
+
+    model_config = ConfigDict(frozen=True)
+    section: str
+    budget: int
+    used: int
+    items: int = 0
+    truncated: bool = False
+
+
+class InspectedMessage(BaseModel):
+    """A message as the turn inspector shows it: its role, its block types and its text."""
+
+    model_config = ConfigDict(frozen=True)
+    role: str
+    blocks: tuple[str, ...] = ()
+    text: str = ""
+
+
+class RequestRecord(BaseModel):
+    """One proxied request (or one ``/api/context`` call) as the dashboard sees it."""
+
+    model_config = ConfigDict(frozen=True)
+    id: str
+    session_id: str
+    turn: int = 0
+    kind: Literal["proxy", "context"] = "proxy"
+    format: str = "openai"
+    path: str = ""
+    model: str | None = None
+    created_at: datetime = Field(default_factory=lambda: datetime.now(UTC))
+    stream: bool = False
+    status: int | None = None
+    inbound_tags: tuple[str, ...] = ()
+    response_tags: tuple[str, ...] | None = None  # None until the reply has been tagged
+    broad: bool = False
+    temporal: bool = False
+    tokens_in: int = 0  # the client's request
+    tokens_forwarded: int = 0  # what went upstream (memory added, history filtered)
+    memory_tokens: int = 0
+    overhead_ms: float = 0.0  # time spent in contextfold before forwarding
+    upstream_ms: float | None = None
+    dropped_turns: int = 0
+    dropped: tuple[str, ...] = ()  # one reason per dropped turn
+    messages: tuple[InspectedMessage, ...] = ()
+    context: str = ""  # the memory / context block that was injected
+    budget: tuple[BudgetRow, ...] = ()
+    error: str | None = None  # an engine error the proxy failed open on
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+def _offer(queue: asyncio.Queue[RequestRecord], record: RequestRecord) -> None:
+    """Hand a record to a subscriber; one that has fallen 1,000 records behind misses it (the
+    page can reload ``recent()``) rather than holding the publisher up."""
+    if not queue.full():
+        queue.put_nowait(record)
+
+
+class EventBus:
+    """Recent records (at most ``keep``, by id: an update replaces its earlier version in
+    place) and live subscribers. ``publish`` may be called from any thread."""
+
+    def __init__(self, keep: int = 500) -> None:
+        self.keep = keep
+        self._records: OrderedDict[str, RequestRecord] = OrderedDict()
+        self._subscribers: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestRecord]]] = (
+            set()
+        )
+        self._lock = threading.Lock()
+
+    def publish(self, record: RequestRecord) -> None:
+        with self._lock:
+            self._records[record.id] = record
+            while len(self._records) > self.keep:
+                self._records.popitem(last=False)
+            subscribers = list(self._subscribers)
+        for loop, queue in subscribers:
+            try:
+                loop.call_soon_threadsafe(_offer, queue, record)
+            except RuntimeError:  # the subscriber's loop has closed
+                with self._lock:
+                    self._subscribers.discard((loop, queue))
+
+    def recent(self, session_id: str | None = None) -> list[RequestRecord]:
+        with self._lock:
+            records = list(self._records.values())
+        return [r for r in records if session_id is None or r.session_id == session_id]
+
+    def get(self, record_id: str) -> RequestRecord | None:
+        with self._lock:
+            return self._records.get(record_id)
+
+    async def subscribe(self) -> AsyncIterator[RequestRecord]:
+        """New and updated records as they are published, until the consumer stops."""
+        queue: asyncio.Queue[RequestRecord] = asyncio.Queue(maxsize=1000)
+        entry = (asyncio.get_running_loop(), queue)
+        with self._lock:
+            self._subscribers.add(entry)
+        try:
+            while True:
+                yield await queue.get()
+        finally:
+            with self._lock:
+                self._subscribers.discard(entry)
