@@ -539,3 +539,11 @@ def test_split_tag_never_reuses_an_existing_tag() -> None:
 def test_split_tag_returns_nothing_for_a_uniform_tag() -> None:
     turns = [(1, "Book a table"), (2, "Reserve for two"), (3, "Cancel it")]
     assert split_tag("reservation", turns, existing=set(), tagger=KeywordTagger()) == {}
+
+
+def test_reactions_and_fillers_never_become_topics() -> None:
+    tagger = KeywordTagger()
+    result = tagger.tag("That's so true! Amazing, I'm happy and excited for the pottery workshop.")
+    assert "pottery" in " ".join(result.tags)
+    for filler in ("true", "amazing", "happy", "excited"):
+        assert filler not in result.tags and filler not in result.related_tags

@@ -246,6 +246,8 @@ _CHATTER = _words(
     who whom whose why will with within without won wonderful would wouldn wow yeah year years
     yes yesterday yet you your yours yourself yourselves ll ve
     came felt gave got kept knew made said saw told took thought went mr mrs ms dr prof
+    true false absolutely amazing incredible fantastic lovely beautiful happy excited exciting
+    proud fun cute crazy sweet thanks thankful thankfully agree agreed totally anyways
     """
 )
 # Verbs of conversation itself, removed in every inflection (compared by stem: "talked").
