@@ -518,7 +518,30 @@ def _render_retrieval(path: Path, data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _render_memory(path: Path, data: dict[str, Any]) -> list[str]:
+    write, recall = data["write"], data["recall"]
+    rate, median = write["turns_per_second"], recall["median_ms"]
+    return [
+        "## Conversation memory (`bench_memory.py`)",
+        "",
+        data["description"],
+        "",
+        f"- Command: `python benchmarks/bench_memory.py` → `{path.relative_to(BENCH_DIR.parent)}`",
+        f"- Machine: {_machine_line(data)}",
+        "",
+        "| measure | value | bar | met |",
+        "|---|---:|---:|---|",
+        f"| `on_turn_complete` without an LLM ({write['turns']:,} LoCoMo turns, "
+        f"{write['compactions']} compactions, {write.get('store', 'in-memory store')}) "
+        f"| {rate:,.0f} turns/s | ≥ 500 turns/s | {'yes' if rate >= 500 else 'NO'} |",
+        f"| recall (`on_message_inbound`, 2,048 tokens) with {recall['stored_turns']:,} stored "
+        f"turns, {recall['n']} questions: median / p95 | {_ms(recall, 'median_ms')} / "
+        f"{_ms(recall, 'p95_ms')} ms | median ≤ 50 ms | {'yes' if median <= 50 else 'NO'} |",
+    ]
+
+
 _RENDERERS = {
+    "memory": _render_memory,
     "window": _render_window,
     "history_trim": _render_history,
     "retrieval": _render_retrieval,
@@ -535,7 +558,8 @@ def render_results(results_dir: Path) -> str:
         "the runs listed. *CPU median* is the CPU time of the benchmark process per call, which "
         "other processes on a shared machine do not inflate. Peak RSS is the whole benchmark "
         "process, data loading included. Re-run with `python benchmarks/bench_window.py`, "
-        "`python benchmarks/bench_history_trim.py` and `python benchmarks/bench_retrieval.py`.",
+        "`python benchmarks/bench_history_trim.py`, `python benchmarks/bench_retrieval.py` and "
+        "`python benchmarks/bench_memory.py`.",
         "",
     ]
     for name, (path, data) in latest_results(results_dir).items():
