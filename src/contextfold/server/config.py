@@ -7,7 +7,9 @@ Unknown keys are errors, as everywhere in the configuration.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
     "ContextApiSettings",
@@ -41,11 +43,42 @@ class ProxySettings(_Section):
     max_tool_continuations: int = Field(5, ge=0, le=20)
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 class ContextApiSettings(_Section):
-    """``api_keys`` maps an environment variable holding an API key to the tenants that key
-    may read (keys themselves never appear in a config file)."""
+    """The knowledge-graph API (``/api/context``, ``/api/nodes``, ``/api/edges``,
+    ``/api/documents``).
+
+    ``api_keys`` maps the *name* of an environment variable holding an API key to the tenants
+    that key owns (reads and writes); keys themselves never appear in a config file. With no
+    keys the API is open to every caller while the server binds to loopback, and answers 401
+    to everyone when it binds anywhere else. ``graph_path``: the SQLite file of nodes, edges and
+    documents (default ``<home>/graph.db``). ``hybrid``: rank entry points with the memory
+    engine's embedder as well as BM25 (when the engine has one).
+
+    >>> ContextApiSettings(api_keys={"SUPPORT_KEY": ["support", "shared"]}).api_keys
+    {'SUPPORT_KEY': ['support', 'shared']}
+    """
 
     api_keys: dict[str, list[str]] = Field(default_factory=dict)
+    graph_path: str | None = None
+    hybrid: bool = True
+
+    @field_validator("api_keys")
+    @classmethod
+    def _names_not_keys(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        for name, tenants in value.items():
+            if not _ENV_NAME.fullmatch(name):
+                raise ValueError(
+                    "api_keys maps environment variable names to tenants, and one of its names "
+                    "is not a variable name (letters, digits and _ only). Put the key itself "
+                    "in an environment variable and name that variable here: keys never "
+                    "belong in a config file"
+                )
+            if not tenants or not all(t.strip() for t in tenants):
+                raise ValueError(f"api_keys.{name}: list at least one non-empty tenant id")
+        return value
 
 
 class DashboardSettings(_Section):
@@ -57,6 +90,10 @@ class DashboardSettings(_Section):
 
 
 class LimitSettings(_Section):
+    """Bad-input guards for every route: a request body larger than ``max_body_bytes`` is
+    answered 413 before it is read into memory (declared ``Content-Length`` or counted as a
+    chunked body streams in)."""
+
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
 
 
