@@ -12,6 +12,7 @@ import re
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
+    "ID_PATTERN",
     "ContextApiSettings",
     "DashboardSettings",
     "InstanceSettings",
@@ -22,7 +23,9 @@ __all__ = [
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Errors never echo the input: a key pasted where a variable name belongs must not be
+    # printed back (pydantic takes this setting from the outermost model validated).
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
 
 class InstanceSettings(_Section):
@@ -44,6 +47,8 @@ class ProxySettings(_Section):
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Tenant (and document) ids: letters, digits and ``. _ : @ -``, starting with a letter or digit.
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
 
 
 class ContextApiSettings(_Section):
@@ -76,8 +81,14 @@ class ContextApiSettings(_Section):
                     "in an environment variable and name that variable here: keys never "
                     "belong in a config file"
                 )
-            if not tenants or not all(t.strip() for t in tenants):
-                raise ValueError(f"api_keys.{name}: list at least one non-empty tenant id")
+            if not tenants:
+                raise ValueError(f"api_keys.{name}: list at least one tenant id")
+            for tenant in tenants:
+                if not re.match(ID_PATTERN, tenant):
+                    raise ValueError(
+                        f"api_keys.{name}: tenant id {tenant!r} is not 1-128 letters, digits "
+                        "and . _ : @ - starting with a letter or digit"
+                    )
         return value
 
 

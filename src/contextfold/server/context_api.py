@@ -37,6 +37,7 @@ from pydantic import (
 
 from contextfold.budget import graph_budget
 from contextfold.retrieval.graph import GraphContextRequest, GraphContextResponse, graph_context
+from contextfold.server.config import ID_PATTERN
 from contextfold.server.events import BudgetRow, RequestRecord
 from contextfold.server.guards import ERROR_RESPONSES, ApiError
 from contextfold.server.knowledge import (
@@ -65,8 +66,6 @@ __all__ = [
     "router",
 ]
 
-#: Tenant and document ids: letters, digits and ``. _ : @ -``, starting with a letter or digit.
-ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
 #: The largest node id the API takes: JavaScript's largest safe integer (SQLite's own limit,
 #: 2**63 - 1, does not survive a trip through a float; ids are assigned from 1 upwards).
 MAX_ID = 2**53 - 1
