@@ -8,12 +8,14 @@ reaches a chunk's neighbours. The registry keeps each document's title, metadata
 ids under ``(tenant_id, document_id)``; deleting a document deletes its nodes.
 
 >>> import tempfile, pathlib
->>> with KnowledgeStore(pathlib.Path(tempfile.mkdtemp()) / "graph.db") as store:
+>>> with tempfile.TemporaryDirectory() as home, KnowledgeStore(
+...     pathlib.Path(home) / "graph.db"
+... ) as store:
 ...     doc = store.add_document(DocumentSpec(tenant_id="support", id="refunds",
-...         title="Refunds", text="Refunds take 14 days.\\n\\nAsk the manager over $100.",
-...         chunk_size=8))
+...         title="Policy", text="# Refunds\\nWithin 14 days.\\n# Large\\nA manager approves.",
+...         chunker="markdown"))
 ...     doc.chunks, [n.title for n in store.graph.nodes()]
-(2, ['Refunds (1/2)', 'Refunds (2/2)'])
+(2, ['Policy › Refunds (1/2)', 'Policy › Large (2/2)'])
 """
 
 from __future__ import annotations
