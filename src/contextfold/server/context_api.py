@@ -36,7 +36,12 @@ from pydantic import (
 )
 
 from contextfold.budget import graph_budget
-from contextfold.retrieval.graph import GraphContextRequest, GraphContextResponse, graph_context
+from contextfold.retrieval.graph import (
+    GraphContextRequest,
+    GraphContextResponse,
+    graph_context,
+    to_context_items,
+)
 from contextfold.server.config import ID_PATTERN
 from contextfold.server.events import BudgetRow, RequestRecord
 from contextfold.server.guards import ERROR_RESPONSES, ApiError
@@ -507,11 +512,15 @@ def _publish(
             status=200,
             tokens_forwarded=result.stats.total_tokens,
             overhead_ms=elapsed_ms,
-            context=request.query,
+            context="\n\n".join(item.content for item in to_context_items(result)),
             budget=tuple(
                 BudgetRow(section=name, budget=shares.get(name, 0), used=tokens, items=items)
                 for name, tokens, items in rows
             ),
-            extra={"tenants": list(request.tenant_ids), "stats": result.stats.model_dump()},
+            extra={
+                "query": request.query,
+                "tenants": list(request.tenant_ids),
+                "stats": result.stats.model_dump(),
+            },
         )
     )
