@@ -23,10 +23,11 @@ def create_app(
 ) -> FastAPI:
     """The server app. ``memory`` defaults to a ``MemoryEngine`` built from
     ``config.memory_config``; pass ``state`` to share one engine between several apps (one
-    per proxy instance)."""
+    per proxy instance). Every error is JSON ``{"error": {"type", "message"}}`` and bodies
+    over ``config.limits.max_body_bytes`` get a 413 (``contextfold.server.guards``)."""
     from fastapi import FastAPI
 
-    from contextfold.server import context_api, dashboard, proxy
+    from contextfold.server import context_api, dashboard, guards, proxy
 
     if state is None:
         config = config or ServerConfig()
@@ -41,6 +42,7 @@ def create_app(
         state = ServerState(config=config, memory=memory)
     app = FastAPI(title="contextfold", version=_version())
     app.state.contextfold = state
+    guards.install(app, state.config.limits)  # body size, UTF-8, one JSON error shape
 
     @app.get("/healthz", tags=["meta"])
     def healthz() -> dict[str, str]:

@@ -7,9 +7,12 @@ Unknown keys are errors, as everywhere in the configuration.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 __all__ = [
+    "ID_PATTERN",
     "ContextApiSettings",
     "DashboardSettings",
     "InstanceSettings",
@@ -20,7 +23,9 @@ __all__ = [
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Errors never echo the input: a key pasted where a variable name belongs must not be
+    # printed back (pydantic takes this setting from the outermost model validated).
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
 
 class InstanceSettings(_Section):
@@ -41,11 +46,50 @@ class ProxySettings(_Section):
     max_tool_continuations: int = Field(5, ge=0, le=20)
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Tenant (and document) ids: letters, digits and ``. _ : @ -``, starting with a letter or digit.
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
+
+
 class ContextApiSettings(_Section):
-    """``api_keys`` maps an environment variable holding an API key to the tenants that key
-    may read (keys themselves never appear in a config file)."""
+    """The knowledge-graph API (``/api/context``, ``/api/nodes``, ``/api/edges``,
+    ``/api/documents``).
+
+    ``api_keys`` maps the *name* of an environment variable holding an API key to the tenants
+    that key owns (reads and writes); keys themselves never appear in a config file. With no
+    keys the API is open to every caller while the server binds to loopback, and answers 401
+    to everyone when it binds anywhere else. ``graph_path``: the SQLite file of nodes, edges and
+    documents (default ``<home>/graph.db``). ``hybrid``: rank entry points with the memory
+    engine's embedder as well as BM25 (when the engine has one).
+
+    >>> ContextApiSettings(api_keys={"SUPPORT_KEY": ["support", "shared"]}).api_keys
+    {'SUPPORT_KEY': ['support', 'shared']}
+    """
 
     api_keys: dict[str, list[str]] = Field(default_factory=dict)
+    graph_path: str | None = None
+    hybrid: bool = True
+
+    @field_validator("api_keys")
+    @classmethod
+    def _names_not_keys(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        for name, tenants in value.items():
+            if not _ENV_NAME.fullmatch(name):
+                raise ValueError(
+                    "api_keys maps environment variable names to tenants, and one of its names "
+                    "is not a variable name (letters, digits and _ only). Put the key itself "
+                    "in an environment variable and name that variable here: keys never "
+                    "belong in a config file"
+                )
+            if not tenants:
+                raise ValueError(f"api_keys.{name}: list at least one tenant id")
+            for tenant in tenants:
+                if not re.match(ID_PATTERN, tenant):
+                    raise ValueError(
+                        f"api_keys.{name}: tenant id {tenant!r} is not 1-128 letters, digits "
+                        "and . _ : @ - starting with a letter or digit"
+                    )
+        return value
 
 
 class DashboardSettings(_Section):
@@ -57,6 +101,10 @@ class DashboardSettings(_Section):
 
 
 class LimitSettings(_Section):
+    """Bad-input guards for every route: a request body larger than ``max_body_bytes`` is
+    answered 413 before it is read into memory (declared ``Content-Length`` or counted as a
+    chunked body streams in)."""
+
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
 
 

@@ -1,12 +1,526 @@
-"""(being built: see issue 5)"""
+"""``POST /api/context`` and the endpoints that load its knowledge: documents, nodes, edges.
 
-from __future__ import annotations
+``/api/context`` answers seed 003's request with ``entry_points``, ``context``, ``entities``
+and ``stats`` (``contextfold.retrieval.graph.graph_context``: BM25, plus dense search with
+the memory engine's embedder when ``context_api.hybrid``), over the intersection of the
+requested ``tenant_ids`` and the caller's tenants (``contextfold.server.tenants``); the
+``X-Contextfold-Tenants`` response header lists the tenants actually searched.
 
-from fastapi import APIRouter
+Everything is stored in one SQLite file (``context_api.graph_path``, by default
+``<home>/graph.db``), so a restarted server keeps its knowledge. A node of a tenant the caller
+does not own answers 404, exactly as a node that does not exist; writing to such a tenant by
+name answers 403. The HTTP reference is ``docs/http-api.md``.
+"""
 
+# No ``from __future__ import annotations`` here: FastAPI must see the route annotations,
+# some of which (``Who``) are local to ``router``, as objects.
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Response, Security
+from fastapi import Path as PathParam
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
+
+from contextfold.budget import graph_budget
+from contextfold.retrieval.graph import (
+    GraphContextRequest,
+    GraphContextResponse,
+    graph_context,
+    to_context_items,
+)
+from contextfold.server.config import ID_PATTERN
+from contextfold.server.events import BudgetRow, RequestRecord
+from contextfold.server.guards import ERROR_RESPONSES, ApiError
+from contextfold.server.knowledge import (
+    Chunking,
+    DocumentConflict,
+    DocumentInfo,
+    DocumentSpec,
+    KnowledgeStore,
+)
 from contextfold.server.state import ServerState
+from contextfold.server.tenants import Caller, TenantAuth
+from contextfold.store.graph import EdgeType, KnowledgeEdge, KnowledgeNode, NodeType
+from contextfold.store.sqlite import home_dir
+
+__all__ = [
+    "BulkEdges",
+    "BulkNodes",
+    "ContextRequest",
+    "DocumentIn",
+    "DocumentList",
+    "EdgeIn",
+    "EdgeList",
+    "NodeIn",
+    "NodeList",
+    "TenantList",
+    "router",
+]
+
+#: The largest node id the API takes: JavaScript's largest safe integer (SQLite's own limit,
+#: 2**63 - 1, does not survive a trip through a float; ids are assigned from 1 upwards).
+MAX_ID = 2**53 - 1
+#: At most this many nodes or edges in one bulk request.
+MAX_BULK = 1000
+
+
+def _unicode(value: Any, where: str = "value") -> Any:
+    """Reject strings that cannot be stored as UTF-8 (lone surrogates such as ``"\\ud800"``,
+    which JSON escapes allow), anywhere inside ``value``."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"{where} contains {value[exc.start]!r} at index {exc.start}, a lone UTF-16 "
+                "surrogate; send valid Unicode text"
+            ) from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _unicode(key, f"{where} key")
+            _unicode(item, f"{where}.{key}" if isinstance(key, str) else where)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _unicode(item, f"{where}[{index}]")
+    return value
+
+
+_REQUEST = ConfigDict(extra="forbid", frozen=True)
+
+
+def _json_number(value: Any) -> Any:
+    """JSON types, not pydantic's lax coercions: ``"10"`` and ``true`` are not numbers
+    (``10.0`` still is an integer, as JSON Schema says)."""
+    if isinstance(value, bool | str):
+        raise ValueError(f"expected a JSON number, got {type(value).__name__}")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_json_number)]
+Number = Annotated[float, BeforeValidator(_json_number)]
+Bool = StrictBool
+
+
+TenantId = Annotated[str, StringConstraints(pattern=ID_PATTERN)]
+# (Field before the validator: after it, pydantic leaves the bounds out of the JSON schema)
+NodeId = Annotated[int, Field(ge=1, le=MAX_ID), BeforeValidator(_json_number)]
+Text = Annotated[str, AfterValidator(_unicode)]
+Tag = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_unicode)]
+JsonObject = Annotated[dict[str, Any], AfterValidator(_unicode)]
+
+
+# -- request and response models -----------------------------------------------------------
+
+
+class ContextRequest(GraphContextRequest):
+    """Seed 003's request (``GraphContextRequest``) with the bounds a server needs."""
+
+    query: Text = Field(default="", max_length=20_000)
+    tenant_ids: list[TenantId] = Field(default_factory=list, max_length=100)
+    entry_limit: Int = Field(default=10, gt=0, le=1000)
+    expand: Bool = True
+    max_depth: Int = Field(default=2, ge=0, le=10)
+    context_limit: Int = Field(default=50, ge=0, le=10_000)
+    include_entities: Bool = True
+    include_schemas: Bool = False
+    include_examples: Bool = False
+    max_tokens: Int | None = Field(default=None, gt=0, le=10_000_000)
+    token_model: Text = Field(default="gpt-4", min_length=1, max_length=200)
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "query": "How do I process a refund request?",
+                    "tenant_ids": ["purchasing", "shared"],
+                    "entry_types": ["faq", "playbook", "permission_rule"],
+                    "entry_limit": 10,
+                    "max_depth": 2,
+                    "max_tokens": 8000,
+                }
+            ]
+        }
+    )
+
+
+class NodeIn(BaseModel):
+    """A node to store. Entity nodes keep ``entity_path`` (a string) and ``related_schemas``
+    (a list of strings) in ``content``."""
+
+    model_config = _REQUEST
+
+    tenant_id: TenantId
+    node_type: NodeType
+    title: Text = Field(min_length=1, max_length=2000)
+    summary: Text | None = Field(default=None, max_length=20_000)
+    content: JsonObject = Field(default_factory=dict)
+    tags: list[Tag] = Field(default_factory=list, max_length=100)
+
+    @model_validator(mode="after")
+    def _as_node(self) -> "NodeIn":
+        try:
+            KnowledgeNode(id=1, **self.model_dump())
+        except ValidationError as exc:
+            raise ValueError(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None
+        return self
+
+
+class BulkNodes(BaseModel):
+    model_config = _REQUEST
+
+    nodes: list[NodeIn] = Field(min_length=1, max_length=MAX_BULK)
+
+
+class NodeList(BaseModel):
+    """A page of nodes; ``total`` counts every match."""
+
+    nodes: list[KnowledgeNode]
+    total: int
+
+
+class EdgeIn(BaseModel):
+    """An edge between two nodes the caller can see; ``weight`` in (0, 1]."""
+
+    model_config = _REQUEST
+
+    source_id: NodeId
+    target_id: NodeId
+    edge_type: EdgeType = EdgeType.RELATED
+    weight: Number = Field(default=1.0, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _two_nodes(self) -> "EdgeIn":
+        if self.source_id == self.target_id:
+            raise ValueError(f"an edge needs two different nodes, got {self.source_id} twice")
+        return self
+
+
+class BulkEdges(BaseModel):
+    model_config = _REQUEST
+
+    edges: list[EdgeIn] = Field(min_length=1, max_length=MAX_BULK)
+
+
+class EdgeList(BaseModel):
+    edges: list[KnowledgeEdge]
+
+
+class DocumentIn(BaseModel):
+    """A document to chunk into nodes (see ``contextfold.server.knowledge``); ``id`` is
+    generated when left out."""
+
+    model_config = _REQUEST
+
+    tenant_id: TenantId
+    id: Annotated[str, StringConstraints(pattern=ID_PATTERN)] | None = None
+    title: Text = Field(min_length=1, max_length=2000)
+    text: Text = Field(min_length=1)
+    node_type: NodeType = NodeType.CONCEPT
+    tags: list[Tag] = Field(default_factory=list, max_length=100)
+    chunker: Chunking = "text"
+    chunk_size: Int = Field(default=256, ge=16, le=8192)
+    overlap: Int = Field(default=0, ge=0, le=1024)
+    link_chunks: Bool = True
+    metadata: JsonObject = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _sizes(self) -> "DocumentIn":
+        if not self.text.strip():
+            raise ValueError("text is blank; a document needs some text to chunk")
+        if self.overlap >= self.chunk_size:
+            raise ValueError(
+                f"overlap ({self.overlap}) must be smaller than chunk_size ({self.chunk_size})"
+            )
+        return self
+
+
+class DocumentList(BaseModel):
+    documents: list[DocumentInfo]
+
+
+class TenantInfo(BaseModel):
+    id: str
+    nodes: int
+    documents: int
+
+
+class TenantList(BaseModel):
+    """The caller's tenants (``open``: no keys, every tenant is visible)."""
+
+    open: bool
+    tenants: list[TenantInfo]
+
+
+TenantFilter = Annotated[
+    list[TenantId],
+    Query(
+        default_factory=list,
+        description="Only these tenants (repeat the parameter); default: all the caller's",
+    ),
+]
+
+# -- the router ----------------------------------------------------------------------------
+
+_bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <API key>")
+_api_key = APIKeyHeader(name="X-API-Key", auto_error=False, description="X-API-Key: <API key>")
+
+
+def _not_found(kind: str, ident: object) -> ApiError:
+    return ApiError(404, "not_found", f"no {kind} {ident} among the tenants this caller can see")
 
 
 def router(state: ServerState) -> APIRouter:
-    del state
-    return APIRouter()
+    """The context API's routes, over the store at ``context_api.graph_path``."""
+    settings = state.config.context_api
+    auth = TenantAuth(settings.api_keys, host=state.config.host)
+    store = KnowledgeStore(settings.graph_path or home_dir() / "graph.db")
+    graph = store.graph
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        store.close()
+
+    def caller(
+        bearer: Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)],
+        api_key: Annotated[str | None, Security(_api_key)],
+    ) -> Caller:
+        return auth.authenticate(
+            f"Bearer {bearer.credentials}" if bearer is not None else None, api_key
+        )
+
+    Who = Annotated[Caller, Depends(caller)]
+    api = APIRouter(prefix="/api", responses=ERROR_RESPONSES, lifespan=lifespan)
+
+    def visible_node(who: Caller, node_id: int) -> KnowledgeNode:
+        node = graph.get_node(node_id)
+        if node is None or not who.owns(node.tenant_id):
+            raise _not_found("node", node_id)
+        return node
+
+    def scope(who: Caller, tenant_id: list[str]) -> list[str] | None:
+        """The tenants a listing covers: those asked for that the caller owns, or all of
+        the caller's when none are named (None: every tenant, in the open mode)."""
+        if tenant_id:
+            return who.visible(tenant_id)
+        return None if who.tenants is None else sorted(who.tenants)
+
+    @api.post(
+        "/context",
+        response_model=GraphContextResponse,
+        tags=["context"],
+        summary="Knowledge-graph context for a query",
+    )
+    def context(body: ContextRequest, who: Who, response: Response) -> GraphContextResponse:
+        """Entry points (BM25, and dense search when hybrid), graph expansion, entities and
+        the 60/30/10 token budget, over the requested tenants the caller owns."""
+        started = time.perf_counter()
+        tenants = who.visible(body.tenant_ids)
+        request = body.model_copy(update={"tenant_ids": tenants})
+        embedder = state.memory.embedder if settings.hybrid else None
+        result = graph_context(graph, request, embedder=embedder)
+        response.headers["X-Contextfold-Tenants"] = ",".join(tenants)
+        _publish(state, who, request, result, (time.perf_counter() - started) * 1000)
+        return result
+
+    @api.get("/tenants", response_model=TenantList, tags=["tenants"])
+    def tenants(who: Who) -> TenantList:
+        """The caller's tenants with their node and document counts."""
+        nodes, documents = graph.tenant_counts(), store.document_counts()
+        ids = sorted(who.tenants) if who.tenants is not None else sorted({*nodes, *documents})
+        return TenantList(
+            open=who.tenants is None,
+            tenants=[
+                TenantInfo(id=t, nodes=nodes.get(t, 0), documents=documents.get(t, 0)) for t in ids
+            ],
+        )
+
+    # -- nodes ------------------------------------------------------------------------------
+
+    @api.post("/nodes", status_code=201, response_model=KnowledgeNode, tags=["nodes"])
+    def add_node(body: NodeIn, who: Who) -> KnowledgeNode:
+        """Store a node; its id is assigned by the server."""
+        who.require(body.tenant_id)
+        return graph.add_nodes([body.model_dump()])[0]
+
+    @api.post("/nodes/bulk", status_code=201, response_model=NodeList, tags=["nodes"])
+    def add_nodes(body: BulkNodes, who: Who) -> NodeList:
+        """Store up to 1,000 nodes in one transaction (all or none); ids in request order."""
+        for node in body.nodes:
+            who.require(node.tenant_id)
+        stored = graph.add_nodes([n.model_dump() for n in body.nodes])
+        return NodeList(nodes=stored, total=len(stored))
+
+    @api.get("/nodes", response_model=NodeList, tags=["nodes"])
+    def list_nodes(
+        who: Who,
+        tenant_id: TenantFilter,
+        node_type: Annotated[list[NodeType] | None, Query()] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+        offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
+    ) -> NodeList:
+        """The caller's nodes by id, optionally of some tenants and types, a page at a time."""
+        found = graph.nodes(tenant_ids=scope(who, tenant_id), node_types=node_type)
+        return NodeList(nodes=found[offset : offset + limit], total=len(found))
+
+    @api.get("/nodes/{node_id:int}", response_model=KnowledgeNode, tags=["nodes"])
+    def get_node(node_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], who: Who) -> KnowledgeNode:
+        return visible_node(who, node_id)
+
+    @api.put("/nodes/{node_id:int}", response_model=KnowledgeNode, tags=["nodes"])
+    def replace_node(
+        node_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], body: NodeIn, who: Who
+    ) -> KnowledgeNode:
+        """Replace a node's fields (its edges stay); it may move to another owned tenant."""
+        visible_node(who, node_id)
+        who.require(body.tenant_id)
+        return graph.add_nodes([{**body.model_dump(), "id": node_id}])[0]
+
+    @api.delete("/nodes/{node_id:int}", status_code=204, tags=["nodes"])
+    def delete_node(node_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], who: Who) -> Response:
+        """Delete a node and every edge touching it."""
+        visible_node(who, node_id)
+        graph.remove_node(node_id)
+        return Response(status_code=204)
+
+    # -- edges ------------------------------------------------------------------------------
+
+    def check_edge(who: Caller, edge: EdgeIn) -> KnowledgeEdge:
+        visible_node(who, edge.source_id)
+        visible_node(who, edge.target_id)
+        return KnowledgeEdge(**edge.model_dump())
+
+    @api.post("/edges", status_code=201, response_model=KnowledgeEdge, tags=["edges"])
+    def add_edge(body: EdgeIn, who: Who) -> KnowledgeEdge:
+        """Store an edge (or replace its weight); undirected types come back smaller id
+        first."""
+        return graph.add_edges([check_edge(who, body)])[0]
+
+    @api.post("/edges/bulk", status_code=201, response_model=EdgeList, tags=["edges"])
+    def add_edges(body: BulkEdges, who: Who) -> EdgeList:
+        """Store up to 1,000 edges in one transaction (all or none)."""
+        return EdgeList(edges=graph.add_edges([check_edge(who, e) for e in body.edges]))
+
+    @api.get("/edges", response_model=EdgeList, tags=["edges"])
+    def list_edges(
+        who: Who,
+        tenant_id: TenantFilter,
+        node_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+    ) -> EdgeList:
+        """Edges whose two ends are both among the caller's (requested) tenants, optionally
+        only those touching ``node_id``."""
+        found = graph.edges(tenant_ids=scope(who, tenant_id))
+        if node_id is not None:
+            found = [e for e in found if node_id in (e.source_id, e.target_id)]
+        return EdgeList(edges=found)
+
+    @api.delete("/edges", status_code=204, tags=["edges"])
+    def delete_edge(
+        who: Who,
+        source_id: Annotated[int, Query(ge=1, le=MAX_ID)],
+        target_id: Annotated[int, Query(ge=1, le=MAX_ID)],
+        edge_type: Annotated[EdgeType, Query()] = EdgeType.RELATED,
+    ) -> Response:
+        """Delete one edge (either orientation for undirected types)."""
+        visible_node(who, source_id)
+        visible_node(who, target_id)
+        if not graph.remove_edge(source_id, target_id, edge_type):
+            raise _not_found("edge", f"{source_id} -{edge_type.value}- {target_id}")
+        return Response(status_code=204)
+
+    # -- documents --------------------------------------------------------------------------
+
+    @api.post("/documents", status_code=201, response_model=DocumentInfo, tags=["documents"])
+    def add_document(body: DocumentIn, who: Who) -> DocumentInfo:
+        """Chunk a document into nodes (consecutive chunks linked by ``related`` edges)."""
+        who.require(body.tenant_id)
+        try:
+            return store.add_document(DocumentSpec(**body.model_dump()))
+        except DocumentConflict as exc:
+            raise ApiError(409, "conflict", str(exc)) from None
+
+    @api.get("/documents", response_model=DocumentList, tags=["documents"])
+    def list_documents(who: Who, tenant_id: TenantFilter) -> DocumentList:
+        return DocumentList(documents=store.documents(scope(who, tenant_id)))
+
+    DocPath = Annotated[str, PathParam(pattern=ID_PATTERN)]
+
+    @api.get(
+        "/documents/{tenant_id}/{document_id}", response_model=DocumentInfo, tags=["documents"]
+    )
+    def get_document(tenant_id: DocPath, document_id: DocPath, who: Who) -> DocumentInfo:
+        who.require(tenant_id)
+        found = store.document(tenant_id, document_id)
+        if found is None:
+            raise ApiError(
+                404, "not_found", f"tenant {tenant_id!r} has no document {document_id!r}"
+            )
+        return found
+
+    @api.delete("/documents/{tenant_id}/{document_id}", status_code=204, tags=["documents"])
+    def delete_document(tenant_id: DocPath, document_id: DocPath, who: Who) -> Response:
+        """Delete a document and its chunk nodes."""
+        who.require(tenant_id)
+        if not store.remove_document(tenant_id, document_id):
+            raise ApiError(
+                404, "not_found", f"tenant {tenant_id!r} has no document {document_id!r}"
+            )
+        return Response(status_code=204)
+
+    return api
+
+
+def _publish(
+    state: ServerState,
+    who: Caller,
+    request: GraphContextRequest,
+    result: GraphContextResponse,
+    elapsed_ms: float,
+) -> None:
+    """One dashboard record per ``/api/context`` call (kind ``context``)."""
+    used = result.stats.tokens_used
+    shares: dict[str, int] = {}
+    if request.max_tokens is not None:
+        shares = {s.name: s.max or 0 for s in graph_budget(request.max_tokens).sections}
+    rows = [
+        ("entry_points", used.entry_points, len(result.entry_points)),
+        ("expanded", used.context_nodes, len(result.context)),
+        ("entities", used.entities, len(result.entities)),
+    ]
+    state.events.publish(
+        RequestRecord(
+            id=uuid.uuid4().hex,
+            session_id=f"api:{who.name}",
+            kind="context",
+            format="context",
+            path="/api/context",
+            model=request.token_model,
+            status=200,
+            tokens_forwarded=result.stats.total_tokens,
+            overhead_ms=elapsed_ms,
+            context="\n\n".join(item.content for item in to_context_items(result)),
+            budget=tuple(
+                BudgetRow(section=name, budget=shares.get(name, 0), used=tokens, items=items)
+                for name, tokens, items in rows
+            ),
+            extra={
+                "query": request.query,
+                "tenants": list(request.tenant_ids),
+                "stats": result.stats.model_dump(),
+            },
+        )
+    )

@@ -428,6 +428,19 @@ class KnowledgeGraph:
             self._changed()
         return deleted > 0
 
+    def remove_nodes(self, node_ids: Iterable[int]) -> int:
+        """Delete many nodes and their edges in one transaction; returns how many existed."""
+        ids = list(dict.fromkeys(node_ids))
+        deleted = 0
+        with self._lock, transaction(self._conn) as conn:
+            for start in range(0, len(ids), 500):
+                part = ids[start : start + 500]
+                marks = ",".join("?" * len(part))
+                cursor = conn.execute(f"DELETE FROM graph_nodes WHERE id IN ({marks})", part)
+                deleted += cursor.rowcount
+            self._changed()
+        return deleted
+
     def remove_edge(
         self, source_id: int, target_id: int, edge_type: EdgeType | str = EdgeType.RELATED
     ) -> bool:
@@ -538,6 +551,19 @@ class KnowledgeGraph:
             row = self._conn.execute("SELECT * FROM graph_nodes WHERE id = ?", (node_id,))
             found = row.fetchone()
         return None if found is None else self._node(found)
+
+    def existing(self, node_ids: Iterable[int]) -> set[int]:
+        """Which of ``node_ids`` are stored."""
+        with self._lock:
+            return self._existing(self._conn, node_ids)
+
+    def tenant_counts(self) -> dict[str, int]:
+        """Stored nodes per tenant, by tenant id."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT tenant_id, count(*) FROM graph_nodes GROUP BY tenant_id ORDER BY tenant_id"
+            ).fetchall()
+        return {str(r[0]): int(r[1]) for r in rows}
 
     def nodes(
         self,

@@ -1,0 +1,430 @@
+"""``POST /api/context`` and the knowledge endpoints: seed 003's shape, tenant isolation by API
+key, documents chunked into linked nodes, node and edge CRUD, persistence across restarts,
+hybrid search through the memory engine's embedder, and the dashboard record."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+
+from contextfold.errors import ConfigError
+from contextfold.memory.engine import MemoryEngine
+from contextfold.retrieval.embedders import FunctionEmbedder
+from contextfold.retrieval.graph import GraphContextRequest, KnowledgeGraph, graph_context
+from contextfold.server.app import create_app
+from contextfold.server.config import ContextApiSettings, ServerConfig
+from live_app import LiveServer
+
+SUPPORT = {"Authorization": "Bearer key-support"}
+SALES = {"X-API-Key": "key-sales"}
+KEYED = {"SUPPORT_KEY": ["support", "shared"], "SALES_KEY": ["sales", "shared"]}
+
+SEED_REQUEST = {
+    "query": "How do I process a refund request?",
+    "tenant_ids": ["purchasing", "shared"],
+    "entry_types": ["faq", "playbook", "permission_rule"],
+    "entry_limit": 10,
+    "expand": True,
+    "max_depth": 2,
+    "context_limit": 50,
+    "include_entities": True,
+    "include_schemas": False,
+    "include_examples": False,
+    "max_tokens": 8000,
+    "token_model": "gpt-4",
+}
+
+
+def _app(
+    home: Path,
+    *,
+    api_keys: dict[str, list[str]] | None = None,
+    host: str = "127.0.0.1",
+    embedder: Any = None,
+    hybrid: bool = True,
+) -> FastAPI:
+    settings = ContextApiSettings(
+        api_keys=api_keys or {}, graph_path=str(home / "graph.db"), hybrid=hybrid
+    )
+    config = ServerConfig(host=host, context_api=settings)
+    return create_app(config, memory=MemoryEngine(store=":memory:", embedder=embedder))
+
+
+@pytest.fixture
+def open_client(tmp_path: Path) -> Iterator[TestClient]:
+    with TestClient(_app(tmp_path)) as client:
+        yield client
+
+
+@pytest.fixture
+def keyed_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+    monkeypatch.setenv("SUPPORT_KEY", "key-support")
+    monkeypatch.setenv("SALES_KEY", "key-sales")
+    with TestClient(_app(tmp_path, api_keys=KEYED)) as client:
+        yield client
+
+
+def _node(client: TestClient, tenant: str, title: str, headers: Any = None, **fields: Any) -> int:
+    body = {"tenant_id": tenant, "node_type": "faq", "title": title, **fields}
+    response = client.post("/api/nodes", json=body, headers=headers)
+    assert response.status_code == 201, response.text
+    return int(response.json()["id"])
+
+
+def _edge(client: TestClient, a: int, b: int, headers: Any = None, **fields: Any) -> None:
+    body = {"source_id": a, "target_id": b, **fields}
+    assert client.post("/api/edges", json=body, headers=headers).status_code == 201
+
+
+def _seed_graph(client: TestClient) -> tuple[int, int, int]:
+    faq = _node(
+        client,
+        "purchasing",
+        "How to process refunds",
+        summary="Step-by-step refund processing guide",
+        content={"question": "How do I refund?", "answer": "Open the order, press refund."},
+        tags=["refunds", "customer-service"],
+    )
+    flow = _node(  # matches no query word: reached by expansion only
+        client,
+        "shared",
+        "Approval Workflow",
+        node_type="playbook",
+        summary="Manager sign-off for amounts over $100",
+        content={"steps": ["check the order", "ask the manager"]},
+        tags=["workflow", "approvals"],
+    )
+    entity = _node(
+        client,
+        "purchasing",
+        "Refund Request",
+        node_type="entity",
+        content={"entity_path": "orders.refund_requests", "related_schemas": ["orders"]},
+    )
+    _edge(client, faq, flow)
+    _edge(client, flow, entity, edge_type="parent", weight=0.8)
+    return faq, flow, entity
+
+
+# -- /api/context ---------------------------------------------------------------------------
+
+
+def test_context_answers_seed_003s_request_in_seed_003s_shape(
+    open_client: TestClient, tmp_path: Path
+) -> None:
+    faq, flow, entity = _seed_graph(open_client)
+    response = open_client.post("/api/context", json=SEED_REQUEST)
+    assert response.status_code == 200, response.text
+    assert response.headers["x-contextfold-tenants"] == "purchasing,shared"
+    body = response.json()
+    assert set(body) == {"entry_points", "context", "entities", "stats"}
+    entry, near, found = body["entry_points"][0], body["context"][0], body["entities"][0]
+    shared = {"id", "node_type", "title", "summary", "content", "tags", "score"}
+    assert set(entry) == shared | {"match_source"}
+    assert set(near) == shared | {"distance", "path", "edge_type"}
+    assert set(found) == {"id", "title", "entity_path", "related_schemas"}
+    assert (entry["id"], entry["match_source"]) == (faq, "bm25")
+    assert (near["id"], near["path"], near["distance"]) == (flow, [faq, flow], 1)
+    assert (near["score"], near["edge_type"]) == (0.5, "related")
+    assert (found["id"], found["entity_path"]) == (entity, "orders.refund_requests")
+    stats = body["stats"]
+    assert set(stats["tokens_used"]) == {"entry_points", "context_nodes", "entities"}
+    assert stats["total_tokens"] == sum(stats["tokens_used"].values()) > 0
+    # The endpoint is graph_context over the stored graph, nothing else.
+    with KnowledgeGraph(tmp_path / "graph.db") as graph:
+        direct = graph_context(graph, GraphContextRequest(**SEED_REQUEST))
+    assert body == direct.model_dump(mode="json")
+
+
+def test_hybrid_search_uses_the_memory_engines_embedder(tmp_path: Path) -> None:
+    def concepts(text: str) -> Sequence[float]:
+        lowered = text.lower()
+        money = float(any(w in lowered for w in ("refund", "money")))
+        return [money, 0.0 if money else 1.0]
+
+    embedder = FunctionEmbedder(concepts, name="concepts", dim=2)
+    with TestClient(_app(tmp_path, embedder=embedder)) as client:
+        _node(client, "t", "Refund policy")
+        _node(client, "t", "Money back and refund rules")
+        _node(client, "t", "Shipping times")
+        ask = {"query": "money back", "tenant_ids": ["t"]}
+        sources = {
+            e["title"]: e["match_source"]
+            for e in client.post("/api/context", json=ask).json()["entry_points"]
+        }
+    assert sources == {"Money back and refund rules": "hybrid", "Refund policy": "vector"}
+    with TestClient(_app(tmp_path, embedder=embedder, hybrid=False)) as client:
+        entries = client.post("/api/context", json=ask).json()["entry_points"]
+    assert [e["match_source"] for e in entries] == ["bm25"]
+
+
+def test_each_context_call_is_published_for_the_dashboard(
+    keyed_client: TestClient,
+) -> None:
+    _node(keyed_client, "support", "Refund steps", SUPPORT)
+    ask = {"query": "refund", "tenant_ids": ["support", "sales"], "max_tokens": 1000}
+    assert keyed_client.post("/api/context", json=ask, headers=SUPPORT).status_code == 200
+    state = keyed_client.app.state.contextfold  # type: ignore[attr-defined]
+    (record,) = state.events.recent()
+    assert (record.kind, record.session_id, record.path) == (
+        "context",
+        "api:SUPPORT_KEY",
+        "/api/context",
+    )
+    assert record.extra["tenants"] == ["support"] and record.extra["query"] == "refund"
+    assert record.context == "Refund steps"  # the text the agent receives
+    rows = {row.section: (row.budget, row.items) for row in record.budget}
+    assert rows == {"entry_points": (600, 1), "expanded": (300, 0), "entities": (100, 0)}
+
+
+# -- tenants and keys ---------------------------------------------------------------------
+
+
+def test_a_key_never_sees_another_tenants_nodes_even_when_it_asks(
+    keyed_client: TestClient,
+) -> None:
+    mine = _node(keyed_client, "support", "Refund steps for support", SUPPORT)
+    theirs = _node(keyed_client, "sales", "Refund discounts for sales", SALES)
+    ask = {"query": "refund", "tenant_ids": ["support", "sales"]}
+    response = keyed_client.post("/api/context", json=ask, headers=SUPPORT)
+    assert [e["id"] for e in response.json()["entry_points"]] == [mine]
+    assert response.headers["x-contextfold-tenants"] == "support"
+    for path in (f"/api/nodes/{theirs}", "/api/nodes/999999"):
+        missing = keyed_client.get(path, headers=SUPPORT)
+        assert missing.status_code == 404
+        assert missing.json()["error"]["message"].endswith("among the tenants this caller can see")
+    listed = keyed_client.get("/api/nodes", params={"tenant_id": "sales"}, headers=SUPPORT)
+    assert listed.json() == {"nodes": [], "total": 0}
+    everything = keyed_client.get("/api/nodes", headers=SUPPORT).json()["nodes"]
+    assert [n["id"] for n in everything] == [mine]
+    assert keyed_client.delete(f"/api/nodes/{theirs}", headers=SUPPORT).status_code == 404
+    replaced = {"tenant_id": "support", "node_type": "faq", "title": "hijacked"}
+    put = keyed_client.put(f"/api/nodes/{theirs}", json=replaced, headers=SUPPORT)
+    assert put.status_code == 404
+    assert keyed_client.get(f"/api/nodes/{theirs}", headers=SALES).json()["title"] == (
+        "Refund discounts for sales"
+    )
+    edge = {"source_id": mine, "target_id": theirs}
+    assert keyed_client.post("/api/edges", json=edge, headers=SUPPORT).status_code == 404
+
+
+def test_expansion_never_crosses_into_a_tenant_the_key_does_not_own(
+    keyed_client: TestClient,
+) -> None:
+    shared = _node(keyed_client, "shared", "Refund policy", SUPPORT)
+    private = _node(keyed_client, "support", "Internal refund escalation", SUPPORT)
+    _edge(keyed_client, shared, private, SUPPORT)  # support owns both ends
+    ask = {"query": "refund policy", "tenant_ids": ["shared", "support"]}
+    sales = keyed_client.post("/api/context", json=ask, headers=SALES).json()
+    assert [e["id"] for e in sales["entry_points"]] == [shared]
+    assert sales["context"] == [] and sales["stats"]["nodes_searched"] == 1
+    assert keyed_client.get("/api/edges", headers=SALES).json() == {"edges": []}
+    support = keyed_client.post("/api/context", json={**ask, "entry_limit": 1}, headers=SUPPORT)
+    assert [c["id"] for c in support.json()["context"]] == [private]
+
+
+def test_writes_to_a_tenant_the_key_does_not_own_get_403_and_store_nothing(
+    keyed_client: TestClient,
+) -> None:
+    foreign = {"tenant_id": "sales", "node_type": "faq", "title": "planted"}
+    response = keyed_client.post("/api/nodes", json=foreign, headers=SUPPORT)
+    assert response.status_code == 403
+    message = response.json()["error"]["message"]
+    assert "SUPPORT_KEY" in message and "'sales'" in message and "key-support" not in message
+    mixed = {"nodes": [{**foreign, "tenant_id": "support"}, foreign]}
+    assert keyed_client.post("/api/nodes/bulk", json=mixed, headers=SUPPORT).status_code == 403
+    document = {"tenant_id": "sales", "title": "Planted", "text": "planted text"}
+    assert keyed_client.post("/api/documents", json=document, headers=SUPPORT).status_code == 403
+    assert keyed_client.get("/api/documents/sales/x", headers=SUPPORT).status_code == 403
+    mine = _node(keyed_client, "support", "mine", SUPPORT)
+    move = keyed_client.put(f"/api/nodes/{mine}", json=foreign, headers=SUPPORT)
+    assert move.status_code == 403
+    assert keyed_client.get("/api/nodes", headers=SALES).json()["total"] == 0
+
+
+@pytest.mark.parametrize(
+    ("headers", "reason"),
+    [
+        ({}, "missing API key"),
+        ({"Authorization": "Bearer nope"}, "unknown API key"),
+        ({"X-API-Key": "nope"}, "unknown API key"),
+        ({"Authorization": "Basic a2V5LXN1cHBvcnQ="}, "missing API key"),
+    ],
+)
+def test_a_missing_or_unknown_key_gets_401(
+    keyed_client: TestClient, headers: dict[str, str], reason: str
+) -> None:
+    response = keyed_client.post("/api/context", json={"query": "x"}, headers=headers)
+    assert response.status_code == 401
+    assert response.json()["error"]["message"].startswith(reason)
+    assert response.headers["www-authenticate"].startswith("Bearer")
+
+
+def test_both_header_forms_carry_a_key(keyed_client: TestClient) -> None:
+    tenants = keyed_client.get("/api/tenants", headers=SALES).json()
+    assert tenants["open"] is False
+    assert [t["id"] for t in tenants["tenants"]] == ["sales", "shared"]
+    assert keyed_client.get("/api/tenants", headers=SUPPORT).status_code == 200
+
+
+def test_without_keys_loopback_is_open_and_any_other_host_is_closed(tmp_path: Path) -> None:
+    with TestClient(_app(tmp_path)) as client:
+        _node(client, "anyone", "Refunds")
+        assert client.get("/api/tenants").json() == {
+            "open": True,
+            "tenants": [{"id": "anyone", "nodes": 1, "documents": 0}],
+        }
+    with TestClient(_app(tmp_path, host="0.0.0.0")) as client:
+        response = client.get("/api/tenants")
+        assert client.get("/healthz").status_code == 200  # the rest of the server still runs
+    assert response.status_code == 401
+    assert "no API keys are configured" in response.json()["error"]["message"]
+
+
+def test_an_unset_key_variable_stops_the_server_from_starting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SUPPORT_KEY", raising=False)
+    with pytest.raises(ConfigError, match="not set: SUPPORT_KEY"):
+        _app(tmp_path, api_keys={"SUPPORT_KEY": ["support"]})
+
+
+def test_the_config_refuses_a_key_where_a_variable_name_belongs() -> None:
+    for build in (
+        lambda: ContextApiSettings(api_keys={"sk-live-123456": ["support"]}),
+        lambda: ServerConfig.model_validate({"context_api": {"api_keys": {"sk-live-123456": []}}}),
+    ):
+        with pytest.raises(ValidationError, match="keys never belong in a config file") as caught:
+            build()
+        assert "sk-live" not in str(caught.value)
+
+
+# -- documents, nodes, edges -------------------------------------------------------------------
+
+POLICY = """# Refunds
+
+Refunds are paid within 14 days of the request.
+
+## Large refunds
+
+A manager approves every refund over $100 before it is paid.
+"""
+
+
+def test_a_document_is_chunked_into_linked_nodes_and_deleted_with_them(
+    open_client: TestClient,
+) -> None:
+    body = {"tenant_id": "t", "id": "policy", "title": "Policy", "text": POLICY}
+    created = open_client.post("/api/documents", json={**body, "chunker": "markdown"})
+    assert created.status_code == 201, created.text
+    document = created.json()
+    first, second = document["node_ids"]
+    nodes = [open_client.get(f"/api/nodes/{i}").json() for i in (first, second)]
+    assert [n["title"] for n in nodes] == [
+        "Policy › Refunds (1/2)",
+        "Policy › Refunds › Large refunds (2/2)",
+    ]
+    assert nodes[1]["content"]["document_id"] == "policy"
+    assert nodes[1]["content"]["text"].startswith("## Large refunds")
+    assert open_client.get("/api/edges").json()["edges"] == [
+        {"source_id": first, "target_id": second, "edge_type": "related", "weight": 1.0}
+    ]
+    answer = open_client.post(
+        "/api/context", json={"query": "manager approves", "tenant_ids": ["t"], "entry_limit": 1}
+    ).json()
+    assert [e["id"] for e in answer["entry_points"]] == [second]
+    assert [c["id"] for c in answer["context"]] == [first]  # the neighbouring chunk
+    assert open_client.delete(f"/api/nodes/{second}").status_code == 204  # one chunk alone
+    shrunk = open_client.get("/api/documents/t/policy").json()
+    assert (shrunk["node_ids"], shrunk["chunks"]) == ([first], 1)
+    again = open_client.post("/api/documents", json=body)
+    assert again.status_code == 409 and "DELETE it first" in again.json()["error"]["message"]
+    assert open_client.delete("/api/documents/t/policy").status_code == 204
+    assert open_client.get(f"/api/nodes/{first}").status_code == 404
+    assert open_client.get("/api/edges").json() == {"edges": []}
+    assert open_client.get("/api/documents/t/policy").status_code == 404
+    assert open_client.delete("/api/documents/t/policy").status_code == 404
+
+
+def test_nodes_can_be_replaced_listed_and_deleted(open_client: TestClient) -> None:
+    ids = [
+        _node(open_client, "t", f"node {n}", node_type=kind)
+        for n, kind in enumerate(["faq", "faq", "playbook"])
+    ]
+    _edge(open_client, ids[0], ids[1])
+    replaced = {"tenant_id": "t", "node_type": "concept", "title": "renamed", "tags": ["x"]}
+    put = open_client.put(f"/api/nodes/{ids[0]}", json=replaced)
+    assert put.json() == {**replaced, "id": ids[0], "summary": None, "content": {}}
+    assert len(open_client.get("/api/edges", params={"node_id": ids[0]}).json()["edges"]) == 1
+    page = open_client.get("/api/nodes", params={"limit": 1, "offset": 1}).json()
+    assert ([n["id"] for n in page["nodes"]], page["total"]) == ([ids[1]], 3)
+    faqs = open_client.get("/api/nodes", params={"node_type": "faq"}).json()
+    assert [n["id"] for n in faqs["nodes"]] == [ids[1]]
+    assert open_client.delete(f"/api/nodes/{ids[1]}").status_code == 204
+    assert open_client.get("/api/edges").json() == {"edges": []}
+    assert open_client.delete(f"/api/nodes/{ids[1]}").status_code == 404
+
+
+def test_bulk_nodes_are_stored_all_or_none(open_client: TestClient) -> None:
+    good = {"tenant_id": "t", "node_type": "faq", "title": "fine"}
+    bad = {"tenant_id": "t", "node_type": "entity", "title": "E", "content": {"entity_path": 5}}
+    refused = open_client.post("/api/nodes/bulk", json={"nodes": [good, bad]})
+    assert refused.status_code == 422
+    assert "entity_path must be a string" in refused.json()["error"]["message"]
+    assert open_client.get("/api/nodes").json()["total"] == 0
+    stored = open_client.post("/api/nodes/bulk", json={"nodes": [good, good]}).json()
+    assert [n["id"] for n in stored["nodes"]] == [1, 2]
+
+
+def test_edges_are_normalised_replaced_and_deleted(open_client: TestClient) -> None:
+    a, b = _node(open_client, "t", "a"), _node(open_client, "t", "b")
+    _edge(open_client, b, a, weight=0.5)
+    _edge(open_client, a, b, weight=0.9)  # the same undirected edge: its weight is replaced
+    assert open_client.get("/api/edges").json()["edges"] == [
+        {"source_id": a, "target_id": b, "edge_type": "related", "weight": 0.9}
+    ]
+    assert open_client.post("/api/edges", json={"source_id": a, "target_id": a}).status_code == 422
+    assert open_client.post("/api/edges", json={"source_id": a, "target_id": 77}).status_code == 404
+    gone = {"source_id": b, "target_id": a, "edge_type": "related"}
+    assert open_client.delete("/api/edges", params=gone).status_code == 204
+    assert open_client.delete("/api/edges", params=gone).status_code == 404
+
+
+def test_knowledge_survives_a_restart(tmp_path: Path) -> None:
+    ask = {**SEED_REQUEST, "tenant_ids": ["purchasing", "shared", "t"]}
+    with TestClient(_app(tmp_path)) as client:
+        _seed_graph(client)
+        doc = {"tenant_id": "t", "id": "policy", "title": "Policy", "text": POLICY}
+        assert client.post("/api/documents", json=doc).status_code == 201
+        before = client.post("/api/context", json=ask).json()
+        documents = client.get("/api/documents").json()
+    with TestClient(_app(tmp_path)) as client:  # a new server over the same home
+        assert client.post("/api/context", json=ask).json() == before
+        assert client.get("/api/documents").json() == documents
+        assert client.get("/api/nodes").json()["total"] == 3 + len(
+            documents["documents"][0]["node_ids"]
+        )
+
+
+def test_the_context_api_over_a_real_socket(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SUPPORT_KEY", "key-support")
+    monkeypatch.setenv("SALES_KEY", "key-sales")
+    with (
+        LiveServer(_app(tmp_path, api_keys=KEYED)) as server,
+        httpx.Client(base_url=server.url, headers=SUPPORT) as http,
+    ):
+        node = {"tenant_id": "support", "node_type": "faq", "title": "Refund steps"}
+        assert http.post("/api/nodes", json=node).status_code == 201
+        answer = http.post("/api/context", json={"query": "refund", "tenant_ids": ["support"]})
+        assert [e["title"] for e in answer.json()["entry_points"]] == ["Refund steps"]
+        anonymous = httpx.post(f"{server.url}/api/context", json={"query": "refund"})
+        assert anonymous.status_code == 401
