@@ -127,10 +127,11 @@ class Server:
 
 
 @contextmanager
-def serve(home: Home, *args: str, mode: str = "auto") -> Iterator[Server]:
+def serve(home: Home, *args: str, mode: str = "auto", embed: bool = False) -> Iterator[Server]:
     params = StdioServerParameters(
         command=str(CONTEXTFOLD),
-        args=["mcp", "--config", str(home.config), "--db", str(home.db), "--no-embed", *args],
+        args=["mcp", "--config", str(home.config), "--db", str(home.db), *args]
+        + ([] if embed else ["--no-embed"]),
         env={"CONTEXTFOLD_HOME": str(home.folder / "home")},
         cwd=str(home.folder),
     )
@@ -366,16 +367,28 @@ def test_summarize_session_prompt_lists_topics_and_state(server: Server) -> None
 
 
 @pytest.mark.parametrize(
-    ("arguments", "message"),
-    [({}, "needs the argument(s): topic"), ({"topic": "  "}, "needs a non-empty topic")],
+    ("name", "arguments", "message"),
+    [
+        ("recall", {}, "prompt 'recall' needs the argument(s): topic"),
+        ("recall", {"topic": "  "}, "prompt 'recall' needs a non-empty topic"),
+        ("summarize_session", {"bogus": "1"}, "has no argument(s) bogus; it takes: focus"),
+        ("no_such_prompt", {}, "unknown prompt 'no_such_prompt'; prompts: recall, summarize"),
+    ],
 )
-def test_recall_prompt_without_a_topic_is_invalid_params(
-    server: Server, arguments: dict[str, str], message: str
+def test_a_bad_prompt_call_is_invalid_params_with_a_message(
+    server: Server, name: str, arguments: dict[str, str], message: str
 ) -> None:
     with pytest.raises(MCPError) as raised:
-        server.prompt("recall", arguments)
+        server.prompt(name, arguments)
     assert raised.value.code == INVALID_PARAMS
     assert message in raised.value.message
+
+
+def test_an_unknown_resource_uri_is_invalid_params(server: Server) -> None:
+    with pytest.raises(MCPError) as raised:
+        server.portal.call(server.client.read_resource, "contextfold://nothing")
+    assert raised.value.code == INVALID_PARAMS
+    assert "Unknown resource: contextfold://nothing" in raised.value.message
 
 
 # -- an empty home, the legacy handshake ----------------------------------------------------------
@@ -404,6 +417,24 @@ def test_corpus_ingested_after_the_server_started_is_found(empty: tuple[Server, 
     index.store.close()
     hits = server.ok("search_documents", {"query": "refunds"})["hits"]
     assert [h["metadata"]["source"] for h in hits] == ["refunds.md"]
+
+
+def test_embed_serves_dense_and_hybrid_search_with_the_offline_model(tmp_path: Path) -> None:
+    home = make_home(tmp_path, seed=False)
+    index = DocumentIndex(home.db)  # the default offline MiniLM embedder
+    for text, source in DOCS:
+        index.add_document(text, source=source)
+    index.save()
+    index.store.close()
+    with serve(home, embed=True) as server:
+        dense = server.ok("search_documents", {"query": "money back", "mode": "dense", "k": 1})
+        assert [h["metadata"]["source"] for h in dense["hits"]] == ["refunds.md"]
+        assert dense["hits"][0]["match_source"] == "vector"
+        hybrid = server.ok("search_documents", {"query": "refunds", "k": 1})
+        assert hybrid["hits"][0]["match_source"] == "hybrid"
+        assert (
+            "[Source 1: refunds.md]" in server.ok("get_context", {"query": "money back"})["context"]
+        )
 
 
 # -- the command line -----------------------------------------------------------------------------

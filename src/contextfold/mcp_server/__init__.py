@@ -35,9 +35,11 @@ Example (what ``contextfold mcp`` does)::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.shared.exceptions import MCPError
+from mcp_types import INVALID_PARAMS, GetPromptResult, InputRequiredResult
 
 from contextfold.mcp_server.backend import Backend
 from contextfold.mcp_server.models import (
@@ -75,6 +77,22 @@ INSTRUCTIONS = (
 )
 
 
+class _Server(MCPServer[Any]):
+    """``MCPServer`` with an unknown prompt name as ``invalid params`` naming the prompts there
+    are (the SDK reports it as a generic internal error)."""
+
+    async def get_prompt(
+        self,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        context: Context[Any, Any] | None = None,
+    ) -> GetPromptResult | InputRequiredResult:
+        names = [p.name for p in await self.list_prompts()]
+        if name not in names:
+            raise MCPError(INVALID_PARAMS, f"unknown prompt {name!r}; prompts: {', '.join(names)}")
+        return await super().get_prompt(name, arguments, context)
+
+
 def create_server(
     memory: MemoryEngine,
     *,
@@ -94,7 +112,7 @@ def create_server(
     from contextfold import __version__
 
     backend = Backend(memory, corpus, embed)
-    app = MCPServer(name, version=__version__, instructions=INSTRUCTIONS, log_level=log_level)
+    app = _Server(name, version=__version__, instructions=INSTRUCTIONS, log_level=log_level)
     add_memory_tools(app, backend)
     add_corpus_tools(app, backend)
     add_resources(app, backend)

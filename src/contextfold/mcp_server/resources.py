@@ -60,15 +60,22 @@ def add_resources(app: MCPServer, backend: Backend) -> None:
 
 
 class _Prompt(Prompt):
-    """A prompt whose missing arguments are an ``invalid params`` error naming them (the SDK's
-    own check ends as a generic internal error)."""
+    """A prompt whose missing or unknown arguments are an ``invalid params`` error naming them
+    (the SDK's own checks end as a generic internal error)."""
 
     async def render(self, arguments: dict[str, Any] | None, context: Any) -> Any:
         given = arguments or {}
+        known = [a.name for a in self.arguments or []]
         missing = [a.name for a in self.arguments or [] if a.required and a.name not in given]
         if missing:
             raise MCPError(
                 INVALID_PARAMS, f"prompt {self.name!r} needs the argument(s): {', '.join(missing)}"
+            )
+        if unknown := sorted(set(given) - set(known)):
+            raise MCPError(
+                INVALID_PARAMS,
+                f"prompt {self.name!r} has no argument(s) {', '.join(unknown)}; "
+                f"it takes: {', '.join(known) or 'none'}",
             )
         return await super().render(arguments, context)
 
