@@ -458,6 +458,19 @@ def test_mcp_command_rejects_bad_options_before_serving(
     assert result.stderr.startswith("error: ") and message in result.stderr
 
 
+def test_mcp_command_without_the_sdk_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in [m for m in sys.modules if m.startswith(("contextfold.mcp_server", "mcp."))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "mcp", None)  # as if the extra were not installed
+    result = CliRunner().invoke(app, ["mcp"])
+    assert result.exit_code == 2, result.output
+    assert "the MCP server needs the mcp SDK (mcp is missing)" in result.stderr
+    assert 'pip install "contextfold[mcp]"' in result.stderr
+
+
 def test_bench_mcp_quick_writes_a_result(tmp_path: Path) -> None:
     done = subprocess.run(
         [

@@ -7,9 +7,10 @@ server starts are one ``error:`` line on stderr and exit code 2, like every comm
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -17,9 +18,12 @@ from contextfold.cli.common import InputError, cli_errors
 from contextfold.cli.corpus import DbOption
 from contextfold.cli.session import ConfigOption, SessionOption, resolve_config
 
+if TYPE_CHECKING:
+    from contextfold.mcp_server import LogLevel
+
 __all__ = ["mcp_command"]
 
-LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LEVELS: tuple[LogLevel, ...] = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 def mcp_command(
@@ -50,12 +54,21 @@ def mcp_command(
     domain_status, expand_topic, collapse_topic, find_quote), corpus tools (search_documents,
     get_context), the contextfold://topics resources and the recall / summarize_session
     prompts. See docs/mcp.md for client configuration."""
-    from contextfold.mcp_server import create_server
     from contextfold.memory.engine import MemoryEngine
 
     with cli_errors():
-        level = log_level.upper()
-        if level not in LEVELS:
+        try:
+            from contextfold.mcp_server import create_server
+        except ModuleNotFoundError as exc:
+            missing = (exc.name or "").split(".")[0]
+            if missing not in ("mcp", "mcp_types"):
+                raise
+            raise InputError(
+                f"the MCP server needs the mcp SDK ({missing} is missing): "
+                'pip install "contextfold[mcp]"'
+            ) from None
+        level = next((lv for lv in LEVELS if lv == log_level.upper()), None)
+        if level is None:
             raise InputError(f"--log-level must be one of {', '.join(LEVELS)}, got {log_level!r}")
         if not session.strip():
             raise InputError("--session is empty; name a session (the default is 'default')")
@@ -66,5 +79,6 @@ def mcp_command(
             where = store or cfg.storage_path or "$CONTEXTFOLD_HOME/memory.db"
             raise InputError(f"cannot open the memory store {where}: {exc}") from None
     with engine:
-        server = create_server(engine, corpus=db, embed=embed, log_level=level)  # type: ignore[arg-type]
-        server.run("stdio")
+        server = create_server(engine, corpus=db, embed=embed, log_level=level)
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C when run by hand: stop quietly
+            server.run("stdio")
