@@ -172,6 +172,7 @@ def test_lists_every_tool_with_a_description_and_typed_schemas(server: Server) -
     assert set(tools) == TOOLS
     for tool in tools.values():
         assert tool.description and len(tool.description) > 60, tool.name
+        assert "\n" not in tool.description and "  " not in tool.description
         assert tool.input_schema["type"] == "object"
         assert tool.output_schema is not None and tool.output_schema["type"] == "object"
     recall = tools["recall_context"].input_schema

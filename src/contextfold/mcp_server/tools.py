@@ -7,7 +7,8 @@ are written for the model that decides when to call the tool.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -33,9 +34,21 @@ Text = Annotated[str, Field(min_length=1, max_length=100_000)]
 Tag = Annotated[
     str, Field(min_length=1, max_length=200, description="A topic tag (any spelling or alias).")
 ]
+F = TypeVar("F", bound=Callable[..., Any])
 READ_ONLY = ToolAnnotations(read_only_hint=True, destructive_hint=False, open_world_hint=False)
 # Writes that add, never remove: stored turns, summaries, the working set.
 ADDS = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
+
+
+def _tool(app: MCPServer, annotations: ToolAnnotations) -> Callable[[F], F]:
+    """``app.tool`` with the function's docstring as the description, on one line (a
+    docstring's line breaks and indentation are noise in a client's tool list)."""
+
+    def register(fn: F) -> F:
+        description = " ".join((fn.__doc__ or "").split())
+        return app.tool(description=description, annotations=annotations)(fn)
+
+    return register
 
 
 def add_memory_tools(app: MCPServer, backend: Backend) -> None:
@@ -43,7 +56,7 @@ def add_memory_tools(app: MCPServer, backend: Backend) -> None:
     find_quote."""
     memory = backend.memory
 
-    @app.tool(annotations=ADDS)
+    @_tool(app, ADDS)
     def recall_context(
         message: Annotated[Text, Field(description="The user's new message.")],
         history: Annotated[
@@ -80,7 +93,7 @@ def add_memory_tools(app: MCPServer, backend: Backend) -> None:
 
         return backend.run(run)
 
-    @app.tool(annotations=ADDS)
+    @_tool(app, ADDS)
     def compact_context(
         messages: Annotated[
             list[ChatMessage],
@@ -122,7 +135,7 @@ def add_memory_tools(app: MCPServer, backend: Backend) -> None:
 
         return backend.run(run)
 
-    @app.tool(annotations=READ_ONLY)
+    @_tool(app, READ_ONLY)
     def domain_status() -> MemoryStatus:
         """The state of this session's memory: stored turns; live (not yet compacted) turns and
         their tokens against the context window; the compaction level and watermark; segments;
@@ -146,7 +159,7 @@ def add_memory_tools(app: MCPServer, backend: Backend) -> None:
 
         return backend.run(run)
 
-    @app.tool(annotations=ADDS)
+    @_tool(app, ADDS)
     def expand_topic(
         tag: Tag,
         depth: Annotated[
@@ -162,7 +175,7 @@ def add_memory_tools(app: MCPServer, backend: Backend) -> None:
         topics are collapsed to fit. domain_status or contextfold://topics lists the topics."""
         return page("expand", tag, depth)
 
-    @app.tool(annotations=ADDS)
+    @_tool(app, ADDS)
     def collapse_topic(
         tag: Tag,
         depth: Annotated[
@@ -173,7 +186,7 @@ def add_memory_tools(app: MCPServer, backend: Backend) -> None:
         """Collapse a loaded topic back to its summary (or unload it) to free memory budget."""
         return page("collapse", tag, depth)
 
-    @app.tool(annotations=READ_ONLY)
+    @_tool(app, READ_ONLY)
     def find_quote(
         query: Annotated[Text, Field(description="Words to find verbatim: a name, number, date.")],
         limit: Annotated[int, Field(ge=1, le=50, description="Most hits to return.")] = 5,
@@ -189,7 +202,7 @@ def add_memory_tools(app: MCPServer, backend: Backend) -> None:
 def add_corpus_tools(app: MCPServer, backend: Backend) -> None:
     """search_documents and get_context over the ingested corpus."""
 
-    @app.tool(annotations=READ_ONLY)
+    @_tool(app, READ_ONLY)
     def search_documents(
         query: Annotated[Text, Field(description="What to search for.")],
         k: Annotated[int, Field(ge=1, le=100, description="Number of chunks to return.")] = 5,
@@ -212,7 +225,7 @@ def add_corpus_tools(app: MCPServer, backend: Backend) -> None:
         hits = backend.run(lambda: backend.index().search(query, k, mode=mode, tenants=tenants))
         return SearchResult(query=query, mode=mode, hits=hits)
 
-    @app.tool(annotations=READ_ONLY)
+    @_tool(app, READ_ONLY)
     def get_context(
         query: Annotated[Text, Field(description="The question the context is for.")],
         k: Annotated[int, Field(ge=1, le=50, description="Chunks to retrieve.")] = 5,
