@@ -7,7 +7,8 @@
 (:mod:`contextfold.cli.eval`) measures retrieval quality on public datasets. ``memory``
 (:mod:`contextfold.cli.memory`) inspects and drives a conversation's memory; ``chat``
 (:mod:`contextfold.cli.chat`) replays a conversation through it; ``config`` / ``init`` /
-``cost-report`` (:mod:`contextfold.cli.config_cmd`) manage ``contextfold.yaml``. Errors
+``cost-report`` (:mod:`contextfold.cli.config_cmd`) manage ``contextfold.yaml``; ``mcp``
+(:mod:`contextfold.cli.mcp`) serves memory and the corpus to MCP clients. Errors
 become one stderr line and an exit code in :mod:`contextfold.cli.common`, never a traceback.
 """
 
@@ -23,6 +24,7 @@ from contextfold.cli.chat import chat_command
 from contextfold.cli.config_cmd import config_app, cost_report_command, init_command
 from contextfold.cli.corpus import ingest_command, search_command
 from contextfold.cli.eval import eval_app
+from contextfold.cli.mcp import mcp_command
 from contextfold.cli.memory import memory_app
 from contextfold.cli.tokens import tokens_command
 
@@ -45,6 +47,7 @@ app.command("ask")(ask_command)
 app.command("chat")(chat_command)
 app.command("init")(init_command)
 app.command("cost-report")(cost_report_command)
+app.command("mcp")(mcp_command)
 app.add_typer(eval_app, name="eval")
 app.add_typer(memory_app, name="memory")
 app.add_typer(config_app, name="config")
