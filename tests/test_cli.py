@@ -51,6 +51,14 @@ def test_version() -> None:
     assert result.stdout.strip() == f"contextfold {contextfold.__version__}"
 
 
+def test_python_dash_m_runs_the_same_command() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "contextfold", "--version"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"contextfold {contextfold.__version__}"
+
+
 @pytest.mark.parametrize(
     ("args", "encoding", "margin"),
     [
