@@ -43,6 +43,7 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
     "--no-first-run",
+    "--disable-quic",
 ]
 ARTIFACTS = (
     Path(os.environ.get("CONTEXTFOLD_TEST_ARTIFACTS", ROOT / "test-artifacts")) / "dashboard"

@@ -76,6 +76,7 @@ const CF = (() => {
    * description, detail}; a truncated row is marked ⚠ TRUNCATED and gets class "truncated".
    */
   function budgetTable(rows) {
+    const described = rows.some((row) => row.description);
     const body = rows.map((row) => {
       const pct = row.budget ? Math.min(100, (100 * row.used) / row.budget) : 0;
       const bar = h("span", { class: "bar" }, h("span", { class: "fill" }));
@@ -89,14 +90,14 @@ const CF = (() => {
         h("td", { class: "num" }, fmt(row.budget)),
         h("td", { class: "num" }, fmt(row.used)),
         h("td", { class: "status" }, bar, h("span", { class: warn ? "warn" : null }, status)),
-        h("td", {}, row.detail || ""),
-        h("td", { class: "muted" }, row.description || ""),
+        h("td", { class: "detail" }, row.detail || ""),
+        described ? h("td", { class: "muted" }, row.description || "") : null,
       );
     });
     return h(
       "table",
       { class: "budget" },
-      h("thead", {}, h("tr", {}, ["Section", "Budget", "Used", "Status", "Items", "Source"].map((c) => h("th", {}, c)))),
+      h("thead", {}, h("tr", {}, ["Section", "Budget", "Used", "Status", "Items", described ? "Source" : null].filter(Boolean).map((c) => h("th", {}, c)))),
       h("tbody", {}, body),
     );
   }
