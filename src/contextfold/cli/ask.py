@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Annotated
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -16,12 +17,23 @@ from contextfold.cli.common import InputError, cli_errors
 from contextfold.cli.corpus import MODES, DbOption, open_index
 from contextfold.formats import formatter_for
 from contextfold.items import ContextItem, SourceType
+from contextfold.llm.base import ChatClient
 from contextfold.pipeline import ContextPipeline
 from contextfold.result import ContextResult
 from contextfold.retrieval.base import SearchHit
+from contextfold.retrieval.index import DocumentIndex, SearchMode
 from contextfold.tokens import TiktokenCounter
+from contextfold.window import Action
 
-__all__ = ["DEFAULT_INSTRUCTIONS", "ask_command", "build_answer_context"]
+__all__ = [
+    "DEFAULT_INSTRUCTIONS",
+    "AskOutcome",
+    "SourceRow",
+    "answer_question",
+    "ask_command",
+    "build_answer_context",
+    "source_rows",
+]
 
 DEFAULT_INSTRUCTIONS = (
     "You answer questions from the retrieved documents in the context. Cite every document "
@@ -67,35 +79,102 @@ def build_answer_context(
     return pipeline.add_items(items).build(query)
 
 
+@dataclass(frozen=True)
+class SourceRow:
+    """One retrieved chunk as the sources table shows it: its ``[Source n]`` label, file,
+    score, which signals found it, and what the packer did with it (``status``: ``kept``,
+    ``⚠ truncated 212→97`` or ``dropped (reason)``)."""
+
+    label: str
+    file: str
+    score: float
+    match: str
+    action: str
+    status: str
+    tokens_before: int | None
+    tokens_after: int | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def source_rows(result: ContextResult, hits: list[SearchHit]) -> list[SourceRow]:
+    """The sources table of ``result``: one row per hit, best first."""
+    decisions = {d.item_id: d for d in result.decisions}
+    rows = []
+    for n, hit in enumerate(hits, start=1):
+        decision = decisions.get(hit.id)
+        action = "?" if decision is None else str(decision.action.value)
+        status = action
+        if decision is not None and decision.action == Action.TRUNCATED:
+            status = f"⚠ truncated {decision.tokens_before}→{decision.tokens_after}"
+        elif decision is not None and decision.action == Action.DROPPED:
+            status = f"dropped ({decision.reason})"
+        rows.append(
+            SourceRow(
+                label=f"[Source {n}]",
+                file=str(hit.metadata.get("source") or hit.metadata.get("doc_id")),
+                score=hit.score,
+                match=hit.match_source,
+                action=action,
+                status=status,
+                tokens_before=None if decision is None else decision.tokens_before,
+                tokens_after=None if decision is None else decision.tokens_after,
+            )
+        )
+    return rows
+
+
 def _sources_table(result: ContextResult, hits: list[SearchHit]) -> Table:
-    action = {d.item_id: d for d in result.decisions}
     table = Table(title="Sources", title_justify="left")
     for column in ("label", "file", "score", "match", "in context"):
         table.add_column(column)
-    for n, hit in enumerate(hits, start=1):
-        decision = action.get(hit.id)
-        status = "?" if decision is None else str(decision.action.value)
-        if decision is not None and decision.action == "truncated":
-            status = f"⚠ truncated {decision.tokens_before}→{decision.tokens_after}"
-        elif decision is not None and decision.action == "dropped":
-            status = f"dropped ({decision.reason})"
-        table.add_row(
-            f"[Source {n}]",
-            str(hit.metadata.get("source") or hit.metadata.get("doc_id")),
-            f"{hit.score:.4f}",
-            hit.match_source,
-            status,
-        )
+    for row in source_rows(result, hits):
+        table.add_row(row.label, row.file, f"{row.score:.4f}", row.match, row.status)
     return table
 
 
-def _ask_llm(result: ContextResult, base_url: str, model: str, api_key: str | None) -> str:
-    from contextfold.llm import OpenAICompatibleClient
+@dataclass(frozen=True)
+class AskOutcome:
+    """What ``answer_question`` found: the hits, the packed context, and the answer (``None``
+    without an LLM)."""
 
-    messages = result.formatted_output["messages"]
-    with OpenAICompatibleClient(base_url, api_key=api_key) as client:
-        answer: str = client.chat(messages, model).text
-    return answer
+    hits: list[SearchHit]
+    result: ContextResult
+    answer: str | None
+
+
+def answer_question(
+    index: DocumentIndex,
+    query: str,
+    *,
+    k: int = 8,
+    mode: SearchMode = "hybrid",
+    budget: str = "fixed5",
+    max_tokens: int | None = None,
+    system: str | None = None,
+    memory: list[str] | None = None,
+    tool_outputs: list[str] | None = None,
+    llm: ChatClient | None = None,
+    model: str | None = None,
+) -> AskOutcome:
+    """Search ``index``, pack the five-section context, and ask ``llm`` (with ``model``) when
+    one is given: the path of ``contextfold ask`` and of the dashboard's Ask page."""
+    hits = index.search(query, k, mode=mode)
+    result = build_answer_context(
+        query,
+        hits,
+        budget=budget,
+        max_tokens=max_tokens,
+        system=system or DEFAULT_INSTRUCTIONS,
+        memory=memory,
+        tool_outputs=tool_outputs,
+        format_name="openai" if llm is not None else "text",
+    )
+    answer = None
+    if llm is not None and model is not None:
+        answer = llm.chat(result.formatted_output["messages"], model).text
+    return AskOutcome(hits=hits, result=result, answer=answer)
 
 
 def ask_command(
@@ -147,20 +226,23 @@ def ask_command(
         if (llm is None) != (model is None):
             raise InputError("--llm and --model go together: name the endpoint and the model")
         index = open_index(db, embed=mode != "bm25", must_exist=True)
-        hits = index.search(query, k, mode=mode)  # type: ignore[arg-type]
-        result = build_answer_context(
-            query,
-            hits,
-            budget=budget,
-            max_tokens=max_tokens,
-            system=system or DEFAULT_INSTRUCTIONS,
-            memory=memory,
-            tool_outputs=tool_output,
-            format_name="openai" if llm else "text",
-        )
-        answer = None
+        options: dict[str, Any] = {
+            "k": k,
+            "mode": mode,
+            "budget": budget,
+            "max_tokens": max_tokens,
+            "system": system,
+            "memory": memory,
+            "tool_outputs": tool_output,
+        }
         if llm is not None and model is not None:
-            answer = _ask_llm(result, llm, model, os.environ.get(api_key_env))
+            from contextfold.llm import OpenAICompatibleClient
+
+            with OpenAICompatibleClient(llm, api_key=os.environ.get(api_key_env)) as client:
+                outcome = answer_question(index, query, llm=client, model=model, **options)
+        else:
+            outcome = answer_question(index, query, **options)
+        result, hits, answer = outcome.result, outcome.hits, outcome.answer
     if json_out:
         payload = json.loads(result.to_json())
         payload["answer"] = answer

@@ -94,10 +94,19 @@ class ContextApiSettings(_Section):
 
 class DashboardSettings(_Section):
     """``token_env``: the variable holding the dashboard token; required when the server
-    binds to anything but loopback."""
+    binds to anything but loopback. ``corpus``: the document database the Ask page searches
+    (default ``$CONTEXTFOLD_HOME/documents.db``, where ``contextfold ingest`` writes);
+    ``examples``: the Ask page's example-question buttons."""
 
     enabled: bool = True
     token_env: str | None = "CONTEXTFOLD_DASHBOARD_TOKEN"
+    corpus: str | None = None
+    examples: tuple[str, ...] = (
+        "Can I expense Uber rides during business travel?",
+        "What is the hotel cap in London?",
+        "Can I fly business class to Singapore?",
+        "Do I need receipts for meals under 10 euros?",
+    )
 
 
 class LimitSettings(_Section):
