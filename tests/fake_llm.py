@@ -668,6 +668,7 @@ def _anthropic_events(message: dict[str, Any]) -> list[bytes]:
 def _make_handler(fake: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
     class _Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # small writes go out at once (no 40 ms ACK waits)
 
         def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
             pass

@@ -69,12 +69,70 @@ class ParsedRequest:
         )
 
 
+class _Cache:
+    """A bounded memo shared by requests: a chat client resends its whole history every turn,
+    so the same message texts come back again and again. Emptied when full."""
+
+    def __init__(self, size: int = 20_000) -> None:
+        self.size = size
+        self.data: dict[Any, Any] = {}
+
+    def get(self, key: Any, make: Callable[[], Any]) -> Any:
+        value = self.data.get(key)
+        if value is None:
+            if len(self.data) >= self.size:
+                self.data = {}
+            value = self.data[key] = make()
+        return value
+
+
+_STRIPPED = _Cache()
+_MESSAGES = _Cache()
+
+
 def _edit_text(text: str, tokens: list[str]) -> str:
-    found = find_tokens(text)
-    if not found:
+    if "contextfold:session=" not in text:
         return text
+    stripped, found = _STRIPPED.get(text, lambda: (strip_markers(text), tuple(find_tokens(text))))
     tokens.extend(found)
-    return strip_markers(text)
+    return str(stripped)
+
+
+def _simple(role: Any, text: str) -> Message:
+    """A plain text message, built once per (role, text)."""
+    return _MESSAGES.get((role, text), lambda: Message(role=role, content=text))  # type: ignore[no-any-return]
+
+
+def _with_simple(
+    raw: list[Any],
+    simple: Callable[[Any], Message | None],
+    parse_run: Callable[[list[Any], int], tuple[list[Message], list[tuple[int, ...]]]],
+) -> ParsedRequest:
+    """Parse ``raw``: plain text messages through the memo, runs of the others with
+    ``parse_run(run, first_index)``."""
+    messages: list[Message] = []
+    sources: list[tuple[int, ...]] = []
+    run: list[Any] = []
+    start = 0
+    for i, msg in enumerate(raw):
+        message = simple(msg)
+        if message is None:
+            if not run:
+                start = i
+            run.append(msg)
+            continue
+        if run:
+            parsed, mapped = parse_run(run, start)
+            messages += parsed
+            sources += mapped
+            run = []
+        messages.append(message)
+        sources.append((i,))
+    if run:
+        parsed, mapped = parse_run(run, start)
+        messages += parsed
+        sources += mapped
+    return ParsedRequest(messages, sources)
 
 
 class Wire:
@@ -207,6 +265,44 @@ def _openai_part(part: Any) -> bool:
     return isinstance(part, dict) and part.get("type") == "text"
 
 
+_OPENAI_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+}
+
+
+def _openai_simple(msg: Any) -> Message | None:
+    if isinstance(msg, dict) and len(msg) == 2:
+        content, role = msg.get("content"), _OPENAI_ROLES.get(msg.get("role"))  # type: ignore[arg-type]
+        if role is not None and isinstance(content, str):
+            return _simple(role, content)
+    return None
+
+
+def _openai_run(raw: list[Any], offset: int) -> tuple[list[Message], list[tuple[int, ...]]]:
+    clean: list[Any] = []
+    for msg in raw:
+        content = msg.get("content") if isinstance(msg, dict) else None
+        if isinstance(content, list):
+            kept = _keep_blocks(content, _openai_part)
+            if kept is not None:
+                msg = {**msg, "content": kept}
+        clean.append(msg)
+    parsed = parse_openai_messages(clean)
+    sources: list[tuple[int, ...]] = []
+    for i, msg in enumerate(raw):
+        tool = isinstance(msg, dict) and msg.get("role") == "tool"
+        prev_tool = i > 0 and isinstance(raw[i - 1], dict) and raw[i - 1].get("role") == "tool"
+        if tool and prev_tool:
+            sources[-1] = (*sources[-1], offset + i)
+        else:
+            sources.append((offset + i,))
+    _check(parsed, sources, "messages")
+    return parsed, sources
+
+
 class OpenAIWire(Wire):
     name: ClassVar[str] = "openai"
     key: ClassVar[str] = "messages"
@@ -230,26 +326,7 @@ class OpenAIWire(Wire):
         return msg
 
     def parse(self, body: JSON) -> ParsedRequest:
-        raw = self.items(body)
-        clean: list[Any] = []
-        for msg in raw:
-            content = msg.get("content") if isinstance(msg, dict) else None
-            if isinstance(content, list):
-                kept = _keep_blocks(content, _openai_part)
-                if kept is not None:
-                    msg = {**msg, "content": kept}
-            clean.append(msg)
-        parsed = parse_openai_messages(clean)
-        sources: list[tuple[int, ...]] = []
-        for i, msg in enumerate(raw):
-            tool = isinstance(msg, dict) and msg.get("role") == "tool"
-            prev_tool = i > 0 and isinstance(raw[i - 1], dict) and raw[i - 1].get("role") == "tool"
-            if tool and prev_tool:
-                sources[-1] = (*sources[-1], i)
-            else:
-                sources.append((i,))
-        _check(parsed, sources, "messages")
-        return ParsedRequest(parsed, sources)
+        return _with_simple(self.items(body), _openai_simple, _openai_run)
 
     def _prepend(self, msg: JSON, text: str) -> JSON:
         content = msg.get("content")
@@ -299,6 +376,45 @@ def _clean_anthropic_block(block: JSON) -> JSON:
     return block
 
 
+def _anthropic_simple(msg: Any) -> Message | None:
+    if not (isinstance(msg, dict) and len(msg) == 2):
+        return None
+    role, content = msg.get("role"), msg.get("content")
+    if role not in ("user", "assistant"):
+        return None
+    if isinstance(content, str):
+        return _simple(role, content)
+    if (
+        isinstance(content, list)
+        and len(content) == 1
+        and isinstance(block := content[0], dict)
+        and block.get("type") == "text"
+        and isinstance(block.get("text"), str)
+        and set(block) <= {"type", "text", "citations"}
+        and not block.get("citations")
+    ):
+        return _simple(role, block["text"])
+    return None
+
+
+def _anthropic_run(raw: list[Any], offset: int) -> tuple[list[Message], list[tuple[int, ...]]]:
+    clean: list[Any] = []
+    counts: list[int] = []
+    for msg in raw:
+        content = msg.get("content") if isinstance(msg, dict) else None
+        if isinstance(content, list):
+            blocks = [_clean_anthropic_block(b) for b in content if _anthropic_block(b)]
+            msg = {**msg, "content": blocks}
+            counts.append(_runs([b.get("type") == "tool_result" for b in blocks]))
+        else:
+            counts.append(1)
+        clean.append(msg)
+    parsed = parse_anthropic_messages(clean)
+    sources: list[tuple[int, ...]] = [(offset + i,) for i, n in enumerate(counts) for _ in range(n)]
+    _check(parsed, sources, "messages")
+    return parsed, sources
+
+
 class AnthropicWire(Wire):
     name: ClassVar[str] = "anthropic"
     key: ClassVar[str] = "messages"
@@ -322,28 +438,13 @@ class AnthropicWire(Wire):
         return {**msg, "content": blocks} if tokens else msg
 
     def parse(self, body: JSON) -> ParsedRequest:
-        raw = self.items(body)
         system = body.get("system")
         if isinstance(system, list):
             kept = _keep_blocks(system, _openai_part)
             system = kept if kept is not None else system
-        clean: list[Any] = []
-        counts: list[int] = []
-        for msg in raw:
-            content = msg.get("content") if isinstance(msg, dict) else None
-            if isinstance(content, list):
-                blocks = [_clean_anthropic_block(b) for b in content if _anthropic_block(b)]
-                msg = {**msg, "content": blocks}
-                counts.append(_runs([b.get("type") == "tool_result" for b in blocks]))
-            else:
-                counts.append(1)
-            clean.append(msg)
-        parsed = parse_anthropic_messages(clean, system)
-        sources = _sources(counts)
-        if parsed and parsed[0].role == "system" and len(parsed) == len(sources) + 1:
-            sources.insert(0, (-1,))
-        _check(parsed, sources, "messages")
-        return ParsedRequest(parsed, sources)
+        head = parse_anthropic_messages([], system)
+        parsed = _with_simple(self.items(body), _anthropic_simple, _anthropic_run)
+        return ParsedRequest([*head, *parsed.messages], [(-1,)] * len(head) + parsed.sources)
 
     def _prepend(self, msg: JSON, text: str) -> JSON:
         content = msg.get("content")
