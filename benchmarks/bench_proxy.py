@@ -217,10 +217,14 @@ def latency(procs: Processes, sessions: int, turns: int, stream: bool) -> dict[s
             "p50": round(common.percentile(first_added, 50), 3),
             "p99": round(common.percentile(first_added, 99), 3),
         },
-        "direct_ms": {"p50": round(common.percentile(direct_total, 50), 3),
-                      "p99": round(common.percentile(direct_total, 99), 3)},  # fmt: skip
-        "proxied_ms": {"p50": round(common.percentile(proxy_total, 50), 3),
-                       "p99": round(common.percentile(proxy_total, 99), 3)},  # fmt: skip
+        "direct_ms": {
+            "p50": round(common.percentile(direct_total, 50), 3),
+            "p99": round(common.percentile(direct_total, 99), 3),
+        },
+        "proxied_ms": {
+            "p50": round(common.percentile(proxy_total, 50), 3),
+            "p99": round(common.percentile(proxy_total, 99), 3),
+        },
         "proxy_cpu_ms_per_request": round(cpu * 1000 / max(requests, 1), 3),
     }
 
@@ -282,7 +286,7 @@ async def load(procs: Processes, sessions: int, seconds: float, max_turns: int) 
 def stored_turns(store: Path) -> dict[str, int]:
     with sqlite3.connect(store) as conn:
         rows = conn.execute("SELECT session_id, COUNT(*) FROM turns GROUP BY session_id")
-        return {sid: count for sid, count in rows}
+        return dict(rows)
 
 
 def main() -> None:

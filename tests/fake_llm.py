@@ -215,7 +215,7 @@ class FakeLLMServer:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> FakeLLMServer:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
+        server = _Server(("127.0.0.1", 0), _make_handler(self))
         server.daemon_threads = True
         self._server = server
         self._thread = threading.Thread(
@@ -663,6 +663,10 @@ def _anthropic_events(message: dict[str, Any]) -> list[bytes]:
     )
     events.append(_event({"type": "message_stop"}, "message_stop"))
     return events
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # many concurrent clients (a proxy under load) connect at once
 
 
 def _make_handler(fake: FakeLLMServer) -> type[BaseHTTPRequestHandler]:

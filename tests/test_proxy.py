@@ -513,3 +513,27 @@ def test_token_verification_needs_the_servers_secret(proxy: Served) -> None:
     proxy.drain()
     record = proxy.events.recent()[-1]
     assert record.session_id != "someone" and record.extra["session_source"] == "forged"
+
+
+def test_history_compacted_into_memory_is_left_out(fake_llm: FakeLLMServer, tmp_path: Path) -> None:
+    fake_llm.reply = lambda body: "Noted: " + body["messages"][-1]["content"][-60:]
+    settings = {"context_window": 512, "compaction": {"protected_recent_turns": 4}}
+    with make_engine(tmp_path, **settings) as memory:
+        config = ServerConfig(port=0, proxy=ProxySettings(upstream=fake_llm.url))
+        with serve(config, memory) as served:
+            client = oa(served)
+            history: list[Any] = [{"role": "system", "content": SYSTEM}]
+            for n in range(14):
+                topic = ["the garden shed roof", "the tax return forms", "the piano lessons"][n % 3]
+                text = f"Update {n} on {topic}: we decided on option {n * 11} after a long talk."
+                history.append({"role": "user", "content": text})
+                reply = client.chat.completions.create(model="m", messages=history)
+                history.append({"role": "assistant", "content": reply.choices[0].message.content})
+                served.drain()
+            assert memory.store.session(served.events.recent()[-1].session_id).compaction_watermark
+            forwarded = sent(fake_llm)["messages"]
+            record = served.events.recent()[-1]
+    assert forwarded[0]["content"].startswith(SYSTEM)  # the client's system prompt stays first
+    assert len(forwarded) < len(history) - 1 and record.dropped_turns > 0
+    assert all(reason.startswith("compacted: ") for reason in record.dropped)
+    assert forwarded[1]["role"] == "user"

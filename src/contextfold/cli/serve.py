@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -78,6 +79,10 @@ def _run(
     runner = Runner(app, config, log_level=log_level)
     for bound_host, bound_port in bindings(config):
         typer.echo(f"contextfold listening on http://{bound_host}:{bound_port}", err=True)
+
+    # Memory writes run on a thread beside the event loop; a short GIL switch interval keeps
+    # them from holding the loop up for the default 5 ms each time it does I/O.
+    sys.setswitchinterval(0.0005)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from contextfold.items import Message, TextBlock
 from contextfold.server.events import BudgetRow, InspectedMessage, RequestRecord
-from contextfold.tokens import OVERHEADS
+from contextfold.tokens import OVERHEADS, TokenCounter
 
 if TYPE_CHECKING:
     from contextfold.memory.engine import AssembledContext, MemoryEngine
@@ -49,6 +49,20 @@ class Plan:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     overhead_ms: float = 0.0
     started: float = 0.0
+
+
+_COUNTS: dict[tuple[str, str], int] = {}
+
+
+def _count(counter: TokenCounter, text: str) -> int:
+    """``counter.count(text)``, remembered: a chat client resends its history every turn."""
+    key = (counter.name, text)
+    found = _COUNTS.get(key)
+    if found is None:
+        if len(_COUNTS) > 50_000:
+            _COUNTS.clear()
+        found = _COUNTS[key] = counter.count(text)
+    return found
 
 
 def _inspected(message: Message) -> InspectedMessage:
@@ -126,7 +140,7 @@ def build_record(
     per_message = OVERHEADS[plan.format].per_message if plan.format in OVERHEADS else 3
     messages: list[Message] = plan.parsed.messages if plan.parsed is not None else []
     dropped = set(plan.dropped)
-    costs = [counter.count(m.text()) + per_message for m in messages]
+    costs = [_count(counter, m.text()) + per_message for m in messages]
     tokens_in = sum(costs)
     kept = [m for i, m in enumerate(messages) if i not in dropped]
     history_tokens = sum(c for i, c in enumerate(costs) if i not in dropped)

@@ -54,6 +54,9 @@ class Runner:
                     lifespan="off",  # run once around all servers, below
                     log_level=log_level,
                     access_log=False,  # access lines would show Gemini's ?key= credentials
+                    # LLM clients pool connections; closing idle ones after uvicorn's default
+                    # 5 s races with a client reusing one (it sees a ReadError).
+                    timeout_keep_alive=75,
                 )
             )
             for host, port in bindings(config)

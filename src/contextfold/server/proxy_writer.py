@@ -13,6 +13,7 @@ server calls it at shutdown, so no turn is lost when it stops).
 >>> writer.drain(5.0), done
 (True, [1])
 >>> writer.close()
+True
 """
 
 from __future__ import annotations
