@@ -540,8 +540,49 @@ def _render_memory(path: Path, data: dict[str, Any]) -> list[str]:
     ]
 
 
+def _render_proxy(path: Path, data: dict[str, Any]) -> list[str]:
+    p, load, goals = data["parameters"], data["load"], data["goals"]
+    lines = [
+        "## Proxy overhead (`bench_proxy.py`)",
+        "",
+        data["description"],
+        "",
+        f"- Command: `{data['command']}` → `{_relative(str(path))}`",
+        f"- Machine: {_machine_line(data)}; load {data['machine'].get('load_avg_1m_at_end')} "
+        "at end",
+        f"- {p['latency_sessions']} sessions × {p['turns_per_session']} turns, each request "
+        f"sent direct and through the proxy, interleaved; engine: {p['engine']}.",
+        "",
+        "| mode | added p50 ms | added p90 ms | added p99 ms | first byte added p50 ms | "
+        "direct p50 ms | proxied p50 ms | proxy CPU ms / request |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in data["configs"]:
+        a = c["added_ms"]
+        lines.append(
+            f"| {'stream' if c['stream'] else 'JSON'} | {a['p50']:.2f} | {a['p90']:.2f} | "
+            f"{a['p99']:.2f} | {c['first_byte_added_ms']['p50']:.2f} | "
+            f"{c['direct_ms']['p50']:.2f} | {c['proxied_ms']['p50']:.2f} | "
+            f"{c['proxy_cpu_ms_per_request']:.2f} |"
+        )
+    lines += [
+        "",
+        f"- Load: {load['sessions']} concurrent sessions for {load['seconds']:.0f} s: "
+        f"{load['requests']:,} requests ({load['requests_per_s']}/s), latency p50 "
+        f"{load['latency_ms']['p50']:,} ms / p99 {load['latency_ms']['p99']:,} ms, "
+        f"{load['errors']} errors, {len(load['lost_turn_sessions'])} sessions with lost turns "
+        f"({load['turns_answered']:,} turns checked in the store).",
+        "- Goals: "
+        + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in goals["met"].items())
+        + ".",
+        f"- Correctness flags: {_flags(data['correctness'])}. Peak RSS {data['peak_rss_mb']} MB.",
+    ]
+    return lines
+
+
 _RENDERERS = {
     "memory": _render_memory,
+    "proxy": _render_proxy,
     "window": _render_window,
     "history_trim": _render_history,
     "retrieval": _render_retrieval,
@@ -558,8 +599,8 @@ def render_results(results_dir: Path) -> str:
         "the runs listed. *CPU median* is the CPU time of the benchmark process per call, which "
         "other processes on a shared machine do not inflate. Peak RSS is the whole benchmark "
         "process, data loading included. Re-run with `python benchmarks/bench_window.py`, "
-        "`python benchmarks/bench_history_trim.py`, `python benchmarks/bench_retrieval.py` and "
-        "`python benchmarks/bench_memory.py`.",
+        "`python benchmarks/bench_history_trim.py`, `python benchmarks/bench_retrieval.py`, "
+        "`python benchmarks/bench_memory.py` and `python benchmarks/bench_proxy.py`.",
         "",
     ]
     for name, (path, data) in latest_results(results_dir).items():

@@ -13,9 +13,17 @@ Routes (non-streaming JSON, each in its provider's shape):
   ``block_reason`` is set (a blocked prompt).
 
 Every chat route answers ``reply`` (a string, or a function of the request's JSON body in that
-provider's shape) and reports usage: prompt tokens are the words of the JSON-encoded input,
-completion tokens the words of the reply. Add a route with ``server.route("POST", regex,
-handler)``; a handler takes the ``RecordedRequest`` and the regex match and returns a ``Reply``.
+provider's shape returning a string or a ``ModelTurn`` — text and tool calls) and reports usage:
+prompt tokens are the words of the JSON-encoded input, completion tokens the words of the reply.
+
+Streaming (server-sent events, each in its provider's shape): OpenAI and Anthropic when the body
+has ``"stream": true``; Gemini on ``…:streamGenerateContent`` (SSE with ``?alt=sse``, else a
+JSON array sent piece by piece). The reply text goes out a word per event; tool calls follow.
+``stream_delay`` pauses between events; ``stream_gate(i)`` is called before event ``i >= 1`` is
+sent (a test can block there until its client has seen the earlier events).
+
+Add a route with ``server.route("POST", regex, handler)``; a handler takes the
+``RecordedRequest`` and the regex match and returns a ``Reply``.
 
 With ``api_key`` set, a request without the provider's credential (``Authorization: Bearer``,
 ``x-api-key``, ``x-goog-api-key``) gets a 401.
@@ -32,12 +40,31 @@ import hashlib
 import json
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-ReplyText = str | Callable[[dict[str, Any]], str]
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A tool call the fake model makes (``id`` defaults to ``call_<n>``)."""
+
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    id: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelTurn:
+    """What the fake model answers: text, tool calls, or both."""
+
+    text: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+
+
+ReplyText = str | Callable[[dict[str, Any]], "str | ModelTurn"]
 
 
 @dataclass(frozen=True)
@@ -53,9 +80,15 @@ class RecordedRequest:
 
 @dataclass(frozen=True)
 class Reply:
+    """``body`` is JSON-serialisable or bytes sent as they are; ``stream`` (when given) is sent
+    instead, piece by piece with chunked transfer encoding, ``gate(i)`` called before piece
+    ``i >= 1``."""
+
     status: int = 200
-    body: Any = None  # JSON-serialisable, or bytes sent as they are
+    body: Any = None
     headers: dict[str, str] = field(default_factory=dict)
+    stream: list[bytes] | None = None
+    gate: Callable[[int], None] | None = None
 
 
 @dataclass
@@ -161,6 +194,8 @@ class FakeLLMServer:
         self.model = model
         self.api_key: str | None = None
         self.block_reason: str | None = None
+        self.stream_delay = 0.0
+        self.stream_gate: Callable[[int], None] | None = None
         self.requests: list[RecordedRequest] = []
         self._failures: list[_Failure] = []
         self._routes: list[tuple[str, re.Pattern[str], Handler]] = []
@@ -171,13 +206,16 @@ class FakeLLMServer:
         self.route("POST", r"/v1/embeddings", self._openai_embeddings)
         self.route("POST", r"/v1/messages", self._anthropic_messages)
         self.route(
-            "POST", r"/v1beta/(?P<model>(?:tuned)?[mM]odels/[^/:]+):generateContent", self._gemini
+            "POST",
+            r"/v1beta/(?P<model>(?:tuned)?[mM]odels/[^/:]+):(?P<method>generateContent|"
+            r"streamGenerateContent)",
+            self._gemini,
         )
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> FakeLLMServer:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
+        server = _Server(("127.0.0.1", 0), _make_handler(self))
         server.daemon_threads = True
         self._server = server
         self._thread = threading.Thread(
@@ -285,35 +323,72 @@ class FakeLLMServer:
         auth = request.headers.get("authorization", "")
         return auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else None
 
+    def _turn(self, body: dict[str, Any]) -> ModelTurn:
+        answer = self.reply(body) if callable(self.reply) else self.reply
+        return ModelTurn(text=answer) if isinstance(answer, str) else answer
+
     def _reply_text(self, body: dict[str, Any]) -> str:
-        return self.reply(body) if callable(self.reply) else self.reply
+        return self._turn(body).text
+
+    def _sse(self, events: list[bytes]) -> Reply:
+        """A streamed reply of SSE ``events`` (each already framed)."""
+        headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        return Reply(200, None, headers, stream=events, gate=self._gate)
+
+    def _gate(self, index: int) -> None:
+        if self.stream_delay:
+            time.sleep(self.stream_delay)
+        if self.stream_gate is not None:
+            self.stream_gate(index)
 
     # -- OpenAI ------------------------------------------------------------------------------
 
     def _openai_chat(self, request: RecordedRequest, _: re.Match[str]) -> Reply:
         body = request.body if isinstance(request.body, dict) else {}
-        text = self.reply(body) if callable(self.reply) else self.reply
+        turn = self._turn(body)
+        n = len(self.requests)
+        calls = [
+            {
+                "id": call.id or f"call_{n}_{i}",
+                "type": "function",
+                "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+            }
+            for i, call in enumerate(turn.tool_calls)
+        ]
         prompt_tokens = _words(body.get("messages", []))
-        completion_tokens = len(text.split())
+        completion_tokens = len(turn.text.split())
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        finish = "tool_calls" if calls else "stop"
+        model = body.get("model", self.model)
+        if body.get("stream"):
+            return self._sse(
+                _openai_events(
+                    f"chatcmpl-{n}",
+                    model,
+                    turn.text,
+                    calls,
+                    finish,
+                    usage,
+                    bool((body.get("stream_options") or {}).get("include_usage")),
+                )
+            )
+        content = turn.text if turn.text or not calls else None
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
         return Reply(
             200,
             {
-                "id": f"chatcmpl-{len(self.requests)}",
+                "id": f"chatcmpl-{n}",
                 "object": "chat.completion",
                 "created": 0,
-                "model": body.get("model", self.model),
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                        "finish_reason": "stop",
-                    }
-                ],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": prompt_tokens + completion_tokens,
-                },
+                "model": model,
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": usage,
             },
         )
 
@@ -360,21 +435,34 @@ class FakeLLMServer:
                     break
         if problem:
             return Reply(400, error_body(request.path, 400, problem))
-        text = self._reply_text(body)
-        input_tokens = _words([body.get("system", ""), messages])
-        return Reply(
-            200,
+        turn = self._turn(body)
+        n = len(self.requests)
+        content: list[dict[str, Any]] = [{"type": "text", "text": turn.text}] if turn.text else []
+        content += [
             {
-                "id": f"msg_fake{len(self.requests)}",
-                "type": "message",
-                "role": "assistant",
-                "model": body.get("model", self.model),
-                "content": [{"type": "text", "text": text}],
-                "stop_reason": "end_turn",
-                "stop_sequence": None,
-                "usage": {"input_tokens": input_tokens, "output_tokens": len(text.split())},
-            },
-        )
+                "type": "tool_use",
+                "id": call.id or f"toolu_{n}_{i}",
+                "name": call.name,
+                "input": call.arguments,
+            }
+            for i, call in enumerate(turn.tool_calls)
+        ]
+        if not content:
+            content = [{"type": "text", "text": ""}]
+        input_tokens = _words([body.get("system", ""), messages])
+        message = {
+            "id": f"msg_fake{n}",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model", self.model),
+            "content": content,
+            "stop_reason": "tool_use" if turn.tool_calls else "end_turn",
+            "stop_sequence": None,
+            "usage": {"input_tokens": input_tokens, "output_tokens": len(turn.text.split())},
+        }
+        if body.get("stream"):
+            return self._sse(_anthropic_events(message))
+        return Reply(200, message)
 
     # -- Gemini ------------------------------------------------------------------------------
 
@@ -408,32 +496,183 @@ class FakeLLMServer:
                     "modelVersion": model,
                 },
             )
-        text = self._reply_text(body)
-        completion_tokens = len(text.split())
-        return Reply(
-            200,
-            {
-                "candidates": [
-                    {
-                        "content": {"parts": [{"text": text}], "role": "model"},
-                        "finishReason": "STOP",
-                        "index": 0,
-                    }
-                ],
-                "usageMetadata": {
-                    "promptTokenCount": prompt_tokens,
-                    "candidatesTokenCount": completion_tokens,
-                    "totalTokenCount": prompt_tokens + completion_tokens,
-                },
-                "modelVersion": model,
-                "responseId": f"fake-{len(self.requests)}",
+        turn = self._turn(body)
+        parts: list[dict[str, Any]] = [{"text": turn.text}] if turn.text else []
+        parts += [{"functionCall": {"name": c.name, "args": c.arguments}} for c in turn.tool_calls]
+        completion_tokens = len(turn.text.split())
+        response = {
+            "candidates": [
+                {
+                    "content": {"parts": parts or [{"text": ""}], "role": "model"},
+                    "finishReason": "STOP",
+                    "index": 0,
+                }
+            ],
+            "usageMetadata": {
+                "promptTokenCount": prompt_tokens,
+                "candidatesTokenCount": completion_tokens,
+                "totalTokenCount": prompt_tokens + completion_tokens,
             },
+            "modelVersion": model,
+            "responseId": f"fake-{len(self.requests)}",
+        }
+        if match.group("method") == "streamGenerateContent":
+            sse = "alt=sse" in request.path.partition("?")[2]
+            return self._stream_gemini(response, sse)
+        return Reply(200, response)
+
+    def _stream_gemini(self, response: dict[str, Any], sse: bool) -> Reply:
+        candidate = response["candidates"][0]
+        pieces = [
+            {"candidates": [{"content": {"parts": [part], "role": "model"}, "index": 0}]}
+            for part in _split_parts(candidate["content"]["parts"])
+        ]
+        pieces[-1]["candidates"][0]["finishReason"] = candidate["finishReason"]
+        pieces[-1]["usageMetadata"] = response["usageMetadata"]
+        pieces[-1]["modelVersion"] = response["modelVersion"]
+        if sse:
+            return self._sse([_event(piece) for piece in pieces])
+        chunks = [
+            ("[" if i == 0 else ",\r\n").encode() + json.dumps(piece).encode()
+            for i, piece in enumerate(pieces)
+        ]
+        chunks[-1] += b"]"
+        return Reply(200, None, {"Content-Type": "application/json"}, chunks, self._gate)
+
+
+# --------------------------------------------------------------------------- SSE builders
+
+
+def _words_of(text: str) -> list[str]:
+    """``text`` as stream pieces: each word with the whitespace that follows it."""
+    return re.findall(r"\S+\s*|\s+", text) or [""]
+
+
+def _split_parts(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for part in parts:
+        if "text" in part:
+            out += [{"text": piece} for piece in _words_of(part["text"])]
+        else:
+            out.append(part)
+    return out
+
+
+def _event(data: Any, name: str | None = None) -> bytes:
+    head = f"event: {name}\n" if name else ""
+    return f"{head}data: {json.dumps(data)}\n\n".encode()
+
+
+def _openai_events(
+    cid: str,
+    model: str,
+    text: str,
+    calls: list[dict[str, Any]],
+    finish: str,
+    usage: dict[str, int],
+    include_usage: bool,
+) -> list[bytes]:
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+        body = {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": model,
+            "choices": [choice],
+        }
+        return _event(body)
+
+    events = [chunk({"role": "assistant", "content": ""})]
+    if text:
+        events += [chunk({"content": piece}) for piece in _words_of(text)]
+    for i, call in enumerate(calls):
+        head = {
+            "index": i,
+            "id": call["id"],
+            "type": "function",
+            "function": {"name": call["function"]["name"], "arguments": ""},
+        }
+        events.append(chunk({"tool_calls": [head]}))
+        arguments = call["function"]["arguments"]
+        half = len(arguments) // 2
+        for piece in (arguments[:half], arguments[half:]):
+            events.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}))
+    events.append(chunk({}, finish))
+    if include_usage:
+        events.append(
+            _event(
+                {
+                    "id": cid,
+                    "object": "chat.completion.chunk",
+                    "created": 0,
+                    "model": model,
+                    "choices": [],
+                    "usage": usage,
+                }
+            )
         )
+    events.append(b"data: [DONE]\n\n")
+    return events
+
+
+def _anthropic_events(message: dict[str, Any]) -> list[bytes]:
+    start = {
+        **message,
+        "content": [],
+        "stop_reason": None,
+        "usage": {**message["usage"], "output_tokens": 0},
+    }
+    events = [_event({"type": "message_start", "message": start}, "message_start")]
+    for index, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            empty: dict[str, Any] = {"type": "text", "text": ""}
+            deltas = [{"type": "text_delta", "text": piece} for piece in _words_of(block["text"])]
+        else:
+            empty = {**block, "input": {}}
+            arguments = json.dumps(block["input"])
+            half = len(arguments) // 2
+            deltas = [
+                {"type": "input_json_delta", "partial_json": piece}
+                for piece in (arguments[:half], arguments[half:])
+            ]
+        events.append(
+            _event(
+                {"type": "content_block_start", "index": index, "content_block": empty},
+                "content_block_start",
+            )
+        )
+        if index == 0:
+            events.append(_event({"type": "ping"}, "ping"))
+        events += [
+            _event(
+                {"type": "content_block_delta", "index": index, "delta": d}, "content_block_delta"
+            )
+            for d in deltas
+        ]
+        events.append(_event({"type": "content_block_stop", "index": index}, "content_block_stop"))
+    events.append(
+        _event(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+                "usage": {"output_tokens": message["usage"]["output_tokens"]},
+            },
+            "message_delta",
+        )
+    )
+    events.append(_event({"type": "message_stop"}, "message_stop"))
+    return events
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 256  # many concurrent clients (a proxy under load) connect at once
 
 
 def _make_handler(fake: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
     class _Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # small writes go out at once (no 40 ms ACK waits)
 
         def log_message(self, format: str, *args: Any) -> None:  # keep test output quiet
             pass
@@ -451,6 +690,9 @@ def _make_handler(fake: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
             if reply is None:
                 self.close_connection = True
                 return
+            if reply.stream is not None:
+                self._stream(reply)
+                return
             payload = (
                 reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body).encode()
             )
@@ -463,6 +705,25 @@ def _make_handler(fake: FakeLLMServer) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)
+            except (BrokenPipeError, ConnectionResetError):
+                self.close_connection = True
+
+        def _stream(self, reply: Reply) -> None:
+            """Send ``reply.stream`` with chunked transfer encoding, each piece flushed."""
+            assert reply.stream is not None
+            try:
+                self.send_response(reply.status)
+                for key, value in reply.headers.items():
+                    self.send_header(key, value)
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for i, piece in enumerate(reply.stream):
+                    if i and reply.gate is not None:
+                        reply.gate(i)
+                    self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
             except (BrokenPipeError, ConnectionResetError):
                 self.close_connection = True
 

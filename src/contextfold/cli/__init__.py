@@ -8,7 +8,8 @@
 (:mod:`contextfold.cli.memory`) inspects and drives a conversation's memory; ``chat``
 (:mod:`contextfold.cli.chat`) replays a conversation through it; ``config`` / ``init`` /
 ``cost-report`` (:mod:`contextfold.cli.config_cmd`) manage ``contextfold.yaml``; ``mcp``
-(:mod:`contextfold.cli.mcp`) serves memory and the corpus to MCP clients. Errors
+(:mod:`contextfold.cli.mcp`) serves memory and the corpus to MCP clients. ``serve`` /
+``proxy`` (:mod:`contextfold.cli.serve`) run the HTTP server and LLM proxy. Errors
 become one stderr line and an exit code in :mod:`contextfold.cli.common`, never a traceback.
 """
 
@@ -26,6 +27,7 @@ from contextfold.cli.corpus import ingest_command, search_command
 from contextfold.cli.eval import eval_app
 from contextfold.cli.mcp import mcp_command
 from contextfold.cli.memory import memory_app
+from contextfold.cli.serve import proxy_command, serve_command
 from contextfold.cli.tokens import tokens_command
 
 __all__ = ["app", "main"]
@@ -48,6 +50,8 @@ app.command("chat")(chat_command)
 app.command("init")(init_command)
 app.command("cost-report")(cost_report_command)
 app.command("mcp")(mcp_command)
+app.command("serve")(serve_command)
+app.command("proxy")(proxy_command)
 app.add_typer(eval_app, name="eval")
 app.add_typer(memory_app, name="memory")
 app.add_typer(config_app, name="config")

@@ -40,7 +40,7 @@ from contextfold.memory.summarize import ExtractiveSummarizer, LLMSummarizer, Su
 from contextfold.memory.tagging import EmbeddingTagger, KeywordTagger, LLMTagger, Tagger, TagResult
 from contextfold.memory.tools import TOOL_NAMES, tool_definitions
 from contextfold.retrieval.base import Embedder
-from contextfold.store.memory import CostReport, Depth, MemoryStore, StoredTurn
+from contextfold.store.memory import CostReport, Depth, MemoryStore
 from contextfold.store.sqlite import home_dir
 from contextfold.tokens import TiktokenCounter, TokenCounter
 
@@ -399,7 +399,7 @@ class MemoryEngine:
             # Turns the model will see in its (filtered) history are not recalled again; the
             # ones the filter drops (compacted, off-topic) stay candidates.
             live = {_hash_key(m) for i in self._kept_inputs(filtered) for m in (history[i],)}
-            exclude = {t.seq for t in self._turns_matching(sid, live)} if live else set()
+            exclude = self._seqs_matching(sid, live) if live else set()
             ranked = self.recaller.rank(
                 sid,
                 text,
@@ -439,14 +439,19 @@ class MemoryEngine:
             return []
         return [i for indices in filtered.kept_indices for i in indices]
 
-    def _turns_matching(self, sid: str, keys: set[tuple[str, str]]) -> list[StoredTurn]:
-        return [t for t in self.store.turns(sid) if _hash_key(t.message) in keys]
+    def _keys(self, sid: str, end: int) -> dict[int, tuple[str, str]]:
+        """(role, text) of turns 1..``end`` from the plain columns (no message parsing: this
+        runs on every inbound message)."""
+        rows = self.store.turn_rows(sid, range(1, end + 1)) if end > 0 else {}
+        return {seq: (row.role, row.text) for seq, row in rows.items()}
+
+    def _seqs_matching(self, sid: str, keys: set[tuple[str, str]]) -> set[int]:
+        stored = self._keys(sid, self.store.last_seq(sid))
+        return {seq for seq, key in stored.items() if key in keys}
 
     def _filter(self, sid: str, history: list[Message], tags: TagResult) -> FilteredHistory:
         watermark = self.store.session(sid).compaction_watermark
-        compacted_keys = {
-            _hash_key(t.message) for t in self.store.turns(sid, end=max(0, watermark - 1))
-        }
+        compacted_keys = set(self._keys(sid, watermark - 1).values())
         compacted = 0
         for message in history:
             if message.role == "system" or _hash_key(message) in compacted_keys:

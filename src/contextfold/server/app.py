@@ -50,7 +50,9 @@ def create_app(
 
     app.include_router(context_api.router(state))
     app.include_router(dashboard.router(state))
-    app.include_router(proxy.router(state))  # last: its routes match provider paths broadly
+    proxy_routes = proxy.router(state)
+    app.state.proxy = proxy_routes.proxy  # its writer thread: tests and runners drain it
+    app.include_router(proxy_routes)  # last: its routes match provider paths broadly
     return app
 
 

@@ -8,8 +8,20 @@ Unknown keys are errors, as everywhere in the configuration.
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from contextfold.errors import ConfigError
 
 __all__ = [
     "ID_PATTERN",
@@ -19,6 +31,7 @@ __all__ = [
     "LimitSettings",
     "ProxySettings",
     "ServerConfig",
+    "load_server_config",
 ]
 
 
@@ -34,13 +47,13 @@ class InstanceSettings(_Section):
 
     name: str
     port: int = Field(ge=1, le=65535)
-    upstream: str
+    upstream: str = Field(pattern=r"^https?://")
 
 
 class ProxySettings(_Section):
     """``upstream``: where the main port's proxy forwards; ``instances``: more listeners."""
 
-    upstream: str | None = None
+    upstream: str | None = Field(None, pattern=r"^https?://")
     instances: list[InstanceSettings] = Field(default_factory=list)
     timeout: float = Field(600.0, gt=0)
     max_tool_continuations: int = Field(5, ge=0, le=20)
@@ -126,3 +139,42 @@ class ServerConfig(_Section):
     context_api: ContextApiSettings = ContextApiSettings()
     dashboard: DashboardSettings = DashboardSettings()
     limits: LimitSettings = LimitSettings()
+
+    @model_validator(mode="after")
+    def _distinct_ports(self) -> ServerConfig:
+        ports = [self.port, *(i.port for i in self.proxy.instances)]
+        names = [i.name for i in self.proxy.instances]
+        taken = sorted({p for p in ports if p and ports.count(p) > 1})
+        if taken:
+            raise ValueError(f"port {taken[0]} is used twice (server port and proxy.instances)")
+        if len(set(names)) != len(names):
+            raise ValueError("proxy.instances: every instance needs its own name")
+        return self
+
+
+def load_server_config(path: str | Path) -> ServerConfig:
+    """Read and validate a server config file (YAML; the ``ServerConfig`` fields at the top
+    level). Any problem raises ``ConfigError`` naming the file and the bad fields."""
+    file = Path(path)
+    try:
+        data: Any = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"server config {str(file)!r} not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read server config {str(file)!r}: {exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{file}: invalid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{file}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return ServerConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = [
+            f"  {'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}"
+            for err in exc.errors()
+        ]
+        raise ConfigError(f"{file}: invalid server config:\n" + "\n".join(lines)) from None

@@ -1,12 +1,649 @@
-"""(being built: see issue 5)"""
+"""The transparent LLM proxy: clients change only their ``base_url``; every request gains memory.
+
+Routes (kept out of the OpenAPI schema: they are the providers' own APIs):
+
+- ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/messages`` (Anthropic),
+  ``POST /v1beta/models/{model}:generateContent`` and ``:streamGenerateContent`` (Gemini) go
+  through memory;
+- every other ``/v1/…`` and ``/v1beta/…`` request (``/v1/responses``, ``/v1/models``,
+  ``/v1/embeddings`` …) is passed through untouched.
+
+Per memory request: strip the session markers and find the session (``proxy_session``) →
+parse the messages (``proxy_wire``) → ``memory.on_message_inbound(last user message,
+history)`` → leave out the history turns compaction has folded into memory → add the memory
+block after the stable prefix → forward with httpx → send the reply back as it arrives (each
+SSE event the moment it is complete), accumulating it and marking it with the session →
+``memory.on_turn_complete`` on the writer thread (``proxy_writer``), off the response path.
+
+Failing open: if anything in the memory path raises, the original request bytes are forwarded
+unmodified, the error is logged and shown in the request's dashboard record. Upstream errors
+(4xx, 5xx) come back with their status and body. Malformed JSON or invalid UTF-8 gets a 400 in
+the provider's error shape. Credentials (``Authorization``, ``x-api-key``, ``x-goog-api-key``,
+``?key=``) are forwarded and never logged.
+
+Memory tools (``paging.mode: tools``): the proxy offers expand_topic / collapse_topic /
+find_quote next to the client's tools, runs the model's calls to them itself and asks again
+(at most ``proxy.max_tool_continuations`` times), invisible to the client. That loop runs
+upstream without streaming; a streaming client then receives the final answer as one
+synthesized stream.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import asyncio
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
+import anyio
+import httpx
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+from contextfold.items import Message
+from contextfold.memory.tools import TOOL_NAMES
+from contextfold.server.proxy_record import Plan, build_record
+from contextfold.server.proxy_session import (
+    SESSION_HEADER,
+    make_token,
+    marker_text,
+    new_session_id,
+    verify_token,
+)
+from contextfold.server.proxy_stream import (
+    Reply,
+    SseSplitter,
+    StreamState,
+    continuation,
+    mark_json,
+    reply_of,
+    stream_state,
+    synthesize,
+)
+from contextfold.server.proxy_wire import WIRES, ParsedRequest, Wire, dumps, reply_message
+from contextfold.server.proxy_writer import TurnWriter
 from contextfold.server.state import ServerState
 
+if TYPE_CHECKING:
+    from contextfold.memory.engine import AssembledContext
 
-def router(state: ServerState) -> APIRouter:
-    del state
-    return APIRouter()
+__all__ = ["Proxy", "ProxyRouter", "router"]
+
+logger = logging.getLogger("contextfold.server.proxy")
+
+_GEMINI = re.compile(r"(?:tuned)?[mM]odels/[^/:]+:(?:generateContent|streamGenerateContent)")
+_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "accept-encoding",
+        "content-encoding",
+        SESSION_HEADER,
+    }
+)
+
+
+def error_response(fmt: str, status: int, message: str, kind: str) -> Response:
+    """An error in the shape of the provider ``fmt`` (all three nest ``error.message``)."""
+    body: dict[str, Any]
+    if fmt == "anthropic":
+        body = {"type": "error", "error": {"type": kind, "message": message}}
+    elif fmt == "gemini":
+        names = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 502: "UNAVAILABLE"}
+        body = {"error": {"code": status, "message": message, "status": names.get(status, kind)}}
+    else:
+        body = {"error": {"message": message, "type": kind, "code": None}}
+    return Response(json.dumps(body), status_code=status, media_type="application/json")
+
+
+def upstream_url(base: str, path: str, query: str) -> str:
+    """``base`` joined with the request ``path`` (a base ending in the path's first segment,
+    such as ``…/v1``, does not repeat it) and ``query``."""
+    base = base.rstrip("/")
+    first = "/" + path.lstrip("/").split("/", 1)[0]
+    if urlsplit(base).path.endswith(first):
+        path = path[len(first) :]
+    return base + path + (f"?{query}" if query else "")
+
+
+def _forward_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    out = {k: v for k, v in headers if k.lower() not in _HOP}
+    out["accept-encoding"] = "identity"
+    return out
+
+
+def _response_headers(response: httpx.Response, token: str | None) -> dict[str, str]:
+    out = {k: v for k, v in response.headers.items() if k.lower() not in _HOP}
+    if token:
+        out[SESSION_HEADER] = token
+    return out
+
+
+class Proxy:
+    """The proxy of one server: its HTTP client, its writer thread and its routes."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.writer = TurnWriter()
+        self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+
+    # -- plumbing --------------------------------------------------------------------------------
+
+    def client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = httpx.AsyncClient(
+                timeout=httpx.Timeout(self.state.config.proxy.timeout, connect=10.0),
+                limits=httpx.Limits(max_connections=1000, max_keepalive_connections=200),
+                follow_redirects=False,
+            )
+            self._clients[loop] = client
+        return client
+
+    async def aclose(self) -> None:
+        """Write every pending turn, then close the HTTP client of this loop."""
+        await anyio.to_thread.run_sync(self.writer.close)
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
+
+    def upstream_for(self, request: Request) -> tuple[str | None, str | None]:
+        """(upstream base URL, instance name) for the port the request came in on."""
+        server = request.scope.get("server")
+        port = server[1] if server else None
+        for instance in self.state.config.proxy.instances:
+            if instance.port == port:
+                return instance.upstream, instance.name
+        return self.state.config.proxy.upstream, None
+
+    @property
+    def tools_mode(self) -> bool:
+        paging = self.state.memory.config.paging
+        return paging.enabled and paging.mode == "tools"
+
+    # -- the memory path -------------------------------------------------------------------------
+
+    def _session(self, tokens: list[str], header: str | None) -> tuple[str, str]:
+        secret = self.state.secret
+        if header:
+            sid = verify_token(header, secret)
+            if sid is not None:
+                return sid, "header"
+        for token in tokens:
+            sid = verify_token(token, secret)
+            if sid is not None:
+                return sid, "marker"
+        return new_session_id(), "forged" if tokens or header else "new"
+
+    def prepare(self, plan: Plan, wire: Wire, body: dict[str, Any], header: str | None) -> None:
+        """Fill ``plan`` with the body to forward (runs in a worker thread; may raise, and the
+        caller then fails open)."""
+        stripped, tokens = wire.strip(body)
+        plan.session_id, plan.session_source = self._session(tokens, header)
+        parsed = wire.parse(stripped)
+        plan.parsed = parsed
+        forwarded = stripped
+        if parsed.query is not None:
+            memory = self.state.memory
+            assembled = memory.on_message_inbound(
+                parsed.query_text, parsed.messages[: parsed.query], session_id=plan.session_id
+            )
+            plan.assembled = assembled
+            forwarded, dropped_raw = self._drop(plan, wire, forwarded, parsed, assembled)
+            plan.hint, plan.dynamic = _split_memory(assembled)
+            query_raw = parsed.sources[parsed.query][0]
+            query_raw -= sum(1 for d in dropped_raw if d < query_raw)
+            forwarded = wire.inject(forwarded, plan.hint, plan.dynamic, query_raw)
+        else:
+            plan.notes.append("no user message with text: nothing recalled")
+        if self.tools_mode:
+            forwarded = wire.add_tools(forwarded, self.state.memory.tool_definitions(wire.name))
+        plan.body = forwarded
+        plan.content = dumps(forwarded)
+
+    def _drop(
+        self,
+        plan: Plan,
+        wire: Wire,
+        body: dict[str, Any],
+        parsed: ParsedRequest,
+        assembled: AssembledContext,
+    ) -> tuple[dict[str, Any], set[int]]:
+        """Leave out the raw messages whose every parsed message the history filter removed
+        (compacted into memory), keeping tool calls with their results and a user turn
+        first."""
+        filtered = assembled.history
+        if filtered is None or not filtered.removed:
+            return body, set()
+        removed = {r.index: r for r in filtered.removed}
+        by_raw: dict[int, list[int]] = {}
+        for i, sources in enumerate(parsed.sources):
+            for raw in sources:
+                by_raw.setdefault(raw, []).append(i)
+        drop = {r for r, idx in by_raw.items() if r >= 0 and all(i in removed for i in idx)}
+        if wire.name != "openai":  # Anthropic and Gemini want a user turn first
+            count = len(wire.items(body))
+            first = next((i for i in range(count) if i not in drop), None)
+            while first is not None and wire.raw_role(body, first) != "user":
+                before = [d for d in drop if d < first]
+                if not before:
+                    break
+                first = max(before)
+                drop.discard(first)
+        dropped = sorted(i for r in drop for i in by_raw[r])
+        kept = [m for i, m in enumerate(parsed.messages) if i not in set(dropped)]
+        if _orphans(kept) - _orphans(parsed.messages):
+            plan.notes.append("history filter skipped: it would split a tool call from its result")
+            return body, set()
+        plan.dropped = dropped
+        plan.dropped_notes = [
+            f"{removed[i].reason}: {removed[i].preview}" for i in dropped if i in removed
+        ]
+        return wire.drop(body, drop), drop
+
+    # -- requests --------------------------------------------------------------------------------
+
+    async def handle(self, request: Request, fmt: str) -> Response:
+        started = time.perf_counter()
+        wire = WIRES[fmt]
+        upstream, instance = self.upstream_for(request)
+        if upstream is None:
+            return error_response(
+                fmt,
+                503,
+                "no upstream is configured for this port: set proxy.upstream or run "
+                "`contextfold proxy --upstream URL`",
+                "api_error",
+            )
+        raw = await request.body()
+        body, problem = _decode(raw)
+        if body is None:
+            return error_response(fmt, 400, problem, "invalid_request_error")
+        path = request.url.path
+        plan = Plan(
+            id=uuid.uuid4().hex,
+            format=fmt,
+            path=path,
+            model=wire.model(body, path),
+            stream=wire.is_stream(body, path),
+            instance=instance,
+            started=started,
+        )
+        header = request.headers.get(SESSION_HEADER)
+        try:
+            await anyio.to_thread.run_sync(self.prepare, plan, wire, body, header)
+        except Exception as exc:  # fail open: forward the original bytes
+            plan.error = (
+                f"memory skipped, request forwarded unmodified: {type(exc).__name__}: {exc}"
+            )
+            plan.body, plan.content = None, raw
+            logger.warning("request %s: %s", plan.id, plan.error)
+        url = upstream_url(upstream, path, request.url.query)
+        headers = _forward_headers(request.headers.items())
+        plan.overhead_ms = (time.perf_counter() - started) * 1000
+        if self.tools_mode and plan.body is not None:
+            return await self._tool_loop(plan, url, headers)
+        return await self._forward(plan, url, headers)
+
+    def _token(self, plan: Plan) -> str | None:
+        return make_token(plan.session_id, self.state.secret) if plan.session_id else None
+
+    async def _forward(self, plan: Plan, url: str, headers: dict[str, str]) -> Response:
+        client = self.client()
+        sent = time.perf_counter()
+        upstream_request = client.build_request("POST", url, headers=headers, content=plan.content)
+        try:
+            response = await client.send(upstream_request, stream=True)
+        except httpx.HTTPError as exc:
+            return self._unreachable(plan, url, exc)
+        token = self._token(plan)
+        marker = marker_text(token) if token and plan.body is not None else None
+        is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
+        if (
+            response.status_code >= 400
+            or not plan.stream
+            or not (is_sse or plan.format == "gemini")
+        ):
+            try:
+                content = await response.aread()
+            finally:
+                await response.aclose()
+            upstream_ms = (time.perf_counter() - sent) * 1000
+            reply: Reply | None = None
+            if response.status_code < 300:
+                try:
+                    data = json.loads(content)
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    data = None
+                if isinstance(data, dict):
+                    reply = reply_of(plan.format, data)
+                    if marker:
+                        content = dumps(mark_json(plan.format, data, marker))
+            self._finish(plan, response.status_code, upstream_ms, reply)
+            return Response(
+                content,
+                status_code=response.status_code,
+                headers=_response_headers(response, token),
+            )
+        sse = is_sse or "alt=sse" in url.partition("?")[2]
+        state = stream_state(plan.format, marker, sse=sse)
+        return StreamingResponse(
+            self._relay(plan, response, state, sent),
+            status_code=response.status_code,
+            headers=_response_headers(response, token),
+        )
+
+    async def _relay(
+        self, plan: Plan, response: httpx.Response, stream: StreamState, sent: float
+    ) -> AsyncIterator[bytes]:
+        """The upstream stream, each SSE event sent the moment it is complete."""
+        self.writer.opened()
+        state = stream
+        splitter = SseSplitter()
+        first: float | None = None
+        error: str | None = None
+        done = False
+        sse = getattr(state, "sse", True)
+        try:
+            async for chunk in response.aiter_bytes():
+                if first is None:
+                    first = (time.perf_counter() - sent) * 1000
+                if not sse:
+                    state.feed_raw(chunk)
+                    yield chunk
+                    continue
+                out = [piece for event in splitter.feed(chunk) for piece in state.feed(event)]
+                if out:
+                    yield b"".join(out)
+            rest = splitter.rest()
+            tail = state.finish()
+            done = True
+            if rest or tail:
+                yield rest or b"".join(tail)
+        except httpx.HTTPError as exc:
+            error = f"upstream stream broke off: {type(exc).__name__}"
+            logger.warning("request %s: %s", plan.id, error)
+        finally:
+            if not done:
+                state.collect()  # a stream cut short: keep what arrived
+            upstream_ms = (time.perf_counter() - sent) * 1000
+            extra = {"first_byte_ms": round(first, 3)} if first is not None else {}
+            self._finish(
+                plan, response.status_code, upstream_ms, state.reply, error or state.error, extra
+            )
+            self.writer.closed()
+            await response.aclose()
+
+    def _unreachable(self, plan: Plan, url: str, exc: Exception) -> Response:
+        where = urlsplit(url).netloc
+        message = f"upstream {where} unreachable: {type(exc).__name__}"
+        logger.warning("request %s: %s", plan.id, message)
+        self._finish(plan, 502, None, None, message)
+        return error_response(plan.format, 502, message, "api_error")
+
+    # -- the in-proxy tool loop ------------------------------------------------------------------
+
+    async def _tool_loop(self, plan: Plan, url: str, headers: dict[str, str]) -> Response:
+        assert plan.body is not None and plan.session_id is not None
+        body, loop_url = _unstreamed(plan.format, plan.body, url)
+        client = self.client()
+        sent = time.perf_counter()
+        limit = self.state.config.proxy.max_tool_continuations
+        memory, sid = self.state.memory, plan.session_id
+        for round_ in range(limit + 1):
+            if round_ == limit:  # the last round: the model must answer
+                body = _without_memory_tools(body)
+            try:
+                response = await client.post(loop_url, headers=headers, content=dumps(body))
+            except httpx.HTTPError as exc:
+                return self._unreachable(plan, url, exc)
+            try:
+                data = response.json() if response.status_code < 300 else None
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                data = None
+            if not isinstance(data, dict):
+                self._finish(plan, response.status_code, (time.perf_counter() - sent) * 1000, None)
+                return Response(
+                    response.content,
+                    status_code=response.status_code,
+                    headers=_response_headers(response, self._token(plan)),
+                )
+            reply = reply_of(plan.format, data)
+            calls = [c for c in reply.calls if c.name in TOOL_NAMES]
+            if not calls:
+                break
+            results = []
+            for call in calls:
+                run = partial(memory.handle_tool_call, call.name, call.input, session_id=sid)
+                results.append((call, await anyio.to_thread.run_sync(run)))
+                plan.tool_calls.append({"name": call.name, "arguments": call.input})
+            body = continuation(plan.format, body, data, results)
+        assert isinstance(data, dict)
+        token = self._token(plan)
+        marked = mark_json(plan.format, data, marker_text(token)) if token else data
+        self._finish(plan, response.status_code, (time.perf_counter() - sent) * 1000, reply)
+        headers_out = _response_headers(response, token)
+        if plan.stream:
+            include_usage = bool((plan.body.get("stream_options") or {}).get("include_usage"))
+            sse = plan.format != "gemini" or "alt=sse" in url.partition("?")[2]
+            content = synthesize(plan.format, marked, include_usage=include_usage, sse=sse)
+            headers_out["content-type"] = "text/event-stream" if sse else "application/json"
+            return Response(content, status_code=response.status_code, headers=headers_out)
+        headers_out["content-type"] = "application/json"
+        return Response(dumps(marked), status_code=response.status_code, headers=headers_out)
+
+    # -- after the reply -------------------------------------------------------------------------
+
+    def _finish(
+        self,
+        plan: Plan,
+        status: int,
+        upstream_ms: float | None,
+        reply: Reply | None,
+        error: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        """Queue the record and the memory write of a finished request (writer thread)."""
+        message = reply_message(reply.text, reply.calls) if reply is not None else None
+        memory, events = self.state.memory, self.state.events
+
+        def job() -> None:
+            record = build_record(
+                plan,
+                memory,
+                status=status,
+                upstream_ms=upstream_ms,
+                reply=message,
+                error=error,
+                extra=extra,
+            )
+            events.publish(record)
+            if message is None or plan.parsed is None or plan.session_id is None:
+                return
+            if not 200 <= status < 300:
+                return
+            sid = plan.session_id
+            # The engine's lock keeps the store's one connection to one thread at a time.
+            with memory._lock:
+                before = memory.store.last_seq(sid)
+                memory.on_turn_complete([*plan.parsed.messages, message], session_id=sid)
+                stored = memory.store.turns(sid, start=before + 1)
+            tags: dict[str, float] = {}
+            for turn in stored:
+                for tag, weight in turn.tags.items():
+                    tags[tag] = max(weight, tags.get(tag, 0.0))
+            ordered = tuple(sorted(tags, key=lambda t: (-tags[t], t)))
+            events.publish(record.model_copy(update={"response_tags": ordered}))
+
+        self.writer.submit(job)
+
+    # -- pass-through ----------------------------------------------------------------------------
+
+    async def passthrough(self, request: Request) -> Response:
+        """Any other provider route, forwarded untouched and streamed back as it arrives."""
+        fmt = _format_of(request.url.path)
+        upstream, _ = self.upstream_for(request)
+        if upstream is None:
+            return error_response(fmt, 503, "no upstream is configured for this port", "api_error")
+        client = self.client()
+        url = upstream_url(upstream, request.url.path, request.url.query)
+        upstream_request = client.build_request(
+            request.method,
+            url,
+            headers=_forward_headers(request.headers.items()),
+            content=await request.body(),
+        )
+        try:
+            response = await client.send(upstream_request, stream=True)
+        except httpx.HTTPError as exc:
+            message = f"upstream {urlsplit(url).netloc} unreachable: {type(exc).__name__}"
+            return error_response(fmt, 502, message, "api_error")
+
+        async def relay() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in response.aiter_bytes():
+                    yield chunk
+            except httpx.HTTPError as exc:
+                logger.warning("pass-through stream broke off: %s", type(exc).__name__)
+            finally:
+                await response.aclose()
+
+        return StreamingResponse(
+            relay(), status_code=response.status_code, headers=_response_headers(response, None)
+        )
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _decode(raw: bytes) -> tuple[dict[str, Any] | None, str]:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return None, f"request body is not valid UTF-8 (invalid byte at offset {exc.start:,})"
+    if not text.strip():
+        return None, "request body is empty; expected a JSON object"
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return None, (
+            f"request body is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
+        )
+    if not isinstance(body, dict):
+        return None, f"request body is a JSON {type(body).__name__}; expected an object"
+    return body, ""
+
+
+def _split_memory(assembled: AssembledContext) -> tuple[str, str]:
+    """(the ``<context-topics>`` hint, the rest) of the memory block: the hint changes only at
+    compaction and goes with the stable prefix; the rest changes every turn."""
+    text = assembled.prepend_text
+    hint = next((i.content for i in assembled.items if i.metadata.get("kind") == "hint"), "")
+    if hint and text.startswith(hint):
+        return hint, text[len(hint) :].lstrip("\n")
+    return "", text
+
+
+def _orphans(messages: list[Message]) -> set[str]:
+    calls = {i for m in messages for i in m.tool_use_ids}
+    results = {i for m in messages for i in m.tool_result_ids}
+    return calls ^ results
+
+
+def _format_of(path: str) -> str:
+    if path.startswith("/v1beta/"):
+        return "gemini"
+    return "anthropic" if path.startswith("/v1/messages") else "openai"
+
+
+def _unstreamed(fmt: str, body: dict[str, Any], url: str) -> tuple[dict[str, Any], str]:
+    """The request asked without streaming (the tool loop reads whole replies)."""
+    if fmt == "gemini":
+        base, _, query = url.partition("?")
+        query = "&".join(p for p in query.split("&") if p and p != "alt=sse")
+        base = base.replace(":streamGenerateContent", ":generateContent")
+        return body, base + (f"?{query}" if query else "")
+    out = {k: v for k, v in body.items() if k != "stream_options"}
+    if "stream" in out:
+        out["stream"] = False
+    return out, url
+
+
+def _without_memory_tools(body: dict[str, Any]) -> dict[str, Any]:
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return body
+    kept = []
+    for tool in tools:
+        if not isinstance(tool, dict):
+            kept.append(tool)
+            continue
+        declarations = tool.get("functionDeclarations")
+        if isinstance(declarations, list):
+            rest = [d for d in declarations if d.get("name") not in TOOL_NAMES]
+            if rest:
+                kept.append({**tool, "functionDeclarations": rest})
+            continue
+        if Wire._tool_name(tool) not in TOOL_NAMES:
+            kept.append(tool)
+    out = {k: v for k, v in body.items() if k != "tools"}
+    if kept:
+        out["tools"] = kept
+    return out
+
+
+class ProxyRouter(APIRouter):
+    """The proxy's routes, with the ``Proxy`` behind them (``.proxy``)."""
+
+    proxy: Proxy
+
+
+def router(state: ServerState) -> ProxyRouter:
+    """The proxy routes for ``state``; its lifespan writes pending turns at shutdown."""
+    proxy = Proxy(state)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await proxy.aclose()
+
+    routes = ProxyRouter(lifespan=lifespan)
+    routes.proxy = proxy
+
+    @routes.post("/v1/chat/completions", include_in_schema=False)
+    async def openai_chat(request: Request) -> Response:
+        return await proxy.handle(request, "openai")
+
+    @routes.post("/v1/messages", include_in_schema=False)
+    async def anthropic_messages(request: Request) -> Response:
+        return await proxy.handle(request, "anthropic")
+
+    @routes.api_route("/v1beta/{rest:path}", methods=_METHODS, include_in_schema=False)
+    async def gemini(request: Request, rest: str) -> Response:
+        if request.method == "POST" and _GEMINI.fullmatch(rest):
+            return await proxy.handle(request, "gemini")
+        return await proxy.passthrough(request)
+
+    @routes.api_route("/v1/{rest:path}", methods=_METHODS, include_in_schema=False)
+    async def openai_other(request: Request, rest: str) -> Response:
+        return await proxy.passthrough(request)
+
+    return routes

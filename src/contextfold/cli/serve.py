@@ -1,0 +1,135 @@
+"""``contextfold serve`` and ``contextfold proxy``: run the HTTP server.
+
+``serve`` reads a server config file (``--config``; see docs/proxy.md) and listens on its port
+and on every ``proxy.instances`` port, all sharing one memory engine and store. ``proxy`` is the
+short form for one upstream: ``contextfold proxy --upstream https://api.openai.com``.
+Both run until Ctrl-C, then write every pending turn to memory before exiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from contextfold.cli.common import InputError, cli_errors
+
+__all__ = ["proxy_command", "serve_command"]
+
+ServerConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--config",
+        "-c",
+        metavar="FILE",
+        help="Server config (YAML): host, port, proxy upstream and instances, limits.",
+    ),
+]
+MemoryConfigOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--memory-config",
+        metavar="FILE",
+        help="The memory engine's contextfold.yaml (overrides memory_config in --config).",
+    ),
+]
+HostOption = Annotated[
+    str | None, typer.Option("--host", help="Address to bind (default 127.0.0.1).")
+]
+LogOption = Annotated[
+    str, typer.Option("--log-level", help="uvicorn log level: debug, info, warning, error.")
+]
+
+
+def _run(
+    config_path: Path | None,
+    memory_config: Path | None,
+    host: str | None,
+    port: int | None,
+    upstream: str | None,
+    log_level: str,
+) -> None:
+    from contextfold.server.app import create_app
+    from contextfold.server.config import ProxySettings, ServerConfig, load_server_config
+    from contextfold.server.proxy_runner import Runner, bindings
+
+    config = load_server_config(config_path) if config_path else ServerConfig()
+    update: dict[str, object] = {}
+    if host is not None:
+        update["host"] = host
+    if port is not None:
+        update["port"] = port
+    if memory_config is not None:
+        if not memory_config.is_file():
+            raise InputError(f"{memory_config}: no such file")
+        update["memory_config"] = str(memory_config)
+    if upstream is not None:
+        if not upstream.startswith(("http://", "https://")):
+            raise InputError(f"--upstream {upstream!r} is not an http(s) URL")
+        update["proxy"] = ProxySettings.model_validate(
+            {**config.proxy.model_dump(), "upstream": upstream}
+        )
+    if update:
+        config = ServerConfig.model_validate({**config.model_dump(), **update})
+    app = create_app(config)
+    runner = Runner(app, config, log_level=log_level)
+    for bound_host, bound_port in bindings(config):
+        typer.echo(f"contextfold listening on http://{bound_host}:{bound_port}", err=True)
+
+    # Memory writes run on a thread beside the event loop; a short GIL switch interval keeps
+    # them from holding the loop up for the default 5 ms each time it does I/O.
+    sys.setswitchinterval(0.0005)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, runner.stop)
+        await runner.serve()
+
+    asyncio.run(main())
+    app.state.contextfold.memory.close()
+
+
+def serve_command(
+    config: ServerConfigOption = None,
+    memory_config: MemoryConfigOption = None,
+    host: HostOption = None,
+    port: Annotated[
+        int | None, typer.Option("--port", "-p", help="Main port (default from --config, 5757).")
+    ] = None,
+    log_level: LogOption = "info",
+) -> None:
+    """Run the server: the LLM proxy, POST /api/context and the dashboard.
+
+    Listens on the config's port and on each proxy instance's port; all of them share one
+    memory engine and store. Stops on Ctrl-C after writing pending turns to memory."""
+    with cli_errors():
+        _run(config, memory_config, host, port, None, log_level)
+
+
+def proxy_command(
+    upstream: Annotated[
+        str,
+        typer.Option(
+            "--upstream",
+            "-u",
+            metavar="URL",
+            help="The provider API to forward to, e.g. https://api.openai.com.",
+        ),
+    ],
+    port: Annotated[int, typer.Option("--port", "-p", help="Port to listen on.")] = 5757,
+    config: ServerConfigOption = None,
+    memory_config: MemoryConfigOption = None,
+    host: HostOption = None,
+    log_level: LogOption = "info",
+) -> None:
+    """Run the transparent LLM proxy in front of one upstream.
+
+    Point a client's base_url at http://127.0.0.1:PORT (OpenAI SDK: .../v1); every request
+    gains conversation memory. Stops on Ctrl-C after writing pending turns to memory."""
+    with cli_errors():
+        _run(config, memory_config, host, port, upstream, log_level)

@@ -1,0 +1,189 @@
+"""``Plan`` (what the proxy decided for one request) and the dashboard record made from it.
+
+Building the record counts tokens and copies messages, so it runs on the writer thread after
+the reply has gone out, never on the response path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from contextfold.items import Message, TextBlock
+from contextfold.server.events import BudgetRow, InspectedMessage, RequestRecord
+from contextfold.tokens import OVERHEADS, TokenCounter
+
+if TYPE_CHECKING:
+    from contextfold.memory.engine import AssembledContext, MemoryEngine
+    from contextfold.server.proxy_wire import ParsedRequest
+
+__all__ = ["Plan", "build_record"]
+
+#: The inspector keeps at most this many messages per record, each cut to this many characters.
+MAX_MESSAGES = 200
+MAX_TEXT = 2000
+
+
+@dataclass
+class Plan:
+    """One request on its way through the proxy."""
+
+    id: str
+    format: str
+    path: str
+    model: str | None
+    stream: bool
+    instance: str | None = None
+    session_id: str | None = None
+    session_source: str = "new"  # header, marker, new, forged
+    parsed: ParsedRequest | None = None
+    assembled: AssembledContext | None = None
+    dropped: list[int] = field(default_factory=list)  # parsed indices left out of the history
+    dropped_notes: list[str] = field(default_factory=list)
+    hint: str = ""
+    dynamic: str = ""
+    body: dict[str, Any] | None = None  # what goes upstream (None: the original bytes)
+    content: bytes = b""
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    overhead_ms: float = 0.0
+    started: float = 0.0
+
+
+_COUNTS: dict[tuple[str, str], int] = {}
+
+
+def _count(counter: TokenCounter, text: str) -> int:
+    """``counter.count(text)``, remembered: a chat client resends its history every turn."""
+    key = (counter.name, text)
+    found = _COUNTS.get(key)
+    if found is None:
+        if len(_COUNTS) > 50_000:
+            _COUNTS.clear()
+        found = _COUNTS[key] = counter.count(text)
+    return found
+
+
+def _inspected(message: Message) -> InspectedMessage:
+    text = message.text()
+    if len(text) > MAX_TEXT:
+        text = text[:MAX_TEXT] + f"… ({len(text) - MAX_TEXT:,} more characters)"
+    return InspectedMessage(
+        role=message.role, blocks=tuple(b.type for b in message.content), text=text
+    )
+
+
+def _budget_rows(
+    assembled: AssembledContext, history_tokens: int, kept: int, engine: MemoryEngine
+) -> tuple[BudgetRow, ...]:
+    mb = assembled.budget
+    kinds: dict[str, int] = {}
+    for item in assembled.items:
+        kind = str(item.metadata.get("kind", "memory"))
+        kinds[kind] = kinds.get(kind, 0) + 1
+    return (
+        BudgetRow(
+            section="memory",
+            budget=mb.budget,
+            used=mb.used,
+            items=len(assembled.items),
+            truncated=mb.turns_skipped > 0,
+        ),
+        BudgetRow(
+            section="memory: topics hint",
+            budget=mb.budget,
+            used=mb.hint,
+            items=kinds.get("hint", 0),
+        ),
+        BudgetRow(
+            section="memory: paged topics",
+            budget=mb.budget,
+            used=mb.paged,
+            items=kinds.get("paged", 0),
+        ),
+        BudgetRow(
+            section="memory: summaries",
+            budget=mb.budget,
+            used=mb.summaries,
+            items=kinds.get("tag_summary", 0) + kinds.get("segment", 0),
+        ),
+        BudgetRow(
+            section="memory: recalled turns",
+            budget=mb.budget,
+            used=mb.turns,
+            items=mb.turns_recalled,
+            truncated=mb.turns_skipped > 0,
+        ),
+        BudgetRow(
+            section="history",
+            budget=engine.config.context_window,
+            used=history_tokens,
+            items=kept,
+            truncated=bool(assembled.history and assembled.history.removed),
+        ),
+    )
+
+
+def build_record(
+    plan: Plan,
+    engine: MemoryEngine,
+    *,
+    status: int | None,
+    upstream_ms: float | None,
+    reply: Message | None,
+    error: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> RequestRecord:
+    """The dashboard record of a finished request (tokens counted with the engine's counter)."""
+    counter = engine.counter
+    per_message = OVERHEADS[plan.format].per_message if plan.format in OVERHEADS else 3
+    messages: list[Message] = plan.parsed.messages if plan.parsed is not None else []
+    dropped = set(plan.dropped)
+    costs = [_count(counter, m.text()) + per_message for m in messages]
+    tokens_in = sum(costs)
+    kept = [m for i, m in enumerate(messages) if i not in dropped]
+    history_tokens = sum(c for i, c in enumerate(costs) if i not in dropped)
+    memory_text = "\n".join(t for t in (plan.hint, plan.dynamic) if t)
+    memory_tokens = counter.count(memory_text) if memory_text else 0
+    shown = [*kept, *([reply] if reply is not None else [])]
+    omitted = max(0, len(shown) - MAX_MESSAGES)
+    turn = sum(
+        1 for m in messages if m.role == "user" and any(isinstance(b, TextBlock) for b in m.content)
+    )
+    assembled = plan.assembled
+    info: dict[str, Any] = {"session_source": plan.session_source}
+    if plan.instance:
+        info["instance"] = plan.instance
+    if plan.tool_calls:
+        info["memory_tool_calls"] = plan.tool_calls
+    if plan.notes:
+        info["notes"] = plan.notes
+    if omitted:
+        info["messages_omitted"] = omitted
+    info.update(extra or {})
+    return RequestRecord(
+        id=plan.id,
+        session_id=plan.session_id or "",
+        turn=turn,
+        format=plan.format,
+        path=plan.path,
+        model=plan.model,
+        stream=plan.stream,
+        status=status,
+        inbound_tags=assembled.matched_tags if assembled else (),
+        broad=assembled.broad if assembled else False,
+        temporal=assembled.temporal if assembled else False,
+        tokens_in=tokens_in,
+        tokens_forwarded=history_tokens + memory_tokens,
+        memory_tokens=memory_tokens,
+        overhead_ms=round(plan.overhead_ms, 3),
+        upstream_ms=None if upstream_ms is None else round(upstream_ms, 3),
+        dropped_turns=len(plan.dropped_notes),
+        dropped=tuple(plan.dropped_notes),
+        messages=tuple(_inspected(m) for m in shown[omitted:]),
+        context=memory_text,
+        budget=_budget_rows(assembled, history_tokens, len(kept), engine) if assembled else (),
+        error=error or plan.error,
+        extra=info,
+    )

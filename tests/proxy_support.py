@@ -1,0 +1,66 @@
+"""Running the server for proxy tests and the proxy benchmark: the real app under real uvicorn
+on 127.0.0.1, in a background thread, on free ports."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from contextfold.memory.engine import MemoryEngine
+from contextfold.server.app import create_app
+from contextfold.server.config import ServerConfig
+from contextfold.server.proxy_runner import Runner
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Served:
+    app: Any
+    runner: Runner
+    ports: list[int]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.ports[0]}"
+
+    @property
+    def proxy(self) -> Any:
+        return self.app.state.proxy
+
+    @property
+    def events(self) -> Any:
+        return self.app.state.contextfold.events
+
+    def drain(self) -> None:
+        """Wait until every turn has been written to memory."""
+        assert self.proxy.writer.drain(30.0), "the turn writer did not finish"
+
+
+@contextmanager
+def serve(config: ServerConfig, memory: MemoryEngine) -> Iterator[Served]:
+    """The app for ``config`` and ``memory``, served until the block ends."""
+    app = create_app(config, memory=memory)
+    runner = Runner(app, config)
+    thread = threading.Thread(target=asyncio.run, args=(runner.serve(),), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not runner.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the server did not start")
+        time.sleep(0.01)
+    try:
+        yield Served(app, runner, runner.ports())
+    finally:
+        runner.stop()
+        thread.join(30)

@@ -1,0 +1,539 @@
+"""The transparent proxy end to end: the real app under uvicorn on 127.0.0.1, the fake provider
+behind it, and the real ``openai`` and ``anthropic`` SDK clients (Gemini over plain httpx)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from contextfold.memory.config import MemoryConfig
+from contextfold.memory.engine import MemoryEngine
+from contextfold.server.config import InstanceSettings, ProxySettings, ServerConfig
+from contextfold.server.proxy_session import SESSION_HEADER, find_tokens, make_token
+from fake_llm import FakeLLMServer, ModelTurn, ToolCall
+from proxy_support import Served, free_port, serve
+
+SYSTEM = "You are a careful assistant."
+
+
+def make_engine(tmp_path: Path, **config: Any) -> MemoryEngine:
+    return MemoryEngine(
+        MemoryConfig.model_validate(config), store=tmp_path / "memory.db", embedder=None
+    )
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[MemoryEngine]:
+    with make_engine(tmp_path) as memory:
+        yield memory
+
+
+@pytest.fixture
+def proxy(fake_llm: FakeLLMServer, engine: MemoryEngine) -> Iterator[Served]:
+    config = ServerConfig(port=0, proxy=ProxySettings(upstream=fake_llm.url))
+    with serve(config, engine) as served:
+        yield served
+
+
+def oa(served: Served) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{served.url}/v1", api_key="sk-test", max_retries=0)
+
+
+def an(served: Served) -> anthropic.Anthropic:
+    return anthropic.Anthropic(base_url=served.url, api_key="sk-ant-test", max_retries=0)
+
+
+def sent(fake: FakeLLMServer, index: int = -1) -> dict[str, Any]:
+    body = fake.requests[index].body
+    assert isinstance(body, dict)
+    return body
+
+
+# --------------------------------------------------------------------------- OpenAI SDK
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_sdk_gets_the_reply_with_a_session_marker(
+    proxy: Served, fake_llm: FakeLLMServer, engine: MemoryEngine, stream: bool
+) -> None:
+    fake_llm.reply = "Paris is the capital of France."
+    messages: Any = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Capital?"}]
+    if stream:
+        chunks = oa(proxy).chat.completions.create(model="m", messages=messages, stream=True)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        reply = oa(proxy).chat.completions.create(model="m", messages=messages)
+        text = reply.choices[0].message.content or ""
+    assert text.startswith("Paris is the capital of France.\n\n<!-- contextfold:session=")
+    assert sent(fake_llm)["messages"][0] == {"role": "system", "content": SYSTEM}
+    proxy.drain()
+    (sid,) = [s for s in engine.store.sessions() if s != "default"]
+    assert [t.message.text() for t in engine.store.turns(sid)] == [
+        "Capital?",
+        "Paris is the capital of France.",
+    ]
+
+
+def test_the_marker_is_stripped_and_continues_the_session(
+    proxy: Served, fake_llm: FakeLLMServer
+) -> None:
+    client = oa(proxy)
+    history: list[Any] = [{"role": "user", "content": "Hello"}]
+    first = client.chat.completions.create(model="m", messages=history).choices[0].message
+    history += [{"role": "assistant", "content": first.content}, {"role": "user", "content": "Hi"}]
+    client.chat.completions.create(model="m", messages=history)
+    assert "contextfold" not in fake_llm.requests[-1].raw.decode()
+    proxy.drain()
+    records = proxy.events.recent()
+    assert records[0].session_id == records[1].session_id
+    assert [r.extra["session_source"] for r in records] == ["new", "marker"]
+
+
+def test_a_forged_marker_starts_a_new_session(proxy: Served, fake_llm: FakeLLMServer) -> None:
+    client = oa(proxy)
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hello"}])
+    proxy.drain()
+    victim = proxy.events.recent()[0].session_id
+    forged = f"{victim}.{'0' * 32}"  # the right id with a made-up MAC
+    history: Any = [
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": f"Hi.\n\n<!-- contextfold:session={forged} -->"},
+        {"role": "user", "content": "What did I say before?"},
+    ]
+    reply = client.chat.completions.create(model="m", messages=history)
+    proxy.drain()
+    record = proxy.events.recent()[-1]
+    assert record.session_id != victim and record.extra["session_source"] == "forged"
+    assert find_tokens(reply.choices[0].message.content or "")[0].startswith(record.session_id)
+    assert "contextfold" not in fake_llm.requests[-1].raw.decode()
+
+
+def test_the_session_header_works_like_the_marker(proxy: Served) -> None:
+    raw = oa(proxy).chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": "Hello"}]
+    )
+    token = raw.headers[SESSION_HEADER]
+    client = openai.OpenAI(
+        base_url=f"{proxy.url}/v1", api_key="k", default_headers={SESSION_HEADER: token}
+    )
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Again"}])
+    proxy.drain()
+    first, second = proxy.events.recent()
+    assert token.startswith(first.session_id) and second.session_id == first.session_id
+    assert second.extra["session_source"] == "header"
+
+
+def test_a_fact_said_early_is_recalled_later(proxy: Served, fake_llm: FakeLLMServer) -> None:
+    client = oa(proxy)
+    fake_llm.reply = "Noted."
+    history: list[Any] = [{"role": "user", "content": "My locker combination is 4417."}]
+    for question in ["Plan a pasta dinner.", "Which wine goes with it?", "And dessert?"]:
+        answer = client.chat.completions.create(model="m", messages=history)
+        history += [{"role": "assistant", "content": answer.choices[0].message.content}]
+        history += [{"role": "user", "content": question}]
+    proxy.drain()
+    # The client keeps only its last exchange; the marker in it carries the session.
+    trimmed = [*history[-2:-1], {"role": "user", "content": "What is my locker combination?"}]
+    client.chat.completions.create(model="m", messages=trimmed)
+    forwarded = sent(fake_llm)["messages"]
+    assert "4417" in forwarded[-1]["content"]
+    assert forwarded[-1]["content"].endswith("What is my locker combination?")
+    proxy.drain()
+    assert "4417" in proxy.events.recent()[-1].context
+
+
+def test_consecutive_turns_share_a_byte_identical_prefix(
+    proxy: Served, fake_llm: FakeLLMServer
+) -> None:
+    client = oa(proxy)
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "budget?"}])
+    history: list[Any] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Our travel budget is 3,200 euros."},
+    ]
+    raws = []
+    for question in ["Book the flights.", "What was the travel budget again?"]:
+        reply = client.chat.completions.create(model="m", messages=history)
+        raws.append(fake_llm.requests[-1].raw)
+        history += [{"role": "assistant", "content": reply.choices[0].message.content}]
+        history += [{"role": "user", "content": question}]
+        proxy.drain()
+    reply = client.chat.completions.create(model="m", messages=history)
+    raws.append(fake_llm.requests[-1].raw)
+    # The stable part (system prompt and every earlier message) is a shared byte prefix.
+    stable = json.dumps(sent(fake_llm)["messages"][:3], separators=(",", ":"))[:-1].encode()
+    assert stable in raws[1] and stable in raws[2]
+    shared = raws[1][: raws[1].index(stable) + len(stable)]
+    assert raws[2].startswith(shared)
+
+
+# --------------------------------------------------------------------------- Anthropic SDK
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_sdk_round_trip(
+    proxy: Served, fake_llm: FakeLLMServer, engine: MemoryEngine, stream: bool
+) -> None:
+    fake_llm.reply = "The Henninger filing is due March 3."
+    client = an(proxy)
+    messages: Any = [{"role": "user", "content": "When is the Henninger filing due?"}]
+    if stream:
+        with client.messages.stream(
+            model="claude-x", max_tokens=64, system=SYSTEM, messages=messages
+        ) as events:
+            message = events.get_final_message()
+    else:
+        message = client.messages.create(
+            model="claude-x", max_tokens=64, system=SYSTEM, messages=messages
+        )
+    text = "".join(b.text for b in message.content if b.type == "text")
+    assert text.startswith("The Henninger filing is due March 3.\n\n<!-- contextfold:session=")
+    assert sent(fake_llm)["system"] == SYSTEM
+    # Sent back as the SDK returned it, the reply continues the session without the marker.
+    messages += [{"role": "assistant", "content": message.content}]
+    messages += [{"role": "user", "content": "Thanks"}]
+    client.messages.create(model="claude-x", max_tokens=64, messages=messages)
+    assert sent(fake_llm)["messages"][1]["content"] == [
+        {"type": "text", "text": "The Henninger filing is due March 3."}
+    ] or sent(fake_llm)["messages"][1]["content"][0]["text"] == (
+        "The Henninger filing is due March 3."
+    )
+    proxy.drain()
+    assert len({r.session_id for r in proxy.events.recent()}) == 1
+
+
+def test_anthropic_client_tool_calls_reach_the_client(
+    proxy: Served, fake_llm: FakeLLMServer
+) -> None:
+    fake_llm.reply = ModelTurn("Checking.", (ToolCall("get_weather", {"city": "Oslo"}),))
+    tool = {"name": "get_weather", "input_schema": {"type": "object"}}
+    with an(proxy).messages.stream(
+        model="claude-x",
+        max_tokens=64,
+        tools=[tool],  # type: ignore[list-item]
+        messages=[{"role": "user", "content": "Weather in Oslo?"}],
+    ) as events:
+        message = events.get_final_message()
+    (call,) = [b for b in message.content if b.type == "tool_use"]
+    assert (call.name, call.input, message.stop_reason) == ("get_weather", {"city": "Oslo"},
+                                                             "tool_use")  # fmt: skip
+
+
+# --------------------------------------------------------------------------- tools
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_client_tool_calls_reach_the_client(
+    proxy: Served, fake_llm: FakeLLMServer, stream: bool
+) -> None:
+    fake_llm.reply = ModelTurn("", (ToolCall("get_weather", {"city": "Oslo"}, "call_1"),))
+    tool: Any = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+    messages: Any = [{"role": "user", "content": "Weather in Oslo?"}]
+    client = oa(proxy)
+    if stream:
+        with client.chat.completions.stream(model="m", messages=messages, tools=[tool]) as s:
+            message = s.get_final_completion().choices[0].message
+    else:
+        message = client.chat.completions.create(model="m", messages=messages, tools=[tool])
+        message = message.choices[0].message
+    (call,) = message.tool_calls or []
+    assert call.function.name == "get_weather"  # type: ignore[union-attr]
+    assert json.loads(call.function.arguments) == {"city": "Oslo"}  # type: ignore[union-attr]
+
+
+@pytest.fixture
+def tools_proxy(fake_llm: FakeLLMServer, tmp_path: Path) -> Iterator[Served]:
+    with make_engine(tmp_path, paging={"mode": "tools"}) as memory:
+        config = ServerConfig(port=0, proxy=ProxySettings(upstream=fake_llm.url))
+        with serve(config, memory) as served:
+            yield served
+
+
+def _find_then_answer(body: dict[str, Any]) -> ModelTurn:
+    messages = body.get("messages", [])
+    results = [m for m in messages if m.get("role") == "tool"]
+    if not results:
+        return ModelTurn("", (ToolCall("find_quote", {"query": "locker combination"}, "q1"),))
+    return ModelTurn(f"Found it: {results[-1]['content'][:300]}")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_memory_tool_calls_are_run_in_the_proxy(
+    tools_proxy: Served, fake_llm: FakeLLMServer, stream: bool
+) -> None:
+    client = oa(tools_proxy)
+    fake_llm.reply = "Noted."
+    ask: Any = [{"role": "user", "content": "My locker combination is 4417."}]
+    noted = client.chat.completions.create(model="m", messages=ask).choices[0].message.content
+    tools_proxy.drain()
+    fake_llm.reply = _find_then_answer
+    before = len(fake_llm.requests)
+    ask += [{"role": "assistant", "content": noted}]  # its marker carries the session
+    ask += [{"role": "user", "content": "Remind me of my locker combination."}]
+    if stream:
+        chunks = client.chat.completions.create(model="m", messages=ask, stream=True)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    else:
+        text = client.chat.completions.create(model="m", messages=ask).choices[0].message.content
+    assert text is not None and text.startswith("Found it:") and "4417" in text
+    assert len(fake_llm.requests) == before + 2
+    names = [t["function"]["name"] for t in sent(fake_llm, before)["tools"]]
+    assert names == ["expand_topic", "collapse_topic", "find_quote"]
+    tools_proxy.drain()
+    assert tools_proxy.events.recent()[-1].extra["memory_tool_calls"][0]["name"] == "find_quote"
+
+
+# --------------------------------------------------------------------------- Gemini
+
+
+@pytest.mark.parametrize("method", ["generateContent", "streamGenerateContent?alt=sse"])
+def test_gemini_round_trip_with_marker(proxy: Served, fake_llm: FakeLLMServer, method: str) -> None:
+    fake_llm.reply = "Bonjour."
+    body = {
+        "systemInstruction": {"parts": [{"text": SYSTEM}]},
+        "contents": [{"role": "user", "parts": [{"text": "Say hello in French."}]}],
+    }
+    url = f"{proxy.url}/v1beta/models/gemini-x:{method}"
+    response = httpx.post(url, json=body, headers={"x-goog-api-key": "g-key"})
+    assert response.status_code == 200
+    if method.startswith("stream"):
+        events = [json.loads(line[6:]) for line in response.text.splitlines() if line]
+        parts = [p for e in events for p in e["candidates"][0]["content"]["parts"]]
+    else:
+        parts = response.json()["candidates"][0]["content"]["parts"]
+    text = "".join(p["text"] for p in parts)
+    assert text.startswith("Bonjour.\n\n<!-- contextfold:session=")
+    assert fake_llm.requests[-1].headers["x-goog-api-key"] == "g-key"
+    assert sent(fake_llm)["systemInstruction"] == body["systemInstruction"]
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+def test_stream_events_are_forwarded_as_they_arrive(proxy: Served, fake_llm: FakeLLMServer) -> None:
+    fake_llm.reply = "one two three"
+    seen_first = threading.Event()
+    waited: list[bool] = []
+
+    def gate(index: int) -> None:
+        if index == 2:  # hold the second word until the client has the first
+            waited.append(seen_first.wait(10))
+
+    fake_llm.stream_gate = gate
+    chunks = oa(proxy).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "count"}], stream=True
+    )
+    words = []
+    for chunk in chunks:
+        if chunk.choices and chunk.choices[0].delta.content:
+            words.append(chunk.choices[0].delta.content)
+            seen_first.set()
+    assert waited == [True]
+    assert words[:3] == ["one ", "two ", "three"]
+
+
+# --------------------------------------------------------------------------- failures
+
+
+def test_the_proxy_fails_open_when_the_engine_raises(
+    proxy: Served,
+    fake_llm: FakeLLMServer,
+    engine: MemoryEngine,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("index corrupted")
+
+    monkeypatch.setattr(engine, "on_message_inbound", broken)
+    raw = b'{"model": "m", "messages": [{"role": "user", "content": "Still there?"}]}'
+    with caplog.at_level(logging.WARNING, "contextfold.server.proxy"):
+        response = httpx.post(
+            f"{proxy.url}/v1/chat/completions",
+            content=raw,
+            headers={"Authorization": "Bearer sk-secret-123", "content-type": "application/json"},
+        )
+    assert response.status_code == 200
+    assert fake_llm.requests[-1].raw == raw  # forwarded byte for byte
+    proxy.drain()
+    assert "RuntimeError: index corrupted" in (proxy.events.recent()[-1].error or "")
+    assert "index corrupted" in caplog.text and "sk-secret-123" not in caplog.text
+
+
+@pytest.mark.parametrize("status", [429, 500])
+def test_upstream_errors_pass_through_with_status_and_body(
+    proxy: Served, fake_llm: FakeLLMServer, status: int
+) -> None:
+    body = {"error": {"message": f"upstream says {status}", "type": "rate_limit"}}
+    fake_llm.fail_next(status, body=body, headers={"retry-after": "7"})
+    response = httpx.post(
+        f"{proxy.url}/v1/chat/completions",
+        json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+    )
+    assert response.status_code == status
+    assert response.json() == body and response.headers["retry-after"] == "7"
+    fake_llm.fail_next(status, body=body)
+    with pytest.raises(openai.APIStatusError) as caught:
+        oa(proxy).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    assert caught.value.status_code == status and f"upstream says {status}" in str(caught.value)
+
+
+def test_auth_headers_are_forwarded(proxy: Served, fake_llm: FakeLLMServer) -> None:
+    fake_llm.api_key = "sk-right"
+    ok = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-right", max_retries=0)
+    ok.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    assert fake_llm.requests[-1].headers["authorization"] == "Bearer sk-right"
+    with pytest.raises(openai.AuthenticationError):  # the upstream's 401 comes back
+        oa(proxy).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    fake_llm.api_key = None
+    headers = {"x-api-key": "sk-ant-1", "anthropic-version": "2023-06-01"}
+    claude = anthropic.Anthropic(base_url=proxy.url, api_key="x", default_headers=headers)
+    claude.messages.create(model="c", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+    forwarded = fake_llm.requests[-1].headers
+    assert forwarded["x-api-key"] == "sk-ant-1" and forwarded["anthropic-version"] == "2023-06-01"
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (b'{"messages": [', "not valid JSON"),
+        (b"\xff\xfe{}", "not valid UTF-8"),
+        (b"[1, 2]", "expected an object"),
+        (b"", "empty"),
+    ],
+)
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+def test_bad_request_bodies_get_a_clear_400(
+    proxy: Served, fake_llm: FakeLLMServer, body: bytes, problem: str, path: str
+) -> None:
+    response = httpx.post(proxy.url + path, content=body)
+    assert response.status_code == 400
+    assert problem in response.json()["error"]["message"]
+    assert fake_llm.requests == []
+
+
+def test_unknown_paths_get_a_404_and_provider_paths_pass_through(
+    proxy: Served, fake_llm: FakeLLMServer
+) -> None:
+    assert httpx.post(f"{proxy.url}/nope", json={}).status_code == 404
+    raw = b'{"model":"m","input":"hi <!-- contextfold:session=x.y -->"}'
+    response = httpx.post(f"{proxy.url}/v1/responses", content=raw)
+    assert response.status_code == 404  # the fake has no such route: its own answer comes back
+    assert "no route for POST /v1/responses" in response.json()["error"]["message"]
+    assert fake_llm.requests[-1].raw == raw  # untouched, marker-like text included
+
+
+def test_a_10_mb_body_does_not_break_the_proxy(proxy: Served, fake_llm: FakeLLMServer) -> None:
+    big = "word " * (2 * 1024 * 1024)  # 10 MiB of text
+    body = {"model": "m", "messages": [{"role": "user", "content": big}]}
+    response = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=120)
+    assert response.status_code in (200, 413)
+    assert httpx.get(f"{proxy.url}/healthz").status_code == 200
+
+
+def test_no_upstream_configured_is_a_clear_503(engine: MemoryEngine) -> None:
+    with serve(ServerConfig(port=0), engine) as served:
+        response = httpx.post(f"{served.url}/v1/messages", json={"messages": []})
+    assert response.status_code == 503
+    assert "contextfold proxy --upstream" in response.json()["error"]["message"]
+
+
+def test_an_unreachable_upstream_is_a_502(engine: MemoryEngine) -> None:
+    config = ServerConfig(port=0, proxy=ProxySettings(upstream=f"http://127.0.0.1:{free_port()}"))
+    with serve(config, engine) as served:
+        response = httpx.post(
+            f"{served.url}/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        )
+    assert response.status_code == 502 and "unreachable" in response.json()["error"]["message"]
+
+
+# --------------------------------------------------------------------------- records, instances
+
+
+def test_each_request_publishes_a_record_then_its_response_tags(
+    proxy: Served, fake_llm: FakeLLMServer
+) -> None:
+    fake_llm.reply = "Sourdough needs a ripe starter."
+    oa(proxy).chat.completions.create(
+        model="gpt-x", messages=[{"role": "user", "content": "How do I bake sourdough bread?"}]
+    )
+    proxy.drain()
+    (record,) = proxy.events.recent()
+    assert (record.format, record.path, record.model, record.status) == (
+        "openai", "/v1/chat/completions", "gpt-x", 200)  # fmt: skip
+    assert record.turn == 1 and record.tokens_in > 0 and record.upstream_ms is not None
+    assert record.response_tags and "bread" in record.response_tags
+    assert [m.role for m in record.messages] == ["user", "assistant"]
+    assert {row.section for row in record.budget} >= {"memory", "history"}
+
+
+def test_instances_share_one_engine(tmp_path: Path, engine: MemoryEngine) -> None:
+    with FakeLLMServer(reply="from A") as a, FakeLLMServer(reply="from B") as b:
+        ports = [free_port(), free_port()]
+        config = ServerConfig(
+            port=0,
+            proxy=ProxySettings(
+                instances=[
+                    InstanceSettings(name="a", port=ports[0], upstream=a.url),
+                    InstanceSettings(name="b", port=ports[1], upstream=b.url),
+                ]
+            ),
+        )
+        with serve(config, engine) as served:
+            for port in ports:
+                client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k")
+                reply = client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": f"hello {port}"}]
+                )
+                assert (reply.choices[0].message.content or "").startswith(
+                    "from A" if port == ports[0] else "from B"
+                )
+            served.drain()
+            assert [r.extra["instance"] for r in served.events.recent()] == ["a", "b"]
+        assert len(a.requests) == len(b.requests) == 1
+    assert len([s for s in engine.store.sessions() if s != "default"]) == 2
+
+
+def test_token_verification_needs_the_servers_secret(proxy: Served) -> None:
+    token = make_token("someone", b"another server's secret")
+    client = openai.OpenAI(
+        base_url=f"{proxy.url}/v1", api_key="k", default_headers={SESSION_HEADER: token}
+    )
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+    proxy.drain()
+    record = proxy.events.recent()[-1]
+    assert record.session_id != "someone" and record.extra["session_source"] == "forged"
+
+
+def test_history_compacted_into_memory_is_left_out(fake_llm: FakeLLMServer, tmp_path: Path) -> None:
+    fake_llm.reply = lambda body: "Noted: " + body["messages"][-1]["content"][-60:]
+    settings = {"context_window": 512, "compaction": {"protected_recent_turns": 4}}
+    with make_engine(tmp_path, **settings) as memory:
+        config = ServerConfig(port=0, proxy=ProxySettings(upstream=fake_llm.url))
+        with serve(config, memory) as served:
+            client = oa(served)
+            history: list[Any] = [{"role": "system", "content": SYSTEM}]
+            for n in range(14):
+                topic = ["the garden shed roof", "the tax return forms", "the piano lessons"][n % 3]
+                text = f"Update {n} on {topic}: we decided on option {n * 11} after a long talk."
+                history.append({"role": "user", "content": text})
+                reply = client.chat.completions.create(model="m", messages=history)
+                history.append({"role": "assistant", "content": reply.choices[0].message.content})
+                served.drain()
+            assert memory.store.session(served.events.recent()[-1].session_id).compaction_watermark
+            forwarded = sent(fake_llm)["messages"]
+            record = served.events.recent()[-1]
+    assert forwarded[0]["content"].startswith(SYSTEM)  # the client's system prompt stays first
+    assert len(forwarded) < len(history) - 1 and record.dropped_turns > 0
+    assert all(reason.startswith("compacted: ") for reason in record.dropped)
+    assert forwarded[1]["role"] == "user"
