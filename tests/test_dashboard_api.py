@@ -70,7 +70,7 @@ def test_records_are_newest_first_and_filter_by_session(app: FastAPI) -> None:
         "truncated": True,
     }
     missing = c.get("/dashboard/api/records/nope")
-    assert missing.status_code == 404 and "nope" in missing.json()["detail"]
+    assert missing.status_code == 404 and "nope" in missing.json()["error"]["message"]
 
 
 def test_stats_count_requests_latencies_and_errors(app: FastAPI) -> None:
@@ -234,7 +234,7 @@ def test_ask_reports_an_llm_failure_as_502(corpus: Path, fake_llm: FakeLLMServer
     fake_llm.fail_next(401)
     response = client(app).post("/dashboard/api/ask", json={"question": UBER})
     assert response.status_code == 502
-    assert response.json()["detail"].startswith("the LLM failed:")
+    assert response.json()["error"]["message"].startswith("the LLM failed:")
 
 
 @pytest.mark.parametrize(
@@ -260,7 +260,7 @@ def test_ask_without_a_corpus_says_how_to_make_one(tmp_path: Path) -> None:
     app = make_app(corpus=tmp_path / "none.db")
     response = client(app).post("/dashboard/api/ask", json={"question": UBER})
     assert response.status_code == 404
-    assert "contextfold ingest" in response.json()["detail"]
+    assert "contextfold ingest" in response.json()["error"]["message"]
     assert not (tmp_path / "none.db").exists()
 
 

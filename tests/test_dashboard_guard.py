@@ -62,9 +62,9 @@ def test_loopback_without_a_token_refuses_other_clients_and_foreign_host_names(
 ) -> None:
     monkeypatch.delenv(ENV, raising=False)
     remote = client(make_app(), peer="10.0.0.7").get("/dashboard/api/records")
-    assert remote.status_code == 403 and "loopback clients only" in remote.json()["detail"]
+    assert remote.status_code == 403 and "loopback clients only" in remote.json()["error"]["message"]
     rebound = client(make_app(), host="attacker.example:5757").get("/dashboard/api/records")
-    assert rebound.status_code == 403 and "not a loopback name" in rebound.json()["detail"]
+    assert rebound.status_code == 403 and "not a loopback name" in rebound.json()["error"]["message"]
     static = client(make_app(), peer="10.0.0.7").get("/dashboard/static/common.js")
     assert static.status_code == 403
 
@@ -77,7 +77,7 @@ def test_beyond_loopback_without_a_token_the_dashboard_is_refused(
     for route in (*ROUTES, "/dashboard/static/common.js"):
         response = c.get(route)
         assert response.status_code == 403, route
-        detail = response.json()["detail"]
+        detail = response.json()["error"]["message"]
         assert "listens on 0.0.0.0" in detail and ENV in detail
     assert c.get("/healthz").status_code == 200  # the rest of the server still serves
 
@@ -91,9 +91,9 @@ def test_a_configured_token_is_required_as_bearer_or_query(
     missing = c.get("/dashboard/api/records")
     assert missing.status_code == 401
     assert missing.headers["www-authenticate"].startswith("Bearer")
-    assert "Authorization: Bearer" in missing.json()["detail"]
+    assert "Authorization: Bearer" in missing.json()["error"]["message"]
     wrong = c.get("/dashboard/api/records", headers={"Authorization": "Bearer nope"})
-    assert wrong.status_code == 401 and wrong.json()["detail"] == "wrong dashboard token"
+    assert wrong.status_code == 401 and wrong.json()["error"]["message"] == "wrong dashboard token"
     assert c.get("/dashboard/api/records", params={"token": "nope"}).status_code == 401
     bearer = {"Authorization": f"Bearer {TOKEN}"}
     for route in ROUTES:
@@ -108,7 +108,7 @@ def test_a_short_token_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
         "/dashboard/api/records", headers={"Authorization": "Bearer short"}
     )
     assert response.status_code == 403
-    assert "shorter than 16" in response.json()["detail"]
+    assert "shorter than 16" in response.json()["error"]["message"]
 
 
 def test_the_token_is_read_from_the_configured_variable(monkeypatch: pytest.MonkeyPatch) -> None:

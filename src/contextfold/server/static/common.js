@@ -22,7 +22,7 @@ const CF = (() => {
     return url + (url.includes("?") ? "&" : "?") + "token=" + encodeURIComponent(token);
   }
 
-  /** fetch() a dashboard API path as JSON; a non-2xx answer throws its `detail`. */
+  /** fetch() a dashboard API path as JSON; a non-2xx answer throws its error message. */
   async function api(path, options = {}) {
     const headers = Object.assign({ Accept: "application/json" }, options.headers || {});
     if (token) headers.Authorization = "Bearer " + token;
@@ -39,8 +39,12 @@ const CF = (() => {
       body = text;
     }
     if (!response.ok) {
-      let detail = body && body.detail !== undefined ? body.detail : body;
-      if (Array.isArray(detail)) detail = detail.map((d) => (d.loc || []).slice(1).join(".") + ": " + d.msg).join("; ");
+      // The server's one error shape: {"error": {"type", "message", "details"?}}.
+      const error = body && body.error ? body.error : null;
+      let detail = error ? error.message : body;
+      if (error && Array.isArray(error.details)) {
+        detail += " (" + error.details.map((d) => (d.loc || []).slice(1).join(".") + ": " + d.msg).join("; ") + ")";
+      }
       throw new Error(`${response.status}: ${typeof detail === "string" ? detail : JSON.stringify(detail)}`);
     }
     return body;
