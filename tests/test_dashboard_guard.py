@@ -3,6 +3,7 @@ when the server listens beyond loopback with no token configured."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
@@ -12,6 +13,11 @@ from dashboard_support import TOKEN, make_app
 
 ENV = "CONTEXTFOLD_DASHBOARD_TOKEN"
 ROUTES = ("/dashboard", "/dashboard/ask", "/dashboard/api/records", "/dashboard/api/export")
+
+
+def error_message(response: httpx.Response) -> str:
+    """The message of the server's one error shape, ``{"error": {"type", "message"}}``."""
+    return str(response.json()["error"]["message"])
 
 
 def client(app: FastAPI, *, peer: str = "127.0.0.1", host: str = "127.0.0.1:5757") -> TestClient:
@@ -62,9 +68,9 @@ def test_loopback_without_a_token_refuses_other_clients_and_foreign_host_names(
 ) -> None:
     monkeypatch.delenv(ENV, raising=False)
     remote = client(make_app(), peer="10.0.0.7").get("/dashboard/api/records")
-    assert remote.status_code == 403 and "loopback clients only" in remote.json()["error"]["message"]
+    assert remote.status_code == 403 and "loopback clients only" in error_message(remote)
     rebound = client(make_app(), host="attacker.example:5757").get("/dashboard/api/records")
-    assert rebound.status_code == 403 and "not a loopback name" in rebound.json()["error"]["message"]
+    assert rebound.status_code == 403 and "not a loopback name" in error_message(rebound)
     static = client(make_app(), peer="10.0.0.7").get("/dashboard/static/common.js")
     assert static.status_code == 403
 
