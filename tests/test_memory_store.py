@@ -76,6 +76,7 @@ def test_migrations_are_recorded_once() -> None:
             "m001_create_memory",
             "m002_create_fts",
             "m003_related_tags_and_vectors",
+            "m004_session_scoped_fts",
         ]
     )
     assert MIGRATIONS.apply(store._conn) == []
@@ -400,3 +401,23 @@ def test_question_words_do_not_match_turns_that_only_share_grammar() -> None:
     assert [seq for seq, _ in hits] == [2]
     # A question made only of such words still searches with them.
     assert [seq for seq, _ in store.search_turn_seqs(sid, "what did we do")] == [1]
+
+
+def test_search_stays_in_its_session_and_an_m003_file_is_reindexed(tmp_path: Path) -> None:
+    conn = connect(tmp_path / "m003.db")
+    MIGRATIONS.apply(conn, upto="m003_related_tags_and_vectors")
+    conn.close()
+    store = _store(tmp_path / "m003.db")  # upgrades to the session-scoped index
+    sessions = ("conv-1", "conv-10", "a-b", "---")
+    for n, sid in enumerate(sessions):
+        store.create_session(sid)
+        store.append_turns(sid, [Message(role="user", content=f"kiln firing number {n}")])
+    for n, sid in enumerate(sessions):
+        assert len(store.search_turn_seqs(sid, "kiln")) == 1
+        ((turn, _),) = store.search_turns(sid, "kiln")
+        assert turn.session_id == sid and turn.message.text().endswith(str(n))
+    # Session words are not content: "conv" matches no turn text.
+    assert store.search_turn_seqs("conv-1", "conv") == []
+    store.compact("a-b", [NewSegment(first_seq=1, last_seq=1, summary="kiln", full_text="")], 2)
+    assert [seg.session_id for seg, _ in store.search_segments("a-b", "kiln")] == ["a-b"]
+    assert store.search_segments("conv-1", "kiln") == []

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import sqlite3
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -199,6 +200,41 @@ def m003_related_tags_and_vectors(conn: sqlite3.Connection) -> None:
     )
 
 
+@MIGRATIONS.migration
+def m004_session_scoped_fts(conn: sqlite3.Connection) -> None:
+    # The full-text tables get the session id as a second indexed column, so a search can
+    # intersect its terms with one session's posting list instead of ranking the matches of
+    # every session in the file and filtering afterwards (a proxy store holds many sessions).
+    for table, column, fts in (
+        ("turns", "content_text", "turns_fts"),
+        ("segments", "summary", "segments_fts"),
+    ):
+        for suffix in ("ai", "ad", "au"):
+            conn.execute(f"DROP TRIGGER {fts}_{suffix}")
+        conn.execute(f"DROP TABLE {fts}")
+        columns = f"{column}, session_id"
+        conn.execute(
+            f"CREATE VIRTUAL TABLE {fts} USING fts5({columns}, content='{table}',"
+            " content_rowid='id', tokenize='porter unicode61')"
+        )
+        new = f"NEW.{column}, NEW.session_id"
+        old = f"OLD.{column}, OLD.session_id"
+        conn.execute(
+            f"CREATE TRIGGER {fts}_ai AFTER INSERT ON {table} BEGIN"
+            f" INSERT INTO {fts} (rowid, {columns}) VALUES (NEW.id, {new}); END"
+        )
+        conn.execute(
+            f"CREATE TRIGGER {fts}_ad AFTER DELETE ON {table} BEGIN"
+            f" INSERT INTO {fts} ({fts}, rowid, {columns}) VALUES ('delete', OLD.id, {old}); END"
+        )
+        conn.execute(
+            f"CREATE TRIGGER {fts}_au AFTER UPDATE ON {table} BEGIN"
+            f" INSERT INTO {fts} ({fts}, rowid, {columns}) VALUES ('delete', OLD.id, {old});"
+            f" INSERT INTO {fts} (rowid, {columns}) VALUES (NEW.id, {new}); END"
+        )
+        conn.execute(f"INSERT INTO {fts} ({fts}) VALUES ('rebuild')")
+
+
 _FROZEN = ConfigDict(frozen=True)
 
 
@@ -310,6 +346,8 @@ def _message_json(message: Message) -> str:
 # Words a question is made of but an answer rarely shares: interrogatives, auxiliaries,
 # pronouns and fillers. BM25's own stop list (Lucene's 33 words) keeps them, and in an OR
 # query every one of them pulls in turns that only share the grammar of the question.
+_WORDS = re.compile(r"\w")
+
 QUESTION_STOPWORDS = frozenset(
     """
     what whats when where which who whom whose why how
@@ -323,15 +361,24 @@ QUESTION_STOPWORDS = frozenset(
 )
 
 
-def _fts_query(query: str) -> str | None:
-    """An FTS5 ``OR`` query of the query's words, stop words (and the grammar of a question:
-    ``QUESTION_STOPWORDS``) removed, each quoted (so no character of the user's text is FTS5
-    syntax); ``None`` when no word is left. A query of nothing but such words keeps them."""
+def _quoted(text: str) -> str:
+    return '"' + text.replace('"', '""') + '"'
+
+
+def _fts_query(query: str, column: str, session_id: str) -> str | None:
+    """An FTS5 query: any of the query's words in ``column``, stop words (and the grammar of a
+    question: ``QUESTION_STOPWORDS``) removed, each quoted (so no character of the user's text
+    is FTS5 syntax), within the session's rows; ``None`` when no word is left. A query of
+    nothing but such words keeps them. The session phrase narrows the search inside the index;
+    callers still compare ``session_id`` exactly (a phrase also matches inside a longer id)."""
     words = analyze(query, stemmer=None)
     terms = dict.fromkeys(w for w in words if w not in QUESTION_STOPWORDS) or dict.fromkeys(words)
     if not terms:
         return None
-    return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
+    match = f"{column} : (" + " OR ".join(_quoted(term) for term in terms) + ")"
+    if _WORDS.search(session_id):
+        match += f" AND session_id : {_quoted(session_id)}"
+    return match
 
 
 class MemoryStore:
@@ -649,13 +696,13 @@ class MemoryStore:
     ) -> list[tuple[StoredTurn, float]]:
         """Turns matching any word of ``query``, best first, with their score (``-bm25()``,
         higher is better)."""
-        match = _fts_query(query)
+        match = _fts_query(query, "content_text", session_id)
         if match is None:
             return []
         rows = self._conn.execute(
-            "SELECT t.*, -bm25(turns_fts) AS score FROM turns_fts JOIN turns t ON t.id ="
+            "SELECT t.*, -bm25(turns_fts, 1, 0) AS score FROM turns_fts JOIN turns t ON t.id ="
             " turns_fts.rowid WHERE turns_fts MATCH ? AND t.session_id = ?"
-            " ORDER BY bm25(turns_fts), t.seq LIMIT ?",
+            " ORDER BY bm25(turns_fts, 1, 0), t.seq LIMIT ?",
             (match, session_id, limit),
         ).fetchall()
         if not rows:
@@ -668,13 +715,13 @@ class MemoryStore:
         self, session_id: str, query: str, limit: int = 10
     ) -> list[tuple[int, float]]:
         """Like ``search_turns`` but only (seq, score) pairs: the fast path for ranking."""
-        match = _fts_query(query)
+        match = _fts_query(query, "content_text", session_id)
         if match is None:
             return []
         rows = self._conn.execute(
-            "SELECT t.seq, -bm25(turns_fts) FROM turns_fts JOIN turns t ON t.id ="
+            "SELECT t.seq, -bm25(turns_fts, 1, 0) FROM turns_fts JOIN turns t ON t.id ="
             " turns_fts.rowid WHERE turns_fts MATCH ? AND t.session_id = ?"
-            " ORDER BY bm25(turns_fts), t.seq LIMIT ?",
+            " ORDER BY bm25(turns_fts, 1, 0), t.seq LIMIT ?",
             (match, session_id, limit),
         )
         return [(int(r[0]), float(r[1])) for r in rows]
@@ -711,13 +758,13 @@ class MemoryStore:
         self, session_id: str, query: str, limit: int = 10
     ) -> list[tuple[StoredSegment, float]]:
         """Segments whose summary matches any word of ``query``, best first, with ``-bm25()``."""
-        match = _fts_query(query)
+        match = _fts_query(query, "summary", session_id)
         if match is None:
             return []
         rows = self._conn.execute(
-            "SELECT s.id, -bm25(segments_fts) AS score FROM segments_fts JOIN segments s"
+            "SELECT s.id, -bm25(segments_fts, 1, 0) AS score FROM segments_fts JOIN segments s"
             " ON s.id = segments_fts.rowid WHERE segments_fts MATCH ? AND s.session_id = ?"
-            " ORDER BY bm25(segments_fts), s.first_seq LIMIT ?",
+            " ORDER BY bm25(segments_fts, 1, 0), s.first_seq LIMIT ?",
             (match, session_id, limit),
         ).fetchall()
         by_id = {s.id: s for s in self._segments(session_id, [r[0] for r in rows])}
