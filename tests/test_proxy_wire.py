@@ -283,3 +283,21 @@ def test_the_proxy_command_serves_and_stops_cleanly(
         _, stderr = process.communicate(timeout=60)
     assert process.returncode == 0, stderr
     assert f"listening on http://127.0.0.1:{port}" in stderr
+
+
+@pytest.mark.parametrize("command", [["serve"], ["proxy", "--upstream", "http://127.0.0.1:9"]])
+def test_serve_and_proxy_without_the_server_extra_name_it(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from contextfold.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    for name in [m for m in sys.modules if m.startswith(("contextfold.server", "uvicorn"))]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if the extra were not installed
+    result = CliRunner().invoke(app, command)
+    assert result.exit_code == 2, result.output
+    assert "the server needs the server extra (uvicorn is missing)" in result.stderr
+    assert 'pip install "contextfold[server]"' in result.stderr

@@ -45,6 +45,10 @@ LogOption = Annotated[
 ]
 
 
+# What the ``server`` extra installs (and what its imports pull in).
+_SERVER_PACKAGES = ("fastapi", "starlette", "uvicorn", "uvloop", "httptools", "anyio")
+
+
 def _run(
     config_path: Path | None,
     memory_config: Path | None,
@@ -53,9 +57,18 @@ def _run(
     upstream: str | None,
     log_level: str,
 ) -> None:
-    from contextfold.server.app import create_app
-    from contextfold.server.config import ProxySettings, ServerConfig, load_server_config
-    from contextfold.server.proxy_runner import Runner, bindings
+    try:
+        from contextfold.server.app import create_app
+        from contextfold.server.config import ProxySettings, ServerConfig, load_server_config
+        from contextfold.server.proxy_runner import Runner, bindings
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing not in _SERVER_PACKAGES:
+            raise
+        raise InputError(
+            f"the server needs the server extra ({missing} is missing): "
+            'pip install "contextfold[server]"'
+        ) from None
 
     config = load_server_config(config_path) if config_path else ServerConfig()
     update: dict[str, object] = {}
