@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -218,7 +219,7 @@ def _frame(data: Any, name: str | None = None) -> bytes:
     return f"{head}data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
-class StreamState:
+class StreamState(ABC):
     """Accumulates a streamed reply and decides where the marker event goes."""
 
     def __init__(self, marker: str | None) -> None:
@@ -239,18 +240,18 @@ class StreamState:
                 payload = None
         return self._feed(name, data, payload, raw)
 
-    def _feed(self, name: str | None, data: str, payload: Any, raw: bytes) -> list[bytes]:
-        raise NotImplementedError
+    @abstractmethod
+    def _feed(self, name: str | None, data: str, payload: Any, raw: bytes) -> list[bytes]: ...
 
     def finish(self) -> list[bytes]:
         """What to send when the upstream stream has ended (the reply is then complete)."""
         self.collect()
         return []
 
-    def collect(self) -> None:
+    def collect(self) -> None:  # noqa: B027 - a hook, a no-op unless a format needs it
         """Complete ``reply`` from what has arrived (also for a stream cut short)."""
 
-    def feed_raw(self, chunk: bytes) -> None:
+    def feed_raw(self, chunk: bytes) -> None:  # noqa: B027 - a hook, as collect
         """Keep ``chunk`` of a stream that is not SSE (read whole by ``collect``)."""
 
     def _mark(self, event: bytes) -> bytes:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -135,7 +136,7 @@ def _with_simple(
     return ParsedRequest(messages, sources)
 
 
-class Wire:
+class Wire(ABC):
     """What the proxy does with one provider format's request bodies."""
 
     name: ClassVar[str]
@@ -176,13 +177,13 @@ class Wire:
                 out[i] = edited
         return ({**body, self.key: out} if out is not None else body), tokens
 
-    def _strip_message(self, msg: JSON, tokens: list[str]) -> JSON:
-        raise NotImplementedError
+    @abstractmethod
+    def _strip_message(self, msg: JSON, tokens: list[str]) -> JSON: ...
 
     # -- parsing ---------------------------------------------------------------------------------
 
-    def parse(self, body: JSON) -> ParsedRequest:
-        raise NotImplementedError
+    @abstractmethod
+    def parse(self, body: JSON) -> ParsedRequest: ...
 
     # -- edits -----------------------------------------------------------------------------------
 
@@ -210,11 +211,11 @@ class Wire:
             out = self._add_system(out, hint)
         return out
 
-    def _prepend(self, msg: JSON, text: str) -> JSON:
-        raise NotImplementedError
+    @abstractmethod
+    def _prepend(self, msg: JSON, text: str) -> JSON: ...
 
-    def _add_system(self, body: JSON, text: str) -> JSON:
-        raise NotImplementedError
+    @abstractmethod
+    def _add_system(self, body: JSON, text: str) -> JSON: ...
 
     def add_tools(self, body: JSON, definitions: list[JSON]) -> JSON:
         tools = body.get("tools")
