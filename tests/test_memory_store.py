@@ -421,3 +421,25 @@ def test_search_stays_in_its_session_and_an_m003_file_is_reindexed(tmp_path: Pat
     store.compact("a-b", [NewSegment(first_seq=1, last_seq=1, summary="kiln", full_text="")], 2)
     assert [seg.session_id for seg, _ in store.search_segments("a-b", "kiln")] == ["a-b"]
     assert store.search_segments("conv-1", "kiln") == []
+
+
+def test_tag_overlap_scores_sum_each_match_at_its_tag_or_related_weight() -> None:
+    store = _filled()
+    store.set_tags_many(
+        "s1",
+        {
+            1: ({"billing": 1.0, "invoices": 0.9}, ["payments"]),
+            2: ({"payments": 1.0}, []),
+            3: ({"deploy": 1.0}, ["billing"]),
+        },
+    )
+    store.create_session("other")
+    store.append_turns("other", _messages(TOPICS))
+    store.set_tags_many("other", {1: ({"billing": 1.0}, [])})
+    weights = {"billing": (2.0, 0.5), "payments": (1.5, 0.25), "invoices": (1.0, 0.1)}
+    assert store.tag_overlap_scores("s1", weights) == pytest.approx(
+        {1: 2.0 + 1.0 + 0.25, 2: 1.5, 3: 0.5}  # turn 1: billing, invoices, related payments
+    )
+    many = {f"t{i}": (1.0, 0.5) for i in range(700)} | weights  # spans several SQL chunks
+    assert store.tag_overlap_scores("s1", many) == pytest.approx({1: 3.25, 2: 1.5, 3: 0.5})
+    assert store.tag_overlap_scores("s1", {}) == {}

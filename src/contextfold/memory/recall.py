@@ -179,15 +179,12 @@ class Recaller:
             counts = self.store.tag_counts(session_id)
         total = max(1, self.store.last_seq(session_id))
         primary = set(tags)
-        scores: dict[int, float] = {}
-        for seq, matches in self.store.turns_tagged(session_id, wanted).items():
-            score = 0.0
-            for tag, is_related in matches:
-                idf = math.log(1 + total / max(1, counts.get(tag, 1)))
-                half = is_related or tag not in primary
-                score += idf * (self.related_weight if half else 1.0)
-            scores[seq] = score
-        return scores
+        weights: dict[str, tuple[float, float]] = {}
+        for tag in wanted:
+            idf = math.log(1 + total / max(1, counts.get(tag, 1)))
+            half = idf * self.related_weight
+            weights[tag] = (idf if tag in primary else half, half)
+        return self.store.tag_overlap_scores(session_id, weights)
 
     # -- fusion ---------------------------------------------------------------------------------
 

@@ -627,6 +627,29 @@ class MemoryStore:
                 found.setdefault(row[0], []).append((row[1], bool(row[2])))
         return found
 
+    def tag_overlap_scores(
+        self, session_id: str, weights: Mapping[str, tuple[float, float]]
+    ) -> dict[int, float]:
+        """For each turn carrying any tag of ``weights``: the sum, over its matching tags, of
+        the tag's weight — the first of the pair where the turn has it as a tag, the second
+        where as a related tag. Summed inside SQLite: on a long session this is the hot loop
+        of tag recall."""
+        scores: dict[int, float] = {}
+        items = list(weights.items())
+        for start in range(0, len(items), 300):
+            chunk = items[start : start + 300]
+            values = ",".join("(?, ?, ?)" for _ in chunk)
+            params = [v for tag, (direct, related) in chunk for v in (tag, direct, related)]
+            for seq, score in self._conn.execute(
+                f"WITH w(tag, direct, rel) AS (VALUES {values})"
+                " SELECT t.seq, SUM(CASE WHEN t.related THEN w.rel ELSE w.direct END)"
+                " FROM turn_tags t JOIN w ON w.tag = t.tag WHERE t.session_id = ?"
+                " GROUP BY t.seq",
+                (*params, session_id),
+            ):
+                scores[seq] = scores.get(seq, 0.0) + score
+        return scores
+
     def tag_last_seen(self, session_id: str) -> dict[str, datetime]:
         """When each tag of the session was last on a turn."""
         rows = self._conn.execute(
