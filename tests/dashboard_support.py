@@ -71,6 +71,19 @@ def memory_engine(**config: Any) -> MemoryEngine:
     return MemoryEngine(MemoryConfig(**config), store=":memory:", embedder=None)
 
 
+def memory_with_one_exchange(session_id: str = "sess-a") -> MemoryEngine:
+    """``memory_engine()`` holding one stored exchange in ``session_id``."""
+    memory = memory_engine()
+    memory.on_turn_complete(
+        [
+            {"role": "user", "content": "Can I expense Uber rides on business travel?"},
+            {"role": "assistant", "content": "Yes: UberX with the app e-receipt."},
+        ],
+        session_id=session_id,
+    )
+    return memory
+
+
 def make_app(
     *,
     corpus: Path | None = None,

@@ -16,7 +16,15 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from contextfold.server.dashboard import STATIC_FILES, static_dir
-from dashboard_support import LiveServer, completed, make_app, memory_engine, record, shared_corpus
+from dashboard_support import (
+    LiveServer,
+    completed,
+    make_app,
+    memory_engine,
+    memory_with_one_exchange,
+    record,
+    shared_corpus,
+)
 from fake_llm import FakeLLMServer
 
 pytestmark = pytest.mark.integration
@@ -30,14 +38,7 @@ def client(app: FastAPI) -> TestClient:
 
 @pytest.fixture
 def app() -> FastAPI:
-    memory = memory_engine()
-    memory.on_turn_complete(
-        [
-            {"role": "user", "content": "Can I expense Uber rides on business travel?"},
-            {"role": "assistant", "content": "Yes: UberX with the app e-receipt."},
-        ],
-        session_id="sess-a",
-    )
+    memory = memory_with_one_exchange()
     app = make_app(memory=memory)
     bus = app.state.contextfold.events
     bus.publish(record(1))

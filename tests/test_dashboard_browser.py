@@ -27,6 +27,7 @@ from dashboard_support import (
     completed,
     make_app,
     memory_engine,
+    memory_with_one_exchange,
     record,
     shared_corpus,
 )
@@ -151,14 +152,7 @@ def test_grid_shows_published_records_live_and_fills_in_response_tags(
 
 
 def test_inspector_shows_messages_context_budget_and_session(page: Page, serve: Serve) -> None:
-    memory = memory_engine()
-    memory.on_turn_complete(
-        [
-            {"role": "user", "content": "Can I expense Uber rides on business travel?"},
-            {"role": "assistant", "content": "Yes: UberX with the app e-receipt."},
-        ],
-        session_id="sess-a",
-    )
+    memory = memory_with_one_exchange()
     app = make_app(memory=memory)
     app.state.contextfold.events.publish(completed(record(3)))
     server = serve(app)
