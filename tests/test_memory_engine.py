@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -398,3 +399,26 @@ def test_tag_summaries_roll_forward_and_keep_each_lines_speaker() -> None:
     for summary in eng.store.tag_summaries("default").values():
         for line in summary.summary.splitlines():
             assert not re.match(r"^\w+: \w+: ", line), line  # never "Ann: Bob: …"
+
+
+def test_a_failed_tag_write_stores_nothing_and_a_retry_stores_the_turns_tagged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    eng = engine()
+    history = conversation(1)
+    real = eng.store.set_tags_many
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(eng.store, "set_tags_many", broken)
+    with pytest.raises(sqlite3.OperationalError):
+        eng.on_turn_complete(history)
+    assert eng.store.last_seq("default") == 0  # the turns rolled back with their tags
+    assert eng.vocabulary() == {}
+    monkeypatch.setattr(eng.store, "set_tags_many", real)
+    eng.on_turn_complete(history)  # what the proxy's writer does: try the job again
+    turns = eng.store.turns("default")
+    assert len(turns) == len(history)
+    assert all(t.tags for t in turns)
+    assert sum(eng.vocabulary().values()) == sum(len(t.tags) for t in turns)

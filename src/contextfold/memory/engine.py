@@ -39,6 +39,7 @@ from contextfold.memory.rules import TagRules
 from contextfold.memory.summarize import ExtractiveSummarizer, LLMSummarizer, Summarizer
 from contextfold.memory.tagging import EmbeddingTagger, KeywordTagger, LLMTagger, Tagger, TagResult
 from contextfold.memory.tools import TOOL_NAMES, tool_definitions
+from contextfold.memory.turnkeys import TurnKeys, key_of
 from contextfold.retrieval.base import Embedder
 from contextfold.store.memory import CostReport, Depth, MemoryStore
 from contextfold.store.sqlite import home_dir
@@ -186,6 +187,7 @@ class MemoryEngine:
         self.pager = Pager(self.store, budget=cfg.paging.budget)
         self.assembler = Assembler(self.store, self.counter, self.rules, cfg.assembly)
         self._vocab: dict[str, dict[str, int]] = {}
+        self._turn_keys = TurnKeys(self.store)
         self._lock = threading.RLock()
 
     def __repr__(self) -> str:
@@ -300,21 +302,33 @@ class MemoryEngine:
         messages: Sequence[Message],
         timestamps: Sequence[datetime] | None,
     ) -> list[int]:
-        seqs = self.store.append_turns(sid, messages, timestamps=timestamps)
+        """Append and tag ``messages`` in one transaction (the turns and their tags commit
+        together); the session's tag counts follow only what was committed."""
         vocab = self._vocab[sid]
-        before = list(range(max(1, seqs[0] - 3), seqs[0])) if seqs else []
-        rows = self.store.turn_rows(sid, before) if before else {}
-        previous = [rows[seq].text for seq in before if seq in rows]
-        tagged: dict[int, tuple[dict[str, float], Sequence[str]]] = {}
-        for seq, message in zip(seqs, messages, strict=True):
-            text = message.text()
-            result = self.tagger.tag(text, vocabulary=list(vocab), context=previous[-3:])
-            weights = {tag: 1.0 if i == 0 else 0.9 for i, tag in enumerate(result.tags)}
-            tagged[seq] = (weights, result.related_tags)
-            for tag in result.tags:
-                vocab[tag] = vocab.get(tag, 0) + 1
-            previous.append(text)
-        self.store.set_tags_many(sid, tagged)
+        added: dict[str, int] = {}
+        try:
+            with self.store.batch():
+                seqs = self.store.append_turns(sid, messages, timestamps=timestamps)
+                before = list(range(max(1, seqs[0] - 3), seqs[0])) if seqs else []
+                rows = self.store.turn_rows(sid, before) if before else {}
+                previous = [rows[seq].text for seq in before if seq in rows]
+                tagged: dict[int, tuple[dict[str, float], Sequence[str]]] = {}
+                for seq, message in zip(seqs, messages, strict=True):
+                    text = message.text()
+                    result = self.tagger.tag(text, vocabulary=list(vocab), context=previous[-3:])
+                    weights = {tag: 1.0 if i == 0 else 0.9 for i, tag in enumerate(result.tags)}
+                    tagged[seq] = (weights, result.related_tags)
+                    for tag in result.tags:
+                        vocab[tag] = vocab.get(tag, 0) + 1
+                        added[tag] = added.get(tag, 0) + 1
+                    previous.append(text)
+                self.store.set_tags_many(sid, tagged)
+        except BaseException:
+            for tag, n in added.items():
+                vocab[tag] -= n
+                if vocab[tag] <= 0:
+                    del vocab[tag]
+            raise
         return seqs
 
     def on_turn_complete(
@@ -398,8 +412,8 @@ class MemoryEngine:
             filtered = self._filter(sid, history, tags) if history else None
             # Turns the model will see in its (filtered) history are not recalled again; the
             # ones the filter drops (compacted, off-topic) stay candidates.
-            live = {_hash_key(m) for i in self._kept_inputs(filtered) for m in (history[i],)}
-            exclude = self._seqs_matching(sid, live) if live else set()
+            live = {key_of(history[i]) for i in self._kept_inputs(filtered)}
+            exclude = self._turn_keys.seqs_matching(sid, live) if live else set()
             ranked = self.recaller.rank(
                 sid,
                 text,
@@ -439,22 +453,12 @@ class MemoryEngine:
             return []
         return [i for indices in filtered.kept_indices for i in indices]
 
-    def _keys(self, sid: str, end: int) -> dict[int, tuple[str, str]]:
-        """(role, text) of turns 1..``end`` from the plain columns (no message parsing: this
-        runs on every inbound message)."""
-        rows = self.store.turn_rows(sid, range(1, end + 1)) if end > 0 else {}
-        return {seq: (row.role, row.text) for seq, row in rows.items()}
-
-    def _seqs_matching(self, sid: str, keys: set[tuple[str, str]]) -> set[int]:
-        stored = self._keys(sid, self.store.last_seq(sid))
-        return {seq for seq, key in stored.items() if key in keys}
-
     def _filter(self, sid: str, history: list[Message], tags: TagResult) -> FilteredHistory:
         watermark = self.store.session(sid).compaction_watermark
-        compacted_keys = set(self._keys(sid, watermark - 1).values())
+        compacted_keys = set(self._turn_keys.keys(sid)[: max(watermark - 1, 0)])
         compacted = 0
         for message in history:
-            if message.role == "system" or _hash_key(message) in compacted_keys:
+            if message.role == "system" or key_of(message) in compacted_keys:
                 compacted += 1
                 continue
             break

@@ -192,7 +192,9 @@ def filter_history(
         previous = i
 
     first_turn = next((m for m in out if m.role != "system"), None)
-    return FilteredHistory(
+    # Every field is built here from validated values: no need to validate each message again
+    # (the proxy filters a long history on every request).
+    return FilteredHistory.model_construct(
         messages=out,
         removed=[
             _removal(i, messages[i], reason, counter) for i, reason in sorted(reasons.items())

@@ -65,13 +65,27 @@ def _count(counter: TokenCounter, text: str) -> int:
     return found
 
 
-def _inspected(message: Message) -> InspectedMessage:
-    text = message.text()
-    if len(text) > MAX_TEXT:
-        text = text[:MAX_TEXT] + f"… ({len(text) - MAX_TEXT:,} more characters)"
-    return InspectedMessage(
-        role=message.role, blocks=tuple(b.type for b in message.content), text=text
-    )
+#: Per message object: (the message, its text, its inspector view). The proxy's parser hands
+#: out one ``Message`` per distinct (role, text), so a resent history hits this every time.
+_SEEN: dict[int, tuple[Message, str, InspectedMessage]] = {}
+
+
+def _seen(message: Message) -> tuple[Message, str, InspectedMessage]:
+    entry = _SEEN.get(id(message))
+    if entry is None or entry[0] is not message:
+        text = message.text()
+        shown = (
+            text
+            if len(text) <= MAX_TEXT
+            else (text[:MAX_TEXT] + f"… ({len(text) - MAX_TEXT:,} more characters)")
+        )
+        inspected = InspectedMessage(
+            role=message.role, blocks=tuple(b.type for b in message.content), text=shown
+        )
+        if len(_SEEN) > 50_000:
+            _SEEN.clear()
+        entry = _SEEN[id(message)] = (message, text, inspected)
+    return entry
 
 
 def _budget_rows(
@@ -140,7 +154,7 @@ def build_record(
     per_message = OVERHEADS[plan.format].per_message if plan.format in OVERHEADS else 3
     messages: list[Message] = plan.parsed.messages if plan.parsed is not None else []
     dropped = set(plan.dropped)
-    costs = [_count(counter, m.text()) + per_message for m in messages]
+    costs = [_count(counter, _seen(m)[1]) + per_message for m in messages]
     tokens_in = sum(costs)
     kept = [m for i, m in enumerate(messages) if i not in dropped]
     history_tokens = sum(c for i, c in enumerate(costs) if i not in dropped)
@@ -181,7 +195,7 @@ def build_record(
         upstream_ms=None if upstream_ms is None else round(upstream_ms, 3),
         dropped_turns=len(plan.dropped_notes),
         dropped=tuple(plan.dropped_notes),
-        messages=tuple(_inspected(m) for m in shown[omitted:]),
+        messages=tuple(_seen(m)[2] for m in shown[omitted:]),
         context=memory_text,
         budget=_budget_rows(assembled, history_tokens, len(kept), engine) if assembled else (),
         error=error or plan.error,

@@ -30,6 +30,7 @@ import re
 import sqlite3
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -453,6 +454,11 @@ class MemoryStore:
 
     # -- turns ----------------------------------------------------------------------------------
 
+    def batch(self) -> AbstractContextManager[sqlite3.Connection]:
+        """One transaction around several writes (each write method joins it):
+        ``with store.batch(): ...`` commits them together or not at all."""
+        return transaction(self._conn)
+
     def last_seq(self, session_id: str) -> int:
         """The seq of the session's last turn (0 when it has none)."""
         return self._last_seq(self._conn, session_id)
@@ -748,6 +754,24 @@ class MemoryStore:
             (match, session_id, limit),
         )
         return [(int(r[0]), float(r[1])) for r in rows]
+
+    def turn_texts_after(self, session_id: str, after: int) -> list[tuple[int, str, str, str]]:
+        """(seq, role, text, content hash) of the turns after seq ``after``, in order — the
+        cheapest read of new turns (no message parsing, no dates)."""
+        cursor = self._conn.cursor()
+        cursor.row_factory = None  # plain tuples
+        return cursor.execute(
+            "SELECT seq, role, content_text, content_hash FROM turns"
+            " WHERE session_id = ? AND seq > ? ORDER BY seq",
+            (session_id, after),
+        ).fetchall()
+
+    def turn_hash(self, session_id: str, seq: int) -> str | None:
+        """The content hash of one turn (``None`` when it is not stored)."""
+        row = self._conn.execute(
+            "SELECT content_hash FROM turns WHERE session_id = ? AND seq = ?", (session_id, seq)
+        ).fetchone()
+        return None if row is None else str(row[0])
 
     def turn_token_counts(self, session_id: str, seqs: Sequence[int]) -> dict[int, int]:
         """The token count of each given turn (seqs not stored are left out)."""

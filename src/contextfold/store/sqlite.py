@@ -61,7 +61,11 @@ def connect(path: str | Path, *, check_same_thread: bool = False) -> sqlite3.Con
 
 @contextmanager
 def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
-    """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any exception."""
+    """``BEGIN IMMEDIATE`` … ``COMMIT``, rolled back on any exception. Inside a transaction
+    already open on ``conn`` it joins that one: its writes commit or roll back with it."""
+    if conn.in_transaction:
+        yield conn
+        return
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
