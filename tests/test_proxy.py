@@ -3,8 +3,11 @@ behind it, and the real ``openai`` and ``anthropic`` SDK clients (Gemini over pl
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
+import re
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -455,6 +458,88 @@ def test_an_unreachable_upstream_is_a_502(engine: MemoryEngine) -> None:
             json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
         )
     assert response.status_code == 502 and "unreachable" in response.json()["error"]["message"]
+
+
+class OneShotUpstream:
+    """A raw HTTP/1.1 upstream on 127.0.0.1 that answers one request with fixed bytes and then
+    closes the connection: for what a real provider does rarely (breaks off mid-stream,
+    compresses its reply) and the fake provider never does."""
+
+    def __init__(self, response: bytes) -> None:
+        self.response = response
+        self.request = b""
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self._sock.accept()
+        with conn:
+            while b"\r\n\r\n" not in self.request:
+                self.request += conn.recv(65536)
+            head, _, body = self.request.partition(b"\r\n\r\n")
+            length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+            while len(body) < length:
+                body += conn.recv(65536)
+            conn.sendall(self.response)
+        self._sock.close()
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def test_a_stream_that_breaks_off_keeps_what_arrived(engine: MemoryEngine) -> None:
+    event = {"id": "c1", "object": "chat.completion.chunk", "model": "m",
+             "choices": [{"index": 0, "delta": {"content": "Partial answer"}}]}  # fmt: skip
+    upstream = OneShotUpstream(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        b"transfer-encoding: chunked\r\n\r\n"
+        + _chunk(b"data: " + json.dumps(event).encode() + b"\n\n")
+        + b"5\r\nda"  # a chunk cut short, then the connection closes
+    )
+    config = ServerConfig(port=0, proxy=ProxySettings(upstream=upstream.url))
+    with serve(config, engine) as served:
+        with httpx.stream(
+            "POST",
+            f"{served.url}/v1/chat/completions",
+            json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+        ) as response:
+            assert response.status_code == 200
+            received = b""
+            with pytest.raises(httpx.RemoteProtocolError):  # the client sees the cut too
+                for chunk in response.iter_raw():
+                    received += chunk
+        served.drain()
+        (record,) = served.events.recent()
+    assert b"Partial answer" in received
+    assert record.error is not None and "broke off" in record.error
+    stored = [t.message.text() for t in engine.store.turns(record.session_id)]
+    assert stored == ["hi", "Partial answer"]
+
+
+def test_a_compressed_upstream_reply_reaches_the_client_decoded_and_marked(
+    engine: MemoryEngine,
+) -> None:
+    reply = {"id": "c1", "object": "chat.completion", "model": "m",
+             "choices": [{"index": 0, "finish_reason": "stop",
+                          "message": {"role": "assistant", "content": "Zipped"}}]}  # fmt: skip
+    body = gzip.compress(json.dumps(reply).encode())
+    upstream = OneShotUpstream(
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-encoding: gzip\r\n"
+        b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body) + body
+    )
+    config = ServerConfig(port=0, proxy=ProxySettings(upstream=upstream.url))
+    with serve(config, engine) as served:
+        response = httpx.post(
+            f"{served.url}/v1/chat/completions",
+            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        )
+    assert response.status_code == 200 and "content-encoding" not in response.headers
+    content = response.json()["choices"][0]["message"]["content"]
+    assert content.startswith("Zipped") and find_tokens(content)
+    assert b"accept-encoding: identity" in upstream.request.lower()
 
 
 # --------------------------------------------------------------------------- records, instances
