@@ -285,13 +285,21 @@ def common_arguments(parser: argparse.ArgumentParser) -> None:
         "--results-dir", type=Path, default=RESULTS_DIR, help="where the JSON result goes"
     )
     parser.add_argument(
-        "--results-md", type=Path, default=RESULTS_MD, help="the markdown table to regenerate"
+        "--results-md",
+        type=Path,
+        default=None,
+        help="the markdown table to regenerate (default: benchmarks/RESULTS.md, or RESULTS.md in "
+        "--results-dir when that is given, so a trial run never rewrites the committed table)",
     )
 
 
-def write_result(result: dict[str, Any], results_dir: Path, results_md: Path) -> Path:
-    """Write ``result`` as a new JSON file and regenerate the markdown table."""
+def write_result(result: dict[str, Any], results_dir: Path, results_md: Path | None) -> Path:
+    """Write ``result`` as a new JSON file and regenerate the markdown table (``results_md``;
+    ``None``: the committed table for the committed results, else one beside the JSON)."""
     results_dir.mkdir(parents=True, exist_ok=True)
+    if results_md is None:
+        same = results_dir.resolve() == RESULTS_DIR.resolve()
+        results_md = RESULTS_MD if same else results_dir / "RESULTS.md"
     stamp = result["created"].replace(":", "").replace("-", "").replace("+0000", "Z")
     suffix = "-quick" if result["quick"] else ""
     path = results_dir / f"{result['name']}-{stamp}{suffix}.json"

@@ -54,18 +54,12 @@ TIMING_KEYS = {"median_ms", "p95_ms", "min_ms", "max_ms", "mean_ms", "n"}
 
 
 def run_quick(tmp_path: Path, script: str, name: str) -> tuple[dict[str, Any], Path]:
-    """Run ``script --quick`` into ``tmp_path``; its JSON result and the markdown it wrote."""
+    """Run ``script --quick`` into ``tmp_path``; its JSON result and the markdown it wrote
+    (beside the JSON by default: a trial run never rewrites the committed table)."""
     md = tmp_path / "RESULTS.md"
+    committed = common.RESULTS_MD.read_bytes()
     done = subprocess.run(
-        [
-            sys.executable,
-            str(BENCHMARKS / script),
-            "--quick",
-            "--results-dir",
-            str(tmp_path),
-            "--results-md",
-            str(md),
-        ],
+        [sys.executable, str(BENCHMARKS / script), "--quick", "--results-dir", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -73,6 +67,7 @@ def run_quick(tmp_path: Path, script: str, name: str) -> tuple[dict[str, Any], P
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    assert common.RESULTS_MD.read_bytes() == committed
     (path,) = tmp_path.glob(f"{name}-*-quick.json")
     return json.loads(path.read_text(encoding="utf-8")), md
 
