@@ -422,3 +422,19 @@ def test_a_failed_tag_write_stores_nothing_and_a_retry_stores_the_turns_tagged(
     assert len(turns) == len(history)
     assert all(t.tags for t in turns)
     assert sum(eng.vocabulary().values()) == sum(len(t.tags) for t in turns)
+
+
+def test_the_hint_counts_compacted_turns_per_topic_and_leaves_out_constants() -> None:
+    eng = engine(window=600)
+    # "Zorblax" is on every turn: a constant of the conversation, not a topic.
+    eng.on_turn_complete([{**m, "content": f"Zorblax: {m['content']}"} for m in conversation(6)])
+    eng.compact()
+    prepend = eng.on_message_inbound("deadlift plan?").prepend_text
+    hint = prepend.split("</context-topics>")[0]
+    listed = dict(re.findall(r"([\w-]+) \((\d+)\)", hint))
+    assert listed and "zorblax" not in listed
+    watermark = eng.store.session("default").compaction_watermark
+    truth = eng.store.tag_counts("default", before=watermark)
+    assert {tag: int(n) for tag, n in listed.items()} == {tag: truth[tag] for tag in listed}
+    assert all(truth[tag] * 2 <= watermark - 1 for tag in listed)
+    assert truth["zorblax"] * 2 > watermark - 1

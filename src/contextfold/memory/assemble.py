@@ -91,11 +91,15 @@ class Assembler:
         cached = self._topic_cache.get(sid)
         if cached is not None and cached[0] == key:
             return cached[1], cached[2]
-        segments = self.store.segments(sid)
-        counts: dict[str, int] = {}
-        for seg in segments:
-            for tag in seg.tags:
-                counts[tag] = counts.get(tag, 0) + len(seg.seqs)
+        # A topic's count is the compacted turns tagged with it (not the turns of the segments
+        # carrying it: a long segment carries every tag of its turns, so that count said
+        # "409 turns" of a tag 14 turns had).
+        in_segments = {tag for seg in self.store.segments(sid) for tag in seg.tags}
+        counts = {
+            tag: n
+            for tag, n in self.store.tag_counts(sid, before=watermark).items()
+            if tag in in_segments
+        }
         last_seen = self.store.tag_last_seen(sid)
         live = [
             tag
@@ -103,7 +107,7 @@ class Assembler:
             if tag not in last_seen or not self.rules.expired(tag, last_seen[tag], now)
         ]
         live.sort(key=lambda t: (-self.rules.priority(t), -counts[t], t))
-        hint = self._hint(sid, live, counts, tools, limit)
+        hint = self._hint(live, counts, max(watermark - 1, 0), tools, limit)
         self._topic_cache[sid] = (key, live, hint)
         return live, hint
 
@@ -117,30 +121,34 @@ class Assembler:
         return cached[1]
 
     def _hint(
-        self, sid: str, tags: list[str], counts: dict[str, int], tools: bool, limit: int
+        self, tags: list[str], counts: dict[str, int], compacted: int, tools: bool, limit: int
     ) -> str:
         if not self.settings.context_hint_enabled or not tags:
             return ""
-        summaries = self._cached_summaries(sid)
-        lines = ["<context-topics>", "Prior conversation topics available for recall:"]
+        lines = ["<context-topics>"]
         if tools:
             lines.append(
                 "Use find_quote for specific facts, expand_topic for detail on a topic, "
                 "collapse_topic to free budget."
             )
-        header = len(lines)
-        used = self.counter.count("\n".join([*lines, "</context-topics>"]))
-        for tag in tags:
-            gist = " ".join(summaries[tag].summary.split()[:10]) if tag in summaries else ""
-            line = f"- {tag} ({counts.get(tag, 0)} turns)" + (f": {gist}…" if gist else "")
-            cost = self.counter.count(line) + 1
+        # One line of topic names with their turn counts: the model learns what it can ask
+        # for, and the detail stays in memory (recall, expand_topic) instead of the prefix.
+        lead = "Earlier topics (turns): "
+        used = self.counter.count("\n".join([*lines, lead, "</context-topics>"]))
+        # A tag on most of the compacted turns (the speakers' names, the project's name) is a
+        # constant of the conversation, not a topic: the hint leaves it out.
+        topics = [t for t in tags if counts.get(t, 0) * 2 <= compacted]
+        names: list[str] = []
+        for tag in topics[: self.settings.context_hint_topics]:
+            entry = f"{tag} ({counts.get(tag, 0)})"
+            cost = self.counter.count((", " if names else "") + entry)
             if used + cost > limit:
                 break
-            lines.append(line)
+            names.append(entry)
             used += cost
-        if len(lines) == header:
+        if not names:
             return ""
-        return "\n".join([*lines, "</context-topics>"])
+        return "\n".join([*lines, lead + ", ".join(names), "</context-topics>"])
 
     def _summaries(self, sid: str, tags: TagResult, live: list[str]) -> list[_Part]:
         if tags.temporal:

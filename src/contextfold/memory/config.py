@@ -99,12 +99,14 @@ class CompactionSettings(_Section):
 class AssemblySettings(_Section):
     """``memory_budget``: tokens memory may add to one request (hint, paged topics,
     summaries and recalled turns together). The ``<context-topics>`` hint gets at most
-    ``context_hint_max_tokens`` and at most ``context_hint_share`` of the request's budget."""
+    ``context_hint_max_tokens`` and at most ``context_hint_share`` of the request's budget,
+    and lists at most ``context_hint_topics`` topics (the most discussed first)."""
 
     memory_budget: int = Field(2048, ge=64)
     context_hint_enabled: bool = True
     context_hint_max_tokens: int = Field(200, ge=16, le=1000)
     context_hint_share: float = Field(0.05, ge=0, le=1)
+    context_hint_topics: int = Field(12, ge=1, le=200)
     summary_share: float = Field(0.6, ge=0, le=1)
 
 
@@ -114,8 +116,11 @@ class RecallSettings(_Section):
     reciprocal-rank fusion with constant ``rrf_k``); ``neighbor_weight`` gives each turn that
     share of its better neighbour's score (an answer sits next to its question);
     ``length_prior`` multiplies a turn's score by ``(tokens + 2) ** length_prior`` (short
-    chit-chat rarely holds a fact). The defaults are the values measured best on LoCoMo
-    (docs/eval-locomo.md)."""
+    chit-chat rarely holds a fact); ``date_weight`` multiplies by ``1 + date_weight`` the
+    score of a turn stored in the period the message names ("in January 2022") or up to
+    ``date_slack_days`` after it (what happened is told soon after). The defaults are the
+    values measured best on LoCoMo (docs/eval-locomo.md); the date ones were set before
+    measuring and not tuned."""
 
     embedder: Literal["minilm", "none"] = "minilm"
     fusion: Literal["score", "rrf"] = "score"
@@ -125,6 +130,8 @@ class RecallSettings(_Section):
     dense_weight: float = Field(1.2, ge=0)
     neighbor_weight: float = Field(0.5, ge=0, le=1)
     length_prior: float = Field(0.3, ge=0, le=2)
+    date_weight: float = Field(0.5, ge=0)
+    date_slack_days: int = Field(14, ge=0)
     related_weight: float = Field(0.5, ge=0, le=1)
     fts_limit: int = Field(300, ge=10)
 

@@ -183,6 +183,8 @@ class MemoryEngine:
             neighbor_weight=cfg.recall.neighbor_weight,
             fusion=cfg.recall.fusion,
             length_prior=cfg.recall.length_prior,
+            date_weight=cfg.recall.date_weight,
+            date_slack_days=cfg.recall.date_slack_days,
         )
         self.pager = Pager(self.store, budget=cfg.paging.budget)
         self.assembler = Assembler(self.store, self.counter, self.rules, cfg.assembly)

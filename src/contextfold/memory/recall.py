@@ -16,6 +16,10 @@ ahead — and on LoCoMo score fusion recalled about one point more (docs/eval-lo
 each turn earns a share (``neighbor_weight``) of its better neighbour's score, since a
 dialogue answer sits next to its question, and a length prior multiplies each score by
 ``(tokens + 2) ** length_prior``: a two-word "thanks!" rarely holds the fact asked about.
+When the message names a period ("in January 2022", "between August 11 and August 15 2023";
+``periods.query_period``), the turns stored in it, or up to ``date_slack_days`` after it,
+have their score multiplied by ``1 + date_weight``: among the turns that match, the ones said
+then come first (turns that match nothing are not pulled in).
 
 Raw turns are the only thing that can hold a detail verbatim, so they are what recall ranks;
 summaries are chosen by the assembler (broad queries: tag summaries; temporal ones: segment
@@ -28,12 +32,14 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Collection, Mapping, Sequence
+from datetime import timedelta
 from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
+from contextfold.memory.periods import Period, query_period
 from contextfold.retrieval.base import Embedder
 from contextfold.store.memory import MemoryStore
 
@@ -83,8 +89,8 @@ class Recaller:
 
     ``embedder`` may be ``None`` (no dense signal). ``fusion`` is ``"score"`` or ``"rrf"``
     (``k`` is the RRF constant); ``fts_limit`` how many full-text and dense hits to fuse;
-    ``weights`` scale each signal's share; ``neighbor_weight`` and ``length_prior`` as in the
-    module docstring (0 turns either off)."""
+    ``weights`` scale each signal's share; ``neighbor_weight``, ``length_prior`` and
+    ``date_weight`` as in the module docstring (0 turns each off)."""
 
     def __init__(
         self,
@@ -99,6 +105,8 @@ class Recaller:
         neighbor_weight: float = 0.0,
         fusion: Fusion = "score",
         length_prior: float = 0.0,
+        date_weight: float = 0.0,
+        date_slack_days: int = 14,
     ) -> None:
         if fusion not in ("score", "rrf"):
             raise ValueError(f"fusion must be 'score' or 'rrf', not {fusion!r}")
@@ -112,6 +120,8 @@ class Recaller:
         self.neighbor_weight = neighbor_weight
         self.fusion: Fusion = fusion
         self.length_prior = length_prior
+        self.date_weight = date_weight
+        self.date_slack = timedelta(days=date_slack_days)
         self._vectors: dict[str, tuple[list[int], npt.NDArray[np.float32]]] = {}
         self._lock = threading.Lock()
 
@@ -238,8 +248,17 @@ class Recaller:
             tokens = self.store.turn_token_counts(session_id, list(fused))
             for seq in fused:
                 fused[seq] *= (tokens.get(seq, 0) + 2) ** self.length_prior
+        period = query_period(text) if self.date_weight and fused else None
+        if period is not None:
+            self._prefer_period(session_id, fused, period)
         order = sorted(fused, key=lambda s: (-fused[s], s))[:limit]
         return [RankedTurn(seq=s, score=fused[s], ranks=ranks[s]) for s in order]
+
+    def _prefer_period(self, session_id: str, fused: dict[int, float], period: Period) -> None:
+        window = Period(period.start, period.end + self.date_slack)
+        for seq, stored_at in self.store.turn_times(session_id, list(fused)).items():
+            if stored_at in window:
+                fused[seq] *= 1 + self.date_weight
 
     # -- find_quote -----------------------------------------------------------------------------
 

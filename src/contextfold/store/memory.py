@@ -607,12 +607,13 @@ class MemoryStore:
             missing = ", ".join(str(seq) for seq in seqs if seq not in known)
             raise ConfigError(f"session {session_id!r} has no turn {missing}") from exc
 
-    def tag_counts(self, session_id: str) -> dict[str, int]:
-        """How many turns of the session carry each tag (related tags not counted)."""
+    def tag_counts(self, session_id: str, *, before: int | None = None) -> dict[str, int]:
+        """How many turns of the session carry each tag (related tags not counted); only the
+        turns with seq < ``before`` when given (``before=watermark``: the compacted turns)."""
         rows = self._conn.execute(
             "SELECT tag, COUNT(*) FROM turn_tags WHERE session_id = ? AND related = 0"
-            " GROUP BY tag ORDER BY tag",
-            (session_id,),
+            " AND seq < ? GROUP BY tag ORDER BY tag",
+            (session_id, before if before is not None else 2**62),
         )
         return {r[0]: int(r[1]) for r in rows}
 
@@ -772,6 +773,19 @@ class MemoryStore:
             "SELECT content_hash FROM turns WHERE session_id = ? AND seq = ?", (session_id, seq)
         ).fetchone()
         return None if row is None else str(row[0])
+
+    def turn_times(self, session_id: str, seqs: Sequence[int]) -> dict[int, datetime]:
+        """When each given turn was said (seqs not stored are left out)."""
+        found: dict[int, datetime] = {}
+        for start in range(0, len(seqs), 500):
+            chunk = list(seqs[start : start + 500])
+            marks = ",".join("?" * len(chunk))
+            for seq, stamp in self._conn.execute(
+                f"SELECT seq, created_at FROM turns WHERE session_id = ? AND seq IN ({marks})",
+                (session_id, *chunk),
+            ):
+                found[seq] = datetime.fromisoformat(stamp)
+        return found
 
     def turn_token_counts(self, session_id: str, seqs: Sequence[int]) -> dict[int, int]:
         """The token count of each given turn (seqs not stored are left out)."""
