@@ -21,31 +21,34 @@ The taggers:
   feedback). It suits the response pass (after the model answered) and falls back to the
   keyword tagger on any failure.
 
-``detect_broad`` and ``detect_temporal`` are the deterministic regexes every tagger ORs in.
+Where the pieces live: ``TagResult``, ``Tagger``, ``KeywordTagger`` and ``EmbeddingTagger``
+here; ``LLMTagger`` in ``tagging_llm.py``; ``detect_broad`` and ``detect_temporal``, the
+deterministic regexes every tagger ORs in, in ``intent.py``. All of them are importable from
+this module.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field, model_validator
+from pydantic import BaseModel, ConfigDict, computed_field, model_validator
 
 from contextfold.errors import ConfigError, ContextfoldError
 from contextfold.memory.canonical import TagCanonicalizer
+from contextfold.memory.intent import detect_broad, detect_temporal
 from contextfold.retrieval.base import Embedder
 from contextfold.retrieval.sparse import _stemmer, _stopwords
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-    from contextfold.llm.openai_compat import Usage
+    from contextfold.memory.tagging_llm import LLMTagger, SupportsChat
 
 __all__ = [
     "EmbeddingTagger",
@@ -114,106 +117,6 @@ class Tagger(Protocol):
 
 def _words(text: str) -> frozenset[str]:
     return frozenset(text.split())
-
-
-# -- intent detection ----------------------------------------------------------------------
-
-_CONVO = r"(?:conversation|discussion|chat|session|thread)"
-_TALKED = (
-    r"(?:discuss(?:ed)?|talk(?:ed)? about|cover(?:ed)?|go(?:ne)? over|went over|chat(?:ted)? about)"
-)
-_BROAD = re.compile(
-    "|".join(
-        [
-            rf"\bwhat (?:did|have|had) (?:we|you and i|i) (?:been )?{_TALKED}",
-            r"\bwhat (?:were|was) (?:we|i) (?:talking|chatting) about\b",
-            rf"\b(?:summari[sz]e|sum up|recap|review|go over) (?:everything|it all|all of it|"
-            rf"(?:the|our|this) (?:whole |entire )?{_CONVO}|what (?:we|you)(?:'ve| have)? "
-            rf"{_TALKED})",
-            r"\brecap\b",
-            r"\bcatch me up\b",
-            rf"\bremind me (?:of )?(?:what|everything) (?:we|you|i)(?:'ve| have)? "
-            rf"(?:{_TALKED}|said|decided|asked)",
-            rf"\beverything (?:we|you)(?:'ve| have)? (?:{_TALKED}|said|decided)",
-            rf"\b(?:overview|summary|rundown) of (?:our|the|this) (?:whole |entire )?{_CONVO}",
-            r"\bwhat (?:topics|things|subjects) (?:have|did) (?:we|you)\b",
-            r"\bwhat have we (?:done|decided) so far\b",
-        ]
-    ),
-    re.IGNORECASE,
-)
-# Every pattern above contains one of these: a cheap test before the regex.
-_BROAD_HINTS = (
-    "what",
-    "summ",
-    "recap",
-    "review",
-    "go over",
-    "catch me up",
-    "remind",
-    "everything",
-    "overview",
-    "rundown",
-)
-_PAST = r"(?:\w+ed|said|told|wrote|did|brought up|gave|sent|made|thought)"
-_TEMPORAL = re.compile(
-    "|".join(
-        [
-            r"\b(?:at|to|from|since) the (?:very )?(?:beginning|start|outset)\b",
-            rf"\b(?:beginning|start) of (?:our|the|this) {_CONVO}",
-            r"\b(?:very )?early on\b",
-            rf"\bearlier (?:in|during) (?:our|the|this) {_CONVO}",
-            rf"\bfirst (?:thing|question|topic|message|request|few \w+) (?:that )?(?:i|we|you) "
-            rf"{_PAST}",
-            r"\bwhat was (?:the|my|our) (?:very )?first\b",
-            rf"\b(?:in|during) (?:our|the) (?:first|previous|last|earlier) {_CONVO}",
-            rf"\b(?:previous|earlier|last) {_CONVO}\b",
-            r"\boriginally\b(?! from)",
-            r"\blast time\b(?!-)",
-            r"\bwhen we (?:first|started|began)\b",
-            r"\b(?:i|we|you) (?:\w+ed|said|asked|told) (?:\w+ )?(?:earlier|before|at first|"
-            r"initially|at the start)\b",
-            r"\b(?:a few|several|some|\d+) (?:messages|turns|questions) ago\b",
-        ]
-    ),
-    re.IGNORECASE,
-)
-# Every pattern above contains one of these.
-_TEMPORAL_HINTS = (
-    "begin",
-    "start",
-    "outset",
-    "early",
-    "earlier",
-    "first",
-    "previous",
-    "last",
-    "original",
-    "when we",
-    "ago",
-    "before",
-    "initially",
-)
-
-
-def detect_broad(text: str) -> bool:
-    """Whether ``text`` asks about the conversation as a whole.
-
-    >>> detect_broad("Can you recap what we discussed?"), detect_broad("When did Caroline go?")
-    (True, False)
-    """
-    low = text.lower()
-    return any(hint in low for hint in _BROAD_HINTS) and _BROAD.search(text) is not None
-
-
-def detect_temporal(text: str) -> bool:
-    """Whether ``text`` refers to a position in the conversation's time.
-
-    >>> detect_temporal("What was the first thing I asked?"), detect_temporal("first-class")
-    (True, False)
-    """
-    low = text.lower()
-    return any(hint in low for hint in _TEMPORAL_HINTS) and _TEMPORAL.search(text) is not None
 
 
 # -- keyword tagger ------------------------------------------------------------------------
@@ -649,198 +552,21 @@ class EmbeddingTagger:
         )
 
 
-# -- LLM tagger ----------------------------------------------------------------------------
+# ``LLMTagger`` and ``SupportsChat`` live in ``tagging_llm.py``, which imports this module;
+# they are loaded from there on first access, so this module never imports that one at import
+# time and there is no cycle (``contextfold.memory`` imports them, so they load with it).
+_LLM_NAMES = frozenset({"LLMTagger", "SupportsChat"})
 
 
-class _ChatReply(Protocol):
-    @property
-    def text(self) -> str: ...
+def __getattr__(name: str) -> Any:
+    if name not in _LLM_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from contextfold.memory import tagging_llm
 
-    @property
-    def usage(self) -> Usage: ...
-
-
-class SupportsChat(Protocol):
-    """What ``LLMTagger`` needs from a client: ``chat(messages, model, **params)`` returning
-    something with ``.text`` and ``.usage`` (``OpenAICompatibleClient`` qualifies)."""
-
-    def chat(self, messages: list[dict[str, Any]], model: str, **params: Any) -> _ChatReply: ...
+    value = getattr(tagging_llm, name)
+    globals()[name] = value
+    return value
 
 
-_GENERIC = _words(
-    "general misc miscellaneous other others none unknown na n-a null untagged no-topic "
-    "default topic tag"
-)
-_FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
-_MAX_TAG_CHARS = 48
-_MAX_TAG_PARTS = 5
-
-
-class _Reply(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    tags: list[str]
-    primary: str | None = None
-    related_tags: list[str] = Field(default_factory=list)
-    broad: bool = False
-    temporal: bool = False
-
-
-def _json_object(text: str) -> dict[str, Any] | None:
-    """The first JSON object in ``text``: inside a ``` fence if there is one, else anywhere."""
-    decoder = json.JSONDecoder()
-    for source in [*_FENCE.findall(text), text]:
-        start = source.find("{")
-        while start != -1:
-            try:
-                value, _ = decoder.raw_decode(source, start)
-            except ValueError:
-                value = None
-            if isinstance(value, dict):
-                return value
-            start = source.find("{", start + 1)
-    return None
-
-
-_SYSTEM_PROMPT = """\
-You tag the turns of a conversation by topic, for a memory system that later finds earlier \
-turns by their tags. Reply with one JSON object and nothing else:
-{{"tags": [...], "primary": "...", "related_tags": [...], "broad": false, "temporal": false}}
-
-- "tags": {min_tags} to {max_tags} short topic tags, lower-case, words joined by hyphens \
-(like "database", "support-group", "marathon-training"), most important first. Name the \
-subject matter (people, places, projects, technologies, activities), not the form of the \
-message: never "question", "request", "general" or "misc".
-- Reuse a known tag whenever the message is about that topic; create a new tag only for a \
-topic no known tag covers.
-- "primary": the single most important of your tags.
-- "related_tags": up to {max_tags} other words someone might use for the same topics \
-(synonyms, broader or narrower terms), none of them repeated from "tags".
-- "broad": true when the message asks about the whole conversation ("what did we discuss?", \
-"summarize everything").
-- "temporal": true when the message points at a time in the conversation ("at the \
-beginning", "the first thing I asked", "last time")."""
-
-
-class LLMTagger:
-    """Tags from one chat-model call per text, with the session vocabulary in the prompt.
-
-    The model answers JSON (a ```json fence or prose around it is fine); tags are
-    canonicalized, generic ones ("general", "misc") and overlong ones dropped, and the regex
-    detectors are OR-ed into ``broad``/``temporal``. On any failure — the call raises (HTTP
-    error after retries, timeout), no JSON, a reply of the wrong shape, no usable tag — the
-    ``fallback`` tagger (a ``KeywordTagger`` by default) answers instead, with
-    ``source="keyword-fallback"`` and ``fallback_reason``; the failure is logged, never
-    raised. ``on_usage(model, usage)`` is called after every completed call.
-
-    ``min_tags``/``max_tags`` are asked for in the prompt; more than ``max_tags`` are cut.
-    Texts of fewer than ``lookback_words`` words get up to three ``context`` turns in the
-    prompt. ``params`` go into every chat request (default ``temperature=0``).
-    """
-
-    def __init__(
-        self,
-        client: SupportsChat,
-        model: str,
-        *,
-        fallback: Tagger | None = None,
-        min_tags: int = 1,
-        max_tags: int = 6,
-        lookback_words: int = 8,
-        on_usage: Callable[[str, Usage], None] | None = None,
-        canonicalizer: TagCanonicalizer | None = None,
-        max_vocabulary: int = 200,
-        max_chars: int = 6000,
-        params: Mapping[str, Any] | None = None,
-    ) -> None:
-        if not 1 <= min_tags <= max_tags:
-            raise ConfigError(f"need 1 <= min_tags <= max_tags, got {min_tags} and {max_tags}")
-        self.client = client
-        self.model = model
-        self.canonicalizer = canonicalizer or TagCanonicalizer()
-        self.fallback: Tagger = fallback or KeywordTagger(canonicalizer=self.canonicalizer)
-        self.min_tags, self.max_tags = min_tags, max_tags
-        self.lookback_words = lookback_words
-        self.on_usage = on_usage
-        self.max_vocabulary = max_vocabulary
-        self.max_chars = max_chars
-        self.params: dict[str, Any] = {"temperature": 0.0, **(params or {})}
-
-    def __repr__(self) -> str:
-        return f"LLMTagger(model={self.model!r}, fallback={type(self.fallback).__name__})"
-
-    def messages(
-        self, text: str, *, vocabulary: Sequence[str] = (), context: Sequence[str] = ()
-    ) -> list[dict[str, Any]]:
-        """The chat messages sent for ``text`` (exposed for inspection and tests)."""
-        system = _SYSTEM_PROMPT.format(min_tags=self.min_tags, max_tags=self.max_tags)
-        known = list(dict.fromkeys(t for t in vocabulary if t))[: self.max_vocabulary]
-        parts = [f"Known tags: {', '.join(known)}" if known else "Known tags: (none yet)"]
-        if context and len(text.split()) < self.lookback_words:
-            earlier = "\n".join(f"- {turn[:500]}" for turn in context[-3:])
-            parts.append(f"Earlier turns, for context only (tag the message below):\n{earlier}")
-        parts.append(f"Message to tag:\n{text[: self.max_chars]}")
-        return [
-            {"role": "system", "content": system},
-            {"role": "user", "content": "\n\n".join(parts)},
-        ]
-
-    def tag(
-        self, text: str, *, vocabulary: Sequence[str] = (), context: Sequence[str] = ()
-    ) -> TagResult:
-        if not text.strip():
-            return TagResult(broad=False, temporal=False, source="llm")
-        messages = self.messages(text, vocabulary=vocabulary, context=context)
-        try:
-            reply = self.client.chat(messages, self.model, **self.params)
-        except Exception as exc:  # any client, any failure: fall back, never raise
-            return self._fall_back(text, vocabulary, context, f"LLM call failed: {exc}")
-        if self.on_usage is not None:
-            self.on_usage(self.model, reply.usage)
-        raw = _json_object(reply.text)
-        if raw is None:
-            return self._fall_back(
-                text, vocabulary, context, f"no JSON object in the reply: {reply.text[:200]!r}"
-            )
-        try:
-            parsed = _Reply.model_validate(raw)
-        except ValidationError as exc:
-            reason = f"reply has the wrong shape: {exc.errors()[0]['msg']} in {raw!r}"[:300]
-            return self._fall_back(text, vocabulary, context, reason)
-        tags = self._clean(parsed.tags)
-        if not tags:
-            return self._fall_back(
-                text, vocabulary, context, f"no usable tags in the reply: {parsed.tags!r}"
-            )
-        primary = self.canonicalizer.canonical(parsed.primary or "")
-        if primary in tags:
-            tags.remove(primary)
-            tags.insert(0, primary)
-        tags = tags[: self.max_tags]
-        related = [t for t in self._clean(parsed.related_tags) if t not in tags]
-        return TagResult(
-            tags=tuple(tags),
-            related_tags=tuple(related[: self.max_tags]),
-            broad=parsed.broad or detect_broad(text),
-            temporal=parsed.temporal or detect_temporal(text),
-            source="llm",
-        )
-
-    def _clean(self, tags: Sequence[str]) -> list[str]:
-        kept = []
-        for tag in tags:
-            name = self.canonicalizer.canonical(str(tag))
-            if (
-                name
-                and name not in _GENERIC
-                and len(name) <= _MAX_TAG_CHARS
-                and name.count("-") < _MAX_TAG_PARTS
-            ):
-                kept.append(name)
-        return list(dict.fromkeys(kept))
-
-    def _fall_back(
-        self, text: str, vocabulary: Sequence[str], context: Sequence[str], reason: str
-    ) -> TagResult:
-        logger.warning("LLM tagging with %s fell back to keywords: %s", self.model, reason)
-        result = self.fallback.tag(text, vocabulary=vocabulary, context=context)
-        return result.model_copy(update={"source": "keyword-fallback", "fallback_reason": reason})
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _LLM_NAMES)

@@ -1,0 +1,148 @@
+"""The values ``MemoryStore`` takes and returns: frozen pydantic row models (``SessionRecord``,
+``StoredTurn``, ``NewSegment``, ``StoredSegment``, ``TagSummary``, ``WorkingSetEntry``,
+``CostReport``), the ``TurnRow`` tuple of the fast read path, the ``Depth`` a topic is paged in
+at, and the small helpers that turn times (``_iso``, always UTC) and messages
+(``_message_json``, canonical JSON: the content hash is taken over it) into stored text.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any, Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from contextfold.items import Message
+
+__all__ = [
+    "CostReport",
+    "Depth",
+    "NewSegment",
+    "SessionRecord",
+    "StoredSegment",
+    "StoredTurn",
+    "TagSummary",
+    "TurnRow",
+    "WorkingSetEntry",
+]
+
+Depth = Literal["none", "summary", "segments", "full"]
+
+
+class TurnRow(NamedTuple):
+    """A stored turn's plain columns (no message parsing): the fast read path."""
+
+    seq: int
+    role: str
+    text: str
+    created_at: datetime
+    token_count: int
+
+
+_FROZEN = ConfigDict(frozen=True)
+
+
+class SessionRecord(BaseModel):
+    """A stored session; turns with ``seq < compaction_watermark`` are compacted."""
+
+    model_config = _FROZEN
+    id: str
+    created_at: datetime
+    metadata: dict[str, Any]
+    compaction_watermark: int
+
+
+class StoredTurn(BaseModel):
+    """One raw turn as stored: the full message (tool calls included), its tags and counts."""
+
+    model_config = _FROZEN
+    session_id: str
+    seq: int
+    message: Message
+    created_at: datetime
+    content_hash: str
+    token_count: int
+    tags: dict[str, float] = Field(default_factory=dict)
+    related_tags: tuple[str, ...] = ()
+
+
+class NewSegment(BaseModel):
+    """A segment to store at compaction: turns ``first_seq..last_seq`` (inclusive) with their
+    summary and full text; token counts left ``None`` are counted by the store's counter."""
+
+    model_config = _FROZEN
+    first_seq: int
+    last_seq: int
+    summary: str
+    full_text: str
+    tags: tuple[str, ...] = ()
+    related_tags: tuple[str, ...] = ()
+    summary_tokens: int | None = None
+    full_tokens: int | None = None
+
+
+class StoredSegment(BaseModel):
+    """A stored segment; ``seqs`` are its source turns."""
+
+    model_config = _FROZEN
+    id: int
+    session_id: str
+    first_seq: int
+    last_seq: int
+    summary: str
+    full_text: str
+    tags: tuple[str, ...]
+    summary_tokens: int
+    full_tokens: int
+    created_at: datetime
+    seqs: tuple[int, ...]
+    related_tags: tuple[str, ...] = ()
+
+
+class TagSummary(BaseModel):
+    """One summary per tag; ``stale`` when the tag has turns after ``source_watermark``."""
+
+    model_config = _FROZEN
+    session_id: str
+    tag: str
+    summary: str
+    tokens: int
+    source_watermark: int
+    stale: bool
+
+
+class WorkingSetEntry(BaseModel):
+    """A topic of a session's working set and the depth it is paged in at."""
+
+    model_config = _FROZEN
+    tag: str
+    depth: Depth
+    last_used: datetime
+    tokens: int
+
+
+class CostReport(BaseModel):
+    """Sums over the cost log (``by_kind`` maps a kind to its cost in USD)."""
+
+    model_config = _FROZEN
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    by_kind: dict[str, float]
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _iso(moment: datetime) -> str:
+    aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return aware.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def _message_json(message: Message) -> str:
+    return json.dumps(
+        message.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )

@@ -1,0 +1,187 @@
+"""The conversation-memory schema: ``MIGRATIONS``, the ordered registry of ``MemoryStore``'s
+SQLite migrations.
+
+Each migration's function name is its permanent id, recorded in every database it has run
+on: never rename one, never reorder them, and add changes only as a new ``m00N_…`` at the end.
+
+- ``m001_create_memory`` — sessions, raw turns (triggers refuse an ``UPDATE`` or ``DELETE``
+  unless ``turn_deletions`` names the session), turn tags, segments, tag summaries, aliases,
+  the working set and the cost log.
+- ``m002_create_fts`` — FTS5 external-content indexes over turn text and segment summaries.
+- ``m003_related_tags_and_vectors`` — related tags on turns and segments; turn vectors.
+- ``m004_session_scoped_fts`` — the FTS5 indexes rebuilt with the session id as a column.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from contextfold.store.sqlite import MigrationRegistry
+
+__all__ = [
+    "MIGRATIONS",
+    "m001_create_memory",
+    "m002_create_fts",
+    "m003_related_tags_and_vectors",
+    "m004_session_scoped_fts",
+]
+
+MIGRATIONS = MigrationRegistry("memory")
+
+_IMMUTABLE_TURNS = "raw turns are append-only: a turn is never updated or deleted"
+
+
+@MIGRATIONS.migration
+def m001_create_memory(conn: sqlite3.Connection) -> None:
+    conn.execute(
+        "CREATE TABLE sessions ("
+        " id TEXT PRIMARY KEY, created_at TEXT NOT NULL, metadata TEXT NOT NULL DEFAULT '{}',"
+        " compaction_watermark INTEGER NOT NULL DEFAULT 0)"
+    )
+    conn.execute(
+        "CREATE TABLE turns ("
+        " id INTEGER PRIMARY KEY,"
+        " session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,"
+        " seq INTEGER NOT NULL CHECK (seq >= 1), role TEXT NOT NULL,"
+        " content_text TEXT NOT NULL, message_json TEXT NOT NULL, content_hash TEXT NOT NULL,"
+        " created_at TEXT NOT NULL, token_count INTEGER NOT NULL,"
+        " UNIQUE (session_id, seq))"
+    )
+    # A session in this table may have its turns deleted (only ``delete_session`` writes it,
+    # inside the transaction that deletes the session).
+    conn.execute("CREATE TABLE turn_deletions (session_id TEXT PRIMARY KEY)")
+    conn.execute(
+        "CREATE TRIGGER turns_no_update BEFORE UPDATE ON turns"
+        f" BEGIN SELECT RAISE(ABORT, '{_IMMUTABLE_TURNS}'); END"
+    )
+    conn.execute(
+        "CREATE TRIGGER turns_no_delete BEFORE DELETE ON turns WHEN NOT EXISTS"
+        " (SELECT 1 FROM turn_deletions WHERE session_id = OLD.session_id)"
+        f" BEGIN SELECT RAISE(ABORT, '{_IMMUTABLE_TURNS} (use delete_session)'); END"
+    )
+    conn.execute(
+        "CREATE TABLE turn_tags ("
+        " session_id TEXT NOT NULL, seq INTEGER NOT NULL, tag TEXT NOT NULL,"
+        " weight REAL NOT NULL DEFAULT 1.0, PRIMARY KEY (session_id, seq, tag),"
+        " FOREIGN KEY (session_id, seq) REFERENCES turns(session_id, seq) ON DELETE CASCADE)"
+    )
+    conn.execute("CREATE INDEX turn_tags_by_tag ON turn_tags (session_id, tag, seq)")
+    conn.execute(
+        "CREATE TABLE segments ("
+        " id INTEGER PRIMARY KEY,"
+        " session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,"
+        " first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL, summary TEXT NOT NULL,"
+        " full_text TEXT NOT NULL, tags TEXT NOT NULL DEFAULT '[]',"
+        " summary_tokens INTEGER NOT NULL, full_tokens INTEGER NOT NULL,"
+        " created_at TEXT NOT NULL, CHECK (first_seq <= last_seq))"
+    )
+    conn.execute("CREATE INDEX segments_by_session ON segments (session_id, first_seq)")
+    conn.execute(
+        "CREATE TABLE segment_turns ("
+        " segment_id INTEGER NOT NULL REFERENCES segments(id) ON DELETE CASCADE,"
+        " seq INTEGER NOT NULL, PRIMARY KEY (segment_id, seq))"
+    )
+    conn.execute(
+        "CREATE TABLE tag_summaries ("
+        " session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,"
+        " tag TEXT NOT NULL, summary TEXT NOT NULL, tokens INTEGER NOT NULL,"
+        " source_watermark INTEGER NOT NULL, updated_at TEXT NOT NULL,"
+        " PRIMARY KEY (session_id, tag))"
+    )
+    conn.execute("CREATE TABLE aliases (alias TEXT PRIMARY KEY, canonical TEXT NOT NULL)")
+    conn.execute(
+        "CREATE TABLE working_set ("
+        " session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,"
+        " tag TEXT NOT NULL,"
+        " depth TEXT NOT NULL CHECK (depth IN ('none', 'summary', 'segments', 'full')),"
+        " last_used TEXT NOT NULL, tokens INTEGER NOT NULL DEFAULT 0,"
+        " PRIMARY KEY (session_id, tag))"
+    )
+    conn.execute(
+        "CREATE TABLE cost_log ("
+        " id INTEGER PRIMARY KEY,"
+        " session_id TEXT REFERENCES sessions(id) ON DELETE SET NULL,"
+        " at TEXT NOT NULL, kind TEXT NOT NULL, model TEXT NOT NULL,"
+        " prompt_tokens INTEGER NOT NULL, completion_tokens INTEGER NOT NULL,"
+        " cost_usd REAL NOT NULL)"
+    )
+
+
+@MIGRATIONS.migration
+def m002_create_fts(conn: sqlite3.Connection) -> None:
+    # External-content FTS5 tables: the text lives once, in turns / segments; the triggers
+    # follow the pattern of the FTS5 documentation (a 'delete' command removes the old row).
+    for table, column, fts in (
+        ("turns", "content_text", "turns_fts"),
+        ("segments", "summary", "segments_fts"),
+    ):
+        conn.execute(
+            f"CREATE VIRTUAL TABLE {fts} USING fts5({column}, content='{table}',"
+            " content_rowid='id', tokenize='porter unicode61')"
+        )
+        conn.execute(
+            f"CREATE TRIGGER {fts}_ai AFTER INSERT ON {table} BEGIN"
+            f" INSERT INTO {fts} (rowid, {column}) VALUES (NEW.id, NEW.{column}); END"
+        )
+        conn.execute(
+            f"CREATE TRIGGER {fts}_ad AFTER DELETE ON {table} BEGIN"
+            f" INSERT INTO {fts} ({fts}, rowid, {column}) VALUES ('delete', OLD.id, OLD.{column});"
+            " END"
+        )
+        conn.execute(
+            f"CREATE TRIGGER {fts}_au AFTER UPDATE ON {table} BEGIN"
+            f" INSERT INTO {fts} ({fts}, rowid, {column}) VALUES ('delete', OLD.id, OLD.{column});"
+            f" INSERT INTO {fts} (rowid, {column}) VALUES (NEW.id, NEW.{column}); END"
+        )
+        # Index whatever an m001-only database already holds.
+        conn.execute(f"INSERT INTO {fts} ({fts}) VALUES ('rebuild')")
+
+
+@MIGRATIONS.migration
+def m003_related_tags_and_vectors(conn: sqlite3.Connection) -> None:
+    # ``related`` tags are alternate terms for cross-vocabulary recall (weighted lower, and not
+    # counted as the turn's topics); segments keep theirs too. Turn vectors hold the dense
+    # embedding of each turn per embedder name, as float32 bytes.
+    conn.execute("ALTER TABLE turn_tags ADD COLUMN related INTEGER NOT NULL DEFAULT 0")
+    conn.execute("ALTER TABLE segments ADD COLUMN related_tags TEXT NOT NULL DEFAULT '[]'")
+    conn.execute(
+        "CREATE TABLE turn_vectors ("
+        " session_id TEXT NOT NULL, seq INTEGER NOT NULL, model TEXT NOT NULL,"
+        " vector BLOB NOT NULL, PRIMARY KEY (session_id, model, seq),"
+        " FOREIGN KEY (session_id, seq) REFERENCES turns(session_id, seq) ON DELETE CASCADE)"
+    )
+
+
+@MIGRATIONS.migration
+def m004_session_scoped_fts(conn: sqlite3.Connection) -> None:
+    # The full-text tables get the session id as a second indexed column, so a search can
+    # intersect its terms with one session's posting list instead of ranking the matches of
+    # every session in the file and filtering afterwards (a proxy store holds many sessions).
+    for table, column, fts in (
+        ("turns", "content_text", "turns_fts"),
+        ("segments", "summary", "segments_fts"),
+    ):
+        for suffix in ("ai", "ad", "au"):
+            conn.execute(f"DROP TRIGGER {fts}_{suffix}")
+        conn.execute(f"DROP TABLE {fts}")
+        columns = f"{column}, session_id"
+        conn.execute(
+            f"CREATE VIRTUAL TABLE {fts} USING fts5({columns}, content='{table}',"
+            " content_rowid='id', tokenize='porter unicode61')"
+        )
+        new = f"NEW.{column}, NEW.session_id"
+        old = f"OLD.{column}, OLD.session_id"
+        conn.execute(
+            f"CREATE TRIGGER {fts}_ai AFTER INSERT ON {table} BEGIN"
+            f" INSERT INTO {fts} (rowid, {columns}) VALUES (NEW.id, {new}); END"
+        )
+        conn.execute(
+            f"CREATE TRIGGER {fts}_ad AFTER DELETE ON {table} BEGIN"
+            f" INSERT INTO {fts} ({fts}, rowid, {columns}) VALUES ('delete', OLD.id, {old}); END"
+        )
+        conn.execute(
+            f"CREATE TRIGGER {fts}_au AFTER UPDATE ON {table} BEGIN"
+            f" INSERT INTO {fts} ({fts}, rowid, {columns}) VALUES ('delete', OLD.id, {old});"
+            f" INSERT INTO {fts} (rowid, {columns}) VALUES (NEW.id, {new}); END"
+        )
+        conn.execute(f"INSERT INTO {fts} ({fts}) VALUES ('rebuild')")

@@ -1,0 +1,176 @@
+"""``MemoryStore``'s segments: compaction (segments stored and the watermark moved in one
+transaction), reading segments back, and full-text search over their summaries.
+
+``SegmentsMixin`` holds these methods; ``MemoryStore`` (``store/memory.py``) inherits them and
+provides the connection, the token counter and ``_last_seq``.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from contextfold.errors import ConfigError, StoreError
+from contextfold.store.memory_fts import _fts_query
+from contextfold.store.memory_models import NewSegment, StoredSegment, _iso, _now
+from contextfold.store.sqlite import transaction
+from contextfold.tokens import TokenCounter
+
+__all__ = ["SegmentsMixin"]
+
+
+class SegmentsMixin:
+    """Compaction and segments, for ``MemoryStore``."""
+
+    _conn: sqlite3.Connection
+    counter: TokenCounter
+
+    if TYPE_CHECKING:
+
+        @staticmethod
+        def _last_seq(conn: sqlite3.Connection, session_id: str) -> int: ...
+
+    # -- compaction and segments ----------------------------------------------------------------
+
+    def compact(
+        self,
+        session_id: str,
+        segments: Sequence[NewSegment],
+        watermark: int,
+        *,
+        _before_commit: Callable[[], None] | None = None,
+    ) -> list[int]:
+        """Store ``segments`` and move the session's watermark to ``watermark`` in ONE
+        transaction; returns the new segment ids. Raw turns are never touched.
+
+        ``watermark`` may not go below the current one nor beyond the last turn + 1 (turns
+        below it are compacted); every segment must lie within ``[current, watermark)``.
+        ``_before_commit`` (tests only) runs after the segments are inserted and before the
+        watermark moves."""
+        try:
+            with transaction(self._conn) as conn:
+                row = conn.execute(
+                    "SELECT compaction_watermark FROM sessions WHERE id = ?", (session_id,)
+                ).fetchone()
+                if row is None:
+                    raise ConfigError(f"unknown session {session_id!r}")
+                current, last = int(row[0]), self._last_seq(conn, session_id)
+                self._check_compaction(current, last, segments, watermark)
+                ids = [self._insert_segment(conn, session_id, seg) for seg in segments]
+                if _before_commit is not None:
+                    _before_commit()
+                conn.execute(
+                    "UPDATE sessions SET compaction_watermark = ? WHERE id = ?",
+                    (watermark, session_id),
+                )
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"compaction of session {session_id!r} failed: {exc}") from exc
+        return ids
+
+    @staticmethod
+    def _check_compaction(
+        current: int, last: int, segments: Sequence[NewSegment], watermark: int
+    ) -> None:
+        if watermark < current:
+            raise ConfigError(
+                f"the compaction watermark only moves forward: {watermark} < current {current}"
+            )
+        if watermark > last + 1:
+            raise ConfigError(
+                f"watermark {watermark} is beyond the last turn ({last}); at most {last + 1}"
+            )
+        for seg in segments:
+            if not max(current, 1) <= seg.first_seq <= seg.last_seq < watermark:
+                raise ConfigError(
+                    f"segment {seg.first_seq}..{seg.last_seq} is not within the turns being "
+                    f"compacted ({max(current, 1)}..{watermark - 1})"
+                )
+
+    def _insert_segment(self, conn: sqlite3.Connection, session_id: str, seg: NewSegment) -> int:
+        summary_tokens = seg.summary_tokens
+        if summary_tokens is None:
+            summary_tokens = self.counter.count(seg.summary)
+        full_tokens = seg.full_tokens
+        if full_tokens is None:
+            full_tokens = self.counter.count(seg.full_text)
+        cursor = conn.execute(
+            "INSERT INTO segments (session_id, first_seq, last_seq, summary, full_text, tags,"
+            " related_tags, summary_tokens, full_tokens, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                session_id,
+                seg.first_seq,
+                seg.last_seq,
+                seg.summary,
+                seg.full_text,
+                json.dumps(list(seg.tags)),
+                json.dumps(list(seg.related_tags)),
+                summary_tokens,
+                full_tokens,
+                _iso(_now()),
+            ),
+        )
+        segment_id = int(cursor.lastrowid or 0)
+        conn.executemany(
+            "INSERT INTO segment_turns (segment_id, seq) VALUES (?, ?)",
+            [(segment_id, seq) for seq in range(seg.first_seq, seg.last_seq + 1)],
+        )
+        return segment_id
+
+    def segments(self, session_id: str) -> list[StoredSegment]:
+        """The session's segments, earliest first."""
+        return self._segments(session_id, None)
+
+    def _segments(self, session_id: str, ids: Sequence[int] | None) -> list[StoredSegment]:
+        if ids is not None and not ids:
+            return []
+        where = "" if ids is None else f" AND id IN ({','.join('?' * len(ids))})"
+        rows = self._conn.execute(
+            f"SELECT * FROM segments WHERE session_id = ?{where} ORDER BY first_seq, id",
+            (session_id, *(ids or ())),
+        ).fetchall()
+        seqs: dict[int, list[int]] = {}
+        for r in self._conn.execute(
+            "SELECT st.segment_id, st.seq FROM segment_turns st JOIN segments s"
+            " ON s.id = st.segment_id WHERE s.session_id = ? ORDER BY st.segment_id, st.seq",
+            (session_id,),
+        ):
+            seqs.setdefault(r[0], []).append(r[1])
+        return [
+            StoredSegment(
+                id=r["id"],
+                session_id=r["session_id"],
+                first_seq=r["first_seq"],
+                last_seq=r["last_seq"],
+                summary=r["summary"],
+                full_text=r["full_text"],
+                tags=tuple(json.loads(r["tags"])),
+                related_tags=tuple(json.loads(r["related_tags"])),
+                summary_tokens=r["summary_tokens"],
+                full_tokens=r["full_tokens"],
+                created_at=datetime.fromisoformat(r["created_at"]),
+                seqs=tuple(seqs.get(r["id"], ())),
+            )
+            for r in rows
+        ]
+
+    # -- search ---------------------------------------------------------------------------------
+
+    def search_segments(
+        self, session_id: str, query: str, limit: int = 10
+    ) -> list[tuple[StoredSegment, float]]:
+        """Segments whose summary matches any word of ``query``, best first, with ``-bm25()``."""
+        match = _fts_query(query, "summary", session_id)
+        if match is None:
+            return []
+        rows = self._conn.execute(
+            "SELECT s.id, -bm25(segments_fts, 1, 0) AS score FROM segments_fts JOIN segments s"
+            " ON s.id = segments_fts.rowid WHERE segments_fts MATCH ? AND s.session_id = ?"
+            " ORDER BY bm25(segments_fts, 1, 0), s.first_seq LIMIT ?",
+            (match, session_id, limit),
+        ).fetchall()
+        by_id = {s.id: s for s in self._segments(session_id, [r[0] for r in rows])}
+        return [(by_id[r[0]], float(r[1])) for r in rows]

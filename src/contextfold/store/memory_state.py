@@ -1,0 +1,182 @@
+"""``MemoryStore``'s paging state and bookkeeping: the one summary per tag, tag aliases, each
+session's working set (the topics paged in and at which depth) and the log of LLM calls with
+their cost.
+
+``StateMixin`` holds these methods; ``MemoryStore`` (``store/memory.py``) inherits them and
+provides the connection and the token counter.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import datetime
+
+from contextfold.errors import ConfigError
+from contextfold.store.memory_models import (
+    CostReport,
+    Depth,
+    TagSummary,
+    WorkingSetEntry,
+    _iso,
+    _now,
+)
+from contextfold.store.sqlite import transaction
+from contextfold.tokens import TokenCounter
+
+__all__ = ["StateMixin"]
+
+
+class StateMixin:
+    """Tag summaries, aliases, the working set and the cost log, for ``MemoryStore``."""
+
+    _conn: sqlite3.Connection
+    counter: TokenCounter
+
+    # -- tag summaries --------------------------------------------------------------------------
+
+    def upsert_tag_summary(
+        self,
+        session_id: str,
+        tag: str,
+        summary: str,
+        source_watermark: int,
+        *,
+        tokens: int | None = None,
+    ) -> None:
+        """Store the one summary of ``tag``, covering its turns up to ``source_watermark``."""
+        count = self.counter.count(summary) if tokens is None else tokens
+        with transaction(self._conn) as conn:
+            conn.execute(
+                "INSERT INTO tag_summaries (session_id, tag, summary, tokens, source_watermark,"
+                " updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, tag) DO UPDATE"
+                " SET summary = excluded.summary, tokens = excluded.tokens,"
+                " source_watermark = excluded.source_watermark, updated_at = excluded.updated_at",
+                (session_id, tag, summary, count, source_watermark, _iso(_now())),
+            )
+
+    def tag_summaries(self, session_id: str) -> dict[str, TagSummary]:
+        """The session's tag summaries by tag, each flagged ``stale`` when its tag has a turn
+        after its ``source_watermark``."""
+        rows = self._conn.execute(
+            "SELECT ts.*, EXISTS (SELECT 1 FROM turn_tags tt WHERE tt.session_id = ts.session_id"
+            " AND tt.tag = ts.tag AND tt.related = 0 AND tt.seq > ts.source_watermark) AS stale"
+            " FROM tag_summaries ts WHERE ts.session_id = ? ORDER BY ts.tag",
+            (session_id,),
+        )
+        return {
+            r["tag"]: TagSummary(
+                session_id=r["session_id"],
+                tag=r["tag"],
+                summary=r["summary"],
+                tokens=r["tokens"],
+                source_watermark=r["source_watermark"],
+                stale=bool(r["stale"]),
+            )
+            for r in rows
+        }
+
+    # -- aliases --------------------------------------------------------------------------------
+
+    def set_alias(self, alias: str, canonical: str) -> None:
+        with transaction(self._conn) as conn:
+            conn.execute(
+                "INSERT INTO aliases (alias, canonical) VALUES (?, ?)"
+                " ON CONFLICT (alias) DO UPDATE SET canonical = excluded.canonical",
+                (alias, canonical),
+            )
+
+    def aliases(self) -> dict[str, str]:
+        rows = self._conn.execute("SELECT alias, canonical FROM aliases ORDER BY alias")
+        return {r[0]: r[1] for r in rows}
+
+    # -- working set ----------------------------------------------------------------------------
+
+    def set_working_set(
+        self,
+        session_id: str,
+        tag: str,
+        depth: Depth,
+        tokens: int,
+        *,
+        last_used: datetime | None = None,
+    ) -> None:
+        """Record the depth a topic is paged in at (``last_used`` defaults to now)."""
+        try:
+            with transaction(self._conn) as conn:
+                conn.execute(
+                    "INSERT INTO working_set (session_id, tag, depth, last_used, tokens)"
+                    " VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id, tag) DO UPDATE SET"
+                    " depth = excluded.depth, last_used = excluded.last_used,"
+                    " tokens = excluded.tokens",
+                    (session_id, tag, depth, _iso(last_used or _now()), tokens),
+                )
+        except sqlite3.IntegrityError as exc:
+            raise ConfigError(
+                f"cannot set topic {tag!r} of session {session_id!r} to depth {depth!r}: {exc}"
+            ) from exc
+
+    def working_set(self, session_id: str) -> dict[str, WorkingSetEntry]:
+        """The session's working set by tag, least recently used first."""
+        rows = self._conn.execute(
+            "SELECT tag, depth, last_used, tokens FROM working_set WHERE session_id = ?"
+            " ORDER BY last_used, tag",
+            (session_id,),
+        )
+        return {
+            r["tag"]: WorkingSetEntry(
+                tag=r["tag"],
+                depth=r["depth"],
+                last_used=datetime.fromisoformat(r["last_used"]),
+                tokens=r["tokens"],
+            )
+            for r in rows
+        }
+
+    # -- costs ----------------------------------------------------------------------------------
+
+    def log_cost(
+        self,
+        session_id: str | None,
+        kind: str,
+        model: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cost_usd: float,
+        *,
+        at: datetime | None = None,
+    ) -> None:
+        """Record one LLM call (``kind`` e.g. ``"tagging"``, ``"summary"``)."""
+        with transaction(self._conn) as conn:
+            conn.execute(
+                "INSERT INTO cost_log (session_id, at, kind, model, prompt_tokens,"
+                " completion_tokens, cost_usd) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    session_id,
+                    _iso(at or _now()),
+                    kind,
+                    model,
+                    prompt_tokens,
+                    completion_tokens,
+                    cost_usd,
+                ),
+            )
+
+    def cost_report(self, session_id: str | None = None) -> CostReport:
+        """Sums over the whole log, or over one session's calls."""
+        where, params = ("WHERE session_id = ?", (session_id,)) if session_id else ("", ())
+        total = self._conn.execute(
+            "SELECT COUNT(*), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens),"
+            f" 0), COALESCE(SUM(cost_usd), 0.0) FROM cost_log {where}",
+            params,
+        ).fetchone()
+        by_kind = self._conn.execute(
+            f"SELECT kind, SUM(cost_usd) FROM cost_log {where} GROUP BY kind ORDER BY kind",
+            params,
+        )
+        return CostReport(
+            calls=total[0],
+            prompt_tokens=total[1],
+            completion_tokens=total[2],
+            cost_usd=total[3],
+            by_kind={r[0]: r[1] for r in by_kind},
+        )
