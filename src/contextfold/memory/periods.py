@@ -115,8 +115,8 @@ def query_period(text: str) -> Period | None:
         for year, month, day in found
         if (span := _span(year if year is not None else default, month, day)) is not None
     ]
-    # A bare year beside a fuller date of the same year adds nothing ("May 3, 2023" also
-    # matches "2023" alone only when written apart; keep the narrowest reading).
+    # Beside a day or a month, a year-long span only widens the period ("in 2023, around
+    # May 3"): keep the narrower dates; years alone ("from 2019 to 2021") stay as they are.
     if len(spans) > 1:
         narrow = [s for s in spans if s[1] - s[0] < timedelta(days=366)]
         spans = narrow or spans

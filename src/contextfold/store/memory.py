@@ -487,43 +487,33 @@ class MemoryStore(SegmentsMixin, StateMixin):
         ).fetchone()
         return None if row is None else str(row[0])
 
-    def turn_times(self, session_id: str, seqs: Sequence[int]) -> dict[int, datetime]:
-        """When each given turn was said (seqs not stored are left out)."""
-        found: dict[int, datetime] = {}
+    def _turn_columns(
+        self, session_id: str, seqs: Sequence[int], columns: str
+    ) -> list[tuple[Any, ...]]:
+        """``seq, <columns>`` of the given turns (read 500 seqs per query; seqs not stored
+        are left out)."""
+        cursor = self._conn.cursor()
+        cursor.row_factory = None  # plain tuples
+        rows: list[tuple[Any, ...]] = []
         for start in range(0, len(seqs), 500):
             chunk = list(seqs[start : start + 500])
             marks = ",".join("?" * len(chunk))
-            for seq, stamp in self._conn.execute(
-                f"SELECT seq, created_at FROM turns WHERE session_id = ? AND seq IN ({marks})",
+            rows += cursor.execute(
+                f"SELECT seq, {columns} FROM turns WHERE session_id = ? AND seq IN ({marks})",
                 (session_id, *chunk),
-            ):
-                found[seq] = datetime.fromisoformat(stamp)
-        return found
+            ).fetchall()
+        return rows
+
+    def turn_times(self, session_id: str, seqs: Sequence[int]) -> dict[int, datetime]:
+        """When each given turn was said (seqs not stored are left out)."""
+        rows = self._turn_columns(session_id, seqs, "created_at")
+        return {seq: datetime.fromisoformat(stamp) for seq, stamp in rows}
 
     def turn_token_counts(self, session_id: str, seqs: Sequence[int]) -> dict[int, int]:
         """The token count of each given turn (seqs not stored are left out)."""
-        found: dict[int, int] = {}
-        for start in range(0, len(seqs), 500):
-            chunk = list(seqs[start : start + 500])
-            marks = ",".join("?" * len(chunk))
-            found.update(
-                self._conn.execute(
-                    f"SELECT seq, token_count FROM turns WHERE session_id = ? AND seq IN ({marks})",
-                    (session_id, *chunk),
-                ).fetchall()
-            )
-        return found
+        return dict(self._turn_columns(session_id, seqs, "token_count"))
 
     def turn_rows(self, session_id: str, seqs: Sequence[int]) -> dict[int, TurnRow]:
         """Role, text, time and token count of the given turns, without parsing messages."""
-        found: dict[int, TurnRow] = {}
-        for start in range(0, len(seqs), 500):
-            chunk = list(seqs[start : start + 500])
-            marks = ",".join("?" * len(chunk))
-            for r in self._conn.execute(
-                "SELECT seq, role, content_text, created_at, token_count FROM turns"
-                f" WHERE session_id = ? AND seq IN ({marks})",
-                (session_id, *chunk),
-            ):
-                found[r[0]] = TurnRow(r[0], r[1], r[2], datetime.fromisoformat(r[3]), r[4])
-        return found
+        rows = self._turn_columns(session_id, seqs, "role, content_text, created_at, token_count")
+        return {r[0]: TurnRow(r[0], r[1], r[2], datetime.fromisoformat(r[3]), r[4]) for r in rows}
