@@ -15,7 +15,7 @@ from typing import Any
 from contextfold.memory.engine import MemoryEngine
 from contextfold.server.app import create_app
 from contextfold.server.config import ServerConfig
-from contextfold.server.proxy_runner import Runner
+from contextfold.server.runner import Runner
 
 
 def free_port() -> int:

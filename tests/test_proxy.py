@@ -21,7 +21,7 @@ import pytest
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
 from contextfold.server.config import InstanceSettings, ProxySettings, ServerConfig
-from contextfold.server.proxy_session import SESSION_HEADER, find_tokens, make_token
+from contextfold.server.proxy.session import SESSION_HEADER, find_tokens, make_token
 from fake_llm import FakeLLMServer, ModelTurn, ToolCall
 from proxy_support import Served, free_port, serve
 

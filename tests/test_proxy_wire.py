@@ -19,15 +19,15 @@ from hypothesis import strategies as st
 from contextfold.errors import ConfigError
 from contextfold.items import ToolUseBlock
 from contextfold.server.config import load_server_config
-from contextfold.server.proxy import upstream_url
-from contextfold.server.proxy_session import (
+from contextfold.server.proxy.routes import upstream_url
+from contextfold.server.proxy.session import (
     find_tokens,
     make_token,
     marker_text,
     strip_markers,
     verify_token,
 )
-from contextfold.server.proxy_stream import (
+from contextfold.server.proxy.stream import (
     SseSplitter,
     continuation,
     mark_json,
@@ -35,7 +35,7 @@ from contextfold.server.proxy_stream import (
     stream_state,
     synthesize,
 )
-from contextfold.server.proxy_wire import WIRES
+from contextfold.server.proxy.wire import WIRES
 from fake_llm import FakeLLMServer
 from proxy_support import free_port
 

@@ -61,7 +61,7 @@ def _run(
     try:
         from contextfold.server.app import create_app
         from contextfold.server.config import ProxySettings, ServerConfig, load_server_config
-        from contextfold.server.proxy_runner import Runner, bindings
+        from contextfold.server.runner import Runner, bindings
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").split(".")[0]
         if missing not in _SERVER_PACKAGES:

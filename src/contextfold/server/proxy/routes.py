@@ -8,12 +8,12 @@ Routes (kept out of the OpenAPI schema: they are the providers' own APIs):
 - every other ``/v1/…`` and ``/v1beta/…`` request (``/v1/responses``, ``/v1/models``,
   ``/v1/embeddings`` …) is passed through untouched.
 
-Per memory request: strip the session markers and find the session (``proxy_session``) →
-parse the messages (``proxy_wire``) → ``memory.on_message_inbound(last user message,
+Per memory request: strip the session markers and find the session (``session``) →
+parse the messages (``wire``) → ``memory.on_message_inbound(last user message,
 history)`` → leave out the history turns compaction has folded into memory → add the memory
 block after the stable prefix → forward with aiohttp → send the reply back as it arrives (each
 SSE event the moment it is complete), accumulating it and marking it with the session →
-``memory.on_turn_complete`` on the writer thread (``proxy_writer``), off the response path.
+``memory.on_turn_complete`` on the writer thread (``writer``), off the response path.
 
 Failing open: if anything in the memory path raises, the original request bytes are forwarded
 unmodified, the error is logged and shown in the request's dashboard record. Upstream errors
@@ -51,15 +51,15 @@ from yarl import URL
 
 from contextfold.items import Message
 from contextfold.memory.tools import TOOL_NAMES
-from contextfold.server.proxy_record import Plan, build_record
-from contextfold.server.proxy_session import (
+from contextfold.server.proxy.record import Plan, build_record
+from contextfold.server.proxy.session import (
     SESSION_HEADER,
     make_token,
     marker_text,
     new_session_id,
     verify_token,
 )
-from contextfold.server.proxy_stream import (
+from contextfold.server.proxy.stream import (
     Reply,
     SseSplitter,
     StreamState,
@@ -69,8 +69,8 @@ from contextfold.server.proxy_stream import (
     stream_state,
     synthesize,
 )
-from contextfold.server.proxy_wire import WIRES, ParsedRequest, Wire, dumps, reply_message
-from contextfold.server.proxy_writer import TurnWriter
+from contextfold.server.proxy.wire import WIRES, ParsedRequest, Wire, dumps, reply_message
+from contextfold.server.proxy.writer import TurnWriter
 from contextfold.server.state import ServerState
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from contextfold.tokens import OVERHEADS, TokenCounter
 
 if TYPE_CHECKING:
     from contextfold.memory.engine import AssembledContext, MemoryEngine
-    from contextfold.server.proxy_wire import ParsedRequest
+    from contextfold.server.proxy.wire import ParsedRequest
 
 __all__ = ["Plan", "build_record"]
 

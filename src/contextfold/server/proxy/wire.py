@@ -16,7 +16,7 @@ the same bytes turn after turn:
   (system prompt, history) is byte-identical from one turn to the next;
 - ``add_tools``: offer the memory tools next to the client's own.
 
-The response side (reply parsing, markers, streams) lives in ``proxy_stream``.
+The response side (reply parsing, markers, streams) lives in ``stream``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from contextfold.formats import (
     parse_openai_messages,
 )
 from contextfold.items import Message, TextBlock, ToolUseBlock
-from contextfold.server.proxy_session import find_tokens, strip_markers
+from contextfold.server.proxy.session import find_tokens, strip_markers
 
 __all__ = ["WIRES", "AnthropicWire", "GeminiWire", "OpenAIWire", "ParsedRequest", "Wire"]
 
