@@ -401,7 +401,7 @@ def test_tag_summaries_roll_forward_and_keep_each_lines_speaker() -> None:
             assert not re.match(r"^\w+: \w+: ", line), line  # never "Ann: Bob: …"
 
 
-def test_a_failed_tag_write_stores_nothing_and_a_retry_stores_the_turns_tagged(
+def test_a_failed_tag_write_keeps_the_raw_turns_and_a_retry_tags_them_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     eng = engine()
@@ -414,13 +414,17 @@ def test_a_failed_tag_write_stores_nothing_and_a_retry_stores_the_turns_tagged(
     monkeypatch.setattr(eng.store, "set_tags_many", broken)
     with pytest.raises(sqlite3.OperationalError):
         eng.on_turn_complete(history)
-    assert eng.store.last_seq("default") == 0  # the turns rolled back with their tags
+    # The raw turns were committed before the tagging: nothing the caller sent is lost.
+    assert eng.store.last_seq("default") == len(history)
+    assert all(not t.tags for t in eng.store.turns("default"))
+    assert eng.store.session("default").derived_seq == 0
     assert eng.vocabulary() == {}
     monkeypatch.setattr(eng.store, "set_tags_many", real)
-    eng.on_turn_complete(history)  # what the proxy's writer does: try the job again
+    eng.on_turn_complete(history)  # a resend stores nothing twice and derives what is pending
     turns = eng.store.turns("default")
     assert len(turns) == len(history)
     assert all(t.tags for t in turns)
+    assert eng.store.session("default").derived_seq == len(history)
     assert sum(eng.vocabulary().values()) == sum(len(t.tags) for t in turns)
 
 

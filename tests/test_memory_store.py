@@ -77,6 +77,7 @@ def test_migrations_are_recorded_once() -> None:
             "m002_create_fts",
             "m003_related_tags_and_vectors",
             "m004_session_scoped_fts",
+            "m005_branches_and_jobs",
         ]
     )
     assert MIGRATIONS.apply(store._conn) == []

@@ -180,29 +180,34 @@ class Compactor:
     def level(self, session_id: str) -> Level:
         return self.monitor.level(self.store.active_tokens(session_id))
 
-    def maybe_compact(self, session_id: str) -> CompactionReport | None:
+    def maybe_compact(self, session_id: str, *, upto: int | None = None) -> CompactionReport | None:
         """Compact when the live turns cross a threshold; ``None`` when they do not (or when
-        nothing outside the protected turns is left to compact)."""
+        nothing outside the protected turns is left to compact). ``upto``: compact no turn
+        past this seq (the turns after it are not tagged yet)."""
         level = self.level(session_id)
         if level == "none":
             return None
-        return self.compact(session_id, level=level)
+        return self.compact(session_id, level=level, upto=upto)
 
-    def _batch(self, session_id: str) -> list[StoredTurn]:
+    def _batch(self, session_id: str, upto: int | None = None) -> list[StoredTurn]:
         watermark = max(self.store.session(session_id).compaction_watermark, 1)
         live = self.store.turns(session_id, start=watermark)
         end = max(0, len(live) - self.protected_recent)
+        if upto is not None:
+            end = min(end, max(0, upto - watermark + 1))
         # Never end the batch inside a tool chain: a call and its result compact together.
         while end > 0 and _chain_open(live[:end]):
             end -= 1
         return live[:end]
 
-    def compact(self, session_id: str, *, level: Level = "soft") -> CompactionReport | None:
-        """Compact everything between the watermark and the protected recent turns now
-        (``None`` when that is nothing)."""
+    def compact(
+        self, session_id: str, *, level: Level = "soft", upto: int | None = None
+    ) -> CompactionReport | None:
+        """Compact everything between the watermark and the protected recent turns now (no
+        turn past ``upto`` when given; ``None`` when that is nothing)."""
         started = time.perf_counter()
         before = self.store.session(session_id).compaction_watermark
-        batch = self._batch(session_id)
+        batch = self._batch(session_id, upto)
         if not batch:
             return None
         groups = segment_turns(batch, max_tokens=self.max_segment_tokens)

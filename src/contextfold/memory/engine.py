@@ -95,6 +95,9 @@ def as_message(value: MessageLike) -> Message:
         raise ConfigError(f"not a chat message: {str(value)[:120]!r} ({exc})") from None
 
 
+_STRIPES = 256
+
+
 def _hash_key(message: Message) -> tuple[str, str]:
     return (message.role, message.text())
 
@@ -190,7 +193,13 @@ class MemoryEngine:
         self.assembler = Assembler(self.store, self.counter, self.rules, cfg.assembly)
         self._vocab: dict[str, dict[str, int]] = {}
         self._turn_keys = TurnKeys(self.store)
-        self._lock = threading.RLock()
+        # One lock per session (striped: a bounded set shared by hash), so a session only ever
+        # waits on itself; ``_derive_locks`` keep one session's derived work in order without
+        # holding up its requests.
+        self._locks = [threading.RLock() for _ in range(_STRIPES)]
+        self._derive_locks = [threading.Lock() for _ in range(_STRIPES)]
+        self._vocab_lock = threading.Lock()
+        self._usage = threading.local()
 
     def __repr__(self) -> str:
         return f"MemoryEngine(store={self.store.path!r}, session={self.session_id!r})"
@@ -224,8 +233,10 @@ class MemoryEngine:
                     usage.prompt_tokens * llm.prompt_price_per_million
                     + usage.completion_tokens * llm.completion_price_per_million
                 ) / 1e6
+            # Attributed to the session whose work made the call (``derive`` sets it).
+            sid = getattr(self._usage, "session_id", None) or self.session_id
             self.store.log_cost(
-                self.session_id, kind, model, usage.prompt_tokens, usage.completion_tokens, cost
+                sid, kind, model, usage.prompt_tokens, usage.completion_tokens, cost
             )
 
         return record
@@ -266,17 +277,29 @@ class MemoryEngine:
 
     # -- sessions -------------------------------------------------------------------------------
 
+    def lock(self, session_id: str | None = None) -> threading.RLock:
+        """The lock that keeps one session's reads and writes in order (sessions never wait
+        on each other, bar the rare two that share a stripe)."""
+        return self._locks[hash(session_id or self.session_id) % _STRIPES]
+
     def _session(self, session_id: str | None) -> str:
         sid = session_id or self.session_id
         if sid not in self._vocab:
-            if sid not in self.store.sessions():
-                self.store.create_session(sid)
-            self._vocab[sid] = self.store.tag_counts(sid)
+            try:
+                self.store.session(sid)
+            except ConfigError:
+                try:
+                    self.store.create_session(sid)
+                except ConfigError:  # created meanwhile by another thread or process
+                    pass
+            counts = self.store.tag_counts(sid)
+            with self._vocab_lock:
+                self._vocab.setdefault(sid, counts)
         return sid
 
     def vocabulary(self, session_id: str | None = None) -> dict[str, int]:
         """The session's tags with their turn counts."""
-        with self._lock:
+        with self.lock(session_id):
             return dict(self._vocab[self._session(session_id)])
 
     # -- writing --------------------------------------------------------------------------------
@@ -298,40 +321,83 @@ class MemoryEngine:
                     return list(messages[start + size :])
         return list(messages)
 
-    def _tag_and_store(
+    def store_turns(
         self,
         sid: str,
         messages: Sequence[Message],
-        timestamps: Sequence[datetime] | None,
+        *,
+        timestamps: Sequence[datetime] | None = None,
+        partial: Sequence[bool] | None = None,
     ) -> list[int]:
-        """Append and tag ``messages`` in one transaction (the turns and their tags commit
-        together); the session's tag counts follow only what was committed."""
-        vocab = self._vocab[sid]
-        added: dict[str, int] = {}
+        """Store ``messages`` raw (no tagging, no model) and queue their derived work: the
+        turns are durable when this returns. ``derive`` (or a worker) tags them later."""
+        with self.lock(sid):
+            sid = self._session(sid)
+            seqs = self.store.append_turns(sid, messages, timestamps=timestamps, partial=partial)
+            if seqs:
+                self.store.enqueue_job(sid)
+            return seqs
+
+    def derive(self, session_id: str | None = None) -> CompactionReport | None:
+        """Do a session's derived work: tag (and embed) its turns not derived yet, in order,
+        then compact when the live turns cross a threshold, then rebuild any tag summary a
+        compaction left missing or stale (so a crash between the two is repaired by the next
+        run). Only the short writes hold the session's lock: a slow tagger or summarizer never
+        holds up the session's requests."""
+        sid = self._session(session_id)
+        self._usage.session_id = sid
         try:
+            with self._derive_locks[hash(sid) % _STRIPES]:
+                # This run covers every turn stored so far; a turn stored from here on
+                # queues a new job.
+                self.store.drop_pending_job(sid)
+                self._tag_pending(sid)
+                if self.recaller.embedder is not None:
+                    self.recaller.ensure_vectors(sid)
+                upto = self.store.session(sid).derived_seq
+                report = self.compactor.maybe_compact(sid, upto=upto)
+                if report is None and self.store.session(sid).compaction_watermark > 0:
+                    self.compactor.rebuild_tag_summaries(sid)
+                return report
+        finally:
+            self._usage.session_id = None
+
+    def _tag_pending(self, sid: str) -> None:
+        """Tag the turns after the session's ``derived_seq`` (tags computed outside the lock;
+        the tags, the new ``derived_seq`` and the vocabulary counts written together)."""
+        done = self.store.session(sid).derived_seq
+        last = self.store.last_seq(sid)
+        if last <= done:
+            return
+        rows = self.store.turn_rows(sid, list(range(max(1, done - 2), last + 1)))
+        previous = [rows[seq].text for seq in range(max(1, done - 2), done + 1) if seq in rows]
+        with self.lock(sid):
+            vocab = dict(self._vocab[sid])
+        tagged: dict[int, tuple[dict[str, float], Sequence[str]]] = {}
+        added: dict[str, int] = {}
+        for seq in range(done + 1, last + 1):
+            row = rows.get(seq)
+            if row is None:
+                continue
+            if row.role == "system":
+                tagged[seq] = ({}, ())
+                continue
+            result = self.tagger.tag(row.text, vocabulary=list(vocab), context=previous[-3:])
+            tagged[seq] = (
+                {tag: 1.0 if i == 0 else 0.9 for i, tag in enumerate(result.tags)},
+                result.related_tags,
+            )
+            for tag in result.tags:
+                vocab[tag] = vocab.get(tag, 0) + 1
+                added[tag] = added.get(tag, 0) + 1
+            previous.append(row.text)
+        with self.lock(sid):
             with self.store.batch():
-                seqs = self.store.append_turns(sid, messages, timestamps=timestamps)
-                before = list(range(max(1, seqs[0] - 3), seqs[0])) if seqs else []
-                rows = self.store.turn_rows(sid, before) if before else {}
-                previous = [rows[seq].text for seq in before if seq in rows]
-                tagged: dict[int, tuple[dict[str, float], Sequence[str]]] = {}
-                for seq, message in zip(seqs, messages, strict=True):
-                    text = message.text()
-                    result = self.tagger.tag(text, vocabulary=list(vocab), context=previous[-3:])
-                    weights = {tag: 1.0 if i == 0 else 0.9 for i, tag in enumerate(result.tags)}
-                    tagged[seq] = (weights, result.related_tags)
-                    for tag in result.tags:
-                        vocab[tag] = vocab.get(tag, 0) + 1
-                        added[tag] = added.get(tag, 0) + 1
-                    previous.append(text)
                 self.store.set_tags_many(sid, tagged)
-        except BaseException:
+                self.store.mark_derived(sid, last)
+            counts = self._vocab[sid]
             for tag, n in added.items():
-                vocab[tag] -= n
-                if vocab[tag] <= 0:
-                    del vocab[tag]
-            raise
-        return seqs
+                counts[tag] = counts.get(tag, 0) + n
 
     def on_turn_complete(
         self,
@@ -341,28 +407,32 @@ class MemoryEngine:
         timestamps: Sequence[datetime] | None = None,
         new_only: bool = False,
     ) -> CompactionReport | None:
-        """Store and tag the turns of ``messages`` not stored yet (system messages are not
-        turns), then compact if the live turns cross a threshold. ``timestamps`` (one per
+        """Store the turns of ``messages`` not stored yet (system messages are not turns),
+        tag them, and compact if the live turns cross a threshold. ``timestamps`` (one per
         message) default to now.
 
         ``messages`` may be the whole history or only the new turns: the stored tail is found
         in it and what follows is new, so sending the same history twice stores nothing
         twice. That also means new turns that repeat the stored tail exactly (the same
         exchange again) are taken for a resend; pass ``new_only=True`` when ``messages`` are
-        only new turns, and every one of them is stored."""
+        only new turns, and every one of them is stored.
+
+        The turns are committed raw first; the tagging and compaction run here, after the
+        commit (``derive``), so a tagger that fails leaves them stored and queued for the
+        next ``derive``."""
         parsed = [as_message(m) for m in messages]
         if timestamps is not None and len(timestamps) != len(parsed):
             raise ConfigError(
                 f"{len(parsed)} messages need as many timestamps, got {len(timestamps)}"
             )
-        with self._lock:
+        with self.lock(session_id):
             sid = self._session(session_id)
             stamps = dict(zip(map(id, parsed), timestamps, strict=True)) if timestamps else None
             turns = [m for m in self._new_messages(sid, parsed, new_only) if m.role != "system"]
             if turns:
                 when = [stamps[id(m)] for m in turns] if stamps else None
-                self._tag_and_store(sid, turns, when)
-            return self.compactor.maybe_compact(sid)
+                self.store_turns(sid, turns, timestamps=when)
+        return self.derive(sid)
 
     def ingest_history(
         self,
@@ -379,14 +449,15 @@ class MemoryEngine:
 
     def compact(self, *, session_id: str | None = None) -> CompactionReport | None:
         """Compact now, whatever the thresholds say (``None`` when nothing is compactable)."""
-        with self._lock:
-            return self.compactor.compact(self._session(session_id), level="hard")
+        sid = self._session(session_id)
+        with self._derive_locks[hash(sid) % _STRIPES]:
+            return self.compactor.compact(sid, level="hard")
 
     # -- reading --------------------------------------------------------------------------------
 
     def tag_message(self, message: str, *, session_id: str | None = None) -> TagResult:
         """The inbound tags of ``message``: only tags the session already has."""
-        with self._lock:
+        with self.lock(session_id):
             sid = self._session(session_id)
             vocab = self._vocab[sid]
             raw = self.inbound_tagger.tag(message, vocabulary=list(vocab))
@@ -408,7 +479,7 @@ class MemoryEngine:
         Turns already in ``conversation_history`` are not recalled again."""
         text = message if isinstance(message, str) else as_message(message).text()
         history = [as_message(m) for m in conversation_history]
-        with self._lock:
+        with self.lock(session_id):
             sid = self._session(session_id)
             tags = self.tag_message(text, session_id=sid)
             filtered = self._filter(sid, history, tags) if history else None
@@ -489,21 +560,21 @@ class MemoryEngine:
     def expand_topic(
         self, tag: str, depth: Depth = "full", *, session_id: str | None = None
     ) -> PagingResult:
-        with self._lock:
+        with self.lock(session_id):
             sid = self._session(session_id)
             return self.pager.expand(sid, self.canonicalizer.canonical(tag), depth)
 
     def collapse_topic(
         self, tag: str, depth: Depth = "summary", *, session_id: str | None = None
     ) -> PagingResult:
-        with self._lock:
+        with self.lock(session_id):
             sid = self._session(session_id)
             return self.pager.collapse(sid, self.canonicalizer.canonical(tag), depth)
 
     def find_quote(
         self, query: str, *, limit: int = 5, session_id: str | None = None
     ) -> list[Quote]:
-        with self._lock:
+        with self.lock(session_id):
             return self.recaller.find_quote(self._session(session_id), query, limit=limit)
 
     def tool_definitions(self, format: str = "openai") -> list[dict[str, Any]]:
@@ -542,7 +613,7 @@ class MemoryEngine:
     # -- reports --------------------------------------------------------------------------------
 
     def status(self, *, session_id: str | None = None) -> MemoryStatus:
-        with self._lock:
+        with self.lock(session_id):
             sid = self._session(session_id)
             session = self.store.session(sid)
             last = self.store.last_seq(sid)
@@ -570,7 +641,7 @@ class MemoryEngine:
 
     def add_alias(self, alias: str, canonical: str) -> None:
         """Register ``alias`` → ``canonical`` (stored; used by every later tagging)."""
-        with self._lock:
+        with self._vocab_lock:
             self.canonicalizer.add_alias(alias, canonical)
             self.store.set_alias(
                 self.canonicalizer.normalize(alias), self.canonicalizer.canonical(canonical)

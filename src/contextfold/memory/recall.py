@@ -124,6 +124,10 @@ class Recaller:
         self.date_slack = timedelta(days=date_slack_days)
         self._vectors: dict[str, tuple[list[int], npt.NDArray[np.float32]]] = {}
         self._lock = threading.Lock()
+        # Embed the turns that have no vector yet inside a recall (True), or leave that to
+        # the derived work (``MemoryEngine.derive``) and rank by the vectors stored (False:
+        # the proxy's request path never waits on an embedding backlog).
+        self.catch_up = True
 
     def __repr__(self) -> str:
         return f"Recaller(embedder={self.embedder!r}, k={self.k})"
@@ -146,7 +150,8 @@ class Recaller:
         return len(todo)
 
     def _session_vectors(self, session_id: str) -> tuple[list[int], npt.NDArray[np.float32]]:
-        self.ensure_vectors(session_id)
+        if self.catch_up:
+            self.ensure_vectors(session_id)
         with self._lock:
             seqs, matrix = self._vectors.get(session_id, ([], np.zeros((0, 0), np.float32)))
             after = seqs[-1] if seqs else 0

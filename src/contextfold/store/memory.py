@@ -18,6 +18,8 @@ from here too):
 - ``memory.py`` — ``MemoryStore``: sessions, raw turns, tags, turn vectors, turn search;
 - ``memory_segments.py`` — compaction, segments and segment search (``SegmentsMixin``);
 - ``memory_state.py`` — tag summaries, aliases, the working set, the cost log (``StateMixin``);
+- ``memory_branches.py`` — principals, branches (forks), exchanges committed with their
+  derive job, and the jobs table (``BranchesMixin``);
 - ``memory_schema.py`` — ``MIGRATIONS``, the ordered ``m00N_…`` schema migrations;
 - ``memory_models.py`` — the row models (``StoredTurn``, ``NewSegment``, …) and ``Depth``;
 - ``memory_fts.py`` — the FTS5 query built from free text (``QUESTION_STOPWORDS``).
@@ -37,9 +39,10 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
+import threading
 import uuid
-from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -49,6 +52,7 @@ import numpy.typing as npt
 
 from contextfold.errors import ConfigError
 from contextfold.items import Message
+from contextfold.store.memory_branches import BranchesMixin, Job
 from contextfold.store.memory_fts import QUESTION_STOPWORDS as QUESTION_STOPWORDS
 from contextfold.store.memory_fts import _fts_query
 from contextfold.store.memory_models import (
@@ -65,7 +69,7 @@ from contextfold.store.memory_models import (
     _message_json,
     _now,
 )
-from contextfold.store.memory_schema import MIGRATIONS
+from contextfold.store.memory_schema import MIGRATIONS, match_key
 from contextfold.store.memory_schema import m001_create_memory as m001_create_memory
 from contextfold.store.memory_schema import m002_create_fts as m002_create_fts
 from contextfold.store.memory_schema import (
@@ -81,6 +85,7 @@ __all__ = [
     "MIGRATIONS",
     "CostReport",
     "Depth",
+    "Job",
     "MemoryStore",
     "NewSegment",
     "SessionRecord",
@@ -95,7 +100,7 @@ __all__ = [
 _TurnTags = tuple[dict[str, float], list[str]]
 
 
-class MemoryStore(SegmentsMixin, StateMixin):
+class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
     """Sessions, raw turns, tags, segments, tag summaries, aliases, working sets and costs in one
     SQLite file (or ``":memory:"``).
 
@@ -116,24 +121,66 @@ class MemoryStore(SegmentsMixin, StateMixin):
     ) -> None:
         self.path = str(path)
         self.counter: TokenCounter = counter or TiktokenCounter("cl100k_base")
-        self._conn = connect(self.path)
-        MIGRATIONS.apply(self._conn)
+        # A file store gives each thread its own connection: WAL lets readers run beside the
+        # one writer, and a transaction never takes in another thread's writes. An in-memory
+        # database exists only on its one connection, so threads share it and take turns at
+        # its transactions (``_tx``).
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._guard = threading.RLock()
+        self._shared = self.path == ":memory:"
+        first = connect(self.path)
+        self._local.conn = first
+        self._connections.append(first)
+        MIGRATIONS.apply(first)
+
+    @property
+    def _conn(self) -> sqlite3.Connection:
+        """This thread's connection."""
+        if self._shared:
+            return self._connections[0]
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = connect(self.path)
+            self._local.conn = conn
+            with self._guard:
+                self._connections.append(conn)
+        return conn
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction on this thread's connection (joining one already open)."""
+        if not self._shared:
+            with transaction(self._conn) as conn:
+                yield conn
+            return
+        with self._guard, transaction(self._conn) as conn:
+            yield conn
 
     def close(self) -> None:
-        self._conn.close()
+        with self._guard:
+            for conn in self._connections:
+                conn.close()
+            self._connections.clear()
+            self._local = threading.local()
 
     # -- sessions -------------------------------------------------------------------------------
 
     def create_session(
-        self, session_id: str | None = None, metadata: Mapping[str, Any] | None = None
+        self,
+        session_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        principal: str = "",
     ) -> str:
-        """Create a session (a random id when none is given) and return its id."""
+        """Create a session (a random id when none is given) and return its id. ``principal``
+        scopes it to one caller (see ``BranchesMixin``)."""
         sid = session_id or uuid.uuid4().hex
         try:
-            with transaction(self._conn) as conn:
+            with self._tx() as conn:
                 conn.execute(
-                    "INSERT INTO sessions (id, created_at, metadata) VALUES (?, ?, ?)",
-                    (sid, _iso(_now()), json.dumps(dict(metadata or {}))),
+                    "INSERT INTO sessions (id, created_at, metadata, principal) VALUES (?, ?, ?, ?)",
+                    (sid, _iso(_now()), json.dumps(dict(metadata or {})), principal),
                 )
         except sqlite3.IntegrityError as exc:
             raise ConfigError(f"session {sid!r} already exists") from exc
@@ -148,6 +195,10 @@ class MemoryStore(SegmentsMixin, StateMixin):
             created_at=datetime.fromisoformat(row["created_at"]),
             metadata=json.loads(row["metadata"]),
             compaction_watermark=row["compaction_watermark"],
+            principal=row["principal"],
+            parent_id=row["parent_id"],
+            fork_seq=row["fork_seq"],
+            derived_seq=row["derived_seq"],
         )
 
     def sessions(self) -> list[str]:
@@ -156,7 +207,7 @@ class MemoryStore(SegmentsMixin, StateMixin):
     def delete_session(self, session_id: str) -> bool:
         """Delete a session and everything stored for it (its cost log rows are kept, detached).
         The only way raw turns are ever deleted. Returns whether the session existed."""
-        with transaction(self._conn) as conn:
+        with self._tx() as conn:
             conn.execute(
                 "INSERT OR IGNORE INTO turn_deletions (session_id) VALUES (?)", (session_id,)
             )
@@ -170,7 +221,7 @@ class MemoryStore(SegmentsMixin, StateMixin):
     def batch(self) -> AbstractContextManager[sqlite3.Connection]:
         """One transaction around several writes (each write method joins it):
         ``with store.batch(): ...`` commits them together or not at all."""
-        return transaction(self._conn)
+        return self._tx()
 
     def last_seq(self, session_id: str) -> int:
         """The seq of the session's last turn (0 when it has none)."""
@@ -182,9 +233,11 @@ class MemoryStore(SegmentsMixin, StateMixin):
         messages: Sequence[Message],
         *,
         timestamps: Sequence[datetime] | None = None,
+        partial: Sequence[bool] | None = None,
     ) -> list[int]:
         """Append turns in one transaction; returns their seqs (consecutive, from 1 per session).
-        ``timestamps`` (one per message) default to now; naive ones are taken as UTC."""
+        ``timestamps`` (one per message) default to now; naive ones are taken as UTC.
+        ``partial`` flags the turns that were cut off (a reply whose stream broke off)."""
         if timestamps is not None and len(timestamps) != len(messages):
             raise ConfigError(
                 f"{len(messages)} messages need as many timestamps, got {len(timestamps)}"
@@ -203,14 +256,17 @@ class MemoryStore(SegmentsMixin, StateMixin):
                     hashlib.sha256(body.encode("utf-8")).hexdigest(),
                     _iso(timestamps[i] if timestamps is not None else now),
                     self.counter.count(text),
+                    match_key(message.role, text),
+                    int(bool(partial[i])) if partial is not None else 0,
                 )
             )
-        with transaction(self._conn) as conn:
+        with self._tx() as conn:
             first = self._last_seq(conn, session_id) + 1
             seqs = list(range(first, first + len(rows)))
             conn.executemany(
                 "INSERT INTO turns (session_id, seq, role, content_text, message_json,"
-                " content_hash, created_at, token_count) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                " content_hash, created_at, token_count, match_key, partial)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [(session_id, seq, *row) for seq, row in zip(seqs, rows, strict=True)],
             )
         return seqs
@@ -260,6 +316,7 @@ class MemoryStore(SegmentsMixin, StateMixin):
             token_count=row["token_count"],
             tags=tags[0],
             related_tags=tuple(tags[1]),
+            partial=bool(row["partial"]),
         )
 
     # -- tags -----------------------------------------------------------------------------------
@@ -298,7 +355,7 @@ class MemoryStore(SegmentsMixin, StateMixin):
         replace: bool,
     ) -> None:
         try:
-            with transaction(self._conn) as conn:
+            with self._tx() as conn:
                 if replace:
                     conn.executemany(
                         "DELETE FROM turn_tags WHERE session_id = ? AND seq = ?",
@@ -408,7 +465,7 @@ class MemoryStore(SegmentsMixin, StateMixin):
         if len(seqs) != len(vectors):
             raise ConfigError(f"{len(seqs)} seqs need as many vectors, got {len(vectors)}")
         matrix = np.ascontiguousarray(vectors, dtype=np.float32)
-        with transaction(self._conn) as conn:
+        with self._tx() as conn:
             conn.executemany(
                 "INSERT OR REPLACE INTO turn_vectors (session_id, seq, model, vector)"
                 " VALUES (?, ?, ?, ?)",

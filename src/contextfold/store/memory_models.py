@@ -51,6 +51,10 @@ class SessionRecord(BaseModel):
     created_at: datetime
     metadata: dict[str, Any]
     compaction_watermark: int
+    principal: str = ""
+    parent_id: str | None = None
+    fork_seq: int | None = None
+    derived_seq: int = 0
 
 
 class StoredTurn(BaseModel):
@@ -65,6 +69,7 @@ class StoredTurn(BaseModel):
     token_count: int
     tags: dict[str, float] = Field(default_factory=dict)
     related_tags: tuple[str, ...] = ()
+    partial: bool = False  # a reply cut off before it ended
 
 
 class NewSegment(BaseModel):

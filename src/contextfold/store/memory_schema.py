@@ -10,10 +10,14 @@ on: never rename one, never reorder them, and add changes only as a new ``m00N_�
 - ``m002_create_fts`` — FTS5 external-content indexes over turn text and segment summaries.
 - ``m003_related_tags_and_vectors`` — related tags on turns and segments; turn vectors.
 - ``m004_session_scoped_fts`` — the FTS5 indexes rebuilt with the session id as a column.
+- ``m005_branches_and_jobs`` — sessions get a principal (whose credential wrote them), the
+  branch they were forked from and how far their turns are derived; turns get a match key
+  and a partial flag; the jobs table holds derived work (tags, vectors, compaction).
 """
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 
 from contextfold.store.sqlite import MigrationRegistry
@@ -24,6 +28,8 @@ __all__ = [
     "m002_create_fts",
     "m003_related_tags_and_vectors",
     "m004_session_scoped_fts",
+    "m005_branches_and_jobs",
+    "match_key",
 ]
 
 MIGRATIONS = MigrationRegistry("memory")
@@ -185,3 +191,60 @@ def m004_session_scoped_fts(conn: sqlite3.Connection) -> None:
             f" INSERT INTO {fts} (rowid, {columns}) VALUES (NEW.id, {new}); END"
         )
         conn.execute(f"INSERT INTO {fts} ({fts}) VALUES ('rebuild')")
+
+
+def match_key(role: str, text: str) -> str:
+    """How a message is recognised when a client sends it again: a hash of its role and its
+    text with runs of whitespace made one space (clients re-indent and trim replies).
+
+    >>> match_key("assistant", "Hello  there.\\n") == match_key("assistant", "Hello there.")
+    True
+    """
+    normal = " ".join(text.split())
+    return hashlib.sha256(f"{role}\x00{normal}".encode()).hexdigest()[:32]
+
+
+@MIGRATIONS.migration
+def m005_branches_and_jobs(conn: sqlite3.Connection) -> None:
+    # A conversation is a tree of sessions: a branch (``parent_id``, ``fork_seq``) starts as a
+    # copy of its parent's turns up to ``fork_seq``. ``principal`` is the keyed hash of the
+    # credential that wrote the session ('' for the library's own sessions); a lookup never
+    # crosses principals. Turns up to ``derived_seq`` are tagged and embedded; the rest wait
+    # for a ``derive`` job.
+    conn.execute("ALTER TABLE sessions ADD COLUMN principal TEXT NOT NULL DEFAULT ''")
+    conn.execute("ALTER TABLE sessions ADD COLUMN parent_id TEXT")
+    conn.execute("ALTER TABLE sessions ADD COLUMN fork_seq INTEGER")
+    conn.execute("ALTER TABLE sessions ADD COLUMN derived_seq INTEGER NOT NULL DEFAULT 0")
+    conn.execute(
+        "UPDATE sessions SET derived_seq ="
+        " (SELECT COALESCE(MAX(seq), 0) FROM turns WHERE session_id = sessions.id)"
+    )
+    conn.execute("CREATE INDEX sessions_by_principal ON sessions (principal)")
+    conn.execute("ALTER TABLE turns ADD COLUMN match_key TEXT NOT NULL DEFAULT ''")
+    conn.execute("ALTER TABLE turns ADD COLUMN partial INTEGER NOT NULL DEFAULT 0")
+    # Raw turns refuse updates; the new key column of the rows already stored is filled in
+    # here, with the guard lifted for this transaction only.
+    conn.execute("DROP TRIGGER turns_no_update")
+    conn.create_function("match_key", 2, match_key, deterministic=True)
+    conn.execute("UPDATE turns SET match_key = match_key(role, content_text)")
+    conn.execute(
+        "CREATE TRIGGER turns_no_update BEFORE UPDATE ON turns"
+        f" BEGIN SELECT RAISE(ABORT, '{_IMMUTABLE_TURNS}'); END"
+    )
+    conn.execute("CREATE INDEX turns_by_key ON turns (match_key)")
+    conn.execute(
+        "CREATE TABLE jobs ("
+        " id INTEGER PRIMARY KEY AUTOINCREMENT,"
+        " session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,"
+        " kind TEXT NOT NULL,"
+        " state TEXT NOT NULL DEFAULT 'pending'"
+        " CHECK (state IN ('pending', 'running', 'failed')),"
+        " attempts INTEGER NOT NULL DEFAULT 0, owner TEXT, lease_until REAL,"
+        " error TEXT, created_at TEXT NOT NULL)"
+    )
+    # At most one pending job of a kind per session: a job derives everything the session
+    # has not derived yet, so a second one would find nothing to do.
+    conn.execute(
+        "CREATE UNIQUE INDEX jobs_one_pending ON jobs (session_id, kind) WHERE state = 'pending'"
+    )
+    conn.execute("CREATE INDEX jobs_by_state ON jobs (state, id)")

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from contextfold.errors import ConfigError, StoreError
 from contextfold.store.memory_fts import _fts_query
 from contextfold.store.memory_models import NewSegment, StoredSegment, _iso, _now
-from contextfold.store.sqlite import transaction
 from contextfold.tokens import TokenCounter
 
 __all__ = ["SegmentsMixin"]
@@ -29,6 +29,8 @@ class SegmentsMixin:
     counter: TokenCounter
 
     if TYPE_CHECKING:
+
+        def _tx(self) -> AbstractContextManager[sqlite3.Connection]: ...
 
         @staticmethod
         def _last_seq(conn: sqlite3.Connection, session_id: str) -> int: ...
@@ -51,7 +53,7 @@ class SegmentsMixin:
         ``_before_commit`` (tests only) runs after the segments are inserted and before the
         watermark moves."""
         try:
-            with transaction(self._conn) as conn:
+            with self._tx() as conn:
                 row = conn.execute(
                     "SELECT compaction_watermark FROM sessions WHERE id = ?", (session_id,)
                 ).fetchone()

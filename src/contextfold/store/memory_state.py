@@ -9,7 +9,9 @@ provides the connection and the token counter.
 from __future__ import annotations
 
 import sqlite3
+from contextlib import AbstractContextManager
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from contextfold.errors import ConfigError
 from contextfold.store.memory_models import (
@@ -20,7 +22,6 @@ from contextfold.store.memory_models import (
     _iso,
     _now,
 )
-from contextfold.store.sqlite import transaction
 from contextfold.tokens import TokenCounter
 
 __all__ = ["StateMixin"]
@@ -31,6 +32,10 @@ class StateMixin:
 
     _conn: sqlite3.Connection
     counter: TokenCounter
+
+    if TYPE_CHECKING:
+
+        def _tx(self) -> AbstractContextManager[sqlite3.Connection]: ...
 
     # -- tag summaries --------------------------------------------------------------------------
 
@@ -45,7 +50,7 @@ class StateMixin:
     ) -> None:
         """Store the one summary of ``tag``, covering its turns up to ``source_watermark``."""
         count = self.counter.count(summary) if tokens is None else tokens
-        with transaction(self._conn) as conn:
+        with self._tx() as conn:
             conn.execute(
                 "INSERT INTO tag_summaries (session_id, tag, summary, tokens, source_watermark,"
                 " updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, tag) DO UPDATE"
@@ -78,7 +83,7 @@ class StateMixin:
     # -- aliases --------------------------------------------------------------------------------
 
     def set_alias(self, alias: str, canonical: str) -> None:
-        with transaction(self._conn) as conn:
+        with self._tx() as conn:
             conn.execute(
                 "INSERT INTO aliases (alias, canonical) VALUES (?, ?)"
                 " ON CONFLICT (alias) DO UPDATE SET canonical = excluded.canonical",
@@ -102,7 +107,7 @@ class StateMixin:
     ) -> None:
         """Record the depth a topic is paged in at (``last_used`` defaults to now)."""
         try:
-            with transaction(self._conn) as conn:
+            with self._tx() as conn:
                 conn.execute(
                     "INSERT INTO working_set (session_id, tag, depth, last_used, tokens)"
                     " VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id, tag) DO UPDATE SET"
@@ -146,7 +151,7 @@ class StateMixin:
         at: datetime | None = None,
     ) -> None:
         """Record one LLM call (``kind`` e.g. ``"tagging"``, ``"summary"``)."""
-        with transaction(self._conn) as conn:
+        with self._tx() as conn:
             conn.execute(
                 "INSERT INTO cost_log (session_id, at, kind, model, prompt_tokens,"
                 " completion_tokens, cost_usd) VALUES (?, ?, ?, ?, ?, ?, ?)",

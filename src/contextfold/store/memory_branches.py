@@ -1,0 +1,400 @@
+"""``MemoryStore``'s conversation tree and its derived work: principals, branches, exchanges
+committed with their job, and the jobs table.
+
+**Principals.** Every session belongs to one principal: the keyed hash of the credential that
+wrote it (``''`` for sessions the library creates). Lookups by content (``turns_with_key``)
+never cross principals.
+
+**Branches.** A conversation is a tree. ``fork(session, upto)`` starts a new session whose
+history is its parent's turns ``1..upto`` (copied with their tags and vectors, and with the
+compacted segments that lie wholly inside them), so a request that continues an older turn, or
+an edited history, sees only its own ancestry and never what the parent said after the fork.
+
+**Exchanges and jobs.** ``commit_exchange`` appends raw turns and queues a ``derive`` job for
+the session in the same transaction: the turns are durable the moment it returns, and the
+derived work (tags, vectors, compaction, tag summaries) is a row that any worker claims
+(``claim_job``), finishes (``finish_job``) or gives back (``fail_job``). A job whose worker died
+is claimed again: by lease (``lease_until`` passed) or, on one host, when its owner process is
+gone (``release_jobs_of_dead``).
+
+>>> from contextfold.items import Message
+>>> from contextfold.tokens import CharCounter
+>>> from contextfold.store.memory import MemoryStore
+>>> store = MemoryStore(counter=CharCounter())
+>>> sid = store.create_session("a", principal="p1")
+>>> store.commit_exchange(sid, [Message(role="user", content="hi"),
+...                             Message(role="assistant", content="hello")])
+[1, 2]
+>>> job = store.claim_job("worker-1")
+>>> (job.session_id, job.kind, store.job_counts())
+('a', 'derive', {'running': 1})
+>>> store.finish_job(job.id)
+>>> store.pending_jobs()
+0
+>>> branch = store.fork(sid, 1)
+>>> [t.message.text() for t in store.turns(branch)], store.session(branch).parent_id
+(['hi'], 'a')
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict
+
+from contextfold.errors import ConfigError
+from contextfold.items import Message
+from contextfold.store.memory_models import _iso, _now
+
+__all__ = ["BranchMoved", "BranchesMixin", "Job", "owner_id"]
+
+#: How long a claimed job is its worker's before another may take it (seconds).
+LEASE_SECONDS = 60.0
+#: Attempts before a job is marked failed (it stays in the table, with its error).
+MAX_ATTEMPTS = 5
+
+
+def owner_id() -> str:
+    """This process, as a job owner: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Job(BaseModel):
+    """One unit of derived work for one session."""
+
+    model_config = ConfigDict(frozen=True)
+    id: int
+    session_id: str
+    kind: str
+    attempts: int
+
+
+class BranchesMixin:
+    """Principals, branches, exchanges and jobs, for ``MemoryStore``."""
+
+    _conn: sqlite3.Connection
+
+    if TYPE_CHECKING:
+
+        def _tx(self) -> AbstractContextManager[sqlite3.Connection]: ...
+
+        def append_turns(
+            self,
+            session_id: str,
+            messages: Sequence[Message],
+            *,
+            timestamps: Sequence[object] | None = None,
+            partial: Sequence[bool] | None = None,
+        ) -> list[int]: ...
+
+        @staticmethod
+        def _last_seq(conn: sqlite3.Connection, session_id: str) -> int: ...
+
+    # -- lookups --------------------------------------------------------------------------------
+
+    def principal_of(self, session_id: str) -> str | None:
+        row = self._conn.execute(
+            "SELECT principal FROM sessions WHERE id = ?", (session_id,)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def turns_with_key(
+        self, principal: str, key: str, *, session_id: str | None = None, limit: int = 20
+    ) -> list[tuple[str, int]]:
+        """(session, seq) of the principal's turns whose match key is ``key``, newest first
+        (within ``session_id`` only, when given)."""
+        sql = (
+            "SELECT t.session_id, t.seq FROM turns t JOIN sessions s ON s.id = t.session_id"
+            " WHERE t.match_key = ? AND s.principal = ?"
+        )
+        params: list[object] = [key, principal]
+        if session_id is not None:
+            sql += " AND t.session_id = ?"
+            params.append(session_id)
+        sql += " ORDER BY t.id DESC LIMIT ?"
+        params.append(limit)
+        return [(str(r[0]), int(r[1])) for r in self._conn.execute(sql, params)]
+
+    def turn_keys(self, session_id: str, lo: int, hi: int) -> dict[int, str]:
+        """seq -> match key of the session's turns with ``lo <= seq <= hi``."""
+        rows = self._conn.execute(
+            "SELECT seq, match_key FROM turns WHERE session_id = ? AND seq BETWEEN ? AND ?",
+            (session_id, lo, hi),
+        )
+        return {int(r[0]): str(r[1]) for r in rows}
+
+    # -- branches -------------------------------------------------------------------------------
+
+    def fork(self, session_id: str, upto: int, *, session_id_new: str | None = None) -> str:
+        """A new branch of ``session_id`` holding its turns ``1..upto`` (with their tags and
+        vectors, the segments wholly inside them and the compaction watermark those segments
+        reach); returns the new session's id. The derived state past the copy is queued as a
+        ``derive`` job."""
+        new = session_id_new or uuid.uuid4().hex
+        with self._tx() as conn:
+            row = conn.execute(
+                "SELECT principal, metadata, derived_seq FROM sessions WHERE id = ?",
+                (session_id,),
+            ).fetchone()
+            if row is None:
+                raise ConfigError(f"unknown session {session_id!r}")
+            last = self._last_seq(conn, session_id)
+            if not 0 <= upto <= last:
+                raise ConfigError(f"session {session_id!r} has no turn {upto} to fork at")
+            segments = conn.execute(
+                "SELECT * FROM segments WHERE session_id = ? AND last_seq <= ? ORDER BY first_seq",
+                (session_id, upto),
+            ).fetchall()
+            watermark = max((int(s["last_seq"]) + 1 for s in segments), default=0)
+            conn.execute(
+                "INSERT INTO sessions (id, created_at, metadata, principal, parent_id, fork_seq,"
+                " derived_seq, compaction_watermark) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    new,
+                    _iso(_now()),
+                    json.dumps({**json.loads(row["metadata"]), "forked_from": session_id}),
+                    row["principal"],
+                    session_id,
+                    upto,
+                    min(int(row["derived_seq"]), upto),
+                    watermark,
+                ),
+            )
+            conn.execute(
+                "INSERT INTO turns (session_id, seq, role, content_text, message_json,"
+                " content_hash, created_at, token_count, match_key, partial)"
+                " SELECT ?, seq, role, content_text, message_json, content_hash, created_at,"
+                " token_count, match_key, partial FROM turns WHERE session_id = ? AND seq <= ?"
+                " ORDER BY seq",
+                (new, session_id, upto),
+            )
+            conn.execute(
+                "INSERT INTO turn_tags (session_id, seq, tag, weight, related)"
+                " SELECT ?, seq, tag, weight, related FROM turn_tags"
+                " WHERE session_id = ? AND seq <= ?",
+                (new, session_id, upto),
+            )
+            conn.execute(
+                "INSERT INTO turn_vectors (session_id, seq, model, vector)"
+                " SELECT ?, seq, model, vector FROM turn_vectors WHERE session_id = ? AND seq <= ?",
+                (new, session_id, upto),
+            )
+            for seg in segments:
+                cursor = conn.execute(
+                    "INSERT INTO segments (session_id, first_seq, last_seq, summary, full_text,"
+                    " tags, related_tags, summary_tokens, full_tokens, created_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        new,
+                        seg["first_seq"],
+                        seg["last_seq"],
+                        seg["summary"],
+                        seg["full_text"],
+                        seg["tags"],
+                        seg["related_tags"],
+                        seg["summary_tokens"],
+                        seg["full_tokens"],
+                        seg["created_at"],
+                    ),
+                )
+                conn.execute(
+                    "INSERT INTO segment_turns (segment_id, seq)"
+                    " SELECT ?, seq FROM segment_turns WHERE segment_id = ?",
+                    (cursor.lastrowid, seg["id"]),
+                )
+            if segments or upto:
+                self._enqueue(conn, new, "derive")
+        return new
+
+    # -- exchanges ------------------------------------------------------------------------------
+
+    def commit_exchange(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        *,
+        partial: Sequence[bool] | None = None,
+        expect_last: int | None = None,
+    ) -> list[int]:
+        """Append ``messages`` raw and queue the session's ``derive`` job, in one transaction;
+        returns their seqs. With ``expect_last``, raise ``BranchMoved`` instead when the
+        session's last turn is no longer that seq (another request continued it first)."""
+        with self._tx() as conn:
+            if expect_last is not None:
+                last = self._last_seq(conn, session_id)
+                if last != expect_last:
+                    raise BranchMoved(session_id, expect_last, last)
+            seqs = self.append_turns(session_id, messages, partial=partial)
+            if seqs:
+                self._enqueue(conn, session_id, "derive")
+        return seqs
+
+    def mark_derived(self, session_id: str, seq: int) -> None:
+        """Turns up to ``seq`` are derived (tagged and embedded)."""
+        with self._tx() as conn:
+            conn.execute(
+                "UPDATE sessions SET derived_seq = MAX(derived_seq, ?) WHERE id = ?",
+                (seq, session_id),
+            )
+
+    # -- jobs -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _enqueue(conn: sqlite3.Connection, session_id: str, kind: str) -> None:
+        conn.execute(
+            "INSERT INTO jobs (session_id, kind, created_at) VALUES (?, ?, ?)"
+            " ON CONFLICT (session_id, kind) WHERE state = 'pending' DO NOTHING",
+            (session_id, kind, _iso(_now())),
+        )
+
+    def enqueue_job(self, session_id: str, kind: str = "derive") -> None:
+        """Queue ``kind`` for the session (nothing when one is already pending)."""
+        with self._tx() as conn:
+            self._enqueue(conn, session_id, kind)
+
+    def drop_pending_job(self, session_id: str, kind: str = "derive") -> None:
+        """Remove the session's pending ``kind`` job (its work is about to be done in line)."""
+        with self._tx() as conn:
+            conn.execute(
+                "DELETE FROM jobs WHERE session_id = ? AND kind = ? AND state = 'pending'",
+                (session_id, kind),
+            )
+
+    def claim_job(
+        self,
+        owner: str,
+        *,
+        lease: float = LEASE_SECONDS,
+        skip: AbstractSet[str] = frozenset(),
+    ) -> Job | None:
+        """Take the oldest job that is pending, or running with its lease expired, and whose
+        session has no other running job (a session's work runs in order); ``None`` when
+        there is none. ``skip``: sessions not to take now."""
+        now = time.time()
+        with self._tx() as conn:
+            rows = conn.execute(
+                "SELECT j.id, j.session_id, j.kind, j.attempts FROM jobs j"
+                " WHERE (j.state = 'pending' OR (j.state = 'running' AND j.lease_until < ?))"
+                " AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.session_id = j.session_id"
+                " AND r.id != j.id AND r.state = 'running' AND r.lease_until >= ?)"
+                " ORDER BY j.id LIMIT 64",
+                (now, now),
+            ).fetchall()
+            row = next((r for r in rows if r[1] not in skip), None)
+            if row is None:
+                return None
+            conn.execute(
+                "UPDATE jobs SET state = 'running', owner = ?, lease_until = ?,"
+                " attempts = attempts + 1 WHERE id = ?",
+                (owner, now + lease, row[0]),
+            )
+        return Job(id=row[0], session_id=row[1], kind=row[2], attempts=row[3] + 1)
+
+    def finish_job(self, job_id: int) -> None:
+        with self._tx() as conn:
+            conn.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+
+    def fail_job(self, job_id: int, error: str, *, retry: bool = True) -> None:
+        """Give a job back after an error: pending again (or ``failed`` for good after
+        ``MAX_ATTEMPTS``, or when ``retry`` is false), its error kept."""
+        with self._tx() as conn:
+            row = conn.execute(
+                "SELECT session_id, kind, attempts FROM jobs WHERE id = ?", (job_id,)
+            ).fetchone()
+            if row is None:
+                return
+            again = retry and row[2] < MAX_ATTEMPTS
+            if again:
+                # A pending job of the session may have been queued meanwhile: it covers this.
+                conn.execute(
+                    "DELETE FROM jobs WHERE session_id = ? AND kind = ? AND state = 'pending'",
+                    (row[0], row[1]),
+                )
+            conn.execute(
+                "UPDATE jobs SET state = ?, owner = NULL, lease_until = NULL, error = ?"
+                " WHERE id = ?",
+                ("pending" if again else "failed", error[:2000], job_id),
+            )
+
+    def release_jobs(self, owner: str) -> int:
+        """Give back every job ``owner`` holds (it is stopping); returns how many."""
+        with self._tx() as conn:
+            return self._release(conn, "owner = ?", (owner,))
+
+    def release_jobs_of_dead(self, alive: Callable[[int], bool] | None = None) -> int:
+        """Give back the running jobs whose owner is a process of this host that no longer
+        runs (a crash); returns how many."""
+        host = socket.gethostname()
+        check = alive or _pid_alive
+        dead = []
+        for (owner,) in self._conn.execute(
+            "SELECT DISTINCT owner FROM jobs WHERE state = 'running' AND owner IS NOT NULL"
+        ):
+            name, _, pid = str(owner).rpartition(":")
+            if name == host and pid.isdigit() and not check(int(pid)):
+                dead.append(owner)
+        with self._tx() as conn:
+            return sum(self._release(conn, "owner = ?", (owner,)) for owner in dead)
+
+    @staticmethod
+    def _release(conn: sqlite3.Connection, where: str, params: tuple[object, ...]) -> int:
+        rows = conn.execute(
+            f"SELECT id, session_id, kind FROM jobs WHERE state = 'running' AND {where}", params
+        ).fetchall()
+        for job_id, session_id, kind in rows:
+            pending = conn.execute(
+                "SELECT 1 FROM jobs WHERE session_id = ? AND kind = ? AND state = 'pending'",
+                (session_id, kind),
+            ).fetchone()
+            if pending:  # the pending one does the same work
+                conn.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+            else:
+                conn.execute(
+                    "UPDATE jobs SET state = 'pending', owner = NULL, lease_until = NULL"
+                    " WHERE id = ?",
+                    (job_id,),
+                )
+        return len(rows)
+
+    def pending_jobs(self) -> int:
+        """Jobs not done yet (pending or running)."""
+        row = self._conn.execute(
+            "SELECT COUNT(*) FROM jobs WHERE state IN ('pending', 'running')"
+        ).fetchone()
+        return int(row[0])
+
+    def job_counts(self) -> dict[str, int]:
+        """Jobs by state (``pending``, ``running``, ``failed``)."""
+        rows = self._conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state")
+        return {str(r[0]): int(r[1]) for r in rows}
+
+
+class BranchMoved(ConfigError):
+    """The branch an exchange was to continue has a newer last turn than expected."""
+
+    def __init__(self, session_id: str, expected: int, last: int) -> None:
+        super().__init__(
+            f"session {session_id!r} moved on: its last turn is {last}, expected {expected}"
+        )
+        self.session_id = session_id
+        self.expected = expected
+        self.last = last
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
