@@ -43,13 +43,18 @@ class Served:
         return self.app.state.contextfold.events
 
     def drain(self) -> None:
-        """Wait until every turn has been written to memory."""
-        assert self.proxy.writer.drain(30.0), "the turn writer did not finish"
+        """Wait until every record is published and every derive job is done."""
+        assert self.proxy.drain(30.0), "the proxy's records and jobs did not finish"
 
 
 @contextmanager
 def serve(config: ServerConfig, memory: MemoryEngine) -> Iterator[Served]:
-    """The app for ``config`` and ``memory``, served until the block ends."""
+    """The app for ``config`` and ``memory``, served until the block ends. Unless the config
+    sets one, the memory deadline is 10 s: a test of what memory does must not fail open
+    because the shared machine was slow (the deadline's own tests set theirs)."""
+    if "memory_deadline_ms" not in config.proxy.model_fields_set:
+        proxy = config.proxy.model_copy(update={"memory_deadline_ms": 10_000.0})
+        config = config.model_copy(update={"proxy": proxy})
     app = create_app(config, memory=memory)
     runner = Runner(app, config)
     thread = threading.Thread(target=asyncio.run, args=(runner.serve(),), daemon=True)

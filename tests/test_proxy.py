@@ -126,13 +126,19 @@ def test_the_session_header_works_like_the_marker(proxy: Served) -> None:
     )
     token = raw.headers[SESSION_HEADER]
     client = openai.OpenAI(
-        base_url=f"{proxy.url}/v1", api_key="k", default_headers={SESSION_HEADER: token}
+        base_url=f"{proxy.url}/v1", api_key="sk-test", default_headers={SESSION_HEADER: token}
     )
     client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Again"}])
+    # The same header with another credential opens nothing: a new conversation.
+    other = openai.OpenAI(
+        base_url=f"{proxy.url}/v1", api_key="sk-other", default_headers={SESSION_HEADER: token}
+    )
+    other.chat.completions.create(model="m", messages=[{"role": "user", "content": "Mine?"}])
     proxy.drain()
-    first, second = proxy.events.recent()
+    first, second, third = proxy.events.recent()
     assert token.startswith(first.session_id) and second.session_id == first.session_id
     assert second.extra["session_source"] == "header"
+    assert third.session_id != first.session_id and third.extra["session_source"] == "forged"
 
 
 def test_a_fact_said_early_is_recalled_later(proxy: Served, fake_llm: FakeLLMServer) -> None:
@@ -357,8 +363,17 @@ def test_the_proxy_fails_open_when_the_engine_raises(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("index corrupted")
 
+    client = openai.OpenAI(base_url=f"{proxy.url}/v1", api_key="sk-secret-123", max_retries=0)
+    first = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "Hello"}]
+    )
+    reply = json.dumps(first.choices[0].message.content)
     monkeypatch.setattr(engine, "on_message_inbound", broken)
-    raw = b'{"model": "m", "messages": [{"role": "user", "content": "Still there?"}]}'
+    raw = (
+        b'{"model": "m", "messages": [{"role": "user", "content": "Hello"},'
+        b' {"role": "assistant", "content": %s},'
+        b' {"role": "user", "content": "Still there?"}]}' % reply.encode()
+    )
     with caplog.at_level(logging.WARNING, "contextfold.server.proxy"):
         response = httpx.post(
             f"{proxy.url}/v1/chat/completions",
@@ -366,7 +381,7 @@ def test_the_proxy_fails_open_when_the_engine_raises(
             headers={"Authorization": "Bearer sk-secret-123", "content-type": "application/json"},
         )
     assert response.status_code == 200
-    assert fake_llm.requests[-1].raw == raw  # forwarded byte for byte
+    assert fake_llm.requests[-1].raw == raw  # forwarded byte for byte, the marker too
     proxy.drain()
     assert "RuntimeError: index corrupted" in (proxy.events.recent()[-1].error or "")
     assert "index corrupted" in caplog.text and "sk-secret-123" not in caplog.text
@@ -549,16 +564,24 @@ def test_each_request_publishes_a_record_then_its_response_tags(
     proxy: Served, fake_llm: FakeLLMServer
 ) -> None:
     fake_llm.reply = "Sourdough needs a ripe starter."
-    oa(proxy).chat.completions.create(
-        model="gpt-x", messages=[{"role": "user", "content": "How do I bake sourdough bread?"}]
-    )
+    history = [{"role": "user", "content": "How do I bake sourdough bread?"}]
+    first = oa(proxy).chat.completions.create(model="gpt-x", messages=history)
     proxy.drain()
     (record,) = proxy.events.recent()
+    # A new conversation: nothing to recall yet, its record says so.
+    assert "a new conversation" in " ".join(record.extra["notes"])
+    history += [
+        {"role": "assistant", "content": first.choices[0].message.content or ""},
+        {"role": "user", "content": "And rye bread?"},
+    ]
+    oa(proxy).chat.completions.create(model="gpt-x", messages=history)
+    proxy.drain()
+    _, record = proxy.events.recent()
     assert (record.format, record.path, record.model, record.status) == (
         "openai", "/v1/chat/completions", "gpt-x", 200)  # fmt: skip
-    assert record.turn == 1 and record.tokens_in > 0 and record.upstream_ms is not None
+    assert record.turn == 2 and record.tokens_in > 0 and record.upstream_ms is not None
     assert record.response_tags and "bread" in record.response_tags
-    assert [m.role for m in record.messages] == ["user", "assistant"]
+    assert [m.role for m in record.messages] == ["user", "assistant", "user", "assistant"]
     assert {row.section for row in record.budget} >= {"memory", "history"}
 
 
@@ -590,7 +613,7 @@ def test_instances_share_one_engine(tmp_path: Path, engine: MemoryEngine) -> Non
 
 
 def test_token_verification_needs_the_servers_secret(proxy: Served) -> None:
-    token = make_token("someone", b"another server's secret")
+    token = make_token("", "someone", 1, b"another server's secret")
     client = openai.OpenAI(
         base_url=f"{proxy.url}/v1", api_key="k", default_headers={SESSION_HEADER: token}
     )

@@ -40,27 +40,32 @@ from fake_llm import FakeLLMServer
 from proxy_support import free_port
 
 SECRET = b"test-secret"
-MARK = marker_text(make_token("s1", SECRET))
+MARK = marker_text(make_token("p", "s1", 2, SECRET))
 
 
 @pytest.mark.parametrize(
     "token",
     [
-        make_token("s1", b"other secret"),
+        make_token("p", "s1", 2, b"other secret"),
+        make_token("another principal", "s1", 2, SECRET),
+        make_token("p", "s1", 2, SECRET).replace(".2.", ".3."),  # another turn, same MAC
+        "s1.2." + "0" * 32,
         "s1." + "0" * 32,
         "s1",
-        "../etc.deadbeef",
-        make_token("s1", SECRET)[:-1],
+        "../etc.1.deadbeef",
+        make_token("p", "s1", 2, SECRET)[:-1],
     ],
 )
 def test_tokens_that_do_not_verify_open_no_session(token: str) -> None:
-    assert verify_token(token, SECRET) is None
-    assert verify_token(make_token("s1", SECRET), SECRET) == "s1"
+    assert verify_token(token, "p", SECRET) is None
+    assert verify_token(make_token("p", "s1", 2, SECRET), "p", SECRET) == ("s1", 2)
 
 
 def test_markers_are_found_and_stripped_exactly() -> None:
     text = "Answer." + MARK
-    assert strip_markers(text) == "Answer." and find_tokens(text) == [make_token("s1", SECRET)]
+    assert strip_markers(text) == "Answer." and find_tokens(text) == [
+        make_token("p", "s1", 2, SECRET)
+    ]
     assert strip_markers("a" + MARK + "b") == "ab"  # inserted mid-text, removed exactly
 
 
@@ -101,7 +106,9 @@ def test_strip_parse_and_inject_per_format(fmt: str) -> None:
     wire, body = WIRES[fmt], BODIES[fmt]
     original = json.dumps(body)
     stripped, tokens = wire.strip(body)
-    assert tokens == [make_token("s1", SECRET)] and "contextfold" not in json.dumps(stripped)
+    assert tokens == [make_token("p", "s1", 2, SECRET)] and "contextfold" not in json.dumps(
+        stripped
+    )
     parsed = wire.parse(stripped)
     assert [m.role for m in parsed.messages] == ["system", "user", "assistant", "user"]
     assert parsed.query_text == "Q2" and parsed.messages[2].text() == "A1"
@@ -188,7 +195,10 @@ def test_a_tool_only_reply_gets_the_marker_as_text(fmt: str, body: dict[str, Any
     reply = reply_of(fmt, body)
     assert reply.calls == [ToolUseBlock(id="c", name="f", input={"a": 1})] and reply.text == ""
     marked = reply_of(fmt, mark_json(fmt, body, MARK))
-    assert find_tokens(marked.text) == [make_token("s1", SECRET)] and marked.calls == reply.calls
+    assert (
+        find_tokens(marked.text) == [make_token("p", "s1", 2, SECRET)]
+        and marked.calls == reply.calls
+    )
 
 
 @given(st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=30))

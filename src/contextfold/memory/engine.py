@@ -18,6 +18,7 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -288,10 +289,9 @@ class MemoryEngine:
             try:
                 self.store.session(sid)
             except ConfigError:
-                try:
+                # Created meanwhile by another thread or process: as good.
+                with contextlib.suppress(ConfigError):
                     self.store.create_session(sid)
-                except ConfigError:  # created meanwhile by another thread or process
-                    pass
             counts = self.store.tag_counts(sid)
             with self._vocab_lock:
                 self._vocab.setdefault(sid, counts)

@@ -57,6 +57,11 @@ class ProxySettings(_Section):
     instances: list[InstanceSettings] = Field(default_factory=list)
     timeout: float = Field(600.0, gt=0)
     max_tool_continuations: int = Field(5, ge=0, le=20)
+    # The request path's budget for memory (resolve, recall, inject): past it the request is
+    # forwarded without memory and its record says why.
+    memory_deadline_ms: float = Field(50.0, gt=0)
+    # Background threads deriving tags, vectors and summaries from committed turns.
+    job_threads: int = Field(1, ge=1, le=16)
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

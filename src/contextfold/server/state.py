@@ -1,21 +1,47 @@
 """``ServerState``: what every route of one server shares — its config, the one memory
-engine (and store) all proxy instances use, the dashboard's event bus and the session-marker
-secret."""
+engine (and store) all proxy instances use, the dashboard's event bus and the secret that
+signs session tokens and keys principals.
+
+The secret is ``$CONTEXTFOLD_SECRET`` (``config.secret_env``) when set; otherwise it is read
+from ``<CONTEXTFOLD_HOME>/secret``, created once (32 random bytes, mode 0600), so a restart
+keeps every conversation reachable.
+"""
 
 from __future__ import annotations
 
 import os
 import secrets
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+from contextfold.errors import ConfigError
 from contextfold.server.config import ServerConfig
 from contextfold.server.events import EventBus
+from contextfold.store.sqlite import home_dir
 
 if TYPE_CHECKING:
     from contextfold.memory.engine import MemoryEngine
 
-__all__ = ["ServerState"]
+__all__ = ["ServerState", "load_secret"]
+
+
+def load_secret(path: Path) -> bytes:
+    """The secret in ``path``, created there (mode 0600) when missing."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        value = path.read_bytes().strip()
+        if len(value) < 32:
+            raise ConfigError(
+                f"{path} holds {len(value)} bytes, too short for a secret (64 hex digits are"
+                " written there when it is missing): delete it or set CONTEXTFOLD_SECRET"
+            ) from None
+        return value
+    value = secrets.token_hex(32).encode()
+    with os.fdopen(fd, "wb") as out:
+        out.write(value + b"\n")
+    return value
 
 
 @dataclass
@@ -28,5 +54,4 @@ class ServerState:
     def __post_init__(self) -> None:
         if not self.secret:
             value = os.environ.get(self.config.secret_env)
-            # Without a configured secret, markers are valid for this process's lifetime only.
-            self.secret = value.encode() if value else secrets.token_bytes(32)
+            self.secret = value.encode() if value else load_secret(home_dir() / "secret")

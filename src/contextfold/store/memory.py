@@ -179,7 +179,8 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
         try:
             with self._tx() as conn:
                 conn.execute(
-                    "INSERT INTO sessions (id, created_at, metadata, principal) VALUES (?, ?, ?, ?)",
+                    "INSERT INTO sessions (id, created_at, metadata, principal)"
+                    " VALUES (?, ?, ?, ?)",
                     (sid, _iso(_now()), json.dumps(dict(metadata or {})), principal),
                 )
         except sqlite3.IntegrityError as exc:

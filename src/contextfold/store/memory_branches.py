@@ -47,6 +47,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from contextlib import AbstractContextManager
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
@@ -81,9 +82,10 @@ class Job(BaseModel):
 class BranchesMixin:
     """Principals, branches, exchanges and jobs, for ``MemoryStore``."""
 
-    _conn: sqlite3.Connection
-
     if TYPE_CHECKING:
+
+        @property
+        def _conn(self) -> sqlite3.Connection: ...
 
         def _tx(self) -> AbstractContextManager[sqlite3.Connection]: ...
 
@@ -92,7 +94,7 @@ class BranchesMixin:
             session_id: str,
             messages: Sequence[Message],
             *,
-            timestamps: Sequence[object] | None = None,
+            timestamps: Sequence[datetime] | None = None,
             partial: Sequence[bool] | None = None,
         ) -> list[int]: ...
 

@@ -25,10 +25,12 @@ __all__ = ["SegmentsMixin"]
 class SegmentsMixin:
     """Compaction and segments, for ``MemoryStore``."""
 
-    _conn: sqlite3.Connection
     counter: TokenCounter
 
     if TYPE_CHECKING:
+
+        @property
+        def _conn(self) -> sqlite3.Connection: ...
 
         def _tx(self) -> AbstractContextManager[sqlite3.Connection]: ...
 

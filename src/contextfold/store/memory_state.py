@@ -30,10 +30,12 @@ __all__ = ["StateMixin"]
 class StateMixin:
     """Tag summaries, aliases, the working set and the cost log, for ``MemoryStore``."""
 
-    _conn: sqlite3.Connection
     counter: TokenCounter
 
     if TYPE_CHECKING:
+
+        @property
+        def _conn(self) -> sqlite3.Connection: ...
 
         def _tx(self) -> AbstractContextManager[sqlite3.Connection]: ...
 

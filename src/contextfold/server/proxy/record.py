@@ -15,7 +15,8 @@ from contextfold.tokens import OVERHEADS, TokenCounter
 
 if TYPE_CHECKING:
     from contextfold.memory.engine import AssembledContext, MemoryEngine
-    from contextfold.server.proxy.wire import ParsedRequest
+    from contextfold.server.proxy.session import Position
+    from contextfold.server.proxy.wire import ParsedRequest, Wire
 
 __all__ = ["Plan", "build_record"]
 
@@ -35,7 +36,13 @@ class Plan:
     stream: bool
     instance: str | None = None
     session_id: str | None = None
-    session_source: str = "new"  # header, marker, new, forged
+    session_source: str = "new"  # header, marker, history, new, forged
+    principal: str = ""  # the keyed hash of the caller's credential
+    header: str | None = None  # the session header the client sent
+    position: Position | None = None
+    wire: Wire | None = None
+    original: dict[str, Any] | None = None  # the client's body as parsed
+    committed: tuple[str, list[int]] | None = None  # (session, seqs) stored
     parsed: ParsedRequest | None = None
     assembled: AssembledContext | None = None
     dropped: list[int] = field(default_factory=list)  # parsed indices left out of the history

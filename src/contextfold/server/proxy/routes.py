@@ -31,12 +31,14 @@ synthesized stream.
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -51,15 +53,20 @@ from yarl import URL
 
 from contextfold.items import Message
 from contextfold.memory.tools import TOOL_NAMES
+from contextfold.server.jobs import JobWorker
+from contextfold.server.proxy.commit import commit_exchange
 from contextfold.server.proxy.record import Plan, build_record
 from contextfold.server.proxy.session import (
     SESSION_HEADER,
+    Position,
     make_token,
     marker_text,
-    new_session_id,
-    verify_token,
+    principal_of,
+    resolve,
 )
 from contextfold.server.proxy.stream import (
+    DEFERRED,
+    MARKER_SLOT,
     Reply,
     SseSplitter,
     StreamState,
@@ -147,8 +154,15 @@ class Proxy:
 
     def __init__(self, state: ServerState) -> None:
         self.state = state
-        self.writer = TurnWriter()
+        self.writer = TurnWriter()  # dashboard records, off the response path
+        self.jobs = JobWorker(state.memory, threads=state.config.proxy.job_threads)
+        # Memory work of requests (resolve, recall, commit): its own threads, so a request
+        # past its deadline goes on without waiting for them.
+        self._pool = ThreadPoolExecutor(32, thread_name_prefix="contextfold-memory")
         self._clients: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+        # Records whose reply tags arrive when the session's derived work is done.
+        self._awaiting_tags: dict[str, list[tuple[Any, list[int]]]] = {}
+        self.jobs.on_done = self._publish_tags
 
     # -- plumbing --------------------------------------------------------------------------------
 
@@ -183,12 +197,38 @@ class Proxy:
             allow_redirects=False,
         )
 
+    def start(self) -> None:
+        """Start the workers of derived work (resuming what the store has pending)."""
+        self.jobs.start()
+
     async def aclose(self) -> None:
-        """Write every pending turn, then close the HTTP client of this loop."""
-        await anyio.to_thread.run_sync(self.writer.close)
+        """Stop the workers (pending work stays in the store, and the log says how much),
+        publish the last records, then close the HTTP client of this loop."""
+        pending = await anyio.to_thread.run_sync(self.jobs.stop)
+        if pending > 0:
+            logger.warning(
+                "stopped with %d derive job(s) pending in the store; they resume at the next"
+                " start (every exchange is stored)",
+                pending,
+            )
+        await anyio.to_thread.run_sync(self.writer.close, 5.0)
+        self._pool.shutdown(wait=False, cancel_futures=True)
         client = self._clients.pop(asyncio.get_running_loop(), None)
         if client is not None:
             await client.close()
+
+    def drain(self, timeout: float = 30.0) -> bool:
+        """Wait until every record is published and the store has no pending job (tests and
+        benchmarks); False if ``timeout`` seconds passed first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.writer.drain(max(0.0, deadline - time.monotonic())) and self.jobs.idle_now():
+                return self.writer.drain(max(0.0, deadline - time.monotonic()))
+            time.sleep(0.01)
+        return False
+
+    async def _in_pool(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, partial(fn, *args))
 
     def upstream_for(self, request: Request) -> tuple[str | None, str | None]:
         """(upstream base URL, instance name) for the port the request came in on."""
@@ -206,28 +246,41 @@ class Proxy:
 
     # -- the memory path -------------------------------------------------------------------------
 
-    def _session(self, tokens: list[str], header: str | None) -> tuple[str, str]:
-        secret = self.state.secret
-        if header:
-            sid = verify_token(header, secret)
-            if sid is not None:
-                return sid, "header"
-        for token in tokens:
-            sid = verify_token(token, secret)
-            if sid is not None:
-                return sid, "marker"
-        return new_session_id(), "forged" if tokens or header else "new"
-
-    def prepare(self, plan: Plan, wire: Wire, body: dict[str, Any], header: str | None) -> None:
-        """Fill ``plan`` with the body to forward (runs in a worker thread; may raise, and the
-        caller then fails open)."""
+    def _position(self, plan: Plan, wire: Wire, body: dict[str, Any]) -> dict[str, Any]:
+        """Strip the markers, parse, and find (and fork, when it must) the branch the request
+        continues; returns the body without markers."""
         stripped, tokens = wire.strip(body)
-        plan.session_id, plan.session_source = self._session(tokens, header)
         parsed = wire.parse(stripped)
         plan.parsed = parsed
-        forwarded = stripped
-        if parsed.query is not None:
-            memory = self.state.memory
+        store = self.state.memory.store
+        position = resolve(
+            store, plan.principal, parsed.messages, tokens, plan.header, self.state.secret
+        )
+        if position.fork is not None:
+            parent, seq = position.fork
+            branch = store.fork(parent, seq)
+            plan.notes.append(f"continues turn {seq} of {parent[:8]} on a new branch")
+            position = Position(branch, seq, position.new_from, position.source, expect_last=seq)
+        plan.position = position
+        plan.session_id = position.session_id
+        plan.session_source = position.source
+        return stripped
+
+    def prepare(self, plan: Plan, wire: Wire, body: dict[str, Any]) -> None:
+        """Fill ``plan`` with the body to forward (runs in a worker thread; may raise, and the
+        caller then fails open)."""
+        forwarded = self._position(plan, wire, body)
+        parsed = plan.parsed
+        assert parsed is not None
+        memory = self.state.memory
+        if self.tools_mode and plan.session_id is None:
+            plan.session_id = memory.store.create_session(principal=plan.principal)
+            plan.position = Position(plan.session_id, 0, 0, plan.session_source, expect_last=0)
+        if parsed.query is None:
+            plan.notes.append("no user message with text: nothing recalled")
+        elif plan.session_id is None:
+            plan.notes.append("a new conversation: nothing stored yet to recall")
+        else:
             assembled = memory.on_message_inbound(
                 parsed.query_text, parsed.messages[: parsed.query], session_id=plan.session_id
             )
@@ -237,12 +290,11 @@ class Proxy:
             query_raw = parsed.sources[parsed.query][0]
             query_raw -= sum(1 for d in dropped_raw if d < query_raw)
             forwarded = wire.inject(forwarded, plan.hint, plan.dynamic, query_raw)
-        else:
-            plan.notes.append("no user message with text: nothing recalled")
         if self.tools_mode:
-            forwarded = wire.add_tools(forwarded, self.state.memory.tool_definitions(wire.name))
+            forwarded = wire.add_tools(forwarded, memory.tool_definitions(wire.name))
         plan.body = forwarded
-        plan.content = dumps(forwarded)
+        if forwarded is not body:  # unchanged: the client's own bytes go upstream
+            plan.content = dumps(forwarded)
 
     def _drop(
         self,
@@ -312,15 +364,29 @@ class Proxy:
             instance=instance,
             started=started,
         )
-        header = request.headers.get(SESSION_HEADER)
+        plan.header = request.headers.get(SESSION_HEADER)
+        plan.principal = principal_of(request.headers, request.query_params, self.state.secret)
+        plan.wire, plan.original = wire, body
+        plan.content = raw
+        deadline = self.state.config.proxy.memory_deadline_ms / 1000
+        draft = _draft(plan)
         try:
-            await anyio.to_thread.run_sync(self.prepare, plan, wire, body, header)
+            await asyncio.wait_for(
+                asyncio.shield(self._in_pool(self.prepare, draft, wire, body)), deadline
+            )
+        except TimeoutError:
+            plan.error = (
+                f"memory skipped, request forwarded unmodified: the memory deadline"
+                f" ({deadline * 1000:g} ms) passed"
+            )
+            logger.info("request %s: %s", plan.id, plan.error)
         except Exception as exc:  # fail open: forward the original bytes
             plan.error = (
                 f"memory skipped, request forwarded unmodified: {type(exc).__name__}: {exc}"
             )
-            plan.body, plan.content = None, raw
             logger.warning("request %s: %s", plan.id, plan.error)
+        else:
+            plan = draft
         url = upstream_url(upstream, path, request.url.query)
         headers = _forward_headers(request.headers.items())
         plan.overhead_ms = (time.perf_counter() - started) * 1000
@@ -328,8 +394,40 @@ class Proxy:
             return await self._tool_loop(plan, url, headers)
         return await self._forward(plan, url, headers)
 
-    def _token(self, plan: Plan) -> str | None:
-        return make_token(plan.session_id, self.state.secret) if plan.session_id else None
+    def _token(self, plan: Plan, seq: int | None = None) -> str | None:
+        """The token naming the request's turn: ``seq`` (the committed reply), else the turn
+        the request continues."""
+        if plan.session_id is None:
+            return None
+        at = seq if seq is not None else plan.position.anchor if plan.position else 0
+        return make_token(plan.principal, plan.session_id, at, self.state.secret)
+
+    async def _commit(
+        self, plan: Plan, reply: Reply | None, *, partial: bool = False
+    ) -> int | None:
+        """Commit the exchange (the new messages and the reply) before the reply's last byte
+        goes out; returns the reply's seq (``None`` when nothing was stored). A store that
+        fails is logged and recorded: the client still gets its reply."""
+        if reply is None or plan.committed is not None or plan.wire is None:
+            return None
+        message = reply_message(reply.text, reply.calls)
+        try:
+            sid, seqs = await self._in_pool(commit_exchange, self, plan, message, partial)
+        except Exception as exc:
+            plan.error = f"exchange not stored: {type(exc).__name__}: {exc}"
+            logger.error("request %s: %s", plan.id, plan.error)
+            return None
+        plan.session_id = sid
+        plan.committed = (sid, seqs)
+        self.jobs.notify()
+        return seqs[-1] if seqs else None
+
+    def _marker(self, plan: Plan, reply: Reply, seq: int | None) -> str | None:
+        """The marker for this reply, or ``None`` where one would break the client."""
+        if seq is None or plan.body is None or not reply.text.strip():
+            return None
+        token = self._token(plan, seq)
+        return marker_text(token) if token else None
 
     async def _forward(self, plan: Plan, url: str, headers: dict[str, str]) -> Response:
         sent = time.perf_counter()
@@ -337,8 +435,6 @@ class Proxy:
             response = await self._send("POST", url, headers, plan.content)
         except UPSTREAM_ERRORS as exc:
             return self._unreachable(plan, url, exc)
-        token = self._token(plan)
-        marker = marker_text(token) if token and plan.body is not None else None
         is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
         if response.status >= 400 or not plan.stream or not (is_sse or plan.format == "gemini"):
             try:
@@ -349,34 +445,41 @@ class Proxy:
                 response.release()
             upstream_ms = (time.perf_counter() - sent) * 1000
             reply: Reply | None = None
+            seq: int | None = None
             if response.status < 300:
                 try:
                     data = json.loads(content)
-                except (json.JSONDecodeError, UnicodeDecodeError):
+                except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
                     data = None
                 if isinstance(data, dict):
                     reply = reply_of(plan.format, data)
+                    seq = await self._commit(plan, reply)
+                    marker = self._marker(plan, reply, seq)
                     if marker:
                         content = dumps(mark_json(plan.format, data, marker))
             self._finish(plan, response.status, upstream_ms, reply)
             return Response(
-                content, status_code=response.status, headers=_response_headers(response, token)
+                content,
+                status_code=response.status,
+                headers=_response_headers(response, self._token(plan, seq)),
             )
         sse = is_sse or "alt=sse" in url.partition("?")[2]
-        state = stream_state(plan.format, marker, sse=sse)
+        state = stream_state(plan.format, DEFERRED, sse=sse)
         return StreamingResponse(
             self._relay(plan, response, state, sent),
             status_code=response.status,
-            headers=_response_headers(response, token),
+            headers=_response_headers(response, self._token(plan)),
         )
 
     async def _relay(
         self, plan: Plan, response: aiohttp.ClientResponse, stream: StreamState, sent: float
     ) -> AsyncIterator[bytes]:
-        """The upstream stream, each SSE event sent the moment it is complete. When the
-        upstream breaks off mid-stream, what arrived is recorded and stored, and the client's
-        stream is cut too (re-raised: the server closes the connection without ending the
-        body), so a client never takes a truncated reply for a complete one."""
+        """The upstream stream, each SSE event sent the moment it is complete. Where the reply
+        is complete (the place of the marker), the exchange is committed before anything
+        further is sent. When the upstream breaks off mid-stream, what arrived is stored
+        marked partial, and the client's stream is cut too (re-raised: the server closes the
+        connection without ending the body), so a client never takes a truncated reply for a
+        complete one."""
         self.writer.opened()
         state = stream
         splitter = SseSplitter()
@@ -393,11 +496,17 @@ class Proxy:
                     yield chunk
                     continue
                 out = [piece for event in splitter.feed(chunk) for piece in state.feed(event)]
+                if MARKER_SLOT in out:
+                    out = await self._fill_slot(plan, state, out)
                 if out:
                     yield b"".join(out)
             rest = splitter.rest()
             tail = state.finish()
+            if MARKER_SLOT in tail:
+                tail = await self._fill_slot(plan, state, tail)
             done = True
+            if response.status < 300:
+                await self._commit(plan, state.reply)  # a stream with no marker place
             if rest or tail:
                 yield rest or b"".join(tail)
         except UPSTREAM_ERRORS as exc:
@@ -406,7 +515,15 @@ class Proxy:
             raise
         finally:
             if not done:
-                state.collect()  # a stream cut short: keep what arrived
+                state.collect()  # a stream cut short: keep what arrived, marked partial
+                if response.status < 300 and plan.committed is None:
+                    try:
+                        message = reply_message(state.reply.text, state.reply.calls)
+                        if state.reply.text or state.reply.calls:
+                            plan.committed = commit_exchange(self, plan, message, True)
+                            plan.session_id = plan.committed[0]
+                    except Exception as exc:
+                        logger.error("request %s: cut reply not stored: %s", plan.id, exc)
             upstream_ms = (time.perf_counter() - sent) * 1000
             extra = {"first_byte_ms": round(first, 3)} if first is not None else {}
             self._finish(
@@ -414,6 +531,15 @@ class Proxy:
             )
             self.writer.closed()
             response.release()
+
+    async def _fill_slot(self, plan: Plan, state: StreamState, out: list[bytes]) -> list[bytes]:
+        """Commit the now complete reply, then put its marker event (or nothing) where the
+        stream keeps its place."""
+        state.collect()
+        seq = await self._commit(plan, state.reply)
+        marker = self._marker(plan, state.reply, seq)
+        event = state.render_marker(marker) if marker else b""
+        return [event if piece is MARKER_SLOT else piece for piece in out if piece or event]
 
     def _unreachable(self, plan: Plan, url: str, exc: Exception) -> Response:
         where = urlsplit(url).netloc
@@ -463,10 +589,11 @@ class Proxy:
                 plan.tool_calls.append({"name": call.name, "arguments": call.input})
             body = continuation(plan.format, body, data, results)
         assert isinstance(data, dict)
-        token = self._token(plan)
-        marked = mark_json(plan.format, data, marker_text(token)) if token else data
+        seq = await self._commit(plan, reply)
+        marker = self._marker(plan, reply, seq)
+        marked = mark_json(plan.format, data, marker) if marker else data
         self._finish(plan, response.status, (time.perf_counter() - sent) * 1000, reply)
-        headers_out = _response_headers(response, token)
+        headers_out = _response_headers(response, self._token(plan, seq))
         if plan.stream:
             include_usage = bool((plan.body.get("stream_options") or {}).get("include_usage"))
             sse = plan.format != "gemini" or "alt=sse" in url.partition("?")[2]
@@ -487,9 +614,11 @@ class Proxy:
         error: str | None = None,
         extra: dict[str, Any] | None = None,
     ) -> None:
-        """Queue the record and the memory write of a finished request (writer thread)."""
+        """Queue the dashboard record of a finished request (writer thread); its reply tags
+        follow when the session's derived work is done (``_publish_tags``)."""
         message = reply_message(reply.text, reply.calls) if reply is not None else None
         memory, events = self.state.memory, self.state.events
+        committed = plan.committed
 
         def job() -> None:
             record = build_record(
@@ -501,25 +630,30 @@ class Proxy:
                 error=error,
                 extra=extra,
             )
+            if committed is None:
+                record = record.model_copy(update={"response_tags": ()})
             events.publish(record)
-            if message is None or plan.parsed is None or plan.session_id is None:
-                return
-            if not 200 <= status < 300:
-                return
-            sid = plan.session_id
-            # The engine's lock keeps the store's one connection to one thread at a time.
-            with memory._lock:
-                before = memory.store.last_seq(sid)
-                memory.on_turn_complete([*plan.parsed.messages, message], session_id=sid)
-                stored = memory.store.turns(sid, start=before + 1)
+            if committed is not None:
+                sid, seqs = committed
+                waiting = self._awaiting_tags.setdefault(sid, [])
+                waiting.append((record, seqs))
+                if len(self._awaiting_tags) > 1000:  # bounded: the oldest go without tags
+                    self._awaiting_tags.pop(next(iter(self._awaiting_tags)))
+
+        self.writer.submit(job)
+
+    def _publish_tags(self, session_id: str) -> None:
+        """The session's derived work is done: publish its waiting records with their reply
+        tags."""
+        waiting = self._awaiting_tags.pop(session_id, [])
+        store = self.state.memory.store
+        for record, seqs in waiting:
             tags: dict[str, float] = {}
-            for turn in stored:
+            for turn in store.turns(session_id, start=seqs[0], end=seqs[-1]):
                 for tag, weight in turn.tags.items():
                     tags[tag] = max(weight, tags.get(tag, 0.0))
             ordered = tuple(sorted(tags, key=lambda t: (-tags[t], t)))
-            events.publish(record.model_copy(update={"response_tags": ordered}))
-
-        self.writer.submit(job)
+            self.state.events.publish(record.model_copy(update={"response_tags": ordered}))
 
     # -- pass-through ----------------------------------------------------------------------------
 
@@ -553,6 +687,15 @@ class Proxy:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _draft(plan: Plan) -> Plan:
+    """A copy of ``plan`` for the memory path to fill in: it becomes the plan only when that
+    path finishes within its deadline (a late one writes into a copy nobody reads)."""
+    draft = copy.copy(plan)
+    draft.notes = list(plan.notes)
+    draft.dropped, draft.dropped_notes, draft.tool_calls = [], [], []
+    return draft
 
 
 def _merged(headers: CIMultiDictProxy[str]) -> dict[str, str]:
@@ -652,6 +795,7 @@ def router(state: ServerState) -> ProxyRouter:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        proxy.start()
         yield
         await proxy.aclose()
 

@@ -1,19 +1,30 @@
-"""Session continuity for the proxy: a marker that carries a session id and its HMAC.
+"""Who asks, and which turn of which conversation a request continues.
 
-The proxy appends ``MARKER_PREFIX + "<!-- contextfold:session=<id>.<mac> -->"`` to every
-assistant reply it returns; clients keep the reply in their history and send it back with the
-next request, so the proxy finds the session again. ``<mac>`` is the first 32 hex digits of
-HMAC-SHA256(server secret, id): a marker whose MAC does not verify (forged, edited, or made by a
-server with another secret) opens no session — the request starts a new one. Every marker,
-valid or not, is removed from the messages before they go upstream, so the model never sees
-one and the history bytes stay what the model produced (prompt caches keep hitting).
+**Principal.** Every request belongs to the caller's credential: the principal is a keyed hash
+(HMAC-SHA256 with the server secret) of the upstream API key the client sends
+(``Authorization``, ``x-api-key``, ``x-goog-api-key`` or ``?key=``), never the key itself. A
+request without one belongs to the anonymous principal ``""``. Nothing is ever looked up
+across principals.
 
-A client that rewrites assistant text can send the same token (``<id>.<mac>``) in the
-``x-contextfold-session`` header instead; the proxy returns it in that header on every reply.
+**Tokens.** The proxy appends ``"\\n\\n<!-- contextfold:session=<token> -->"`` to assistant
+replies (see ``markers``) and returns the token in the ``x-contextfold-session`` header. A
+token ``<session>.<seq>.<mac>`` names one stored turn; ``<mac>`` is the first 32 hex digits of
+HMAC-SHA256(secret, principal, session, seq). A token minted for one credential verifies for no
+other, and an edited or forged one verifies for none: it opens nothing. Every marker is removed
+from the messages before they go upstream.
 
->>> token = make_token("abc", b"secret")
->>> verify_token(token, b"secret"), verify_token(token, b"other")
-('abc', None)
+**Position** (``resolve``). A conversation is a tree. The request's last assistant message
+names the stored reply it continues — by its token, or by its content (the stored turns' match
+keys) within the principal. The messages before it must agree with that reply's ancestors as
+far back as the request goes (clients trim the front); the messages after it are exactly the
+new ones. Where they disagree (an edited or forked chat, a prompt template two users share),
+the request continues from the deepest turn where they still agree, on a new branch; with no
+agreement it starts a new conversation. A branch that has moved on since the reply (someone
+else continued it) is forked too, so a request never recalls what another continuation said.
+
+>>> token = make_token("p", "abc", 4, b"secret")
+>>> verify_token(token, "p", b"secret"), verify_token(token, "q", b"secret")
+(('abc', 4), None)
 >>> text = "Hello." + marker_text(token)
 >>> find_tokens(text) == [token], strip_markers(text)
 (True, 'Hello.')
@@ -24,14 +35,24 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from contextfold.store.memory_schema import match_key
+
+if TYPE_CHECKING:
+    from contextfold.items import Message
+    from contextfold.store.memory import MemoryStore
 
 __all__ = [
     "SESSION_HEADER",
+    "Position",
     "find_tokens",
     "make_token",
     "marker_text",
-    "new_session_id",
+    "principal_of",
+    "resolve",
     "strip_markers",
     "verify_token",
 ]
@@ -41,31 +62,35 @@ MARKER_PREFIX = "\n\n"
 _MAC_HEX = 32
 _ID = r"[A-Za-z0-9_-]{1,64}"
 _MARKER = re.compile(
-    r"(?:\n\n)?<!-- contextfold:session=(?P<token>" + _ID + r"\.[0-9a-fA-F]{1,64}) -->"
+    r"(?:\n\n)?<!-- contextfold:session=(?P<token>"
+    + _ID
+    + r"(?:\.[0-9]{1,12})?\.[0-9a-fA-F]{1,64}) -->"
 )
-_TOKEN = re.compile(r"(?P<sid>" + _ID + r")\.(?P<mac>[0-9a-f]{" + str(_MAC_HEX) + r"})")
+_TOKEN = re.compile(
+    r"(?P<sid>" + _ID + r")\.(?P<seq>[0-9]{1,12})\.(?P<mac>[0-9a-f]{" + str(_MAC_HEX) + r"})"
+)
+_CREDENTIAL_HEADERS = ("authorization", "x-api-key", "x-goog-api-key", "api-key")
 
 
-def new_session_id() -> str:
-    return uuid.uuid4().hex
+def _mac(principal: str, session_id: str, seq: int, secret: bytes) -> str:
+    message = f"{principal}\x00{session_id}\x00{seq}".encode()
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()[:_MAC_HEX]
 
 
-def _mac(session_id: str, secret: bytes) -> str:
-    return hmac.new(secret, session_id.encode(), hashlib.sha256).hexdigest()[:_MAC_HEX]
+def make_token(principal: str, session_id: str, seq: int, secret: bytes) -> str:
+    """``<session>.<seq>.<mac>``: what the marker and the session header carry."""
+    return f"{session_id}.{seq}.{_mac(principal, session_id, seq, secret)}"
 
 
-def make_token(session_id: str, secret: bytes) -> str:
-    """``<id>.<mac>``: what the marker and the session header carry."""
-    return f"{session_id}.{_mac(session_id, secret)}"
-
-
-def verify_token(token: str, secret: bytes) -> str | None:
-    """The session id of a token whose MAC verifies, else None (compared in constant time)."""
+def verify_token(token: str, principal: str, secret: bytes) -> tuple[str, int] | None:
+    """(session, seq) of a token whose MAC verifies for ``principal``, else None (compared in
+    constant time)."""
     match = _TOKEN.fullmatch(token.strip())
     if match is None:
         return None
-    sid = match.group("sid")
-    return sid if hmac.compare_digest(match.group("mac"), _mac(sid, secret)) else None
+    sid, seq = match.group("sid"), int(match.group("seq"))
+    expected = _mac(principal, sid, seq, secret)
+    return (sid, seq) if hmac.compare_digest(match.group("mac"), expected) else None
 
 
 def marker_text(token: str) -> str:
@@ -85,3 +110,108 @@ def strip_markers(text: str) -> str:
     if "contextfold:session=" not in text:
         return text
     return _MARKER.sub("", text)
+
+
+def principal_of(headers: Mapping[str, str], query: Mapping[str, str], secret: bytes) -> str:
+    """The keyed hash of the request's credential (``""`` when it carries none)."""
+    credential = next((headers[h] for h in _CREDENTIAL_HEADERS if headers.get(h)), None)
+    if credential is None:
+        credential = query.get("key")
+    if not credential:
+        return ""
+    value = credential.strip()
+    if value.lower().startswith("bearer "):
+        value = value[7:].strip()
+    digest = hmac.new(secret, b"principal\x00" + value.encode(), hashlib.sha256)
+    return digest.hexdigest()[:32]
+
+
+@dataclass
+class Position:
+    """Where a request stands in the conversation tree.
+
+    ``session_id``: the branch it continues (``None``: a new conversation, created when its
+    exchange is committed); ``anchor``: the seq of the turn it continues after (0: none);
+    ``new_from``: the index in the parsed messages of the first new message; ``expect_last``:
+    the branch's last seq when it was resolved (the commit forks if it has moved on);
+    ``source``: how it was found — ``marker``, ``header``, ``history`` (by content), ``new``
+    or ``forged`` (a token that did not verify); ``fork``: the (session, seq) a branch must
+    be forked from before anything is recalled or stored (``None``: continue in place)."""
+
+    session_id: str | None
+    anchor: int
+    new_from: int
+    source: str
+    expect_last: int | None = None
+    fork: tuple[str, int] | None = None
+
+
+def resolve(
+    store: MemoryStore,
+    principal: str,
+    messages: Sequence[Message],
+    tokens: Sequence[str],
+    header: str | None,
+    secret: bytes,
+) -> Position:
+    """The position of a request whose (marker-free) messages are ``messages``; ``tokens``
+    are the marker tokens found in them (the latest message's first), ``header`` the session
+    header. Reads the store; writes nothing."""
+    turns = [i for i, m in enumerate(messages) if m.role != "system"]
+    keys = [match_key(messages[i].role, messages[i].text()) for i in turns]
+    last = next(
+        (k for k in range(len(turns) - 1, -1, -1) if messages[turns[k]].role == "assistant"), None
+    )
+    offered = [t for t in ([header] if header else []) + list(tokens) if t]
+    named = []
+    for token in offered:
+        found = verify_token(token, principal, secret)
+        if found is not None:
+            named.append((*found, "header" if token == header else "marker"))
+    if last is None:
+        if named:  # a client that keeps no history continues the turn its header names
+            sid, seq, source = named[0]
+            if store.turn_keys(sid, seq, seq):
+                return _continue(store, sid, seq, 0, source)
+        return Position(None, 0, 0, "forged" if offered and not named else "new")
+    new_from = turns[last + 1] if last + 1 < len(turns) else len(messages)
+    candidates: list[tuple[str, int, str]] = []
+    for sid, _, source in named:
+        candidates += [
+            (s, q, source) for s, q in store.turns_with_key(principal, keys[last], session_id=sid)
+        ]
+    candidates += [(s, q, "history") for s, q in store.turns_with_key(principal, keys[last])]
+    best: tuple[int, str, int, str, int] | None = None  # (agreeing, session, fork seq, source, new)
+    seen: set[tuple[str, int]] = set()
+    for sid, seq, source in candidates:
+        if (sid, seq) in seen:
+            continue
+        seen.add((sid, seq))
+        depth = min(last, seq - 1)  # how far back both the request and the branch go
+        stored = store.turn_keys(sid, seq - depth, seq)
+        agree = 0
+        for j in range(depth + 1):
+            if stored.get(seq - depth + j) != keys[last - depth + j]:
+                break
+            agree += 1
+        if agree == depth + 1:
+            return _continue(store, sid, seq, new_from, source)
+        if agree and (best is None or agree > best[0]):
+            best = (agree, sid, seq - depth + agree - 1, source, turns[last - depth + agree])
+    if best is not None:
+        _, sid, seq, source, first_new = best
+        return Position(sid, seq, first_new, source, fork=(sid, seq))
+    for sid, seq, source in named:
+        # A verified token whose reply the client rewrote: continue after the named turn when
+        # the message before the reply is the one stored before it.
+        before = store.turn_keys(sid, seq - 1, seq - 1).get(seq - 1)
+        if last == 0 or before == keys[last - 1]:
+            return _continue(store, sid, seq, new_from, source)
+    return Position(None, 0, 0, "forged" if offered and not named else "new")
+
+
+def _continue(store: MemoryStore, sid: str, seq: int, new_from: int, source: str) -> Position:
+    last = store.last_seq(sid)
+    if last == seq:
+        return Position(sid, seq, new_from, source, expect_last=seq)
+    return Position(sid, seq, new_from, source, fork=(sid, seq))

@@ -219,6 +219,12 @@ def _frame(data: Any, name: str | None = None) -> bytes:
     return f"{head}data: {json.dumps(data, ensure_ascii=False)}\n\n".encode()
 
 
+#: Pass as the marker to have the stream keep the marker's place with ``MARKER_SLOT``: the
+#: relay commits the reply there and puts in ``render_marker(text)`` (or nothing).
+DEFERRED = "\x00deferred marker\x00"
+MARKER_SLOT = b"\x00marker slot\x00"
+
+
 class StreamState(ABC):
     """Accumulates a streamed reply and decides where the marker event goes."""
 
@@ -258,6 +264,21 @@ class StreamState(ABC):
         self.marked = True
         return event
 
+    def _slot(self) -> bytes | None:
+        """``MARKER_SLOT`` when the marker is deferred (the place is marked taken)."""
+        if self.marker is DEFERRED:
+            self.marked = True
+            return MARKER_SLOT
+        return None
+
+    def render_marker(self, marker: str) -> bytes:
+        """The marker event(s) for ``marker`` text, in place of a ``MARKER_SLOT``."""
+        self.marker = marker
+        return self._render()
+
+    @abstractmethod
+    def _render(self) -> bytes: ...
+
 
 class OpenAIStream(StreamState):
     def __init__(self, marker: str | None) -> None:
@@ -266,6 +287,9 @@ class OpenAIStream(StreamState):
         self._calls: dict[int, dict[str, str]] = {}
 
     def _marker_event(self) -> bytes:
+        return self._slot() or self._render()
+
+    def _render(self) -> bytes:
         assert self.marker is not None
         template = {k: v for k, v in self._template.items() if k in ("id", "created", "model")}
         chunk = {
@@ -328,6 +352,13 @@ class AnthropicStream(StreamState):
         self._blocks: dict[int, dict[str, Any]] = {}
 
     def _marker_events(self) -> list[bytes]:
+        slot = self._slot()
+        return [slot] if slot else self._events()
+
+    def _render(self) -> bytes:
+        return b"".join(self._events())
+
+    def _events(self) -> list[bytes]:
         assert self.marker is not None
         index = max(self._blocks, default=-1) + 1
         self.marked = True
@@ -403,6 +434,9 @@ class GeminiStream(StreamState):
         self._parts = 0
 
     def _marker_event(self) -> bytes:
+        return self._slot() or self._render()
+
+    def _render(self) -> bytes:
         assert self.marker is not None
         chunk = {
             "candidates": [

@@ -1,0 +1,56 @@
+"""The raw exchange, committed before the reply's last byte goes to the client.
+
+What is new is known, not guessed: the messages after the turn the request continues
+(``session.resolve``) and the reply. They are appended raw in one transaction with the
+session's ``derive`` job (``MemoryStore.commit_exchange``) — no tagging, no model — so an
+exchange the client has received is in the store even if the process dies the next moment;
+tags, vectors, summaries and compaction follow from the job (``server.jobs``). A request
+whose memory path did not finish (its deadline passed, or it failed) is resolved here, so it
+is stored all the same. When the branch moved on while the request was upstream (another
+request on the same branch committed first), the exchange goes on a new branch forked at the
+turn it continued. A reply cut off is stored flagged ``partial``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from contextfold.server.proxy.session import resolve
+from contextfold.store.memory_branches import BranchMoved
+
+if TYPE_CHECKING:
+    from contextfold.items import Message
+    from contextfold.server.proxy.record import Plan
+    from contextfold.server.proxy.routes import Proxy
+
+__all__ = ["commit_exchange"]
+
+
+def commit_exchange(
+    proxy: Proxy, plan: Plan, reply: Message, partial: bool = False
+) -> tuple[str, list[int]]:
+    """Store the request's new messages and ``reply``; returns (session, their seqs)."""
+    store = proxy.state.memory.store
+    position, parsed = plan.position, plan.parsed
+    if position is None or parsed is None:
+        assert plan.wire is not None and plan.original is not None
+        stripped, tokens = plan.wire.strip(plan.original)
+        parsed = plan.wire.parse(stripped)
+        position = resolve(
+            store, plan.principal, parsed.messages, tokens, plan.header, proxy.state.secret
+        )
+        if position.fork is not None:
+            position.session_id, position.expect_last = store.fork(*position.fork), position.anchor
+    new = [m for m in parsed.messages[position.new_from :] if m.role != "system"]
+    messages = [*new, reply]
+    flags = [False] * len(new) + [partial]
+    sid = position.session_id
+    if sid is None:
+        sid = store.create_session(principal=plan.principal)
+        return sid, store.commit_exchange(sid, messages, partial=flags, expect_last=0)
+    try:
+        seqs = store.commit_exchange(sid, messages, partial=flags, expect_last=position.expect_last)
+    except BranchMoved:
+        sid = store.fork(sid, position.anchor)
+        seqs = store.commit_exchange(sid, messages, partial=flags)
+    return sid, seqs
