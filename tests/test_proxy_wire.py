@@ -40,7 +40,8 @@ from fake_llm import FakeLLMServer
 from proxy_support import free_port
 
 SECRET = b"test-secret"
-MARK = marker_text(make_token("p", "s1", 2, SECRET))
+TOKEN = make_token("p", "s1", 2, SECRET)
+MARK = marker_text(TOKEN)
 
 
 @pytest.mark.parametrize(
@@ -106,9 +107,7 @@ def test_strip_parse_and_inject_per_format(fmt: str) -> None:
     wire, body = WIRES[fmt], BODIES[fmt]
     original = json.dumps(body)
     stripped, tokens = wire.strip(body)
-    assert tokens == [make_token("p", "s1", 2, SECRET)] and "contextfold" not in json.dumps(
-        stripped
-    )
+    assert tokens == [TOKEN] and "contextfold" not in json.dumps(stripped)
     parsed = wire.parse(stripped)
     assert [m.role for m in parsed.messages] == ["system", "user", "assistant", "user"]
     assert parsed.query_text == "Q2" and parsed.messages[2].text() == "A1"
@@ -195,10 +194,7 @@ def test_a_tool_only_reply_gets_the_marker_as_text(fmt: str, body: dict[str, Any
     reply = reply_of(fmt, body)
     assert reply.calls == [ToolUseBlock(id="c", name="f", input={"a": 1})] and reply.text == ""
     marked = reply_of(fmt, mark_json(fmt, body, MARK))
-    assert (
-        find_tokens(marked.text) == [make_token("p", "s1", 2, SECRET)]
-        and marked.calls == reply.calls
-    )
+    assert find_tokens(marked.text) == [TOKEN] and marked.calls == reply.calls
 
 
 @given(st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=30))
