@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 from typing import TYPE_CHECKING
 
 from contextfold.server.config import ServerConfig
@@ -13,6 +15,8 @@ if TYPE_CHECKING:
     from contextfold.memory.engine import MemoryEngine
 
 __all__ = ["create_app"]
+
+logger = logging.getLogger("contextfold.server")
 
 
 def create_app(
@@ -29,24 +33,23 @@ def create_app(
 
     from contextfold.server import context_api, dashboard, guards, proxy
 
+    memory_error: str | None = None
     if state is None:
         config = config or ServerConfig()
         if memory is None:
-            from contextfold.memory.engine import MemoryEngine
-
-            memory = (
-                MemoryEngine(config_path=config.memory_config)
-                if config.memory_config
-                else (MemoryEngine())
-            )
-        state = ServerState(config=config, memory=memory)
+            memory, memory_error = _open_memory(config)
+        state = ServerState(config=config, memory=memory, memory_error=memory_error)
     app = FastAPI(title="contextfold", version=_version())
     app.state.contextfold = state
     guards.install(app, state.config.limits)  # body size, UTF-8, one JSON error shape
 
     @app.get("/healthz", tags=["meta"])
     def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+        """``ok``; or ``degraded`` with the reason when memory could not be opened (the
+        proxy then forwards every request unmodified)."""
+        if state.memory_error:
+            return {"status": "degraded", "memory": f"down: {state.memory_error}"}
+        return {"status": "ok", "memory": "ok"}
 
     app.include_router(context_api.router(state))
     app.include_router(dashboard.router(state))
@@ -54,6 +57,25 @@ def create_app(
     app.state.proxy = proxy_routes.proxy  # its writer thread: tests and runners drain it
     app.include_router(proxy_routes)  # last: its routes match provider paths broadly
     return app
+
+
+def _open_memory(config: ServerConfig) -> tuple[MemoryEngine, str | None]:
+    """The memory engine of ``config``; when its store cannot be opened (missing directory
+    rights, locked, corrupt) an empty in-memory stand-in and the reason, so the server still
+    starts and the proxy forwards every request unmodified."""
+    from contextfold.errors import ConfigError, StoreError
+    from contextfold.memory.engine import MemoryEngine
+
+    try:
+        if config.memory_config:
+            return MemoryEngine(config_path=config.memory_config), None
+        return MemoryEngine(), None
+    except ConfigError:
+        raise  # a wrong config is the operator's to fix before the server starts
+    except (StoreError, OSError, sqlite3.DatabaseError) as exc:
+        reason = f"{type(exc).__name__}: {exc}"
+        logger.error("memory is down, requests are forwarded without it: %s", reason)
+        return MemoryEngine(store=":memory:", embedder=None), reason
 
 
 def _version() -> str:

@@ -50,6 +50,7 @@ class ServerState:
     memory: MemoryEngine
     events: EventBus = field(default_factory=EventBus)
     secret: bytes = b""
+    memory_error: str | None = None  # why memory is down (the proxy forwards without it)
 
     def __post_init__(self) -> None:
         if not self.secret:

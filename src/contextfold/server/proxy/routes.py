@@ -369,6 +369,23 @@ class Proxy:
         plan.wire, plan.original = wire, body
         plan.content = raw
         deadline = self.state.config.proxy.memory_deadline_ms / 1000
+        if self.state.memory_error:
+            plan.error = f"memory is down, request forwarded unmodified: {self.state.memory_error}"
+            plan.wire = None  # nothing is stored either
+        else:
+            plan = await self._prepared(plan, wire, body, deadline)
+        url = upstream_url(upstream, path, request.url.query)
+        headers = _forward_headers(request.headers.items())
+        plan.overhead_ms = (time.perf_counter() - started) * 1000
+        if self.tools_mode and plan.body is not None:
+            return await self._tool_loop(plan, url, headers)
+        return await self._forward(plan, url, headers)
+
+    async def _prepared(
+        self, plan: Plan, wire: Wire, body: dict[str, Any], deadline: float
+    ) -> Plan:
+        """A copy of ``plan`` filled by the memory path within ``deadline`` seconds, else
+        ``plan`` with the reason (the request then goes upstream as the client sent it)."""
         draft = _draft(plan)
         try:
             await asyncio.wait_for(
@@ -386,13 +403,8 @@ class Proxy:
             )
             logger.warning("request %s: %s", plan.id, plan.error)
         else:
-            plan = draft
-        url = upstream_url(upstream, path, request.url.query)
-        headers = _forward_headers(request.headers.items())
-        plan.overhead_ms = (time.perf_counter() - started) * 1000
-        if self.tools_mode and plan.body is not None:
-            return await self._tool_loop(plan, url, headers)
-        return await self._forward(plan, url, headers)
+            return draft
+        return plan
 
     def _token(self, plan: Plan, seq: int | None = None) -> str | None:
         """The token naming the request's turn: ``seq`` (the committed reply), else the turn
