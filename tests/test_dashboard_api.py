@@ -155,6 +155,25 @@ def test_sse_sends_a_snapshot_then_new_and_updated_records(app: FastAPI, live: L
     assert not bus._subscribers
 
 
+def test_closing_the_bus_ends_open_streams_after_their_queued_records(
+    app: FastAPI, live: LiveServer
+) -> None:
+    bus = app.state.contextfold.events
+    with (
+        httpx.Client(base_url=live.url, timeout=10) as http,
+        http.stream("GET", "/dashboard/api/events") as stream,
+    ):
+        events = _events(stream.iter_lines())
+        assert next(events)[0] == "snapshot"
+        bus.publish(record(4))
+        bus.close()  # what the Runner does when the server stops
+        assert [(kind, data["id"]) for kind, data in events] == [("record", "req-sess-a-4")]
+        with http.stream("GET", "/dashboard/api/events") as late:  # opened while stopping
+            assert [kind for kind, _ in _events(late.iter_lines())] == ["snapshot"]
+    assert not bus._subscribers
+    assert bus.get("req-sess-a-4") is not None
+
+
 def test_static_files_are_served_and_nothing_is_loaded_from_elsewhere(app: FastAPI) -> None:
     c = client(app)
     for name, media_type in STATIC_FILES.items():

@@ -3,21 +3,30 @@
 ``serve`` reads a server config file (``--config``; see docs/proxy.md) and listens on its port
 and on every ``proxy.instances`` port, all sharing one memory engine and store. ``proxy`` is the
 short form for one upstream: ``contextfold proxy --upstream https://api.openai.com``.
-Both run until Ctrl-C, then write every pending turn to memory before exiting.
+Both run until Ctrl-C (or SIGTERM). Then open dashboard streams end at once, requests in flight
+get up to ``shutdown_timeout`` seconds (default 5) to finish, and every pending turn is written
+to memory before the process exits 0. A second Ctrl-C while stopping exits at once (status 130).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
 from contextfold.cli.common import InputError, cli_errors
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from contextfold.server.runner import Runner
 
 __all__ = ["proxy_command", "serve_command"]
 
@@ -98,15 +107,58 @@ def _run(
     # them from holding the loop up for the default 5 ms each time it does I/O.
     sys.setswitchinterval(0.0005)
 
+    stop_began: list[float] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        if runner.stopping:
+            _force_exit(sig)
+        stop_began.append(time.monotonic())
+        typer.echo(f"stopping: {_stopping_line(runner)}", err=True)
+        runner.stop()
+
     async def main() -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, runner.stop)
+            loop.add_signal_handler(sig, on_signal, sig)
         await runner.serve()
 
     with asyncio.Runner(loop_factory=_loop_factory()) as loop_runner:
         loop_runner.run(main())
     app.state.contextfold.memory.close()
+    if stop_began:
+        typer.echo(
+            f"stopped in {time.monotonic() - stop_began[0]:.1f} s; {_written(app)}", err=True
+        )
+
+
+def _stopping_line(runner: Runner) -> str:
+    """What the first Ctrl-C (or SIGTERM) says: what the stop waits for, and for how long."""
+    open_now = runner.open_connections()
+    return (
+        f"{open_now} open connection{'' if open_now == 1 else 's'}; requests in flight have "
+        f"{runner.shutdown_timeout} s to finish, dashboard streams end now "
+        "(Ctrl-C again to quit at once)"
+    )
+
+
+def _written(app: FastAPI) -> str:
+    """Whether the app's lifespan, on its way out, wrote every pending turn to memory."""
+    if app.state.proxy.writer.drain(0):
+        return "every pending turn is written to memory"
+    return "some turns were still unwritten when the writer gave up (see the warnings above)"
+
+
+def _force_exit(sig: signal.Signals) -> NoReturn:
+    """A second Ctrl-C (or SIGTERM) while stopping: exit now, without waiting for requests in
+    flight or the pending memory writes (SQLite keeps what it has committed)."""
+    typer.echo(
+        f"forced stop ({sig.name} while stopping): exiting now; requests in flight are cut off "
+        "and turns not yet written to memory are lost",
+        err=True,
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(128 + sig)
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -132,7 +184,9 @@ def serve_command(
     """Run the server: the LLM proxy, POST /api/context and the dashboard.
 
     Listens on the config's port and on each proxy instance's port; all of them share one
-    memory engine and store. Stops on Ctrl-C after writing pending turns to memory."""
+    memory engine and store. Ctrl-C stops it: requests in flight get up to shutdown_timeout
+    seconds (default 5), then pending turns are written to memory; a second Ctrl-C quits at
+    once."""
     with cli_errors():
         _run(config, memory_config, host, port, None, log_level)
 
@@ -156,6 +210,8 @@ def proxy_command(
     """Run the transparent LLM proxy in front of one upstream.
 
     Point a client's base_url at http://127.0.0.1:PORT (OpenAI SDK: .../v1); every request
-    gains conversation memory. Stops on Ctrl-C after writing pending turns to memory."""
+    gains conversation memory. Ctrl-C stops it: requests in flight get up to shutdown_timeout
+    seconds (default 5), then pending turns are written to memory; a second Ctrl-C quits at
+    once."""
     with cli_errors():
         _run(config, memory_config, host, port, upstream, log_level)

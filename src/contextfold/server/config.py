@@ -136,8 +136,12 @@ class LimitSettings(_Section):
 
 
 class ServerConfig(_Section):
+    """``shutdown_timeout``: on Ctrl-C or SIGTERM, how many seconds requests in flight may
+    take to finish before they are cut off (the dashboard's event streams end at once)."""
+
     host: str = "127.0.0.1"
     port: int = Field(5757, ge=0, le=65535)
+    shutdown_timeout: int = Field(5, ge=0)
     secret_env: str = "CONTEXTFOLD_SECRET"  # HMAC key of session markers (random if unset)
     memory_config: str | None = None  # a contextfold.yaml for the memory engine
     proxy: ProxySettings = ProxySettings()

@@ -152,7 +152,9 @@ def router(state: ServerState) -> APIRouter:
     @api.get("/api/events", response_class=EventSourceResponse, include_in_schema=False)
     async def events() -> AsyncIterator[ServerSentEvent]:
         """A ``snapshot`` event with the recent records, then one ``record`` event per
-        published or updated record (an update has the same ``id``), as they happen."""
+        published or updated record (an update has the same ``id``), as they happen. The
+        stream ends when the server stops (``EventBus.close``), so it never holds the stop up;
+        the page reconnects after ``retry``."""
         updates = cast("AsyncGenerator[RequestRecord, None]", state.events.subscribe())
         # The subscription starts when the generator first runs: start it before taking the
         # snapshot, so a record published in between is not lost (the page upserts by id).
@@ -163,10 +165,13 @@ def router(state: ServerState) -> APIRouter:
             yield ServerSentEvent(
                 event="snapshot", data=[r.model_dump(mode="json") for r in snapshot], retry=2000
             )
-            item = await first
-            while True:
+            try:
+                item: RequestRecord | None = await first
+            except StopAsyncIteration:
+                item = None
+            while item is not None:  # None: the bus has closed, the server is stopping
                 yield ServerSentEvent(event="record", id=item.id, data=item.model_dump(mode="json"))
-                item = await anext(updates)
+                item = await anext(updates, None)
         finally:
             if first.done():
                 await updates.aclose()  # suspended at its yield (or finished): closes at once

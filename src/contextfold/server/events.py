@@ -15,6 +15,7 @@ when the reply is complete and its tags are known; subscribers receive both vers
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -78,24 +79,34 @@ class RequestRecord(BaseModel):
     extra: dict[str, Any] = Field(default_factory=dict)
 
 
-def _offer(queue: asyncio.Queue[RequestRecord], record: RequestRecord) -> None:
-    """Hand a record to a subscriber; one that has fallen 1,000 records behind misses it (the
-    page can reload ``recent()``) rather than holding the publisher up."""
-    if not queue.full():
+#: A subscriber this far behind misses records (the page can reload ``recent()``) rather than
+#: holding the publisher up.
+_BACKLOG = 1000
+
+
+def _offer(queue: asyncio.Queue[RequestRecord | None], record: RequestRecord) -> None:
+    if queue.qsize() < _BACKLOG:
         queue.put_nowait(record)
+
+
+_Subscriber = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[RequestRecord | None]"]
 
 
 class EventBus:
     """Recent records (at most ``keep``, by id: an update replaces its earlier version in
-    place) and live subscribers. ``publish`` may be called from any thread."""
+    place) and live subscribers. ``publish`` and ``close`` may be called from any thread.
+
+    ``close()`` ends every subscription (the server calls it when it stops, so open dashboard
+    streams finish instead of holding the stop up); records published afterwards are still
+    kept, and a subscription started afterwards ends at once.
+    """
 
     def __init__(self, keep: int = 500) -> None:
         self.keep = keep
         self._records: OrderedDict[str, RequestRecord] = OrderedDict()
-        self._subscribers: set[tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestRecord]]] = (
-            set()
-        )
+        self._subscribers: set[_Subscriber] = set()
         self._lock = threading.Lock()
+        self._closed = False
 
     def publish(self, record: RequestRecord) -> None:
         with self._lock:
@@ -119,15 +130,27 @@ class EventBus:
         with self._lock:
             return self._records.get(record_id)
 
+    def close(self) -> None:
+        """End every subscription: each one yields what it has queued, then stops."""
+        with self._lock:
+            self._closed = True
+            subscribers = list(self._subscribers)
+        for loop, queue in subscribers:
+            with contextlib.suppress(RuntimeError):  # the subscriber's loop has closed
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+
     async def subscribe(self) -> AsyncIterator[RequestRecord]:
-        """New and updated records as they are published, until the consumer stops."""
-        queue: asyncio.Queue[RequestRecord] = asyncio.Queue(maxsize=1000)
+        """New and updated records as they are published, until the consumer stops or the
+        bus is closed."""
+        queue: asyncio.Queue[RequestRecord | None] = asyncio.Queue()  # _offer bounds it
         entry = (asyncio.get_running_loop(), queue)
         with self._lock:
+            if self._closed:
+                return
             self._subscribers.add(entry)
         try:
-            while True:
-                yield await queue.get()
+            while (record := await queue.get()) is not None:
+                yield record
         finally:
             with self._lock:
                 self._subscribers.discard(entry)

@@ -6,6 +6,12 @@ store, one dashboard. The proxy picks each request's upstream from the port it a
 The app's lifespan runs once around all servers, so pending memory writes are flushed after
 the last server has stopped.
 
+``stop()`` stops every server gracefully and within bounds: the servers stop accepting, the
+dashboard's event streams end at once (``EventBus.close``), requests in flight may finish for
+``ServerConfig.shutdown_timeout`` seconds, and whatever is still running then is cancelled: a
+request still waiting for its upstream gets a 503 ``server_stopping``, a reply already
+streaming is cut off (the client sees the connection close mid-reply, not a clean end).
+
 >>> from contextfold.server.config import InstanceSettings, ProxySettings, ServerConfig
 >>> config = ServerConfig(port=5757, proxy=ProxySettings(instances=[
 ...     InstanceSettings(name="claude", port=5758, upstream="https://api.anthropic.com")]))
@@ -17,14 +23,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import uvicorn
 from fastapi import FastAPI
 
 from contextfold.server.config import ServerConfig
+from contextfold.server.guards import error_response
+
+if TYPE_CHECKING:
+    from starlette.types import Message, Receive, Scope, Send
 
 __all__ = ["Runner", "bindings"]
+
+log = logging.getLogger(__name__)
+
+#: How long ``serve()`` lets the requests cancelled at the end of the grace period clean up
+#: before the pending memory writes are flushed.
+_CANCELLED_GRACE = 1.0
 
 
 def bindings(config: ServerConfig) -> list[tuple[str, int]]:
@@ -40,6 +58,46 @@ class _Server(uvicorn.Server):
         yield
 
 
+class _CutOff:
+    """ASGI wrapper: a request cancelled because the stop's grace period ran out answers 503
+    ``server_stopping`` when it has not begun its reply (uvicorn would answer 500 and log a
+    traceback), and ends quietly when it has (uvicorn then closes the connection)."""
+
+    def __init__(self, app: FastAPI, runner: Runner) -> None:
+        self.app = app
+        self.runner = runner
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def watched_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched_send)
+        except asyncio.CancelledError:
+            if scope["type"] != "http" or not self.runner.stopping:
+                raise
+            timeout = self.runner.shutdown_timeout
+            log.warning(
+                "%s %s still running %s s after the stop began: %s",
+                scope.get("method"),
+                scope.get("path"),
+                timeout,
+                "its reply is cut off mid-stream" if started else "answered 503",
+            )
+            if not started:
+                response = error_response(
+                    503,
+                    "server_stopping",
+                    f"the server stopped before this request finished (it waited "
+                    f"{timeout} s, its shutdown_timeout); send it again once it is back",
+                )
+                await response(scope, receive, send)
+
+
 class Runner:
     """Serve ``app`` on every binding of ``config`` until ``stop()``."""
 
@@ -48,7 +106,8 @@ class Runner:
         self.servers = [
             _Server(
                 uvicorn.Config(
-                    app,
+                    _CutOff(app, self),
+                    interface="asgi3",
                     host=host,
                     port=port,
                     lifespan="off",  # run once around all servers, below
@@ -57,10 +116,15 @@ class Runner:
                     # LLM clients pool connections; closing idle ones after uvicorn's default
                     # 5 s races with a client reusing one (it sees a ReadError).
                     timeout_keep_alive=75,
+                    # Without a bound, one connection that never ends (a stuck upstream, a
+                    # client that never reads) would hold the stop up forever.
+                    timeout_graceful_shutdown=config.shutdown_timeout,
                 )
             )
             for host, port in bindings(config)
         ]
+        self.shutdown_timeout = config.shutdown_timeout
+        self.stopping = False
 
     @property
     def started(self) -> bool:
@@ -75,10 +139,24 @@ class Runner:
             for sock in listener.sockets
         ]
 
+    def open_connections(self) -> int:
+        """Client connections open now on every port (idle keep-alive ones included)."""
+        return sum(len(server.server_state.connections) for server in self.servers)
+
     def stop(self) -> None:
+        """Stop every server as the module docstring says; ``serve()`` returns once they
+        have stopped and the pending memory writes are done. Safe from any thread."""
+        self.stopping = True
+        self.app.state.contextfold.events.close()
         for server in self.servers:
             server.should_exit = True
 
     async def serve(self) -> None:
         async with self.app.router.lifespan_context(self.app):
             await asyncio.gather(*(server.serve() for server in self.servers))
+            # uvicorn cancels what outlives the grace period without waiting; let those
+            # requests finish cancelling (and close their streams) before the lifespan's exit
+            # writes the pending turns.
+            cut_off = [task for server in self.servers for task in server.server_state.tasks]
+            if cut_off:
+                await asyncio.wait(cut_off, timeout=_CANCELLED_GRACE)
