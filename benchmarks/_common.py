@@ -559,20 +559,49 @@ def _render_proxy(path: Path, data: dict[str, Any]) -> list[str]:
         f"- Machine: {_machine_line(data)}; load {data['machine'].get('load_avg_1m_at_end')} "
         "at end",
         f"- {p['latency_sessions']} sessions × {p['turns_per_session']} turns, each request "
-        f"sent direct and through the proxy, interleaved; engine: {p['engine']}.",
+        f"sent direct, through the null proxy (when measured) and through contextfold, "
+        f"interleaved; engine: {p['engine']}.",
         "",
-        "| mode | added p50 ms | added p90 ms | added p99 ms | first byte added p50 ms | "
-        "direct p50 ms | proxied p50 ms | proxy CPU ms / request |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| mode | added p50 ms | added p90 ms | added p99 ms | null proxy added p50 ms | "
+        "first byte added p50 ms | direct p50 ms | proxied p50 ms | proxy CPU ms / request |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for c in data["configs"]:
         a = c["added_ms"]
+        null = c.get("null_proxy_added_ms")
+        null_p50 = f"{null['p50']:.2f}" if null else "-"
         lines.append(
             f"| {'stream' if c['stream'] else 'JSON'} | {a['p50']:.2f} | {a['p90']:.2f} | "
-            f"{a['p99']:.2f} | {c['first_byte_added_ms']['p50']:.2f} | "
+            f"{a['p99']:.2f} | {null_p50} | "
+            f"{c['first_byte_added_ms']['p50']:.2f} | "
             f"{c['direct_ms']['p50']:.2f} | {c['proxied_ms']['p50']:.2f} | "
             f"{c['proxy_cpu_ms_per_request']:.2f} |"
         )
+    runs = data.get("concurrent") or []
+    if runs:
+        lines += [
+            "",
+            "Concurrent clients (growing history, JSON and streaming alternating; each request "
+            "direct, through the null proxy and through contextfold in a rotating order):",
+            "",
+            "| run | requests | direct p50 ms | null added p50 / p99 ms | contextfold added "
+            "p50 / p99 ms | contextfold / null p50 | memory (with / without / failed) | bars |",
+            "|---|---:|---:|---:|---:|---:|---|---|",
+        ]
+        for r in runs:
+            n, cf, m = r["null_added_ms"], r["contextfold_added_ms"], r["memory"]
+            bars = ", ".join(
+                f"{k} {b['value']} ≤ {b['limit']} {'met' if b['met'] else 'MISSED'}"
+                for k, b in r["bars"].items()
+            )
+            ratio = r["ratio_added_p50"]
+            lines.append(
+                f"| {r['label']} | {r['rounds']:,} | {r['direct_ms']['p50']:.2f} | "
+                f"{n['p50']:.2f} / {n['p99']:.2f} | {cf['p50']:.2f} / {cf['p99']:.2f} | "
+                f"{'-' if ratio is None else f'{ratio:.1f}×'} | "
+                f"{m['with_memory']} / {m['without_memory']} / "
+                f"{m['memory_failed_forwarded_unmodified']} of {m['records']} records | {bars} |"
+            )
     lines += [
         "",
         f"- Load: {load['sessions']} concurrent sessions for {load['seconds']:.0f} s: "
@@ -588,9 +617,57 @@ def _render_proxy(path: Path, data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _render_durability(path: Path, data: dict[str, Any]) -> list[str]:
+    lines = [
+        "## Durability (`bench_durability.py`)",
+        "",
+        data["description"],
+        "",
+        f"- Command: `{data['command']}` → `{_relative(str(path))}`",
+        f"- Machine: {_machine_line(data)}",
+    ]
+    if data["configs"]:
+        lines += [
+            "",
+            "| run | requests | req/s | acknowledged | missing after SIGTERM | exit s | exit code "
+            "| RSS MB start / max / end | RSS max while exiting |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+    for c in data["configs"]:
+        rss = c["rss_mb"]
+        code = f"{c['exit_code']}{' (killed)' if c['killed_after_timeout'] else ''}"
+        lines.append(
+            f"| {c['label']}: {c['sessions']} sessions, {c['seconds']:.0f} s | "
+            f"{c['requests']:,} | {c['requests_per_s']:,} | {c['acknowledged']:,} | "
+            f"{c['missing_exchanges']:,} | {c['exit_seconds']:.1f} | {code} | "
+            f"{rss['start']:.0f} / {rss['max']:.0f} / {rss['end']:.0f} | "
+            f"{rss['max_while_exiting'] or '-'} |"
+        )
+    crash = data.get("crash")
+    if crash:
+        lines += [
+            "",
+            "| kill -9 trials | acknowledged | missing | trials with missing | integrity "
+            "failures | compacted sessions | inconsistent tag summaries |",
+            "|---:|---:|---:|---:|---:|---:|---:|",
+            f"| {crash['trials']} × {crash['sessions_per_trial']} sessions | "
+            f"{crash['acknowledged']:,} | {crash['missing_exchanges']:,} | "
+            f"{crash['trials_with_missing']} | {crash['integrity_failures']} | "
+            f"{crash['compacted_sessions']} | {crash['inconsistent_sessions']} |",
+        ]
+    met = data["goals"]["met"]
+    lines += [
+        "",
+        "- Bars: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in met.items()) + ".",
+        f"- Harness checks: {_flags(data['correctness'])}.",
+    ]
+    return lines
+
+
 _RENDERERS = {
     "memory": _render_memory,
     "proxy": _render_proxy,
+    "durability": _render_durability,
     "window": _render_window,
     "history_trim": _render_history,
     "retrieval": _render_retrieval,
@@ -608,7 +685,8 @@ def render_results(results_dir: Path) -> str:
         "other processes on a shared machine do not inflate. Peak RSS is the whole benchmark "
         "process, data loading included. Re-run with `python benchmarks/bench_window.py`, "
         "`python benchmarks/bench_history_trim.py`, `python benchmarks/bench_retrieval.py`, "
-        "`python benchmarks/bench_memory.py` and `python benchmarks/bench_proxy.py`.",
+        "`python benchmarks/bench_memory.py`, `python benchmarks/bench_proxy.py` and "
+        "`python benchmarks/bench_durability.py`.",
         "",
     ]
     for name, (path, data) in latest_results(results_dir).items():

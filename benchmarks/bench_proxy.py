@@ -1,24 +1,35 @@
 """What the transparent proxy adds: latency, time to first streamed byte, and no lost turns.
 
-Three processes on 127.0.0.1: the fake provider (``tests/fake_llm.py``, a real HTTP server
+Four processes on 127.0.0.1: the fake provider (``tests/fake_llm.py``, a real HTTP server
 speaking the OpenAI wire format), the proxy (``contextfold proxy --upstream <fake>``, its own
 process, memory in a SQLite file with ``recall.embedder: none`` — keyword tagging, FTS5 recall,
-no embedding model), and this client. Each request goes once straight to the fake and once
-through the proxy, interleaved, with the same growing history.
+no embedding model), the null proxy (``null_proxy.py``: an aiohttp pass-through that streams
+the reply back and does nothing else, the baseline for "what any proxy costs") and this client.
+Each request goes straight to the fake, through the null proxy and through contextfold,
+interleaved, with the same growing history.
 
 * Added latency: sessions of 100 turns (the client sends its whole history, markers
   included, as chat clients do), non-streaming; per-turn proxied minus direct wall time; p50
-  and p99. Bars: p50 <= 5 ms, p99 <= 25 ms.
+  and p99, for contextfold and the null proxy. Bars: p50 <= 5 ms, p99 <= 25 ms.
 * Time to first streamed byte: the same with ``"stream": true``, time until the first body
   byte arrives; proxied minus direct. Bar: median within 5 ms.
+* Concurrent clients: 20 sessions at once, 40 growing-history requests each (JSON and
+  streaming alternating), every request direct, through the null proxy and through contextfold
+  in a rotating order. Bars: contextfold's added p50 <= 10x the null proxy's, added p99 <=
+  50 ms. Then the same with a second proxy whose memory has the default MiniLM embedder on,
+  and one client with 100 requests on it. Bars: added p50 <= 50 ms (20 clients), <= 12 ms
+  (one client). Each run also reports, from the proxy's dashboard records
+  (``/dashboard/api/records``, the last 500), how many requests got a memory block, went
+  without one, or were forwarded unmodified because the memory path failed.
 * Load: 50 concurrent sessions for 60 s (streaming and not, alternating), then the proxy is
   stopped (it writes pending turns on the way out) and every session's turns are counted in
   the store. Bars: 0 errors, 0 lost turns.
 
 The proxy's own CPU time per request (from /proc) is reported too: on a shared machine the
-wall clock also counts time other processes held the cores.
+wall clock also counts time other processes held the cores. Bars are reported, never fatal.
 
-Run: ``python benchmarks/bench_proxy.py`` (``--quick`` for the smoke test).
+Run: ``python benchmarks/bench_proxy.py`` (``--quick`` for the smoke test;
+``--skip-embedder`` leaves out the MiniLM runs).
 """
 
 from __future__ import annotations
@@ -27,126 +38,69 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import socket
 import sqlite3
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 
 import _common as common
+import _servers as servers
 
-TESTS = common.ROOT / "tests"
-HEADER = "x-contextfold-session"
+HEADER = servers.HEADER
 # Small writes go out at once on the client's connections too (as anyio's do in the proxy).
 NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
-
-FAKE = """
-import sys, time
-sys.path.insert(0, {tests!r})
-from fake_llm import FakeLLMServer
-def reply(body):
-    last = body["messages"][-1]["content"]
-    text = last if isinstance(last, str) else str(last)
-    return "Answer to: " + text.split("\\n")[-1][:200] + " - noted, with details."
-server = FakeLLMServer(reply=reply).start()
-print(server.url, flush=True)
-while True:
-    time.sleep(3600)
-"""
-
-TOPICS = [
-    "the kitchen renovation budget of {n} euros",
-    "training for the half marathon, week {n}",
-    "the Henninger filing deadline moved to day {n}",
-    "sourdough starter feeding at {n} grams",
-    "the database migration step {n} for the billing service",
-    "planning the Lisbon trip, day {n}",
-]
-
-
-def user_text(session: int, turn: int) -> str:
-    topic = TOPICS[(session + turn) % len(TOPICS)].format(n=turn * 7 + session)
-    return f"Session {session}, turn {turn}: let us talk about {topic}."
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+user_text = servers.user_text
+cpu_seconds = servers.cpu_seconds
+SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 
 
 class Processes:
+    """The fake upstream, the null proxy and one contextfold proxy (``embedder``: the default
+    MiniLM embedder on, else ``recall.embedder: none``), each in its own process."""
+
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        env = {**os.environ, "CONTEXTFOLD_HOME": str(folder / "home")}
-        self.fake = subprocess.Popen(
-            [sys.executable, "-c", FAKE.format(tests=str(TESTS))],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        assert self.fake.stdout is not None
-        self.upstream = self.fake.stdout.readline().strip()
-        self.store = folder / "memory.db"
-        memory_yaml = folder / "contextfold.yaml"
-        memory_yaml.write_text(f"storage_path: {self.store}\nrecall:\n  embedder: none\n")
-        with socket_port() as port:
-            self.port = port
-        self.proxy = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "from contextfold.cli import main; main()",
-                "proxy",
-                "--upstream",
-                self.upstream,
-                "--port",
-                str(self.port),
-                "--memory-config",
-                str(memory_yaml),
-                "--log-level",
-                "warning",
-            ],
-            env=env,
-            stderr=subprocess.DEVNULL,
-        )
-        self.url = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or self.proxy.poll() is not None:
-                raise SystemExit("the proxy did not start")
-            time.sleep(0.1)
+        self.fake, self.upstream = servers.start_fake()
+        self.null, self.null_url = servers.start_null_proxy(self.upstream)
+        self.proxy: servers.ContextfoldProxy | None = None
+        self.start_proxy("memory", embedder=False)
 
-    def stop_proxy(self) -> int:
-        self.proxy.send_signal(signal.SIGINT)
-        return self.proxy.wait(120)
+    def start_proxy(self, name: str, *, embedder: bool) -> None:
+        self.store = self.folder / f"{name}.db"
+        memory_yaml = servers.write_memory_config(
+            self.folder / f"{name}.yaml", self.store, embedder=embedder
+        )
+        self.proxy = servers.ContextfoldProxy(
+            self.upstream, memory_yaml, self.folder / "home", self.folder / f"{name}.log"
+        )
+        self.proxy.wait_ready()
+
+    @property
+    def url(self) -> str:
+        assert self.proxy is not None
+        return self.proxy.url
+
+    @property
+    def pid(self) -> int:
+        assert self.proxy is not None
+        return self.proxy.pid
+
+    def stop_proxy(self) -> int | None:
+        """SIGTERM (the proxy writes pending turns on the way out); its exit code."""
+        assert self.proxy is not None
+        code, _, _ = self.proxy.terminate(120)
+        return code
 
     def close(self) -> None:
-        for process in (self.proxy, self.fake):
-            if process.poll() is None:
-                process.kill()
-                process.wait(10)
-
-
-class socket_port:
-    def __enter__(self) -> int:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        return int(self.sock.getsockname()[1])
-
-    def __exit__(self, *exc: object) -> None:
-        self.sock.close()
+        for process in (self.proxy.process if self.proxy else None, self.null, self.fake):
+            if process is not None:
+                servers.stop(process)
 
 
 def timed_post(client: httpx.Client, url: str, body: dict[str, Any]) -> tuple[float, float, Any]:
@@ -173,21 +127,32 @@ def stream_text(raw: str) -> str:
     return "".join(text)
 
 
+def _summary(values: list[float]) -> dict[str, float]:
+    return {
+        "p50": round(common.percentile(values, 50), 3),
+        "p90": round(common.percentile(values, 90), 3),
+        "p99": round(common.percentile(values, 99), 3),
+        "mean": round(statistics.fmean(values), 3),
+    }
+
+
 def latency(procs: Processes, sessions: int, turns: int, stream: bool) -> dict[str, Any]:
+    """One client; each request goes direct, through the null proxy and through contextfold,
+    one after the other with the same body."""
     direct_url = f"{procs.upstream}/v1/chat/completions"
+    null_url = f"{procs.null_url}/v1/chat/completions"
     proxy_url = f"{procs.url}/v1/chat/completions"
-    added, first_added, direct_total, proxy_total = [], [], [], []
-    cpu_before = cpu_seconds(procs.proxy.pid)
+    added, null_added, first_added, direct_total, proxy_total = [], [], [], [], []
+    cpu_before = cpu_seconds(procs.pid)
     requests = 0
     with httpx.Client(timeout=60, transport=httpx.HTTPTransport(socket_options=NODELAY)) as client:
         for s in range(sessions):
-            history: list[dict[str, Any]] = [
-                {"role": "system", "content": "You are a helpful assistant."}
-            ]
+            history: list[dict[str, Any]] = [SYSTEM]
             for t in range(turns):
                 history.append({"role": "user", "content": user_text(1000 + s, t)})
                 body = {"model": "fake", "messages": history, "stream": stream}
                 d_first, d_total, _ = timed_post(client, direct_url, body)
+                _, n_total, _ = timed_post(client, null_url, body)
                 p_first, p_total, response = timed_post(client, proxy_url, body)
                 requests += 1
                 assert response.status_code == 200, response.text[:300]
@@ -198,21 +163,18 @@ def latency(procs: Processes, sessions: int, turns: int, stream: bool) -> dict[s
                 )
                 history.append({"role": "assistant", "content": reply})
                 added.append((p_total - d_total) * 1000)
+                null_added.append((n_total - d_total) * 1000)
                 first_added.append((p_first - d_first) * 1000)
                 direct_total.append(d_total * 1000)
                 proxy_total.append(p_total * 1000)
-    cpu = cpu_seconds(procs.proxy.pid) - cpu_before
+    cpu = cpu_seconds(procs.pid) - cpu_before
     return {
         "stream": stream,
         "sessions": sessions,
         "turns_per_session": turns,
         "requests": requests,
-        "added_ms": {
-            "p50": round(common.percentile(added, 50), 3),
-            "p90": round(common.percentile(added, 90), 3),
-            "p99": round(common.percentile(added, 99), 3),
-            "mean": round(statistics.fmean(added), 3),
-        },
+        "added_ms": _summary(added),
+        "null_proxy_added_ms": _summary(null_added),
         "first_byte_added_ms": {
             "p50": round(common.percentile(first_added, 50), 3),
             "p99": round(common.percentile(first_added, 99), 3),
@@ -226,6 +188,68 @@ def latency(procs: Processes, sessions: int, turns: int, stream: bool) -> dict[s
             "p99": round(common.percentile(proxy_total, 99), 3),
         },
         "proxy_cpu_ms_per_request": round(cpu * 1000 / max(requests, 1), 3),
+    }
+
+
+async def concurrent(
+    procs: Processes, label: str, clients: int, turns: int, *, embedder: bool
+) -> dict[str, Any]:
+    """``clients`` sessions at once, each sending ``turns`` growing-history requests (JSON and
+    streaming alternating); every request goes direct, through the null proxy and through
+    contextfold, in an order that rotates per turn, so all three see the same load. Added
+    latency = that path's time minus the direct time of the same request."""
+    targets = {"direct": procs.upstream, "null": procs.null_url, "contextfold": procs.url}
+    names = list(targets)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    errors = servers.Tally()
+    sessions: set[str] = set()
+    cpu_before = cpu_seconds(procs.pid)
+    start = time.perf_counter()
+
+    async def one(client: aiohttp.ClientSession, c: int) -> None:
+        history: list[dict[str, Any]] = [SYSTEM]
+        for t in range(turns):
+            history.append({"role": "user", "content": user_text(5000 + c, t)})
+            shift = (c + t) % len(names)
+            got: dict[str, servers.Exchange] = {}
+            for name in names[shift:] + names[:shift]:
+                exchange = await servers.chat(client, targets[name], history, t % 2 == 1)
+                if exchange.error or not exchange.complete:
+                    errors.add(name, exchange.error or "incomplete reply")
+                    return
+                got[name] = exchange
+            for name in names:
+                times[name].append(got[name].seconds * 1000)
+            if got["contextfold"].session:
+                sessions.add(got["contextfold"].session)
+            history.append({"role": "assistant", "content": got["contextfold"].reply})
+
+    async with servers.client_session(clients * len(names) + 10) as client:
+        await asyncio.gather(*(one(client, c) for c in range(clients)))
+    seconds = time.perf_counter() - start
+    cpu = cpu_seconds(procs.pid) - cpu_before
+    direct = times["direct"]
+    added = {
+        name: [p - d for p, d in zip(times[name], direct, strict=True)]
+        for name in ("null", "contextfold")
+    }
+    cf, null = _summary(added["contextfold"]), _summary(added["null"])
+    assert procs.proxy is not None
+    return {
+        "label": label,
+        "clients": clients,
+        "turns_per_client": turns,
+        "embedder": "minilm" if embedder else "none",
+        "rounds": len(direct),
+        "seconds": round(seconds, 2),
+        "errors": errors.total,
+        "error_samples": errors.samples,
+        "direct_ms": _summary(direct),
+        "null_added_ms": null,
+        "contextfold_added_ms": cf,
+        "ratio_added_p50": round(cf["p50"] / null["p50"], 2) if null["p50"] > 0 else None,
+        "proxy_cpu_ms_per_request": round(cpu * 1000 / max(len(direct), 1), 3),
+        "memory": servers.memory_share(procs.proxy.records(), sessions),
     }
 
 
@@ -289,6 +313,22 @@ def stored_turns(store: Path) -> dict[str, int]:
         return dict(rows)
 
 
+def _bar(value: float | None, limit: float) -> dict[str, Any]:
+    return {"value": value, "limit": limit, "met": value is not None and value <= limit}
+
+
+def concurrent_bars(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Embedder off: added p50 within 10x the null proxy's and p99 <= 50 ms. Embedder on:
+    added p50 <= 50 ms with 20 clients, <= 12 ms with one."""
+    cf = run["contextfold_added_ms"]
+    if run["embedder"] == "none":
+        return {
+            "added_p50_over_null_p50": _bar(run["ratio_added_p50"], 10.0),
+            "added_p99_ms": _bar(cf["p99"], 50.0),
+        }
+    return {"added_p50_ms": _bar(cf["p50"], 12.0 if run["clients"] == 1 else 50.0)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     common.common_arguments(parser)
@@ -296,13 +336,26 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=100)
     parser.add_argument("--load-sessions", type=int, default=50)
     parser.add_argument("--load-seconds", type=float, default=60.0)
+    parser.add_argument("--clients", type=int, default=20, help="concurrent clients")
+    parser.add_argument(
+        "--client-turns", type=int, default=40, help="requests per concurrent client"
+    )
+    parser.add_argument(
+        "--single-turns", type=int, default=100, help="requests of the one-client embedder run"
+    )
+    parser.add_argument(
+        "--skip-embedder", action="store_true", help="leave out the runs with MiniLM on"
+    )
     args = parser.parse_args()
     if args.quick:
         args.sessions, args.turns, args.load_sessions, args.load_seconds = 1, 10, 5, 3.0
+        args.client_turns, args.single_turns = 3, 6
     result = common.base_result(
         "proxy",
-        "Latency the proxy adds over a direct call to the same fake upstream, time to first "
-        "streamed byte, and 50 concurrent sessions with every turn checked in the store.",
+        "Latency the proxy adds over a direct call to the same fake upstream (and what a null "
+        "aiohttp pass-through adds, measured in the same run), time to first streamed byte, "
+        f"{args.clients} concurrent clients with the embedder off and on, and "
+        f"{args.load_sessions} concurrent sessions with every turn checked in the store.",
         args.quick,
     )
     result["parameters"] = {
@@ -310,28 +363,47 @@ def main() -> None:
         "turns_per_session": args.turns,
         "load_sessions": args.load_sessions,
         "load_seconds": args.load_seconds,
+        "concurrent_clients": args.clients,
+        "turns_per_concurrent_client": args.client_turns,
+        "single_client_embedder_turns": args.single_turns,
         "engine": "MemoryEngine, SQLite file (WAL), recall.embedder: none (keyword tags + FTS5)",
         "upstream": "tests/fake_llm.py in its own process (OpenAI wire format)",
         "proxy": "`contextfold proxy` in its own process (one uvicorn worker)",
+        "null_proxy": "benchmarks/null_proxy.py: aiohttp pass-through, its own process",
     }
     folder = Path(tempfile.mkdtemp(prefix="cf-bench-proxy-"))
     procs = Processes(folder)
+    runs = []
     try:
         warm = latency(procs, 1, 3, False)  # tokenizer and first-request costs, not measured
         del warm
         plain = latency(procs, args.sessions, args.turns, False)
         streamed = latency(procs, args.sessions, args.turns, True)
+        label = f"{args.clients} clients, embedder none"
+        runs.append(
+            asyncio.run(concurrent(procs, label, args.clients, args.client_turns, embedder=False))
+        )
         loaded = asyncio.run(load(procs, args.load_sessions, args.load_seconds, args.turns))
         exit_code = procs.stop_proxy()
         stored = stored_turns(procs.store)
+        if not args.skip_embedder:
+            procs.start_proxy("embedder", embedder=True)
+            asyncio.run(concurrent(procs, "warm-up", 1, 3, embedder=True))  # loads the model
+            for clients, turns in ((args.clients, args.client_turns), (1, args.single_turns)):
+                label = f"{clients} client{'s' if clients > 1 else ''}, embedder minilm"
+                runs.append(asyncio.run(concurrent(procs, label, clients, turns, embedder=True)))
+            procs.stop_proxy()
     finally:
         procs.close()
+    for run in runs:
+        run["bars"] = concurrent_bars(run)
     lost = {
         sid: {"answered_turns": n, "stored_messages": stored.get(sid, 0)}
         for sid, n in loaded["completed"].items()
         if stored.get(sid, 0) != 2 * n
     }
     result["configs"] = [plain, streamed]
+    result["concurrent"] = runs
     result["load"] = {
         "sessions": args.load_sessions,
         "seconds": args.load_seconds,
@@ -359,17 +431,23 @@ def main() -> None:
             <= goals["first_byte_added_ms_max"],
             "no_errors": not loaded["errors"],
             "no_lost_turns": not lost,
+            **{
+                f"{run['label']}: {name}": bar["met"]
+                for run in runs
+                for name, bar in run["bars"].items()
+            },
         },
     }
     result["correctness"] = {
         "no_errors": not loaded["errors"],
         "every_turn_stored": not lost,
         "proxy_exited_cleanly": exit_code == 0,
+        "concurrent_runs_without_errors": all(run["errors"] == 0 for run in runs),
     }
     result["machine"]["load_avg_1m_at_end"] = round(os.getloadavg()[0], 2)
     result["peak_rss_mb"] = common.peak_rss_mb()
     path = common.write_result(result, args.results_dir, args.results_md)
-    print(json.dumps({k: result[k] for k in ("configs", "load", "goals")}, indent=2))
+    print(json.dumps({k: result[k] for k in ("configs", "concurrent", "load", "goals")}, indent=2))
     print(f"wrote {path}")
 
 
