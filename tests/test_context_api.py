@@ -353,6 +353,22 @@ def test_a_document_is_chunked_into_linked_nodes_and_deleted_with_them(
     assert open_client.delete("/api/documents/t/policy").status_code == 404
 
 
+def test_deleting_a_document_never_deletes_another_tenants_node(
+    keyed_client: TestClient,
+) -> None:
+    body = {"tenant_id": "support", "id": "policy", "title": "Policy", "text": POLICY}
+    created = keyed_client.post(
+        "/api/documents", json={**body, "chunker": "markdown"}, headers=SUPPORT
+    )
+    first, last = created.json()["node_ids"]
+    assert keyed_client.delete(f"/api/nodes/{last}", headers=SUPPORT).status_code == 204
+    theirs = _node(keyed_client, "sales", "Sales playbook", SALES)
+    assert theirs not in (first, last)  # a freed id is never handed out again
+    assert keyed_client.delete("/api/documents/support/policy", headers=SUPPORT).status_code == 204
+    assert keyed_client.get(f"/api/nodes/{theirs}", headers=SALES).status_code == 200
+    assert keyed_client.get(f"/api/nodes/{first}", headers=SUPPORT).status_code == 404
+
+
 def test_nodes_can_be_replaced_listed_and_deleted(open_client: TestClient) -> None:
     ids = [
         _node(open_client, "t", f"node {n}", node_type=kind)

@@ -82,6 +82,47 @@ def m001_create_graph(conn: sqlite3.Connection) -> None:
     conn.execute("CREATE INDEX graph_edges_by_target ON graph_edges (target_id)")
 
 
+@MIGRATIONS.migration
+def m002_never_reuse_node_ids(conn: sqlite3.Connection) -> None:
+    """``graph_nodes.id`` becomes ``AUTOINCREMENT``: an id, once assigned, is never assigned
+    again, even after its node (or the node with the highest id) is deleted — so an id a
+    client or a document still holds can never come to name someone else's node. SQLite
+    adds ``AUTOINCREMENT`` only by rebuilding the table; the rows keep their ids and the
+    counter starts at the highest id stored. The edges are set aside while the node table is
+    rebuilt (dropping it would cascade-delete them) and then restored."""
+    conn.execute("CREATE TEMP TABLE graph_edges_kept AS SELECT * FROM graph_edges")
+    conn.execute("DROP TABLE graph_edges")
+    conn.execute("ALTER TABLE graph_nodes RENAME TO graph_nodes_old")
+    conn.execute("DROP INDEX graph_nodes_by_tenant")
+    conn.execute(
+        "CREATE TABLE graph_nodes ("
+        " id INTEGER PRIMARY KEY AUTOINCREMENT, tenant_id TEXT NOT NULL,"
+        " node_type TEXT NOT NULL, title TEXT NOT NULL, summary TEXT,"
+        " content TEXT NOT NULL DEFAULT '{}', tags TEXT NOT NULL DEFAULT '[]')"
+    )
+    conn.execute(
+        "INSERT INTO graph_nodes (id, tenant_id, node_type, title, summary, content, tags)"
+        " SELECT id, tenant_id, node_type, title, summary, content, tags FROM graph_nodes_old"
+    )  # explicit ids: SQLite sets the counter to the largest
+    conn.execute("DROP TABLE graph_nodes_old")
+    conn.execute("CREATE INDEX graph_nodes_by_tenant ON graph_nodes (tenant_id, node_type)")
+    conn.execute(
+        "CREATE TABLE graph_edges ("
+        " source_id INTEGER NOT NULL REFERENCES graph_nodes(id) ON DELETE CASCADE,"
+        " target_id INTEGER NOT NULL REFERENCES graph_nodes(id) ON DELETE CASCADE,"
+        " edge_type TEXT NOT NULL,"
+        " weight REAL NOT NULL DEFAULT 1.0 CHECK (weight > 0 AND weight <= 1),"
+        " CHECK (source_id <> target_id),"
+        " PRIMARY KEY (source_id, target_id, edge_type))"
+    )
+    conn.execute(
+        "INSERT INTO graph_edges (source_id, target_id, edge_type, weight)"
+        " SELECT source_id, target_id, edge_type, weight FROM temp.graph_edges_kept"
+    )
+    conn.execute("DROP TABLE temp.graph_edges_kept")
+    conn.execute("CREATE INDEX graph_edges_by_target ON graph_edges (target_id)")
+
+
 class NodeType(StrEnum):
     """What a knowledge node holds."""
 
@@ -276,9 +317,10 @@ class GraphView:
 class KnowledgeGraph:
     """Knowledge nodes and edges in one SQLite file (or ``":memory:"``).
 
-    Node ids are integers, assigned by SQLite unless given. Adding a node with an id already
-    stored replaces its fields and keeps its edges; adding an edge that exists (same source,
-    target and type) replaces its weight.
+    Node ids are integers, assigned by SQLite unless given, and never assigned twice: a
+    deleted node's id stays retired (``m002_never_reuse_node_ids``). Adding a node with an id
+    already stored replaces its fields and keeps its edges; adding an edge that exists (same
+    source, target and type) replaces its weight.
 
     >>> graph = KnowledgeGraph()
     >>> a = graph.add_node("shop", "concept", "Refund")
