@@ -451,6 +451,19 @@ def test_removing_a_node_removes_its_edges() -> None:
     assert graph.remove_node(ids[1]) is False
 
 
+def test_removals_scoped_to_tenants_leave_other_tenants_rows() -> None:
+    graph = KnowledgeGraph()
+    a, b = graph.add_node("a", "faq", "A").id, graph.add_node("b", "faq", "B").id
+    graph.add_edge(a, b)
+    assert graph.remove_edge(a, b, tenant_ids=["a"]) is False  # one end is b's
+    assert graph.remove_node(b, tenant_ids=["a"]) is False
+    assert [n.id for n in graph.get_nodes([b, a, 99])] == [a, b]
+    assert len(graph.edges()) == 1
+    assert graph.remove_edge(a, b, tenant_ids=["a", "b"]) is True
+    assert graph.remove_nodes([a, b], tenant_ids=["a"]) == 1
+    assert [n.id for n in graph.nodes()] == [b]
+
+
 def test_the_graph_persists_across_instances(tmp_path) -> None:
     path = tmp_path / "graph.db"
     with KnowledgeGraph(path) as graph:

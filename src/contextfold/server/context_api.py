@@ -393,8 +393,8 @@ def router(state: ServerState) -> APIRouter:
     @api.delete("/nodes/{node_id:int}", status_code=204, tags=["nodes"])
     def delete_node(node_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], who: Who) -> Response:
         """Delete a node and every edge touching it."""
-        visible_node(who, node_id)
-        graph.remove_node(node_id)
+        if not graph.remove_node(node_id, tenant_ids=who.tenants):  # the check is the delete
+            raise _not_found("node", node_id)
         return Response(status_code=204)
 
     # -- edges ------------------------------------------------------------------------------
@@ -438,7 +438,7 @@ def router(state: ServerState) -> APIRouter:
         """Delete one edge (either orientation for undirected types)."""
         visible_node(who, source_id)
         visible_node(who, target_id)
-        if not graph.remove_edge(source_id, target_id, edge_type):
+        if not graph.remove_edge(source_id, target_id, edge_type, tenant_ids=who.tenants):
             raise _not_found("edge", f"{source_id} -{edge_type.value}- {target_id}")
         return Response(status_code=204)
 
