@@ -298,6 +298,55 @@ def test_without_keys_loopback_is_open_and_any_other_host_is_closed(tmp_path: Pa
     assert "no API keys are configured" in response.json()["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    ("host", "answered"),
+    [
+        ("127.0.0.1:5757", True),
+        ("localhost:5757", True),
+        ("[::1]:5757", True),
+        ("localhost", True),
+        ("rebound.example", False),
+        ("rebound.example:5757", False),
+        ("127.0.0.1.nip.io:5757", False),
+        ("0.0.0.0:5757", False),
+    ],
+)
+def test_the_open_api_answers_only_loopback_host_names(
+    open_client: TestClient, host: str, answered: bool
+) -> None:
+    node = {"tenant_id": "t", "node_type": "faq", "title": "planted"}
+    listed = open_client.get("/api/tenants", headers={"Host": host})
+    stored = open_client.post("/api/nodes", json=node, headers={"Host": host})
+    if answered:
+        assert (listed.status_code, stored.status_code) == (200, 201)
+    else:  # a web page that re-bound its own name to 127.0.0.1 (DNS rebinding)
+        for response in (listed, stored):
+            assert response.status_code == 403
+            error = response.json()["error"]
+            assert error["type"] == "forbidden" and "not a loopback name" in error["message"]
+    assert open_client.get("/api/nodes").json()["total"] == int(answered)
+
+
+@pytest.mark.parametrize("bound", ["127.0.0.1", "0.0.0.0"])
+def test_with_api_keys_the_host_name_is_not_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bound: str
+) -> None:
+    monkeypatch.setenv("SUPPORT_KEY", "key-support")
+    monkeypatch.setenv("SALES_KEY", "key-sales")
+    app = _app(tmp_path, api_keys=KEYED, host=bound)
+    with TestClient(app, base_url="http://ctx.example.com") as client:  # behind a proxy
+        assert client.get("/api/tenants", headers=SUPPORT).status_code == 200
+        assert client.get("/api/tenants").status_code == 401  # the key is what protects it
+
+
+def test_a_rebound_host_name_is_refused_over_a_real_socket(tmp_path: Path) -> None:
+    with LiveServer(_app(tmp_path)) as server:
+        ok = httpx.get(f"{server.url}/api/tenants")
+        rebound = httpx.get(f"{server.url}/api/tenants", headers={"Host": "rebound.example"})
+    assert ok.status_code == 200
+    assert rebound.status_code == 403 and rebound.json()["error"]["type"] == "forbidden"
+
+
 def test_an_unset_key_variable_stops_the_server_from_starting(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
