@@ -4,6 +4,9 @@ hybrid search through the memory engine's embedder, and the dashboard record."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,7 @@ from contextfold.retrieval.embedders import FunctionEmbedder
 from contextfold.retrieval.graph import GraphContextRequest, KnowledgeGraph, graph_context
 from contextfold.server.app import create_app
 from contextfold.server.config import ContextApiSettings, ServerConfig
+from contextfold.server.knowledge import KnowledgeStore
 from live_app import LiveServer
 
 SUPPORT = {"Authorization": "Bearer key-support"}
@@ -57,9 +61,15 @@ def _app(
     return create_app(config, memory=MemoryEngine(store=":memory:", embedder=embedder))
 
 
+def _client(app: FastAPI, **kwargs: Any) -> TestClient:
+    """A test client addressing the server as ``127.0.0.1:5757``, a loopback name, as a local
+    agent does (the open API answers only such ``Host`` names)."""
+    return TestClient(app, base_url="http://127.0.0.1:5757", **kwargs)
+
+
 @pytest.fixture
 def open_client(tmp_path: Path) -> Iterator[TestClient]:
-    with TestClient(_app(tmp_path)) as client:
+    with _client(_app(tmp_path)) as client:
         yield client
 
 
@@ -67,7 +77,7 @@ def open_client(tmp_path: Path) -> Iterator[TestClient]:
 def keyed_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
     monkeypatch.setenv("SUPPORT_KEY", "key-support")
     monkeypatch.setenv("SALES_KEY", "key-sales")
-    with TestClient(_app(tmp_path, api_keys=KEYED)) as client:
+    with _client(_app(tmp_path, api_keys=KEYED)) as client:
         yield client
 
 
@@ -150,7 +160,7 @@ def test_hybrid_search_uses_the_memory_engines_embedder(tmp_path: Path) -> None:
         return [money, 0.0 if money else 1.0]
 
     embedder = FunctionEmbedder(concepts, name="concepts", dim=2)
-    with TestClient(_app(tmp_path, embedder=embedder)) as client:
+    with _client(_app(tmp_path, embedder=embedder)) as client:
         _node(client, "t", "Refund policy")
         _node(client, "t", "Money back and refund rules")
         _node(client, "t", "Shipping times")
@@ -160,7 +170,7 @@ def test_hybrid_search_uses_the_memory_engines_embedder(tmp_path: Path) -> None:
             for e in client.post("/api/context", json=ask).json()["entry_points"]
         }
     assert sources == {"Money back and refund rules": "hybrid", "Refund policy": "vector"}
-    with TestClient(_app(tmp_path, embedder=embedder, hybrid=False)) as client:
+    with _client(_app(tmp_path, embedder=embedder, hybrid=False)) as client:
         entries = client.post("/api/context", json=ask).json()["entry_points"]
     assert [e["match_source"] for e in entries] == ["bm25"]
 
@@ -275,17 +285,66 @@ def test_both_header_forms_carry_a_key(keyed_client: TestClient) -> None:
 
 
 def test_without_keys_loopback_is_open_and_any_other_host_is_closed(tmp_path: Path) -> None:
-    with TestClient(_app(tmp_path)) as client:
+    with _client(_app(tmp_path)) as client:
         _node(client, "anyone", "Refunds")
         assert client.get("/api/tenants").json() == {
             "open": True,
             "tenants": [{"id": "anyone", "nodes": 1, "documents": 0}],
         }
-    with TestClient(_app(tmp_path, host="0.0.0.0")) as client:
+    with _client(_app(tmp_path, host="0.0.0.0")) as client:
         response = client.get("/api/tenants")
         assert client.get("/healthz").status_code == 200  # the rest of the server still runs
     assert response.status_code == 401
     assert "no API keys are configured" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("host", "answered"),
+    [
+        ("127.0.0.1:5757", True),
+        ("localhost:5757", True),
+        ("[::1]:5757", True),
+        ("localhost", True),
+        ("rebound.example", False),
+        ("rebound.example:5757", False),
+        ("127.0.0.1.nip.io:5757", False),
+        ("0.0.0.0:5757", False),
+    ],
+)
+def test_the_open_api_answers_only_loopback_host_names(
+    open_client: TestClient, host: str, answered: bool
+) -> None:
+    node = {"tenant_id": "t", "node_type": "faq", "title": "planted"}
+    listed = open_client.get("/api/tenants", headers={"Host": host})
+    stored = open_client.post("/api/nodes", json=node, headers={"Host": host})
+    if answered:
+        assert (listed.status_code, stored.status_code) == (200, 201)
+    else:  # a web page that re-bound its own name to 127.0.0.1 (DNS rebinding)
+        for response in (listed, stored):
+            assert response.status_code == 403
+            error = response.json()["error"]
+            assert error["type"] == "forbidden" and "not a loopback name" in error["message"]
+    assert open_client.get("/api/nodes").json()["total"] == int(answered)
+
+
+@pytest.mark.parametrize("bound", ["127.0.0.1", "0.0.0.0"])
+def test_with_api_keys_the_host_name_is_not_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bound: str
+) -> None:
+    monkeypatch.setenv("SUPPORT_KEY", "key-support")
+    monkeypatch.setenv("SALES_KEY", "key-sales")
+    app = _app(tmp_path, api_keys=KEYED, host=bound)
+    with TestClient(app, base_url="http://ctx.example.com") as client:  # behind a proxy
+        assert client.get("/api/tenants", headers=SUPPORT).status_code == 200
+        assert client.get("/api/tenants").status_code == 401  # the key is what protects it
+
+
+def test_a_rebound_host_name_is_refused_over_a_real_socket(tmp_path: Path) -> None:
+    with LiveServer(_app(tmp_path)) as server:
+        ok = httpx.get(f"{server.url}/api/tenants")
+        rebound = httpx.get(f"{server.url}/api/tenants", headers={"Host": "rebound.example"})
+    assert ok.status_code == 200
+    assert rebound.status_code == 403 and rebound.json()["error"]["type"] == "forbidden"
 
 
 def test_an_unset_key_variable_stops_the_server_from_starting(
@@ -353,6 +412,126 @@ def test_a_document_is_chunked_into_linked_nodes_and_deleted_with_them(
     assert open_client.delete("/api/documents/t/policy").status_code == 404
 
 
+def test_deleting_a_document_never_deletes_another_tenants_node(
+    keyed_client: TestClient,
+) -> None:
+    body = {"tenant_id": "support", "id": "policy", "title": "Policy", "text": POLICY}
+    created = keyed_client.post(
+        "/api/documents", json={**body, "chunker": "markdown"}, headers=SUPPORT
+    )
+    first, last = created.json()["node_ids"]
+    assert keyed_client.delete(f"/api/nodes/{last}", headers=SUPPORT).status_code == 204
+    theirs = _node(keyed_client, "sales", "Sales playbook", SALES)
+    assert theirs not in (first, last)  # a freed id is never handed out again
+    assert keyed_client.delete("/api/documents/support/policy", headers=SUPPORT).status_code == 204
+    assert keyed_client.get(f"/api/nodes/{theirs}", headers=SALES).status_code == 200
+    assert keyed_client.get(f"/api/nodes/{first}", headers=SUPPORT).status_code == 404
+
+
+def test_a_document_delete_removes_only_the_nodes_still_its_own(
+    open_client: TestClient,
+) -> None:
+    text = "# One\n\nFirst.\n\n# Two\n\nSecond.\n\n# Three\n\nThird.\n"
+    body = {"tenant_id": "t", "id": "policy", "title": "Policy", "text": text}
+    one, two, three = open_client.post(
+        "/api/documents", json={**body, "chunker": "markdown"}
+    ).json()["node_ids"]
+    chunk = {"node_type": "concept", "title": "c", "content": {"document_id": "policy"}}
+    moved = {**chunk, "tenant_id": "u"}  # still naming the document, in another tenant
+    assert open_client.put(f"/api/nodes/{one}", json=moved).status_code == 200
+    repurposed = {**chunk, "tenant_id": "t", "content": {"answer": "no longer a chunk"}}
+    assert open_client.put(f"/api/nodes/{two}", json=repurposed).status_code == 200
+    assert open_client.get("/api/documents/t/policy").json()["node_ids"] == [three]
+    assert open_client.delete("/api/documents/t/policy").status_code == 204
+    statuses = [open_client.get(f"/api/nodes/{i}").status_code for i in (one, two, three)]
+    assert statuses == [200, 200, 404]
+
+
+@pytest.mark.parametrize(
+    ("request_", "status"),
+    [
+        (("delete", "/api/nodes/{private}", None), 404),
+        (("delete", "/api/edges", {"source_id": "{private}", "target_id": "{other}"}), 404),
+        (("delete", "/api/edges", {"source_id": "{shared}", "target_id": "{private}"}), 404),
+        (("delete", "/api/documents/support/policy", None), 403),
+    ],
+)
+def test_a_key_cannot_delete_what_another_tenant_owns(
+    keyed_client: TestClient, request_: tuple[str, str, dict[str, str] | None], status: int
+) -> None:
+    doc = {"tenant_id": "support", "id": "policy", "title": "Policy", "text": POLICY}
+    assert keyed_client.post("/api/documents", json=doc, headers=SUPPORT).status_code == 201
+    ids = {
+        "private": _node(keyed_client, "support", "private", SUPPORT),
+        "other": _node(keyed_client, "support", "other", SUPPORT),
+        "shared": _node(keyed_client, "shared", "shared", SUPPORT),
+    }
+    _edge(keyed_client, ids["private"], ids["other"], SUPPORT)
+    _edge(keyed_client, ids["shared"], ids["private"], SUPPORT)
+    before = [keyed_client.get(p, headers=SUPPORT).json() for p in ("/api/nodes", "/api/edges")]
+    method, path, params = request_
+    query = {k: v.format(**ids) for k, v in (params or {}).items()}
+    response = keyed_client.request(method, path.format(**ids), params=query, headers=SALES)
+    assert response.status_code == status
+    assert response.json()["error"]["type"] == {403: "forbidden", 404: "not_found"}[status]
+    after = [keyed_client.get(p, headers=SUPPORT).json() for p in ("/api/nodes", "/api/edges")]
+    assert after == before
+    assert keyed_client.get("/api/documents/support/policy", headers=SUPPORT).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "failing", [(KnowledgeGraph, "add_edges"), (KnowledgeStore, "_register")], ids=repr
+)
+def test_a_document_load_that_fails_midway_stores_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failing: tuple[type, str]
+) -> None:
+    seen_meanwhile: list[int] = []
+
+    def fail(*args: Any, **kwargs: Any) -> None:
+        with KnowledgeGraph(tmp_path / "graph.db") as other:  # another connection looks in
+            seen_meanwhile.append(len(other.nodes()))
+        raise RuntimeError("the disk is full")
+
+    monkeypatch.setattr(*failing, fail)
+    body = {"tenant_id": "t", "id": "policy", "title": "Policy", "text": POLICY}
+    with _client(_app(tmp_path), raise_server_exceptions=False) as client:
+        response = client.post("/api/documents", json={**body, "chunker": "markdown"})
+        assert response.status_code == 500
+        assert client.get("/api/nodes").json()["total"] == 0
+        assert client.get("/api/documents").json() == {"documents": []}
+    assert seen_meanwhile == [0]  # never a half-loaded document, not even for a moment
+
+
+KILLED_MIDWAY = """
+import os, signal, sys
+from contextfold.memory.engine import MemoryEngine
+from contextfold.server.app import create_app
+from contextfold.server.config import ContextApiSettings, ServerConfig
+from contextfold.server.knowledge import KnowledgeStore
+from contextfold.store.graph import KnowledgeGraph
+from fastapi.testclient import TestClient
+
+KnowledgeGraph.add_edges = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+settings = ContextApiSettings(graph_path=sys.argv[1], hybrid=False)
+app = create_app(ServerConfig(context_api=settings), memory=MemoryEngine(store=":memory:"))
+with TestClient(app, base_url="http://127.0.0.1:5757") as client:
+    text = "\\n\\n".join(f"Paragraph {n}: refunds take {n} days." for n in range(400))
+    client.post("/api/documents", json={"tenant_id": "t", "title": "Big", "text": text})
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+def test_a_server_killed_while_loading_a_document_leaves_no_orphan_nodes(tmp_path: Path) -> None:
+    path = tmp_path / "graph.db"
+    run = subprocess.run(
+        [sys.executable, "-c", KILLED_MIDWAY, str(path)], capture_output=True, timeout=120
+    )
+    assert run.returncode == -signal.SIGKILL, run.stderr.decode()
+    with KnowledgeStore(path) as store:  # what a restarted server finds
+        assert store.graph.nodes() == []
+        assert store.documents() == []
+
+
 def test_nodes_can_be_replaced_listed_and_deleted(open_client: TestClient) -> None:
     ids = [
         _node(open_client, "t", f"node {n}", node_type=kind)
@@ -399,13 +578,13 @@ def test_edges_are_normalised_replaced_and_deleted(open_client: TestClient) -> N
 
 def test_knowledge_survives_a_restart(tmp_path: Path) -> None:
     ask = {**SEED_REQUEST, "tenant_ids": ["purchasing", "shared", "t"]}
-    with TestClient(_app(tmp_path)) as client:
+    with _client(_app(tmp_path)) as client:
         _seed_graph(client)
         doc = {"tenant_id": "t", "id": "policy", "title": "Policy", "text": POLICY}
         assert client.post("/api/documents", json=doc).status_code == 201
         before = client.post("/api/context", json=ask).json()
         documents = client.get("/api/documents").json()
-    with TestClient(_app(tmp_path)) as client:  # a new server over the same home
+    with _client(_app(tmp_path)) as client:  # a new server over the same home
         assert client.post("/api/context", json=ask).json() == before
         assert client.get("/api/documents").json() == documents
         assert client.get("/api/nodes").json()["total"] == 3 + len(

@@ -24,7 +24,7 @@ from contextfold.retrieval.graph import (
     node_text,
     to_context_items,
 )
-from contextfold.store.graph import KnowledgeEdge, search_text
+from contextfold.store.graph import MIGRATIONS, KnowledgeEdge, search_text
 from contextfold.store.sqlite import connect
 
 
@@ -451,6 +451,19 @@ def test_removing_a_node_removes_its_edges() -> None:
     assert graph.remove_node(ids[1]) is False
 
 
+def test_removals_scoped_to_tenants_leave_other_tenants_rows() -> None:
+    graph = KnowledgeGraph()
+    a, b = graph.add_node("a", "faq", "A").id, graph.add_node("b", "faq", "B").id
+    graph.add_edge(a, b)
+    assert graph.remove_edge(a, b, tenant_ids=["a"]) is False  # one end is b's
+    assert graph.remove_node(b, tenant_ids=["a"]) is False
+    assert [n.id for n in graph.get_nodes([b, a, 99])] == [a, b]
+    assert len(graph.edges()) == 1
+    assert graph.remove_edge(a, b, tenant_ids=["a", "b"]) is True
+    assert graph.remove_nodes([a, b], tenant_ids=["a"]) == 1
+    assert [n.id for n in graph.nodes()] == [b]
+
+
 def test_the_graph_persists_across_instances(tmp_path) -> None:
     path = tmp_path / "graph.db"
     with KnowledgeGraph(path) as graph:
@@ -465,7 +478,49 @@ def test_the_graph_persists_across_instances(tmp_path) -> None:
     conn = connect(path)
     names = conn.execute("SELECT name FROM schema_migrations WHERE schema = 'graph'").fetchall()
     conn.close()
-    assert [r[0] for r in names] == ["m001_create_graph"]
+    assert [r[0] for r in names] == MIGRATIONS.names
+
+
+def test_node_ids_are_never_reused(tmp_path) -> None:
+    path = tmp_path / "graph.db"
+    with KnowledgeGraph(path) as graph:
+        first = graph.add_node("a", "faq", "A's first").id
+        last = graph.add_node("a", "faq", "A's last").id
+        graph.remove_node(last)
+        reborn = graph.add_node("b", "faq", "B's").id
+        assert reborn == last + 1  # not ``last``, which A's old references still name
+        assert graph.remove_nodes([first, reborn]) == 2
+    with KnowledgeGraph(path) as reopened:  # the highest id ever used is stored in the file
+        assert reopened.add_node("b", "faq", "B's next").id == reborn + 1
+
+
+def test_the_autoincrement_migration_keeps_rows_edges_and_the_highest_id(tmp_path) -> None:
+    path = tmp_path / "graph.db"
+    conn = connect(path)
+    MIGRATIONS.apply(conn, upto="m001_create_graph")  # a graph written by an older version
+    conn.executemany(
+        "INSERT INTO graph_nodes (id, tenant_id, node_type, title, tags)"
+        " VALUES (?, 't', 'faq', ?, '[\"x\"]')",
+        [(1, "a"), (2, "b"), (7, "c")],
+    )
+    conn.execute("INSERT INTO graph_edges VALUES (1, 7, 'parent', 0.5)")
+    conn.close()
+    with KnowledgeGraph(path) as graph:
+        assert [(n.id, n.title, n.tags) for n in graph.nodes()] == [
+            (1, "a", ["x"]),
+            (2, "b", ["x"]),
+            (7, "c", ["x"]),
+        ]
+        assert graph.edges() == [
+            KnowledgeEdge(source_id=1, target_id=7, edge_type="parent", weight=0.5)
+        ]
+        assert graph.remove_node(7) and graph.edges() == []  # the cascade survives
+        assert graph.add_node("t", "faq", "d").id == 8
+    conn = connect(path)
+    indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert {"graph_nodes_by_tenant", "graph_edges_by_target"} <= indexes
+    assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+    conn.close()
 
 
 def test_a_write_from_another_connection_invalidates_the_cached_view(tmp_path) -> None:

@@ -21,6 +21,8 @@ from contextfold.server.guards import DRAIN_BYTES, BodyGuard
 from live_app import LiveServer
 
 MB = 1024 * 1024
+#: A loopback name: the open context API answers no other ``Host`` (DNS rebinding).
+LOCAL = "http://127.0.0.1:5757"
 
 
 def _app(**limits: Any) -> FastAPI:
@@ -30,7 +32,7 @@ def _app(**limits: Any) -> FastAPI:
 
 @pytest.fixture
 def client() -> Iterator[TestClient]:
-    with TestClient(_app()) as test_client:
+    with TestClient(_app(), base_url=LOCAL) as test_client:
         yield test_client
 
 
@@ -87,7 +89,7 @@ def test_expect_100_continue_gets_413_before_the_body_is_sent(live: LiveServer) 
 
 
 def test_the_body_limit_is_configurable() -> None:
-    with TestClient(_app(max_body_bytes=2048)) as client:
+    with TestClient(_app(max_body_bytes=2048), base_url=LOCAL) as client:
         small = {"query": "x" * 1900, "tenant_ids": ["t"]}
         assert client.post("/api/context", json=small).status_code == 200
         big = {"query": "x" * 3000, "tenant_ids": ["t"]}
@@ -253,7 +255,7 @@ def test_an_unexpected_error_gets_a_json_500_without_its_text() -> None:
     def boom() -> None:
         raise RuntimeError("secret internals")
 
-    with TestClient(app, raise_server_exceptions=False) as client:
+    with TestClient(app, base_url=LOCAL, raise_server_exceptions=False) as client:
         response = client.get("/boom")
     message = _error(response, 500, "internal_error")
     assert "RuntimeError" in message and "secret internals" not in message

@@ -9,7 +9,9 @@ requested ``tenant_ids`` and the caller's tenants (``contextfold.server.tenants`
 Everything is stored in one SQLite file (``context_api.graph_path``, by default
 ``<home>/graph.db``), so a restarted server keeps its knowledge. A node of a tenant the caller
 does not own answers 404, exactly as a node that does not exist; writing to such a tenant by
-name answers 403. The HTTP reference is ``docs/http-api.md``.
+name answers 403. Open (no keys, bound to loopback), the API answers only requests whose
+``Host`` names a loopback host (``TenantAuth.admit_host``). The HTTP reference is
+``docs/http-api.md``.
 """
 
 # No ``from __future__ import annotations`` here: FastAPI must see the route annotations,
@@ -20,7 +22,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Response, Security
+from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response, Security
 from fastapi import Path as PathParam
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import (
@@ -303,8 +305,16 @@ def router(state: ServerState) -> APIRouter:
             f"Bearer {bearer.credentials}" if bearer is not None else None, api_key
         )
 
+    def admit_host(request: Request) -> None:
+        auth.admit_host(request.headers.get("host"))
+
     Who = Annotated[Caller, Depends(caller)]
-    api = APIRouter(prefix="/api", responses=ERROR_RESPONSES, lifespan=lifespan)
+    api = APIRouter(
+        prefix="/api",
+        responses=ERROR_RESPONSES,
+        lifespan=lifespan,
+        dependencies=[Depends(admit_host)],  # checked before the key and the body schema
+    )
 
     def visible_node(who: Caller, node_id: int) -> KnowledgeNode:
         node = graph.get_node(node_id)
@@ -393,8 +403,8 @@ def router(state: ServerState) -> APIRouter:
     @api.delete("/nodes/{node_id:int}", status_code=204, tags=["nodes"])
     def delete_node(node_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], who: Who) -> Response:
         """Delete a node and every edge touching it."""
-        visible_node(who, node_id)
-        graph.remove_node(node_id)
+        if not graph.remove_node(node_id, tenant_ids=who.tenants):  # the check is the delete
+            raise _not_found("node", node_id)
         return Response(status_code=204)
 
     # -- edges ------------------------------------------------------------------------------
@@ -438,7 +448,7 @@ def router(state: ServerState) -> APIRouter:
         """Delete one edge (either orientation for undirected types)."""
         visible_node(who, source_id)
         visible_node(who, target_id)
-        if not graph.remove_edge(source_id, target_id, edge_type):
+        if not graph.remove_edge(source_id, target_id, edge_type, tenant_ids=who.tenants):
             raise _not_found("edge", f"{source_id} -{edge_type.value}- {target_id}")
         return Response(status_code=204)
 

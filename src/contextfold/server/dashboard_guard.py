@@ -9,7 +9,8 @@ accident. The rules, checked on every dashboard route:
   SSE calls). Missing or wrong: 401. A token shorter than 16 characters is refused (403).
 - No token, the server bound to loopback (``127.0.0.1``, ``::1``, ``localhost``): the client
   must be on loopback and the ``Host`` header must name a loopback host, so a web page that
-  re-binds its own domain name to 127.0.0.1 cannot read the dashboard (403 otherwise).
+  re-binds its own domain name to 127.0.0.1 cannot read the dashboard (403 otherwise; the
+  check is ``contextfold.server.hosts``, shared with the open context API).
 - No token, the server bound to any other address (``0.0.0.0``, a LAN address): the dashboard
   is refused outright (403) with a message that says how to set the token.
 
@@ -24,7 +25,6 @@ the dashboard is disabled: this server listens on 0.0.0.0, ...
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,34 +32,11 @@ from dataclasses import dataclass
 from fastapi import HTTPException, Request
 
 from contextfold.server.config import ServerConfig
+from contextfold.server.hosts import foreign_host, host_of, is_loopback
 
 __all__ = ["MIN_TOKEN_LENGTH", "DashboardGuard", "host_of", "is_loopback", "static_guard"]
 
 MIN_TOKEN_LENGTH = 16
-
-
-def is_loopback(host: str | None) -> bool:
-    """Whether ``host`` (an address or a host name, without a port) is this machine's
-    loopback: ``localhost``, ``127.0.0.0/8`` or ``::1``. Other names count as not loopback."""
-    if not host:
-        return False
-    host = host.strip().strip("[]").lower()
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def host_of(header: str) -> str:
-    """The host name of a ``Host`` header value (``[::1]:5757`` → ``::1``)."""
-    header = header.strip()
-    if header.startswith("["):
-        return header[1 : header.find("]")] if "]" in header else header[1:]
-    if header.count(":") == 1:  # name:port (a bare IPv6 address has several colons)
-        return header.rpartition(":")[0]
-    return header
 
 
 @dataclass(frozen=True)
@@ -124,8 +101,8 @@ class DashboardGuard:
                 f"the dashboard answers loopback clients only without a token (you are "
                 f"{client}); configure {self.token_env or 'a token'} to open it to others",
             )
-        host = host_of(request.headers.get("host", ""))
-        if not is_loopback(host):
+        host = foreign_host(request.headers.get("host"))
+        if host is not None:
             raise HTTPException(
                 403,
                 f"Host {host!r} is not a loopback name; open the dashboard as "

@@ -106,7 +106,9 @@ def _described(description: str) -> dict[str, Any]:
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: _described("Malformed JSON or a body that is not UTF-8"),
     401: _described("Missing or unknown API key"),
-    403: _described("The key does not own the tenant"),
+    403: _described(
+        "The key does not own the tenant, or (open API on loopback) Host is not a loopback name"
+    ),
     404: _described("No such resource (or not one of the caller's tenants)"),
     409: _described("The resource already exists"),
     413: _described("The request body is larger than limits.max_body_bytes"),

@@ -5,7 +5,14 @@ A document is chunked (``TextChunker``, ``MarkdownChunker`` or ``RecursiveChunke
 nodes of one type; each chunk node's ``content`` is ``{"document_id", "chunk_index",
 "text"}``, and consecutive chunks are joined by ``related`` edges so that graph expansion
 reaches a chunk's neighbours. The registry keeps each document's title, metadata and node
-ids under ``(tenant_id, document_id)``; deleting a document deletes its nodes.
+ids under ``(tenant_id, document_id)``, in the graph's file.
+
+Loading a document is one SQLite transaction — its nodes, their edges and its registry row
+commit together or not at all, so a failure or a killed process never leaves chunks without
+their document. Deleting a document deletes, in one transaction, the nodes that are still its
+chunks: of its tenant, with ``content.document_id`` naming it. Node ids are never reused
+(``contextfold.store.graph``), so an id the registry holds can never name another tenant's
+node.
 
 >>> import tempfile, pathlib
 >>> with tempfile.TemporaryDirectory() as home, KnowledgeStore(
@@ -25,7 +32,7 @@ import json
 import sqlite3
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -33,8 +40,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from contextfold.store.graph import EdgeType, KnowledgeEdge, KnowledgeGraph, NodeType
-from contextfold.store.sqlite import MigrationRegistry, connect, transaction
+from contextfold.store.graph import (
+    EdgeType,
+    KnowledgeEdge,
+    KnowledgeGraph,
+    KnowledgeNode,
+    NodeType,
+)
+from contextfold.store.sqlite import MigrationRegistry, connect
 
 __all__ = [
     "DOCUMENT_MIGRATIONS",
@@ -100,6 +113,18 @@ class DocumentConflict(Exception):
     """A document with this id already exists in the tenant."""
 
 
+def _row(conn: sqlite3.Connection, tenant_id: str, document_id: str) -> sqlite3.Row | None:
+    row: sqlite3.Row | None = conn.execute(
+        "SELECT * FROM api_documents WHERE tenant_id = ? AND document_id = ?",
+        (tenant_id, document_id),
+    ).fetchone()
+    return row
+
+
+def _is_chunk_of(node: KnowledgeNode, tenant_id: str, document_id: str) -> bool:
+    return node.tenant_id == tenant_id and node.content.get("document_id") == document_id
+
+
 def _chunker(spec: DocumentSpec) -> Any:
     from contextfold.retrieval.chunking import MarkdownChunker, RecursiveChunker, TextChunker
 
@@ -159,54 +184,56 @@ class KnowledgeStore:
                     "tags": spec.tags,
                 }
             )
-        with self._lock:
-            if self._row(spec.tenant_id, document_id) is not None:
+        tokens = sum(c.token_count for c in chunks)
+        with self.graph.transaction() as conn:  # the nodes, edges and row: all or nothing
+            if _row(conn, spec.tenant_id, document_id) is not None:
                 raise DocumentConflict(
                     f"tenant {spec.tenant_id!r} already has a document {document_id!r}; "
                     "DELETE it first to load a new version"
                 )
-            stored = self.graph.add_nodes(nodes)
-            ids = [n.id for n in stored]
-            try:
-                if spec.link_chunks and len(ids) > 1:
-                    self.graph.add_edges(
-                        KnowledgeEdge(source_id=a, target_id=b, edge_type=EdgeType.RELATED)
-                        for a, b in itertools.pairwise(ids)
-                    )
-                created = datetime.now(UTC)
-                with transaction(self._conn) as conn:
-                    conn.execute(
-                        "INSERT INTO api_documents (tenant_id, document_id, title, node_type,"
-                        " node_ids, tokens, metadata, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        (
-                            spec.tenant_id,
-                            document_id,
-                            spec.title,
-                            spec.node_type.value,
-                            json.dumps(ids),
-                            sum(c.token_count for c in chunks),
-                            json.dumps(spec.metadata, ensure_ascii=False),
-                            created.isoformat(),
-                        ),
-                    )
-            except BaseException:
-                self.graph.remove_nodes(ids)  # no orphan chunks without their document
-                raise
-        info = self._row(spec.tenant_id, document_id)
+            ids = [n.id for n in self.graph.add_nodes(nodes)]
+            if spec.link_chunks and len(ids) > 1:
+                self.graph.add_edges(
+                    KnowledgeEdge(source_id=a, target_id=b, edge_type=EdgeType.RELATED)
+                    for a, b in itertools.pairwise(ids)
+                )
+            self._register(conn, spec, document_id, ids, tokens)
+        info = self.document(spec.tenant_id, document_id)
         assert info is not None
         return info
 
-    def _row(self, tenant_id: str, document_id: str) -> DocumentInfo | None:
-        row = self._conn.execute(
-            "SELECT * FROM api_documents WHERE tenant_id = ? AND document_id = ?",
-            (tenant_id, document_id),
-        ).fetchone()
-        return None if row is None else self._info(row, None)
+    @staticmethod
+    def _register(
+        conn: sqlite3.Connection,
+        spec: DocumentSpec,
+        document_id: str,
+        node_ids: list[int],
+        tokens: int,
+    ) -> None:
+        conn.execute(
+            "INSERT INTO api_documents (tenant_id, document_id, title, node_type,"
+            " node_ids, tokens, metadata, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                spec.tenant_id,
+                document_id,
+                spec.title,
+                spec.node_type.value,
+                json.dumps(node_ids),
+                tokens,
+                json.dumps(spec.metadata, ensure_ascii=False),
+                datetime.now(UTC).isoformat(),
+            ),
+        )
 
-    def _info(self, row: sqlite3.Row, existing: set[int] | None) -> DocumentInfo:
-        ids = [int(i) for i in json.loads(row["node_ids"])]
-        if existing is not None:  # chunk nodes deleted one by one drop out of the list
-            ids = [i for i in ids if i in existing]
+    def _info(self, row: sqlite3.Row, nodes: Mapping[int, KnowledgeNode]) -> DocumentInfo:
+        """The document of registry ``row``, listing the nodes (of ``nodes``) still its
+        chunks: a chunk deleted alone, moved to another tenant or given content that names
+        another document (``PUT``) has left it."""
+        ids = [
+            i
+            for i in (int(i) for i in json.loads(row["node_ids"]))
+            if i in nodes and _is_chunk_of(nodes[i], row["tenant_id"], row["document_id"])
+        ]
         return DocumentInfo(
             tenant_id=row["tenant_id"],
             id=row["document_id"],
@@ -230,31 +257,32 @@ class KnowledgeStore:
             params = tenants
         with self._lock:
             rows = self._conn.execute(sql + " ORDER BY tenant_id, document_id", params).fetchall()
-        all_ids = {int(i) for row in rows for i in json.loads(row["node_ids"])}
-        existing = self.graph.existing(all_ids)
-        return [self._info(row, existing) for row in rows]
+        nodes = self._nodes(rows)
+        return [self._info(row, nodes) for row in rows]
+
+    def _nodes(self, rows: Iterable[sqlite3.Row]) -> dict[int, KnowledgeNode]:
+        ids = {int(i) for row in rows for i in json.loads(row["node_ids"])}
+        return {node.id: node for node in self.graph.get_nodes(ids)}
 
     def document(self, tenant_id: str, document_id: str) -> DocumentInfo | None:
         with self._lock:
-            info = self._row(tenant_id, document_id)
-        if info is None:
-            return None
-        existing = self.graph.existing(info.node_ids)
-        kept = [i for i in info.node_ids if i in existing]
-        return info.model_copy(update={"node_ids": kept, "chunks": len(kept)})
+            row = _row(self._conn, tenant_id, document_id)
+        return None if row is None else self._info(row, self._nodes([row]))
 
     def remove_document(self, tenant_id: str, document_id: str) -> bool:
-        """Delete a document and its chunk nodes (and their edges); False when absent."""
-        with self._lock:
-            info = self._row(tenant_id, document_id)
-            if info is None:
+        """Delete a document and the nodes still its chunks (and their edges), in one
+        transaction; False when absent. Only nodes of ``tenant_id`` whose content names
+        ``document_id`` are deleted, whatever ids the registry holds."""
+        with self.graph.transaction() as conn:
+            row = _row(conn, tenant_id, document_id)
+            if row is None:
                 return False
-            self.graph.remove_nodes(info.node_ids)
-            with transaction(self._conn) as conn:
-                conn.execute(
-                    "DELETE FROM api_documents WHERE tenant_id = ? AND document_id = ?",
-                    (tenant_id, document_id),
-                )
+            chunks = self._info(row, self._nodes([row])).node_ids
+            self.graph.remove_nodes(chunks, tenant_ids=[tenant_id])
+            conn.execute(
+                "DELETE FROM api_documents WHERE tenant_id = ? AND document_id = ?",
+                (tenant_id, document_id),
+            )
         return True
 
     def document_counts(self) -> dict[str, int]:

@@ -7,7 +7,11 @@ the key owns the tenants listed for it (reads and writes). A caller sends its ke
 - **keys configured**: a request without a key, or with a key no variable holds, is answered
   401; a known key sees exactly its tenants.
 - **no keys, loopback** (``host`` is 127.0.0.1, ::1 or localhost): open — every caller sees
-  every tenant, as befits a server only this machine can reach.
+  every tenant, as befits a server only this machine can reach. Only requests whose ``Host``
+  header names a loopback host are answered (403 otherwise), so a web page that re-binds its
+  own domain name to 127.0.0.1 (DNS rebinding) cannot read or write it
+  (``contextfold.server.hosts``). With keys, the key protects the API and ``Host`` is not
+  checked (a reverse proxy may forward its public name).
 - **no keys, any other host**: closed — every request is answered 401 with a message saying
   how to configure keys. (The rest of the server, the proxy included, keeps working.)
 
@@ -24,7 +28,6 @@ True
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -32,24 +35,11 @@ from dataclasses import dataclass
 
 from contextfold.errors import ConfigError
 from contextfold.server.guards import ApiError
+from contextfold.server.hosts import foreign_host, is_loopback
 
 __all__ = ["Caller", "TenantAuth", "is_loopback"]
 
 logger = logging.getLogger(__name__)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is reachable from this machine only.
-
-    >>> [is_loopback(h) for h in ("127.0.0.1", "::1", "localhost", "0.0.0.0", "10.0.0.2")]
-    [True, True, True, False, False]
-    """
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 @dataclass(frozen=True)
@@ -114,6 +104,22 @@ class TenantAuth:
                 "the context API answers 401 to every request: the server binds to %s and "
                 "no API keys are configured (context_api.api_keys)",
                 host,
+            )
+
+    def admit_host(self, host_header: str | None) -> None:
+        """403 when the API is open and ``host_header`` names no loopback host (see the
+        module docs); nothing to check otherwise."""
+        if not self.open:
+            return
+        host = foreign_host(host_header)
+        if host is not None:
+            raise ApiError(
+                403,
+                "forbidden",
+                f"Host {host!r} is not a loopback name; this server binds to {self.host} with "
+                "the context API open (no API keys), so it answers requests addressed to "
+                "127.0.0.1, ::1 or localhost only (a guard against DNS rebinding); call it as "
+                "http://127.0.0.1:PORT/api/..., or configure context_api.api_keys",
             )
 
     def authenticate(self, authorization: str | None, x_api_key: str | None) -> Caller:

@@ -25,7 +25,8 @@ import json
 import sqlite3
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from itertools import combinations
@@ -79,6 +80,47 @@ def m001_create_graph(conn: sqlite3.Connection) -> None:
         " CHECK (source_id <> target_id),"
         " PRIMARY KEY (source_id, target_id, edge_type))"
     )
+    conn.execute("CREATE INDEX graph_edges_by_target ON graph_edges (target_id)")
+
+
+@MIGRATIONS.migration
+def m002_never_reuse_node_ids(conn: sqlite3.Connection) -> None:
+    """``graph_nodes.id`` becomes ``AUTOINCREMENT``: an id, once assigned, is never assigned
+    again, even after its node (or the node with the highest id) is deleted — so an id a
+    client or a document still holds can never come to name someone else's node. SQLite
+    adds ``AUTOINCREMENT`` only by rebuilding the table; the rows keep their ids and the
+    counter starts at the highest id stored. The edges are set aside while the node table is
+    rebuilt (dropping it would cascade-delete them) and then restored."""
+    conn.execute("CREATE TEMP TABLE graph_edges_kept AS SELECT * FROM graph_edges")
+    conn.execute("DROP TABLE graph_edges")
+    conn.execute("ALTER TABLE graph_nodes RENAME TO graph_nodes_old")
+    conn.execute("DROP INDEX graph_nodes_by_tenant")
+    conn.execute(
+        "CREATE TABLE graph_nodes ("
+        " id INTEGER PRIMARY KEY AUTOINCREMENT, tenant_id TEXT NOT NULL,"
+        " node_type TEXT NOT NULL, title TEXT NOT NULL, summary TEXT,"
+        " content TEXT NOT NULL DEFAULT '{}', tags TEXT NOT NULL DEFAULT '[]')"
+    )
+    conn.execute(
+        "INSERT INTO graph_nodes (id, tenant_id, node_type, title, summary, content, tags)"
+        " SELECT id, tenant_id, node_type, title, summary, content, tags FROM graph_nodes_old"
+    )  # explicit ids: SQLite sets the counter to the largest
+    conn.execute("DROP TABLE graph_nodes_old")
+    conn.execute("CREATE INDEX graph_nodes_by_tenant ON graph_nodes (tenant_id, node_type)")
+    conn.execute(
+        "CREATE TABLE graph_edges ("
+        " source_id INTEGER NOT NULL REFERENCES graph_nodes(id) ON DELETE CASCADE,"
+        " target_id INTEGER NOT NULL REFERENCES graph_nodes(id) ON DELETE CASCADE,"
+        " edge_type TEXT NOT NULL,"
+        " weight REAL NOT NULL DEFAULT 1.0 CHECK (weight > 0 AND weight <= 1),"
+        " CHECK (source_id <> target_id),"
+        " PRIMARY KEY (source_id, target_id, edge_type))"
+    )
+    conn.execute(
+        "INSERT INTO graph_edges (source_id, target_id, edge_type, weight)"
+        " SELECT source_id, target_id, edge_type, weight FROM temp.graph_edges_kept"
+    )
+    conn.execute("DROP TABLE temp.graph_edges_kept")
     conn.execute("CREATE INDEX graph_edges_by_target ON graph_edges (target_id)")
 
 
@@ -273,12 +315,24 @@ class GraphView:
             return value
 
 
+def _tenant_clause(column: str, tenant_ids: Iterable[str] | None) -> tuple[str, list[str]]:
+    """``" AND column IN (?, …)"`` and its parameters; nothing when ``tenant_ids`` is None
+    (every tenant). An empty ``tenant_ids`` matches no row."""
+    if tenant_ids is None:
+        return "", []
+    tenants = sorted(set(tenant_ids))
+    if not tenants:
+        return " AND 0", []
+    return f" AND {column} IN ({','.join('?' * len(tenants))})", tenants
+
+
 class KnowledgeGraph:
     """Knowledge nodes and edges in one SQLite file (or ``":memory:"``).
 
-    Node ids are integers, assigned by SQLite unless given. Adding a node with an id already
-    stored replaces its fields and keeps its edges; adding an edge that exists (same source,
-    target and type) replaces its weight.
+    Node ids are integers, assigned by SQLite unless given, and never assigned twice: a
+    deleted node's id stays retired (``m002_never_reuse_node_ids``). Adding a node with an id
+    already stored replaces its fields and keeps its edges; adding an edge that exists (same
+    source, target and type) replaces its weight.
 
     >>> graph = KnowledgeGraph()
     >>> a = graph.add_node("shop", "concept", "Refund")
@@ -318,6 +372,28 @@ class KnowledgeGraph:
     def _changed(self) -> None:
         self._writes += 1
         self._views.clear()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One transaction over several writes: the graph's own (``add_nodes``,
+        ``add_edges``, ``remove_nodes``, …) join it, and so do statements run on the
+        connection it yields — a store keeping its own tables in the same file writes them
+        in step with the nodes. Everything commits at the end, or nothing does (an exception,
+        or the process dying, rolls all of it back). Holds the graph's lock throughout.
+
+        >>> graph = KnowledgeGraph()
+        >>> with graph.transaction():
+        ...     a = graph.add_node("t", "faq", "A")
+        ...     _ = graph.add_edge(a.id, graph.add_node("t", "faq", "B").id)
+        >>> len(graph.edges())
+        1
+        """
+        with self._lock:
+            try:
+                with transaction(self._conn) as conn:
+                    yield conn
+            finally:  # views built inside it may hold rows that were rolled back
+                self._changed()
 
     def add_node(
         self,
@@ -421,37 +497,56 @@ class KnowledgeGraph:
             found.update(int(r[0]) for r in rows)
         return found
 
-    def remove_node(self, node_id: int) -> bool:
-        """Delete a node and every edge touching it; False when it was not stored."""
-        with self._lock, transaction(self._conn) as conn:
-            deleted = conn.execute("DELETE FROM graph_nodes WHERE id = ?", (node_id,)).rowcount
-            self._changed()
-        return deleted > 0
+    def remove_node(self, node_id: int, *, tenant_ids: Iterable[str] | None = None) -> bool:
+        """Delete a node and every edge touching it; False when it was not stored (or, with
+        ``tenant_ids``, belongs to none of them: then it is left alone)."""
+        return self.remove_nodes([node_id], tenant_ids=tenant_ids) > 0
 
-    def remove_nodes(self, node_ids: Iterable[int]) -> int:
-        """Delete many nodes and their edges in one transaction; returns how many existed."""
+    def remove_nodes(
+        self, node_ids: Iterable[int], *, tenant_ids: Iterable[str] | None = None
+    ) -> int:
+        """Delete many nodes and their edges in one transaction; returns how many existed.
+        With ``tenant_ids``, only the nodes of those tenants are deleted (and counted): the
+        check and the delete are one statement, so no other write can slip between them."""
         ids = list(dict.fromkeys(node_ids))
+        where, scope = _tenant_clause("tenant_id", tenant_ids)
         deleted = 0
         with self._lock, transaction(self._conn) as conn:
             for start in range(0, len(ids), 500):
                 part = ids[start : start + 500]
                 marks = ",".join("?" * len(part))
-                cursor = conn.execute(f"DELETE FROM graph_nodes WHERE id IN ({marks})", part)
+                cursor = conn.execute(
+                    f"DELETE FROM graph_nodes WHERE id IN ({marks}){where}", [*part, *scope]
+                )
                 deleted += cursor.rowcount
             self._changed()
         return deleted
 
     def remove_edge(
-        self, source_id: int, target_id: int, edge_type: EdgeType | str = EdgeType.RELATED
+        self,
+        source_id: int,
+        target_id: int,
+        edge_type: EdgeType | str = EdgeType.RELATED,
+        *,
+        tenant_ids: Iterable[str] | None = None,
     ) -> bool:
-        """Delete one edge (either orientation for undirected types); False when absent."""
+        """Delete one edge (either orientation for undirected types); False when absent, or
+        when ``tenant_ids`` is given and an end of it belongs to none of them."""
         kind = EdgeType(edge_type)
         if kind.undirected:
             source_id, target_id = min(source_id, target_id), max(source_id, target_id)
+        where, scope = _tenant_clause("tenant_id", tenant_ids)
+        ends = ""
+        if where:
+            ends = (
+                f" AND source_id IN (SELECT id FROM graph_nodes WHERE 1 = 1{where})"
+                f" AND target_id IN (SELECT id FROM graph_nodes WHERE 1 = 1{where})"
+            )
         with self._lock, transaction(self._conn) as conn:
             deleted = conn.execute(
-                "DELETE FROM graph_edges WHERE source_id = ? AND target_id = ? AND edge_type = ?",
-                (source_id, target_id, kind.value),
+                "DELETE FROM graph_edges WHERE source_id = ? AND target_id = ? AND edge_type = ?"
+                + ends,
+                (source_id, target_id, kind.value, *scope, *scope),
             ).rowcount
             self._changed()
         return deleted > 0
@@ -551,6 +646,18 @@ class KnowledgeGraph:
             row = self._conn.execute("SELECT * FROM graph_nodes WHERE id = ?", (node_id,))
             found = row.fetchone()
         return None if found is None else self._node(found)
+
+    def get_nodes(self, node_ids: Iterable[int]) -> list[KnowledgeNode]:
+        """The stored nodes among ``node_ids``, by id (unknown ids are left out)."""
+        ids = list(dict.fromkeys(node_ids))
+        found: list[KnowledgeNode] = []
+        with self._lock:
+            for start in range(0, len(ids), 500):
+                part = ids[start : start + 500]
+                marks = ",".join("?" * len(part))
+                rows = self._conn.execute(f"SELECT * FROM graph_nodes WHERE id IN ({marks})", part)
+                found.extend(self._node(row) for row in rows)
+        return sorted(found, key=lambda node: node.id)
 
     def existing(self, node_ids: Iterable[int]) -> set[int]:
         """Which of ``node_ids`` are stored."""
