@@ -577,6 +577,8 @@ def _decode(raw: bytes) -> tuple[dict[str, Any] | None, str]:
         return None, (
             f"request body is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
         )
+    except RecursionError:
+        return None, "request body is JSON nested too deeply to read; send it less deeply nested"
     if not isinstance(body, dict):
         return None, f"request body is a JSON {type(body).__name__}; expected an object"
     return body, ""
