@@ -51,12 +51,15 @@ class InstanceSettings(_Section):
 
 
 class ProxySettings(_Section):
-    """``upstream``: where the main port's proxy forwards; ``instances``: more listeners."""
+    """``upstream``: where the main port's proxy forwards; ``instances``: more listeners.
+    ``markers``: append the session marker to assistant replies (off: none ever carries one,
+    and sessions continue by the ``x-contextfold-session`` header alone)."""
 
     upstream: str | None = Field(None, pattern=r"^https?://")
     instances: list[InstanceSettings] = Field(default_factory=list)
     timeout: float = Field(600.0, gt=0)
     max_tool_continuations: int = Field(5, ge=0, le=20)
+    markers: bool = True
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -51,11 +51,11 @@ from yarl import URL
 
 from contextfold.items import Message
 from contextfold.memory.tools import TOOL_NAMES
+from contextfold.server.proxy.markers import session_marker
 from contextfold.server.proxy.record import Plan, build_record
 from contextfold.server.proxy.session import (
     SESSION_HEADER,
     make_token,
-    marker_text,
     new_session_id,
     verify_token,
 )
@@ -338,7 +338,7 @@ class Proxy:
         except UPSTREAM_ERRORS as exc:
             return self._unreachable(plan, url, exc)
         token = self._token(plan)
-        marker = marker_text(token) if token and plan.body is not None else None
+        marker = session_marker(plan, token, enabled=self.state.config.proxy.markers)
         is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
         if response.status >= 400 or not plan.stream or not (is_sse or plan.format == "gemini"):
             try:
@@ -464,7 +464,8 @@ class Proxy:
             body = continuation(plan.format, body, data, results)
         assert isinstance(data, dict)
         token = self._token(plan)
-        marked = mark_json(plan.format, data, marker_text(token)) if token else data
+        marker = session_marker(plan, token, enabled=self.state.config.proxy.markers)
+        marked = mark_json(plan.format, data, marker) if marker else data
         self._finish(plan, response.status, (time.perf_counter() - sent) * 1000, reply)
         headers_out = _response_headers(response, token)
         if plan.stream:
