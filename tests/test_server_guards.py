@@ -222,6 +222,16 @@ def test_json_nested_too_deeply_gets_400(client: TestClient) -> None:
     assert "RecursionError" in _error(response, 400, "bad_request")
 
 
+def test_json_nested_too_deeply_gets_400_over_a_real_socket(live: LiveServer) -> None:
+    deep = b'{"query": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    with httpx.Client(base_url=live.url) as client:
+        response = client.post(
+            "/api/context", content=deep, headers={"content-type": "application/json"}
+        )
+        assert "RecursionError" in _error(response, 400, "bad_request")
+        assert client.get("/healthz").status_code == 200  # the connection still serves
+
+
 def test_a_body_that_misses_the_schema_gets_422_with_details(client: TestClient) -> None:
     response = client.post("/api/context", json={"query": 5, "entry_limit": 0, "bogus": 1})
     message = _error(response, 422, "invalid_request")

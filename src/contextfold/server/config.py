@@ -51,7 +51,9 @@ class InstanceSettings(_Section):
 
 
 class ProxySettings(_Section):
-    """``upstream``: where the main port's proxy forwards; ``instances``: more listeners."""
+    """``upstream``: where the main port's proxy forwards; ``instances``: more listeners.
+    ``markers``: append the session marker to assistant replies (off: none ever carries one,
+    and sessions continue by the ``x-contextfold-session`` header alone)."""
 
     upstream: str | None = Field(None, pattern=r"^https?://")
     instances: list[InstanceSettings] = Field(default_factory=list)
@@ -62,6 +64,7 @@ class ProxySettings(_Section):
     memory_deadline_ms: float = Field(50.0, gt=0)
     # Background threads deriving tags, vectors and summaries from committed turns.
     job_threads: int = Field(1, ge=1, le=16)
+    markers: bool = True
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

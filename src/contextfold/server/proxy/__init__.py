@@ -4,6 +4,7 @@
 - ``wire`` — the provider payloads (OpenAI, Anthropic, Gemini): parse, strip, inject, drop;
 - ``routes`` — the provider routes and the ``Proxy`` that runs each request through the steps;
 - ``stream`` — the upstream reply relayed to the client (SSE events, markers, synthesized streams);
+- ``markers`` — which replies may carry the session marker (none where it would break the client);
 - ``record`` — the dashboard record of one request;
 - ``writer`` — the memory writes after a reply.
 """

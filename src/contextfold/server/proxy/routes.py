@@ -55,12 +55,12 @@ from contextfold.items import Message
 from contextfold.memory.tools import TOOL_NAMES
 from contextfold.server.jobs import JobWorker
 from contextfold.server.proxy.commit import commit_exchange
+from contextfold.server.proxy.markers import session_marker
 from contextfold.server.proxy.record import Plan, build_record
 from contextfold.server.proxy.session import (
     SESSION_HEADER,
     Position,
     make_token,
-    marker_text,
     principal_of,
     resolve,
 )
@@ -435,11 +435,12 @@ class Proxy:
         return seqs[-1] if seqs else None
 
     def _marker(self, plan: Plan, reply: Reply, seq: int | None) -> str | None:
-        """The marker for this reply, or ``None`` where one would break the client."""
-        if seq is None or plan.body is None or not reply.text.strip():
+        """The marker for this reply (naming its committed turn), or ``None`` where one would
+        break the client (``markers.session_marker``) or nothing was stored."""
+        if seq is None or reply.tool_only or not reply.text.strip():
             return None
         token = self._token(plan, seq)
-        return marker_text(token) if token else None
+        return session_marker(plan, token, enabled=self.state.config.proxy.markers)
 
     async def _forward(self, plan: Plan, url: str, headers: dict[str, str]) -> Response:
         sent = time.perf_counter()
@@ -732,6 +733,8 @@ def _decode(raw: bytes) -> tuple[dict[str, Any] | None, str]:
         return None, (
             f"request body is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}"
         )
+    except RecursionError:
+        return None, "request body is JSON nested too deeply to read; send it less deeply nested"
     if not isinstance(body, dict):
         return None, f"request body is a JSON {type(body).__name__}; expected an object"
     return body, ""

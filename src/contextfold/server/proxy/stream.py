@@ -2,13 +2,15 @@
 
 - ``Reply``: the assistant's text and tool calls, read from a JSON response or accumulated
   from a stream;
-- ``mark_json``: the JSON response with the session marker appended to its reply text;
+- ``mark_json``: the JSON response with the session marker appended to its reply text (none
+  in a reply of only tool calls: ``Reply.tool_only``; which requests get one: ``markers``);
 - ``SseSplitter``: cuts a byte stream into whole server-sent events, exactly as received
   (an event is forwarded the moment its blank line arrives; nothing waits for more);
 - ``StreamState`` (one per format): accumulates the reply from the events and inserts the
   marker as one extra event where the format allows — OpenAI and Gemini: a text chunk just
   before the finishing chunk (just after it when the finishing chunk itself carries text),
-  Anthropic: one more text content block before ``message_delta``;
+  Anthropic: one more text content block before ``message_delta`` — decided there, at the end
+  of the reply, from what was streamed (a reply of only tool calls gets none);
 - ``synthesize``: a complete SSE stream for a finished JSON response (used when the
   in-proxy tool loop ran non-streamed for a streaming client);
 - ``continuation``: the request body that answers memory tool calls and asks again.
@@ -45,6 +47,12 @@ class Reply:
     text: str = ""
     calls: list[ToolUseBlock] = field(default_factory=list)
     stop: str | None = None
+
+    @property
+    def tool_only(self) -> bool:
+        """Only tool calls, no text: the client expects no text (OpenAI ``content: null``),
+        so such a reply gets no session marker."""
+        return bool(self.calls) and not self.text.strip()
 
 
 def _args(raw: Any) -> dict[str, Any]:
@@ -136,8 +144,9 @@ def _gemini_part_into(reply: Reply, part: Any, n: int) -> None:
 
 def mark_json(fmt: str, body: Any, marker: str) -> Any:
     """``body`` with ``marker`` appended to the reply text (a new text block or part when the
-    reply has none). Returns ``body`` unchanged when it has no reply to mark."""
-    if not isinstance(body, dict):
+    reply has none). Returns ``body`` unchanged when it has no reply to mark or the reply is
+    only tool calls."""
+    if not isinstance(body, dict) or reply_of(fmt, body).tool_only:
         return body
     if fmt == "openai":
         choices = body.get("choices")
@@ -242,7 +251,7 @@ class StreamState(ABC):
         if data and data != "[DONE]":
             try:
                 payload = json.loads(data)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):  # forwarded as it came
                 payload = None
         return self._feed(name, data, payload, raw)
 
@@ -278,6 +287,17 @@ class StreamState(ABC):
 
     @abstractmethod
     def _render(self) -> bytes: ...
+
+    def _due(self) -> bool:
+        """Whether the marker goes in now, at the end of the reply: once, and never into a
+        reply of only tool calls (decided from what has been streamed)."""
+        if self.marked:
+            return False
+        self.collect()
+        if self.reply.tool_only:
+            self.marked = True
+            return False
+        return True
 
 
 class OpenAIStream(StreamState):
@@ -326,7 +346,7 @@ class OpenAIStream(StreamState):
             slot["args"] += fn.get("arguments") or ""
         if choice.get("finish_reason") is not None:
             self.reply.stop = choice["finish_reason"]
-            if not self.marked:
+            if self._due():
                 if text:
                     return [raw, self._marker_event()]
                 return [self._marker_event(), raw]
@@ -341,7 +361,7 @@ class OpenAIStream(StreamState):
 
     def finish(self) -> list[bytes]:
         self.collect()
-        if not self.marked and (self.reply.text or self._calls):
+        if (self.reply.text or self._calls) and self._due():
             return [self._marker_event()]
         return []
 
@@ -405,7 +425,7 @@ class AnthropicStream(StreamState):
                 slot["json"] += delta.get("partial_json") or ""
         elif kind == "message_delta":
             self.reply.stop = (payload.get("delta") or {}).get("stop_reason")
-            if not self.marked:
+            if self._due():
                 return [*self._marker_events(), raw]
         elif kind == "error":
             self.error = str(payload.get("error"))[:500]
@@ -457,7 +477,7 @@ class GeminiStream(StreamState):
         finish = _gemini_candidate(payload).get("finishReason")
         if finish:
             self.reply.stop = finish
-            if not self.marked:
+            if self._due():
                 if len(self.reply.text) > before:
                     return [raw, self._marker_event()]
                 return [self._marker_event(), raw]
@@ -478,7 +498,7 @@ class GeminiStream(StreamState):
 
     def finish(self) -> list[bytes]:
         self.collect()
-        if not self.marked and (self.reply.text or self.reply.calls):
+        if (self.reply.text or self.reply.calls) and self._due():
             return [self._marker_event()]
         return []
 

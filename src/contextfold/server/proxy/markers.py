@@ -1,0 +1,102 @@
+"""Whether a reply may carry the session marker: it is text added to the model's reply, so it
+goes only where added text cannot break the client.
+
+No marker, decided from the request (``withheld`` says why; the reason goes into the record):
+
+- ``proxy.markers: false`` (no reason recorded: it is the server's choice, not the request's);
+- the client asked for machine-readable text: OpenAI ``response_format`` of type
+  ``json_object`` or ``json_schema`` (JSON mode, structured outputs, the SDKs' ``parse()``);
+  Anthropic ``output_config.format`` or ``output_format`` (structured outputs); Gemini
+  ``generationConfig.responseMimeType`` other than ``text/plain`` (``application/json``,
+  ``text/x.enum``) or a ``responseSchema`` / ``responseJsonSchema``;
+- the client forced a tool call (OpenAI ``tool_choice: required`` or a named tool, Anthropic
+  ``tool_choice`` ``any`` or ``tool`` — Anthropic's usual way to get JSON — Gemini
+  ``functionCallingConfig.mode: ANY``): the reply is for a program, not for reading.
+
+No marker, decided from the reply (``stream``: ``Reply.tool_only``, at the end of a stream from
+what was streamed): a reply of only tool calls, whose text the client expects to be empty.
+
+Such conversations continue by the ``x-contextfold-session`` header every reply carries.
+
+>>> withheld("openai", {"response_format": {"type": "json_object"}})
+'no session marker: the request asks for JSON (response_format json_object)'
+>>> withheld("anthropic", {"tool_choice": {"type": "auto"}}) is None
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from contextfold.server.proxy.record import Plan
+from contextfold.server.proxy.session import marker_text
+
+__all__ = ["session_marker", "withheld"]
+
+
+def session_marker(plan: Plan, token: str | None, *, enabled: bool = True) -> str | None:
+    """The marker for the reply to ``plan``'s request, or None when the reply must stay as the
+    model wrote it (a request reason is added to ``plan.notes``). A request forwarded
+    unmodified (``plan.body`` None: the memory path failed) gets none either."""
+    if not enabled or token is None or plan.body is None:
+        return None
+    reason = withheld(plan.format, plan.body)
+    if reason is not None:
+        plan.notes.append(reason)
+        return None
+    return marker_text(token)
+
+
+def withheld(fmt: str, body: Mapping[str, Any]) -> str | None:
+    """Why the reply to request ``body`` (wire format ``fmt``) must get no marker, or None."""
+    if fmt == "openai":
+        kind = _get(body, "response_format", "type")
+        if kind in ("json_object", "json_schema"):
+            return f"no session marker: the request asks for JSON (response_format {kind})"
+        if _forced(body.get("tool_choice")):
+            return "no session marker: the request forces a tool call (tool_choice)"
+    elif fmt == "anthropic":
+        if _get(body, "output_config", "format") is not None or body.get("output_format"):
+            return "no session marker: the request asks for JSON (structured output)"
+        if _get(body, "tool_choice", "type") in ("any", "tool"):
+            return "no session marker: the request forces a tool call (tool_choice)"
+    else:
+        config = _either(body, "generationConfig", "generation_config")
+        config = config if isinstance(config, Mapping) else {}
+        mime = _either(config, "responseMimeType", "response_mime_type")
+        if isinstance(mime, str) and mime.strip().lower() not in ("", "text/plain"):
+            return f"no session marker: the request asks for {mime} (responseMimeType)"
+        schemas = ("responseSchema", "response_schema", "responseJsonSchema",
+                   "response_json_schema")  # fmt: skip
+        if any(config.get(key) is not None for key in schemas):
+            return "no session marker: the request asks for JSON (responseSchema)"
+        tool_config = _either(body, "toolConfig", "tool_config")
+        calling = _either(tool_config, "functionCallingConfig", "function_calling_config")
+        if str(_either(calling, "mode", "mode") or "").upper() == "ANY":
+            return "no session marker: the request forces a function call (mode ANY)"
+    return None
+
+
+def _forced(choice: Any) -> bool:
+    """An OpenAI ``tool_choice`` that makes the model call a tool."""
+    if choice == "required":
+        return True
+    if not isinstance(choice, Mapping):
+        return False
+    if choice.get("type") == "allowed_tools":
+        return bool(_get(choice, "allowed_tools", "mode") == "required")
+    return choice.get("type") in ("function", "custom")
+
+
+def _get(body: Mapping[str, Any], key: str, inner: str) -> Any:
+    value = body.get(key)
+    return value.get(inner) if isinstance(value, Mapping) else None
+
+
+def _either(value: Any, camel: str, snake: str) -> Any:
+    """``value[camel]`` or ``value[snake]`` (Gemini's JSON takes either spelling)."""
+    if not isinstance(value, Mapping):
+        return None
+    found = value.get(camel)
+    return found if found is not None else value.get(snake)
