@@ -394,7 +394,7 @@ TOOL_ONLY: dict[str, Any] = {
 @pytest.mark.parametrize("fmt", ["openai", "anthropic", "gemini"])
 def test_a_stream_of_only_tool_calls_gets_no_marker_event(fmt: str) -> None:
     stream = synthesize(fmt, TOOL_ONLY[fmt])
-    state = stream_state(fmt, marker_text(make_token("s1", b"secret")))
+    state = stream_state(fmt, marker_text(make_token("p", "s1", 2, b"secret")))
     out = [piece for event in SseSplitter().feed(stream) for piece in state.feed(event)]
     out += state.finish()
     assert b"".join(out) == stream
@@ -404,4 +404,6 @@ def test_a_stream_of_only_tool_calls_gets_no_marker_event(fmt: str) -> None:
 @pytest.mark.parametrize("fmt", ["openai", "anthropic", "gemini"])
 def test_a_stream_event_nested_too_deeply_passes_through(fmt: str) -> None:
     event = b"data: " + b"[" * 100_000 + b"]" * 100_000 + b"\n\n"
-    assert stream_state(fmt, marker_text(make_token("s1", b"secret"))).feed(event) == [event]
+    assert stream_state(fmt, marker_text(make_token("p", "s1", 2, b"secret"))).feed(event) == [
+        event
+    ]

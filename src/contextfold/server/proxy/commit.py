@@ -46,7 +46,7 @@ def commit_exchange(
     flags = [False] * len(new) + [partial]
     sid = position.session_id
     if sid is None:
-        sid = store.create_session(principal=plan.principal)
+        sid = store.create_session(plan.new_session, principal=plan.principal)
         return sid, store.commit_exchange(sid, messages, partial=flags, expect_last=0)
     try:
         seqs = store.commit_exchange(sid, messages, partial=flags, expect_last=position.expect_last)

@@ -43,6 +43,7 @@ class Plan:
     wire: Wire | None = None
     original: dict[str, Any] | None = None  # the client's body as parsed
     committed: tuple[str, list[int]] | None = None  # (session, seqs) stored
+    new_session: str | None = None  # the id a new conversation's session will get
     parsed: ParsedRequest | None = None
     assembled: AssembledContext | None = None
     dropped: list[int] = field(default_factory=list)  # parsed indices left out of the history

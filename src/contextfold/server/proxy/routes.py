@@ -264,6 +264,8 @@ class Proxy:
         plan.position = position
         plan.session_id = position.session_id
         plan.session_source = position.source
+        if position.session_id is None:  # created with this id when the exchange commits
+            plan.new_session = uuid.uuid4().hex
         return stripped
 
     def prepare(self, plan: Plan, wire: Wire, body: dict[str, Any]) -> None:
@@ -409,10 +411,11 @@ class Proxy:
     def _token(self, plan: Plan, seq: int | None = None) -> str | None:
         """The token naming the request's turn: ``seq`` (the committed reply), else the turn
         the request continues."""
-        if plan.session_id is None:
+        sid = plan.session_id or plan.new_session
+        if sid is None:
             return None
         at = seq if seq is not None else plan.position.anchor if plan.position else 0
-        return make_token(plan.principal, plan.session_id, at, self.state.secret)
+        return make_token(plan.principal, sid, at, self.state.secret)
 
     async def _commit(
         self, plan: Plan, reply: Reply | None, *, partial: bool = False
