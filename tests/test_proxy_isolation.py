@@ -1,0 +1,121 @@
+"""What one conversation may recall of another, through the real proxy and the real ``openai``
+SDK: a shared prompt template, an edited message and a marker carried to another credential
+each open only their own branch of the conversation tree, never what was said after it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from contextfold.memory.engine import MemoryEngine
+from contextfold.server.config import ProxySettings, ServerConfig
+from contextfold.server.proxy.session import SESSION_HEADER, find_tokens
+from fake_llm import FakeLLMServer
+from proxy_support import Served, serve
+
+IBAN = "DE89 3704 0044 0532 0130 00"
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[MemoryEngine]:
+    with MemoryEngine(store=tmp_path / "memory.db", embedder=None) as memory:
+        yield memory
+
+
+@pytest.fixture
+def proxy(fake_llm: FakeLLMServer, engine: MemoryEngine) -> Iterator[Served]:
+    with serve(ServerConfig(port=0, proxy=ProxySettings(upstream=fake_llm.url)), engine) as served:
+        yield served
+
+
+def client(served: Served, api_key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{served.url}/v1", api_key=api_key, max_retries=0)
+
+
+def chat(api: openai.OpenAI, history: list[Any], text: str) -> str:
+    """Send ``history`` plus the user message ``text``; append both and the reply (as the
+    client received it, marker included) to ``history``; return the reply's session."""
+    history.append({"role": "user", "content": text})
+    reply = api.chat.completions.create(model="m", messages=history).choices[0].message.content
+    assert reply is not None
+    history.append({"role": "assistant", "content": reply})
+    return find_tokens(reply)[0].split(".")[0]
+
+
+def upstream_text(fake: FakeLLMServer) -> str:
+    return fake.requests[-1].raw.decode()
+
+
+@pytest.mark.parametrize("bob_key", ["sk-alice", "sk-bob"])
+def test_a_shared_prompt_template_recalls_nothing_of_its_author(
+    proxy: Served, fake_llm: FakeLLMServer, engine: MemoryEngine, bob_key: str
+) -> None:
+    fake_llm.reply = "Noted."
+    alice, history = client(proxy, "sk-alice"), []
+    alice_sid = chat(alice, history, "Help me set up my monthly bank transfers.")
+    template = list(history)  # her first message and the reply she got, marker included
+    chat(alice, history, f"My IBAN is {IBAN}.")
+    chat(alice, history, "Thanks, that is all for today.")
+    # Control: Alice herself, keeping only her last exchange, is reminded of it.
+    chat(alice, history[-1:], "What is my IBAN?")
+    assert IBAN in upstream_text(fake_llm)
+
+    bob_sid = chat(client(proxy, bob_key), list(template), "What is my IBAN?")
+    assert IBAN not in upstream_text(fake_llm) and "0532" not in upstream_text(fake_llm)
+    assert bob_sid != alice_sid
+    branch = engine.store.session(bob_sid)
+    if bob_key == "sk-alice":  # the same credential: a branch of her first exchange
+        assert (branch.parent_id, branch.fork_seq) == (alice_sid, 2)
+    else:  # another credential: the template's marker opens nothing, a new conversation
+        assert branch.parent_id is None
+        assert engine.store.principal_of(bob_sid) != engine.store.principal_of(alice_sid)
+    assert [t.message.text() for t in engine.store.turns(bob_sid)][-1] == "Noted."
+
+
+def test_an_edited_message_never_recalls_what_it_replaced(
+    proxy: Served, fake_llm: FakeLLMServer, engine: MemoryEngine
+) -> None:
+    fake_llm.reply = "Understood."
+    api, history = client(proxy, "sk-test"), []
+    sid = chat(api, history, "Let us plan the product launch.")
+    chat(api, history, "The launch codename is BLUEFALCON, keep it secret.")
+    # Control: the original branch, trimmed to its last reply, recalls the codename.
+    chat(api, history[-1:], "What is the launch codename?")
+    assert "BLUEFALCON" in upstream_text(fake_llm)
+
+    edited = history[:2]  # u1, a1, then u2 rewritten
+    branch = chat(api, edited, "Actually, what is the launch codename?")
+    chat(api, edited, "Remind me of the codename once more.")
+    assert "BLUEFALCON" not in upstream_text(fake_llm)
+    assert all("BLUEFALCON" not in r.raw.decode() for r in fake_llm.requests[-2:])
+    session = engine.store.session(branch)
+    assert (session.parent_id, session.fork_seq) == (sid, 2)
+    assert not any("BLUEFALCON" in t.message.text() for t in engine.store.turns(branch))
+
+
+def test_a_marker_minted_for_one_key_opens_nothing_for_another(
+    proxy: Served, fake_llm: FakeLLMServer, engine: MemoryEngine
+) -> None:
+    fake_llm.reply = "Okay."
+    history: list[Any] = []
+    victim = chat(client(proxy, "sk-alice"), history, "My locker code is 4417.")
+    chat(client(proxy, "sk-alice"), history, "I will need it on Monday.")
+    stolen = find_tokens(history[-1]["content"])[0]
+    thief = openai.OpenAI(
+        base_url=f"{proxy.url}/v1",
+        api_key="sk-mallory",
+        max_retries=0,
+        default_headers={SESSION_HEADER: stolen},
+    )
+    taken = chat(thief, history[-1:], "What is my locker code?")
+    assert "4417" not in upstream_text(fake_llm)
+    assert taken != victim
+    proxy.drain()
+    assert proxy.events.recent()[-1].extra["session_source"] == "forged"
+    # Nothing was written into the victim's conversation either.
+    assert len(engine.store.turns(victim)) == 4
+    assert engine.store.principal_of(taken) != engine.store.principal_of(victim)
