@@ -32,14 +32,17 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 import logging
 import re
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -161,7 +164,8 @@ class Proxy:
         self._pool = ThreadPoolExecutor(32, thread_name_prefix="contextfold-memory")
         self._clients: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
         # Records whose reply tags arrive when the session's derived work is done.
-        self._awaiting_tags: dict[str, list[tuple[Any, list[int]]]] = {}
+        self._awaiting_tags: dict[str, dict[str, _Awaiting]] = {}
+        self._tags_lock = threading.Lock()
         self.jobs.on_done = self._publish_tags
 
     # -- plumbing --------------------------------------------------------------------------------
@@ -198,8 +202,20 @@ class Proxy:
         )
 
     def start(self) -> None:
-        """Start the workers of derived work (resuming what the store has pending)."""
+        """Start the workers of derived work (resuming what the store has pending) and warm
+        the models the request path uses, so the first request does not spend its memory
+        deadline loading them."""
         self.jobs.start()
+        threading.Thread(target=self._warm, name="contextfold-warm", daemon=True).start()
+
+    def _warm(self) -> None:
+        memory = self.state.memory
+        try:
+            memory.counter.count("warm up")
+            if memory.embedder is not None:
+                memory.embedder.embed(["warm up"])
+        except Exception as exc:  # the first request pays for it instead
+            logger.warning("warming memory failed: %s: %s", type(exc).__name__, exc)
 
     async def aclose(self) -> None:
         """Stop the workers (pending work stays in the store, and the log says how much),
@@ -434,6 +450,10 @@ class Proxy:
             return None
         plan.session_id = sid
         plan.committed = (sid, seqs)
+        with self._tags_lock:
+            self._awaiting_tags.setdefault(sid, {})[plan.id] = _Awaiting(seqs)
+            if len(self._awaiting_tags) > 1000:  # bounded: the oldest go without reply tags
+                self._awaiting_tags.pop(next(iter(self._awaiting_tags)))
         self.jobs.notify()
         return seqs[-1] if seqs else None
 
@@ -443,6 +463,12 @@ class Proxy:
         if seq is None or reply.tool_only or not reply.text.strip():
             return None
         token = self._token(plan, seq)
+        if plan.body is None and plan.original is not None:  # forwarded as the client sent it
+            return session_marker(
+                dataclasses.replace(plan, body=plan.original),
+                token,
+                enabled=self.state.config.proxy.markers,
+            )
         return session_marker(plan, token, enabled=self.state.config.proxy.markers)
 
     async def _forward(self, plan: Plan, url: str, headers: dict[str, str]) -> Response:
@@ -585,7 +611,7 @@ class Proxy:
                 return self._unreachable(plan, url, exc)
             try:
                 data = json.loads(content) if response.status < 300 else None
-            except (json.JSONDecodeError, UnicodeDecodeError):
+            except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
                 data = None
             if not isinstance(data, dict):
                 self._finish(plan, response.status, (time.perf_counter() - sent) * 1000, None)
@@ -647,29 +673,47 @@ class Proxy:
                 extra=extra,
             )
             if committed is None:
-                record = record.model_copy(update={"response_tags": ()})
-            events.publish(record)
-            if committed is not None:
-                sid, seqs = committed
-                waiting = self._awaiting_tags.setdefault(sid, [])
-                waiting.append((record, seqs))
-                if len(self._awaiting_tags) > 1000:  # bounded: the oldest go without tags
-                    self._awaiting_tags.pop(next(iter(self._awaiting_tags)))
+                events.publish(record.model_copy(update={"response_tags": ()}))
+                return
+            with self._tags_lock:
+                waiting = self._awaiting_tags.get(committed[0], {}).get(plan.id)
+                if waiting is not None and waiting.tags is None:
+                    waiting.record = record  # the tags follow when derived
+                    events.publish(record)
+                    return
+            tags = waiting.tags if waiting is not None else ()
+            events.publish(record.model_copy(update={"response_tags": tags}))
 
         self.writer.submit(job)
 
     def _publish_tags(self, session_id: str) -> None:
         """The session's derived work is done: publish its waiting records with their reply
-        tags."""
-        waiting = self._awaiting_tags.pop(session_id, [])
+        tags (a record not built yet takes them when it is)."""
         store = self.state.memory.store
-        for record, seqs in waiting:
+        derived = store.session(session_id).derived_seq
+        with self._tags_lock:
+            waiting = self._awaiting_tags.get(session_id, {})
+            ready = [(k, w) for k, w in waiting.items() if w.seqs[-1] <= derived]
+        for key, entry in ready:
             tags: dict[str, float] = {}
-            for turn in store.turns(session_id, start=seqs[0], end=seqs[-1]):
+            for turn in store.turns(session_id, start=entry.seqs[0], end=entry.seqs[-1]):
                 for tag, weight in turn.tags.items():
                     tags[tag] = max(weight, tags.get(tag, 0.0))
             ordered = tuple(sorted(tags, key=lambda t: (-tags[t], t)))
-            self.state.events.publish(record.model_copy(update={"response_tags": ordered}))
+            with self._tags_lock:
+                entry.tags = ordered
+                record = entry.record
+                if record is not None:
+                    self._awaiting_tags.get(session_id, {}).pop(key, None)
+                else:
+                    # The record job comes later and publishes it with these tags.
+                    self._awaiting_tags.get(session_id, {}).pop(key, None)
+                    self._awaiting_tags.setdefault(session_id, {})[key] = entry
+            if record is not None:
+                self.state.events.publish(record.model_copy(update={"response_tags": ordered}))
+        with self._tags_lock:
+            if not self._awaiting_tags.get(session_id, True):
+                self._awaiting_tags.pop(session_id, None)
 
     # -- pass-through ----------------------------------------------------------------------------
 
@@ -703,6 +747,15 @@ class Proxy:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+@dataclass
+class _Awaiting:
+    """A committed exchange whose dashboard record waits for its reply tags."""
+
+    seqs: list[int]
+    record: Any = None
+    tags: tuple[str, ...] | None = None
 
 
 def _draft(plan: Plan) -> Plan:
