@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from contextfold.errors import ConfigError
 from contextfold.items import ToolUseBlock
 from contextfold.server.config import load_server_config
-from contextfold.server.proxy.routes import upstream_url
+from contextfold.server.proxy.forward import upstream_url
 from contextfold.server.proxy.session import (
     find_tokens,
     make_token,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from contextfold.server.proxy.session import resolve
+from contextfold.server.proxy.session import locate
 from contextfold.store.memory_branches import BranchMoved
 
 if TYPE_CHECKING:
@@ -36,11 +36,9 @@ def commit_exchange(
         assert plan.wire is not None and plan.original is not None
         stripped, tokens = plan.wire.strip(plan.original)
         parsed = plan.wire.parse(stripped)
-        position = resolve(
+        position, _ = locate(
             store, plan.principal, parsed.messages, tokens, plan.header, proxy.state.secret
         )
-        if position.fork is not None:
-            position.session_id, position.expect_last = store.fork(*position.fork), position.anchor
     new = [m for m in parsed.messages[position.new_from :] if m.role != "system"]
     messages = [*new, reply]
     flags = [False] * len(new) + [partial]

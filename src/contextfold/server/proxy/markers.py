@@ -37,11 +37,12 @@ __all__ = ["session_marker", "withheld"]
 
 def session_marker(plan: Plan, token: str | None, *, enabled: bool = True) -> str | None:
     """The marker for the reply to ``plan``'s request, or None when the reply must stay as the
-    model wrote it (a request reason is added to ``plan.notes``). A request forwarded
-    unmodified (``plan.body`` None: the memory path failed) gets none either."""
-    if not enabled or token is None or plan.body is None:
+    model wrote it (a request reason is added to ``plan.notes``). A request forwarded as the
+    client sent it (its memory path failed or ran late) is judged by the client's body."""
+    body = plan.body if plan.body is not None else plan.original
+    if not enabled or token is None or body is None:
         return None
-    reason = withheld(plan.format, plan.body)
+    reason = withheld(plan.format, body)
     if reason is not None:
         plan.notes.append(reason)
         return None

@@ -6,17 +6,19 @@ the reply has gone out, never on the response path.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from contextfold.items import Message, TextBlock
-from contextfold.server.events import BudgetRow, InspectedMessage, RequestRecord
+from contextfold.server.events import BudgetRow, EventBus, InspectedMessage, RequestRecord
 from contextfold.tokens import OVERHEADS, TokenCounter
 
 if TYPE_CHECKING:
     from contextfold.memory.engine import AssembledContext, MemoryEngine
     from contextfold.server.proxy.session import Position
     from contextfold.server.proxy.wire import ParsedRequest, Wire
+    from contextfold.store.memory import MemoryStore
 
 __all__ = ["Plan", "build_record"]
 
@@ -209,3 +211,74 @@ def build_record(
         error=error or plan.error,
         extra=info,
     )
+
+
+@dataclass
+class _Awaiting:
+    seqs: list[int]
+    record: RequestRecord | None = None
+    tags: tuple[str, ...] | None = None
+
+
+class ReplyTags:
+    """The reply tags of committed exchanges, published on their dashboard records once the
+    session's derived work has tagged them — whichever comes first, the record or the tags.
+
+    ``expect`` at commit, ``publish`` when the record is built, ``derived`` when a session's
+    derive job is done. At most ``limit`` sessions wait; the oldest then go without tags."""
+
+    def __init__(self, store: MemoryStore, events: EventBus, *, limit: int = 1000) -> None:
+        self.store = store
+        self.events = events
+        self.limit = limit
+        self._waiting: dict[str, dict[str, _Awaiting]] = {}
+        self._lock = threading.Lock()
+
+    def expect(self, session_id: str, record_id: str, seqs: list[int]) -> None:
+        with self._lock:
+            self._waiting.setdefault(session_id, {})[record_id] = _Awaiting(seqs)
+            if len(self._waiting) > self.limit:
+                self._waiting.pop(next(iter(self._waiting)))
+
+    def publish(self, session_id: str, record: RequestRecord) -> None:
+        """Publish ``record``: with its tags when they are known, else now and again later."""
+        with self._lock:
+            entry = self._waiting.get(session_id, {}).get(record.id)
+            if entry is not None and entry.tags is None:
+                entry.record = record
+            else:
+                self._forget(session_id, record.id)
+        tags = () if entry is None else entry.tags
+        self.events.publish(
+            record if tags is None else record.model_copy(update={"response_tags": tags})
+        )
+
+    def derived(self, session_id: str) -> None:
+        """The session's derived work is done: tag its waiting records whose turns it covers."""
+        done = self.store.session(session_id).derived_seq
+        with self._lock:
+            ready = [
+                (key, entry)
+                for key, entry in self._waiting.get(session_id, {}).items()
+                if entry.seqs[-1] <= done
+            ]
+        for key, entry in ready:
+            tags: dict[str, float] = {}
+            for turn in self.store.turns(session_id, start=entry.seqs[0], end=entry.seqs[-1]):
+                for tag, weight in turn.tags.items():
+                    tags[tag] = max(weight, tags.get(tag, 0.0))
+            ordered = tuple(sorted(tags, key=lambda t: (-tags[t], t)))
+            with self._lock:
+                entry.tags = ordered
+                record = entry.record
+                if record is not None:  # else the record takes them when it is built
+                    self._forget(session_id, key)
+            if record is not None:
+                self.events.publish(record.model_copy(update={"response_tags": ordered}))
+
+    def _forget(self, session_id: str, record_id: str) -> None:
+        waiting = self._waiting.get(session_id)
+        if waiting is not None:
+            waiting.pop(record_id, None)
+            if not waiting:
+                del self._waiting[session_id]

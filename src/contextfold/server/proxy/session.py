@@ -49,6 +49,7 @@ __all__ = [
     "SESSION_HEADER",
     "Position",
     "find_tokens",
+    "locate",
     "make_token",
     "marker_text",
     "principal_of",
@@ -208,6 +209,27 @@ def resolve(
         if last == 0 or before == keys[last - 1]:
             return _continue(store, sid, seq, new_from, source)
     return Position(None, 0, 0, "forged" if offered and not named else "new")
+
+
+def locate(
+    store: MemoryStore,
+    principal: str,
+    messages: Sequence[Message],
+    tokens: Sequence[str],
+    header: str | None,
+    secret: bytes,
+) -> tuple[Position, tuple[str, int] | None]:
+    """``resolve``, then fork the branch it asks for: (the position, with ``fork`` done and
+    ``None``; the (session, seq) forked from, or ``None``). Writes only when it forks."""
+    position = resolve(store, principal, messages, tokens, header, secret)
+    if position.fork is None:
+        return position, None
+    parent, seq = position.fork
+    branch = store.fork(parent, seq)
+    return Position(branch, seq, position.new_from, position.source, expect_last=seq), (
+        parent,
+        seq,
+    )
 
 
 def _continue(store: MemoryStore, sid: str, seq: int, new_from: int, source: str) -> Position:

@@ -1,0 +1,145 @@
+"""The upstream side of a request: the URL it goes to, the headers that go with it, the
+aiohttp client that sends it, and the provider-shaped errors the proxy answers itself.
+
+Hop-by-hop headers are dropped both ways (and ``accept-encoding`` is set to ``identity``, so
+a reply can be read and marked); a repeated response header's values are joined by commas
+(RFC 9110 §5.3). Credentials go upstream as the client sent them and are never logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+from fastapi.responses import Response
+from multidict import CIMultiDictProxy
+from yarl import URL
+
+from contextfold.server.proxy.session import SESSION_HEADER
+
+__all__ = [
+    "UPSTREAM_ERRORS",
+    "Upstream",
+    "error_response",
+    "forward_headers",
+    "response_headers",
+    "upstream_url",
+]
+
+_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "accept-encoding",
+        "content-encoding",
+        SESSION_HEADER,
+    }
+)
+
+
+def error_response(fmt: str, status: int, message: str, kind: str) -> Response:
+    """An error in the shape of the provider ``fmt`` (all three nest ``error.message``)."""
+    body: dict[str, Any]
+    if fmt == "anthropic":
+        body = {"type": "error", "error": {"type": kind, "message": message}}
+    elif fmt == "gemini":
+        names = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 502: "UNAVAILABLE"}
+        body = {"error": {"code": status, "message": message, "status": names.get(status, kind)}}
+    else:
+        body = {"error": {"message": message, "type": kind, "code": None}}
+    return Response(json.dumps(body), status_code=status, media_type="application/json")
+
+
+def upstream_url(base: str, path: str, query: str) -> str:
+    """``base`` joined with the request ``path`` (a base ending in the path's first segment,
+    such as ``…/v1``, does not repeat it) and ``query``."""
+    base = base.rstrip("/")
+    first = "/" + path.lstrip("/").split("/", 1)[0]
+    if urlsplit(base).path.endswith(first):
+        path = path[len(first) :]
+    return base + path + (f"?{query}" if query else "")
+
+
+def forward_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    out = {k: v for k, v in headers if k.lower() not in _HOP}
+    out["accept-encoding"] = "identity"
+    return out
+
+
+#: What the upstream client raises for a connection refused, reset or timed out.
+UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError)
+
+
+def response_headers(response: aiohttp.ClientResponse, token: str | None) -> dict[str, str]:
+    out = merged(response.headers)
+    if token:
+        out[SESSION_HEADER] = token
+    return out
+
+
+def merged(headers: CIMultiDictProxy[str]) -> dict[str, str]:
+    """The end-to-end headers, a repeated one's values joined by commas (RFC 9110 §5.3)."""
+    out: dict[str, str] = {}
+    for key, value in headers.items():
+        if key.lower() not in _HOP:
+            out[key] = f"{out[key]}, {value}" if key in out else value
+    return out
+
+
+class Upstream:
+    """One aiohttp client per event loop (a server may run several), sending requests as
+    the client made them."""
+
+    def __init__(self, read_timeout: float) -> None:
+        self.read_timeout = read_timeout
+        self._clients: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+
+    def client(self) -> aiohttp.ClientSession:
+        """This event loop's upstream client (aiohttp: per request it costs a third of the CPU
+        of httpx's async client, and the proxy's added latency is the bar it is measured by)."""
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=1000, keepalive_timeout=60),
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=10.0, sock_read=self.read_timeout
+                ),
+                # The client's own headers go upstream as they came; add none of ours.
+                skip_auto_headers=("User-Agent", "Content-Type"),
+                trust_env=False,
+            )
+            self._clients[loop] = client
+        return client
+
+    async def send(
+        self, method: str, url: str, headers: dict[str, str], content: bytes
+    ) -> aiohttp.ClientResponse:
+        """Send upstream; the response's body is still to be read (``read`` / ``content``)
+        and the caller releases it. Raises one of ``UPSTREAM_ERRORS``."""
+        return await self.client().request(
+            method,
+            URL(url, encoded=True),  # forwarded as given: no re-quoting of path or ?key=
+            headers=headers,
+            data=content,
+            allow_redirects=False,
+        )
+
+    async def aclose(self) -> None:
+        """Close this event loop's client."""
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.close()

@@ -1,0 +1,143 @@
+"""Memory for one request, before it goes upstream: where the request stands in its
+conversation, what to recall, which compacted history to leave out, and where the memory goes.
+
+``prepare`` fills a draft of the request's ``Plan`` (``draft``) on one of the proxy's memory
+threads; the proxy takes the draft only when it is ready within ``proxy.memory_deadline_ms``,
+and otherwise forwards the request as the client sent it (the late draft is never read).
+
+- **Position** (``session.locate``): the branch and turn the request continues, forked when
+  its history diverges; a new conversation gets its session id now and its row at commit.
+- **Recall**: ``MemoryEngine.on_message_inbound`` over the branch, for the last user message.
+- **History** (``drop_compacted``): raw messages whose every parsed message the history filter
+  removed (compacted into memory) are left out, never splitting a tool call from its result,
+  and Anthropic and Gemini still start with a user turn.
+- **Inject**: the ``<context-topics>`` hint after the stable prefix, the rest of the memory
+  block at the start of the last user message (``split_memory``, ``Wire.inject``). A body
+  memory leaves unchanged goes upstream byte for byte.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from contextfold.items import Message
+from contextfold.server.proxy.record import Plan
+from contextfold.server.proxy.session import Position, locate
+from contextfold.server.proxy.wire import ParsedRequest, Wire, dumps
+
+if TYPE_CHECKING:
+    from contextfold.memory.engine import AssembledContext
+    from contextfold.server.state import ServerState
+
+__all__ = ["draft", "drop_compacted", "prepare", "split_memory"]
+
+
+def draft(plan: Plan) -> Plan:
+    """A copy of ``plan`` for the memory path to fill in: it becomes the plan only when that
+    path finishes within its deadline (a late one writes into a copy nobody reads)."""
+    out = copy.copy(plan)
+    out.notes = list(plan.notes)
+    out.dropped, out.dropped_notes, out.tool_calls = [], [], []
+    return out
+
+
+def prepare(
+    state: ServerState, plan: Plan, wire: Wire, body: dict[str, Any], *, tools: bool
+) -> None:
+    """Fill ``plan`` with the body to forward (runs on a memory thread; may raise, and the
+    caller then fails open). ``tools``: offer the memory tools too."""
+    memory = state.memory
+    stripped, tokens = wire.strip(body)
+    parsed = wire.parse(stripped)
+    plan.parsed = parsed
+    position, forked = locate(
+        memory.store, plan.principal, parsed.messages, tokens, plan.header, state.secret
+    )
+    if forked is not None:
+        plan.notes.append(f"continues turn {forked[1]} of {forked[0][:8]} on a new branch")
+    if tools and position.session_id is None:  # the memory tools need a session now
+        sid = memory.store.create_session(principal=plan.principal)
+        position = Position(sid, 0, position.new_from, position.source, expect_last=0)
+    plan.position = position
+    plan.session_id = position.session_id
+    plan.session_source = position.source
+    if position.session_id is None:  # created with this id when the exchange commits
+        plan.new_session = uuid.uuid4().hex
+    forwarded = stripped
+    if parsed.query is None:
+        plan.notes.append("no user message with text: nothing recalled")
+    elif plan.session_id is None:
+        plan.notes.append("a new conversation: nothing stored yet to recall")
+    else:
+        assembled = memory.on_message_inbound(
+            parsed.query_text, parsed.messages[: parsed.query], session_id=plan.session_id
+        )
+        plan.assembled = assembled
+        forwarded, dropped_raw = drop_compacted(plan, wire, forwarded, parsed, assembled)
+        plan.hint, plan.dynamic = split_memory(assembled)
+        query_raw = parsed.sources[parsed.query][0]
+        query_raw -= sum(1 for d in dropped_raw if d < query_raw)
+        forwarded = wire.inject(forwarded, plan.hint, plan.dynamic, query_raw)
+    if tools:
+        forwarded = wire.add_tools(forwarded, memory.tool_definitions(wire.name))
+    plan.body = forwarded
+    if forwarded is not body:  # unchanged: the client's own bytes go upstream
+        plan.content = dumps(forwarded)
+
+
+def drop_compacted(
+    plan: Plan,
+    wire: Wire,
+    body: dict[str, Any],
+    parsed: ParsedRequest,
+    assembled: AssembledContext,
+) -> tuple[dict[str, Any], set[int]]:
+    """Leave out the raw messages whose every parsed message the history filter removed
+    (compacted into memory), keeping tool calls with their results and a user turn
+    first."""
+    filtered = assembled.history
+    if filtered is None or not filtered.removed:
+        return body, set()
+    removed = {r.index: r for r in filtered.removed}
+    by_raw: dict[int, list[int]] = {}
+    for i, sources in enumerate(parsed.sources):
+        for raw in sources:
+            by_raw.setdefault(raw, []).append(i)
+    drop = {r for r, idx in by_raw.items() if r >= 0 and all(i in removed for i in idx)}
+    if wire.name != "openai":  # Anthropic and Gemini want a user turn first
+        count = len(wire.items(body))
+        first = next((i for i in range(count) if i not in drop), None)
+        while first is not None and wire.raw_role(body, first) != "user":
+            before = [d for d in drop if d < first]
+            if not before:
+                break
+            first = max(before)
+            drop.discard(first)
+    dropped = sorted(i for r in drop for i in by_raw[r])
+    kept = [m for i, m in enumerate(parsed.messages) if i not in set(dropped)]
+    if _orphans(kept) - _orphans(parsed.messages):
+        plan.notes.append("history filter skipped: it would split a tool call from its result")
+        return body, set()
+    plan.dropped = dropped
+    plan.dropped_notes = [
+        f"{removed[i].reason}: {removed[i].preview}" for i in dropped if i in removed
+    ]
+    return wire.drop(body, drop), drop
+
+
+def split_memory(assembled: AssembledContext) -> tuple[str, str]:
+    """(the ``<context-topics>`` hint, the rest) of the memory block: the hint changes only at
+    compaction and goes with the stable prefix; the rest changes every turn."""
+    text = assembled.prepend_text
+    hint = next((i.content for i in assembled.items if i.metadata.get("kind") == "hint"), "")
+    if hint and text.startswith(hint):
+        return hint, text[len(hint) :].lstrip("\n")
+    return "", text
+
+
+def _orphans(messages: list[Message]) -> set[str]:
+    calls = {i for m in messages for i in m.tool_use_ids}
+    results = {i for m in messages for i in m.tool_result_ids}
+    return calls ^ results
