@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import socket
 import sqlite3
 import statistics
@@ -53,6 +54,7 @@ import _common as common
 import _servers as servers
 
 HEADER = servers.HEADER
+MARKER = re.compile(r"<!-- contextfold:session=([^ ]+) -->")
 # Small writes go out at once on the client's connections too (as anyio's do in the proxy).
 NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 user_text = servers.user_text
@@ -282,12 +284,16 @@ async def load(procs: Processes, sessions: int, seconds: float, max_turns: int) 
                 if response.status_code != 200:
                     errors.append(f"HTTP {response.status_code}: {response.text[:200]}")
                     return
-                sid = response.headers[HEADER].split(".")[0]
                 reply = (
                     stream_text(response.text)
                     if stream
                     else response.json()["choices"][0]["message"]["content"]
                 )
+                # The session: the header, or the reply's marker when the header could not
+                # name it (a streamed reply whose memory step missed its deadline).
+                marker = MARKER.search(reply or "")
+                token = response.headers.get(HEADER) or (marker.group(1) if marker else "")
+                sid = token.split(".")[0] or f"unnamed-{n}-{round_}"
                 history.append({"role": "assistant", "content": reply})
                 completed[sid] = t + 1
             round_ += 1

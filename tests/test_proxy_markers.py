@@ -187,16 +187,16 @@ def tools_proxy(fake_llm: FakeLLMServer, tmp_path: Path) -> Iterator[Served]:
 def test_the_in_proxy_tool_loop_marks_neither_json_nor_tool_calls(
     tools_proxy: Served, fake_llm: FakeLLMServer, stream: bool
 ) -> None:
-    client = oa(tools_proxy)
-    fake_llm.reply = '{"ok": true}'
-    chunks = client.chat.completions.create(
-        model="m", messages=ask("JSON?"), response_format={"type": "json_object"}, stream=stream
-    )
-    text = _streamed_text(chunks) if stream else chunks.choices[0].message.content  # type: ignore[union-attr]
-    assert json.loads(text or "") == {"ok": True}
-    fake_llm.reply = ModelTurn("", (ToolCall("get_weather", {"city": "Oslo"}, "call_1"),))
-    reply = client.chat.completions.create(model="m", messages=ask("Oslo?"), tools=[WEATHER])
-    assert reply.choices[0].message.content is None and reply.choices[0].message.tool_calls
+    with oa(tools_proxy) as client:
+        fake_llm.reply = '{"ok": true}'
+        chunks = client.chat.completions.create(
+            model="m", messages=ask("JSON?"), response_format={"type": "json_object"}, stream=stream
+        )
+        text = _streamed_text(chunks) if stream else chunks.choices[0].message.content  # type: ignore[union-attr]
+        assert json.loads(text or "") == {"ok": True}
+        fake_llm.reply = ModelTurn("", (ToolCall("get_weather", {"city": "Oslo"}, "call_1"),))
+        reply = client.chat.completions.create(model="m", messages=ask("Oslo?"), tools=[WEATHER])
+        assert reply.choices[0].message.content is None and reply.choices[0].message.tool_calls
 
 
 # --------------------------------------------------------------------------- Anthropic
