@@ -45,7 +45,7 @@ from typing import Any
 import _common as common
 import _servers as servers
 
-LOG_NEEDLES = ("memory write failed", "giving up", "Traceback", "ERROR")
+LOG_NEEDLES = ("exchange not stored", "memory write failed", "giving up", "Traceback", "ERROR")
 
 # Compaction within a few turns: 70 % of 512 tokens is about three exchanges of crash text.
 CRASH_MEMORY = """context_window: 512

@@ -4,8 +4,9 @@
 and on every ``proxy.instances`` port, all sharing one memory engine and store. ``proxy`` is the
 short form for one upstream: ``contextfold proxy --upstream https://api.openai.com``.
 Both run until Ctrl-C (or SIGTERM). Then open dashboard streams end at once, requests in flight
-get up to ``shutdown_timeout`` seconds (default 5) to finish, and every pending turn is written
-to memory before the process exits 0. A second Ctrl-C while stopping exits at once (status 130).
+get up to ``shutdown_timeout`` seconds (default 5) to finish (each exchange is committed before
+its reply ends), the derive jobs this process holds go back to the store, and the process exits
+0. A second Ctrl-C while stopping exits at once (status 130).
 """
 
 from __future__ import annotations
@@ -124,11 +125,10 @@ def _run(
 
     with asyncio.Runner(loop_factory=_loop_factory()) as loop_runner:
         loop_runner.run(main())
+    left = _written(app) if stop_began else ""
     app.state.contextfold.memory.close()
     if stop_began:
-        typer.echo(
-            f"stopped in {time.monotonic() - stop_began[0]:.1f} s; {_written(app)}", err=True
-        )
+        typer.echo(f"stopped in {time.monotonic() - stop_began[0]:.1f} s; {left}", err=True)
 
 
 def _stopping_line(runner: Runner) -> str:
@@ -142,10 +142,15 @@ def _stopping_line(runner: Runner) -> str:
 
 
 def _written(app: FastAPI) -> str:
-    """Whether the app's lifespan, on its way out, wrote every pending turn to memory."""
-    if app.state.proxy.writer.drain(0):
-        return "every pending turn is written to memory"
-    return "some turns were still unwritten when the writer gave up (see the warnings above)"
+    """What the stop left: every exchange is stored as its reply ends; derived work may be
+    pending in the store."""
+    try:
+        pending = app.state.contextfold.memory.store.pending_jobs()
+    except Exception as exc:  # a store that is down or closed: say so, do not fail the stop
+        return f"every exchange is stored; derive jobs unknown ({type(exc).__name__})"
+    if pending:
+        return f"every exchange is stored; {pending} derive job(s) wait in the store"
+    return "every exchange is stored and derived"
 
 
 def _force_exit(sig: signal.Signals) -> NoReturn:
@@ -153,7 +158,7 @@ def _force_exit(sig: signal.Signals) -> NoReturn:
     flight or the pending memory writes (SQLite keeps what it has committed)."""
     typer.echo(
         f"forced stop ({sig.name} while stopping): exiting now; requests in flight are cut off "
-        "and turns not yet written to memory are lost",
+        "(their exchanges are not stored); derived work stays in the store",
         err=True,
     )
     sys.stdout.flush()
@@ -185,8 +190,8 @@ def serve_command(
 
     Listens on the config's port and on each proxy instance's port; all of them share one
     memory engine and store. Ctrl-C stops it: requests in flight get up to shutdown_timeout
-    seconds (default 5), then pending turns are written to memory; a second Ctrl-C quits at
-    once."""
+    seconds (default 5); every exchange is already stored, and derived work left pending stays
+    in the store for the next start; a second Ctrl-C quits at once."""
     with cli_errors():
         _run(config, memory_config, host, port, None, log_level)
 
@@ -211,7 +216,7 @@ def proxy_command(
 
     Point a client's base_url at http://127.0.0.1:PORT (OpenAI SDK: .../v1); every request
     gains conversation memory. Ctrl-C stops it: requests in flight get up to shutdown_timeout
-    seconds (default 5), then pending turns are written to memory; a second Ctrl-C quits at
-    once."""
+    seconds (default 5); every exchange is already stored, and derived work left pending stays
+    in the store for the next start; a second Ctrl-C quits at once."""
     with cli_errors():
         _run(config, memory_config, host, port, upstream, log_level)

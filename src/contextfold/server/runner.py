@@ -155,8 +155,8 @@ class Runner:
         async with self.app.router.lifespan_context(self.app):
             await asyncio.gather(*(server.serve() for server in self.servers))
             # uvicorn cancels what outlives the grace period without waiting; let those
-            # requests finish cancelling (and close their streams) before the lifespan's exit
-            # writes the pending turns.
+            # requests finish cancelling (and close their streams, storing a cut reply) before
+            # the lifespan's exit stops the job workers.
             cut_off = [task for server in self.servers for task in server.server_state.tasks]
             if cut_off:
                 await asyncio.wait(cut_off, timeout=_CANCELLED_GRACE)

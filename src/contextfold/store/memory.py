@@ -128,6 +128,7 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._guard = threading.RLock()
+        self._writer = threading.RLock()  # this process's writers, one at a time (``_tx``)
         self._shared = self.path == ":memory:"
         first = connect(self.path)
         self._local.conn = first
@@ -149,12 +150,14 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction on this thread's connection (joining one already open)."""
-        if not self._shared:
-            with transaction(self._conn) as conn:
-                yield conn
-            return
-        with self._guard, transaction(self._conn) as conn:
+        """A write transaction on this thread's connection (joining one already open).
+
+        The writers of this process queue on a lock before SQLite's: SQLite has one writer at
+        a time and its busy handler polls, so under many concurrent writers a waiting one can
+        lose every race until its timeout ("database is locked", measured at 50 concurrent
+        proxy sessions); blocked on the lock, writers take their turns. Writers of other
+        processes still meet at SQLite's lock, with its busy timeout."""
+        with self._writer, transaction(self._conn) as conn:
             yield conn
 
     def close(self) -> None:
@@ -244,6 +247,18 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
                 f"{len(messages)} messages need as many timestamps, got {len(timestamps)}"
             )
         self.session(session_id)
+        rows = self._turn_rows(messages, timestamps, partial)
+        with self._tx() as conn:
+            return self._insert_turns(conn, session_id, rows)
+
+    def _turn_rows(
+        self,
+        messages: Sequence[Message],
+        timestamps: Sequence[datetime] | None = None,
+        partial: Sequence[bool] | None = None,
+    ) -> list[tuple[Any, ...]]:
+        """The column values of new turns, computed before a write transaction opens (token
+        counts and hashes take time the write lock should not be held for)."""
         now = _now()
         rows = []
         for i, message in enumerate(messages):
@@ -261,15 +276,19 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
                     int(bool(partial[i])) if partial is not None else 0,
                 )
             )
-        with self._tx() as conn:
-            first = self._last_seq(conn, session_id) + 1
-            seqs = list(range(first, first + len(rows)))
-            conn.executemany(
-                "INSERT INTO turns (session_id, seq, role, content_text, message_json,"
-                " content_hash, created_at, token_count, match_key, partial)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                [(session_id, seq, *row) for seq, row in zip(seqs, rows, strict=True)],
-            )
+        return rows
+
+    def _insert_turns(
+        self, conn: sqlite3.Connection, session_id: str, rows: Sequence[tuple[Any, ...]]
+    ) -> list[int]:
+        first = self._last_seq(conn, session_id) + 1
+        seqs = list(range(first, first + len(rows)))
+        conn.executemany(
+            "INSERT INTO turns (session_id, seq, role, content_text, message_json,"
+            " content_hash, created_at, token_count, match_key, partial)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(session_id, seq, *row) for seq, row in zip(seqs, rows, strict=True)],
+        )
         return seqs
 
     @staticmethod

@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -89,13 +89,15 @@ class BranchesMixin:
 
         def _tx(self) -> AbstractContextManager[sqlite3.Connection]: ...
 
-        def append_turns(
+        def _turn_rows(
             self,
-            session_id: str,
             messages: Sequence[Message],
-            *,
             timestamps: Sequence[datetime] | None = None,
             partial: Sequence[bool] | None = None,
+        ) -> list[tuple[Any, ...]]: ...
+
+        def _insert_turns(
+            self, conn: sqlite3.Connection, session_id: str, rows: Sequence[tuple[Any, ...]]
         ) -> list[int]: ...
 
         @staticmethod
@@ -230,12 +232,18 @@ class BranchesMixin:
         """Append ``messages`` raw and queue the session's ``derive`` job, in one transaction;
         returns their seqs. With ``expect_last``, raise ``BranchMoved`` instead when the
         session's last turn is no longer that seq (another request continued it first)."""
+        rows = self._turn_rows(messages, partial=partial)
         with self._tx() as conn:
+            if (
+                conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone()
+                is None
+            ):
+                raise ConfigError(f"unknown session {session_id!r}")
             if expect_last is not None:
                 last = self._last_seq(conn, session_id)
                 if last != expect_last:
                     raise BranchMoved(session_id, expect_last, last)
-            seqs = self.append_turns(session_id, messages, partial=partial)
+            seqs = self._insert_turns(conn, session_id, rows)
             if seqs:
                 self._enqueue(conn, session_id, "derive")
         return seqs

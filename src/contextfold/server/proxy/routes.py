@@ -558,7 +558,8 @@ class ProxyRouter(APIRouter):
 
 
 def router(state: ServerState) -> ProxyRouter:
-    """The proxy routes for ``state``; its lifespan writes pending turns at shutdown."""
+    """The proxy routes for ``state``; its lifespan starts the job workers and, at shutdown,
+    hands their jobs back to the store."""
     proxy = Proxy(state)
 
     @asynccontextmanager
