@@ -164,11 +164,15 @@ def resolve(
         (k for k in range(len(turns) - 1, -1, -1) if messages[turns[k]].role == "assistant"), None
     )
     offered = [t for t in ([header] if header else []) + list(tokens) if t]
-    named = []
+    # The header, and the latest marker that verifies: a chat resends a marker with every
+    # reply, and the older ones name the same branch further back.
+    named: list[tuple[str, int, str]] = []
     for token in offered:
         found = verify_token(token, principal, secret)
         if found is not None:
             named.append((*found, "header" if token == header else "marker"))
+            if token != header:
+                break
     if last is None:
         if named:  # a client that keeps no history continues the turn its header names
             sid, seq, source = named[0]
