@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, settings
 
 from contextfold.tokens import TiktokenCounter
 from fake_llm import FakeLLMServer
+from proxy_support import close_sdk_clients
 
 settings.register_profile(
     "ci",
@@ -31,6 +32,14 @@ def _isolated_home(
 ) -> None:
     """Tests never touch a real ``.contextfold`` home."""
     monkeypatch.setenv("CONTEXTFOLD_HOME", str(tmp_path_factory.mktemp("home")))
+
+
+@pytest.fixture(autouse=True)
+def _close_sdk_clients() -> Iterator[None]:
+    """SDK clients a test made through ``proxy_support.closed_after_test`` are closed when it
+    ends."""
+    yield
+    close_sdk_clients()
 
 
 @pytest.fixture(scope="session")

@@ -10,12 +10,28 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from contextfold.memory.engine import MemoryEngine
 from contextfold.server.app import create_app
 from contextfold.server.config import ServerConfig
 from contextfold.server.runner import Runner
+
+_SDK_CLIENTS: list[Any] = []
+_T = TypeVar("_T")
+
+
+def closed_after_test(client: _T) -> _T:
+    """``client`` (an SDK client), closed when the test ends (``conftest``): left to the
+    garbage collector, its pooled sockets can be finalised before the client and warn
+    (``ResourceWarning``) inside whichever later test the collection happens to run."""
+    _SDK_CLIENTS.append(client)
+    return client
+
+
+def close_sdk_clients() -> None:
+    while _SDK_CLIENTS:
+        _SDK_CLIENTS.pop().close()
 
 
 def free_port() -> int:

@@ -23,7 +23,7 @@ from contextfold.memory.engine import MemoryEngine
 from contextfold.server.config import InstanceSettings, ProxySettings, ServerConfig
 from contextfold.server.proxy.session import SESSION_HEADER, find_tokens, make_token
 from fake_llm import FakeLLMServer, ModelTurn, ToolCall
-from proxy_support import Served, free_port, serve
+from proxy_support import Served, closed_after_test, free_port, serve
 
 SYSTEM = "You are a careful assistant."
 
@@ -48,11 +48,15 @@ def proxy(fake_llm: FakeLLMServer, engine: MemoryEngine) -> Iterator[Served]:
 
 
 def oa(served: Served) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{served.url}/v1", api_key="sk-test", max_retries=0)
+    return closed_after_test(
+        openai.OpenAI(base_url=f"{served.url}/v1", api_key="sk-test", max_retries=0)
+    )
 
 
 def an(served: Served) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=served.url, api_key="sk-ant-test", max_retries=0)
+    return closed_after_test(
+        anthropic.Anthropic(base_url=served.url, api_key="sk-ant-test", max_retries=0)
+    )
 
 
 def sent(fake: FakeLLMServer, index: int = -1) -> dict[str, Any]:

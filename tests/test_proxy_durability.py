@@ -33,7 +33,7 @@ from contextfold.server.config import ProxySettings, ServerConfig
 from contextfold.server.jobs import JobWorker
 from contextfold.server.proxy.session import SESSION_HEADER, find_tokens, strip_markers
 from fake_llm import FakeLLMServer
-from proxy_support import Served, free_port, serve
+from proxy_support import Served, closed_after_test, free_port, serve
 
 
 @pytest.fixture
@@ -53,7 +53,9 @@ def proxy(fake_llm: FakeLLMServer, engine: MemoryEngine) -> Iterator[Served]:
 
 
 def oa(url: str, api_key: str = "sk-test", **kwargs: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0, **kwargs)
+    return closed_after_test(
+        openai.OpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0, **kwargs)
+    )
 
 
 def chat(api: openai.OpenAI, history: list[Any], text: str, *, stream: bool = False) -> str:

@@ -15,7 +15,7 @@ from contextfold.memory.engine import MemoryEngine
 from contextfold.server.config import ProxySettings, ServerConfig
 from contextfold.server.proxy.session import SESSION_HEADER, find_tokens
 from fake_llm import FakeLLMServer
-from proxy_support import Served, serve
+from proxy_support import Served, closed_after_test, serve
 
 IBAN = "DE89 3704 0044 0532 0130 00"
 
@@ -33,7 +33,9 @@ def proxy(fake_llm: FakeLLMServer, engine: MemoryEngine) -> Iterator[Served]:
 
 
 def client(served: Served, api_key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{served.url}/v1", api_key=api_key, max_retries=0)
+    return closed_after_test(
+        openai.OpenAI(base_url=f"{served.url}/v1", api_key=api_key, max_retries=0)
+    )
 
 
 def chat(api: openai.OpenAI, history: list[Any], text: str) -> str:

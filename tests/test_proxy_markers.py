@@ -24,7 +24,7 @@ from contextfold.server.proxy.markers import withheld
 from contextfold.server.proxy.session import SESSION_HEADER, make_token, marker_text
 from contextfold.server.proxy.stream import SseSplitter, stream_state, synthesize
 from fake_llm import FakeLLMServer, ModelTurn, ToolCall
-from proxy_support import Served, serve
+from proxy_support import Served, closed_after_test, serve
 
 MARK = "contextfold:session="
 WEATHER: Any = {
@@ -54,11 +54,15 @@ def proxy(fake_llm: FakeLLMServer, engine: MemoryEngine) -> Iterator[Served]:
 
 
 def oa(served: Served) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{served.url}/v1", api_key="sk-test", max_retries=0)
+    return closed_after_test(
+        openai.OpenAI(base_url=f"{served.url}/v1", api_key="sk-test", max_retries=0)
+    )
 
 
 def an(served: Served) -> anthropic.Anthropic:
-    return anthropic.Anthropic(base_url=served.url, api_key="sk-ant-test", max_retries=0)
+    return closed_after_test(
+        anthropic.Anthropic(base_url=served.url, api_key="sk-ant-test", max_retries=0)
+    )
 
 
 def ask(text: str) -> Any:
