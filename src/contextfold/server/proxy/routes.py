@@ -132,8 +132,10 @@ class Proxy:
             logger.warning("warming memory failed: %s: %s", type(exc).__name__, exc)
 
     async def aclose(self) -> None:
-        """Stop the workers (pending work stays in the store, and the log says how much),
-        publish the last records, then close the HTTP client of this loop."""
+        """Close the HTTP client of this loop (the servers have stopped: nothing goes upstream
+        any more), stop the workers (pending work stays in the store, and the log says how
+        much), then publish the last records."""
+        await self.upstream.aclose()
         pending = await anyio.to_thread.run_sync(self.jobs.stop)
         if pending > 0:
             logger.warning(
@@ -143,7 +145,6 @@ class Proxy:
             )
         await anyio.to_thread.run_sync(self.writer.close, 5.0)
         self._pool.shutdown(wait=False, cancel_futures=True)
-        await self.upstream.aclose()
 
     def drain(self, timeout: float = 30.0) -> bool:
         """Wait until every record is published and the store has no pending job (tests and
