@@ -7,16 +7,19 @@ import importlib.util
 import random
 import shutil
 import sys
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from contextfold.errors import EmbeddingError, LLMError
+from contextfold.errors import ConfigError, EmbeddingError, LLMError
 from contextfold.llm import OpenAICompatibleClient
 from contextfold.retrieval import embedders
 from contextfold.retrieval.base import Embedder
 from contextfold.retrieval.embedders import (
+    EmbeddingQueue,
     CachedEmbedder,
     FunctionEmbedder,
     MiniLMEmbedder,
@@ -298,3 +301,72 @@ def test_openai_embedder_dim_mismatch_is_an_embedding_error(fake_llm: FakeLLMSer
         fake_llm.embedding_dim = 32
         with pytest.raises(EmbeddingError, match="expected 16"):
             learned.embed(["b"])
+
+
+# --------------------------------------------------------------------------- EmbeddingQueue
+
+
+class _GatedEmbedder(HashEmbedder):
+    """A HashEmbedder that records each call's texts; ``gate`` holds every call until set."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[list[str]] = []
+        self.entered = threading.Event()
+        self.gate = threading.Event()
+        self.fail_on: str | None = None
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.calls.append(list(texts))
+        self.entered.set()
+        assert self.gate.wait(10)
+        if self.fail_on is not None and self.fail_on in texts:
+            raise EmbeddingError(f"cannot embed {self.fail_on!r}")
+        return super().embed(texts)
+
+
+def _embed_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "contextfold-embed"]
+
+
+def test_texts_submitted_while_a_batch_runs_go_together_into_the_next() -> None:
+    inner = _GatedEmbedder()
+    queue = EmbeddingQueue(inner)
+    first = queue.submit("alpha one")
+    assert inner.entered.wait(10)  # the first batch is running, held at the gate
+    later = [queue.submit(text) for text in ("beta two", "gamma three", "delta four")]
+    inner.gate.set()
+    vectors = [f.result(10) for f in (first, *later)]
+    assert inner.calls == [["alpha one"], ["beta two", "gamma three", "delta four"]]
+    assert queue.batches == 2
+    expected = HashEmbedder().embed(["alpha one", "beta two", "gamma three", "delta four"])
+    assert np.array_equal(np.stack(vectors), expected)
+    for thread in _embed_threads():  # nothing queued: the worker ends
+        thread.join(10)
+    assert not _embed_threads()
+
+
+def test_a_failing_batch_fails_only_its_own_texts() -> None:
+    inner = _GatedEmbedder()
+    inner.fail_on = "poison"
+    queue = EmbeddingQueue(inner, max_batch=2)
+    held = queue.submit("first")
+    assert inner.entered.wait(10)
+    doomed = [queue.submit("poison"), queue.submit("neighbour")]  # one batch of two
+    fine = queue.submit("after")  # the batch after
+    inner.gate.set()
+    assert held.result(10).shape == (256,)
+    for future in doomed:
+        with pytest.raises(EmbeddingError, match="poison"):
+            future.result(10)
+    assert np.array_equal(fine.result(10), HashEmbedder().embed(["after"])[0])
+    assert inner.calls == [["first"], ["poison", "neighbour"], ["after"]]
+
+
+def test_queue_embed_matches_the_inner_embedder_and_keeps_order() -> None:
+    texts = [f"text number {i} about topic {i % 3}" for i in range(40)]
+    queue = EmbeddingQueue(HashEmbedder(), max_batch=7)
+    assert np.array_equal(queue.embed(texts), HashEmbedder().embed(texts))
+    assert queue.embed([]).shape == (0, 256)
+    with pytest.raises(ConfigError):
+        EmbeddingQueue(HashEmbedder(), max_batch=0)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -442,3 +444,29 @@ def test_the_hint_counts_compacted_turns_per_topic_and_leaves_out_constants() ->
     assert {tag: int(n) for tag, n in listed.items()} == {tag: truth[tag] for tag in listed}
     assert all(truth[tag] * 2 <= watermark - 1 for tag in listed)
     assert truth["zorblax"] * 2 > watermark - 1
+
+
+class _CountingEmbedder(HashEmbedder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        self.seen += list(texts)
+        return super().embed(texts)
+
+
+def test_a_prefetched_query_is_embedded_once_and_ranks_the_recall() -> None:
+    embedder = _CountingEmbedder()
+    engine = MemoryEngine(store=MemoryStore(), embedder=embedder)
+    engine.on_turn_complete(
+        [
+            {"role": "user", "content": "The billing service migrates to Postgres in March."},
+            {"role": "assistant", "content": "Noted: billing moves to Postgres in March."},
+        ]
+    )
+    query = "When does billing move to the new database?"
+    engine.prefetch(query)
+    recalled = engine.on_message_inbound(query).recalled
+    assert embedder.seen.count(query) == 1
+    assert any("dense" in turn.ranks for turn in recalled)

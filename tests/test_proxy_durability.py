@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from contextfold.memory.engine import MemoryEngine
 from contextfold.server.config import ProxySettings, ServerConfig
 from contextfold.server.jobs import JobWorker
 from contextfold.server.proxy.session import SESSION_HEADER, find_tokens, strip_markers
+from contextfold.testing import HashEmbedder
 from fake_llm import FakeLLMServer
 from proxy_support import Served, closed_after_test, free_port, serve
 
@@ -260,6 +261,49 @@ def test_a_slow_session_holds_up_no_other(
     slow.join(10)
     assert timings["slow"] >= 1.0
     assert timings["fast"] < 0.5
+
+
+class _ThreadEmbedder(HashEmbedder):
+    """Records which thread embedded each text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by: list[tuple[str, str]] = []
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        self.by += [(threading.current_thread().name, text) for text in texts]
+        return super().embed(texts)
+
+
+def test_a_request_embeds_its_query_and_never_the_stored_turns(
+    fake_llm: FakeLLMServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stored turns get their vectors from the derive jobs: a recall never embeds a backlog
+    (held here: the jobs wait until the conversation is over)."""
+    embedder = _ThreadEmbedder()
+    with MemoryEngine(store=tmp_path / "m.db", embedder=embedder) as engine:
+        derive, release = engine.derive, threading.Event()
+
+        def held(*args: Any, **kwargs: Any) -> Any:
+            assert release.wait(30)
+            return derive(*args, **kwargs)
+
+        monkeypatch.setattr(engine, "derive", held)
+        with serve(config(fake_llm), engine) as served:
+            api, history = oa(served.url), []
+            asked, replies = ["The harbour opens at six.", "Boats leave at nine.", "When?"], []
+            for i, text in enumerate(asked):
+                fake_llm.reply = f"Noted, reply {i} about the harbour schedule."
+                replies.append(fake_llm.reply)
+                chat(api, history, text)
+            before = list(embedder.by)
+            release.set()
+            served.drain()
+        requests = [(thread, text) for thread, text in before if thread != "contextfold-warm"]
+        assert sorted(text for _, text in requests) == sorted(asked)  # each query, once
+        assert {thread for thread, _ in requests} == {"contextfold-embed"}
+        for reply in replies:  # embedded once the jobs ran, by them
+            assert [t for t, text in embedder.by if text == reply] == ["contextfold-jobs-0"]
 
 
 def test_llm_tagging_usage_is_logged_under_the_requests_session(

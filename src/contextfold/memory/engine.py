@@ -467,6 +467,12 @@ class MemoryEngine:
                 update={"tags": tags, "related_tags": related, "primary": tags[0] if tags else None}
             )
 
+    def prefetch(self, message: str) -> None:
+        """Start the work of a recall for ``message`` that does not need the session (its
+        query embedding), so it runs while the caller does other work; ``on_message_inbound``
+        collects it."""
+        self.recaller.prefetch(message)
+
     def on_message_inbound(
         self,
         message: str | MessageLike,

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
+from concurrent.futures import Future
 from datetime import timedelta
 from typing import Literal
 
@@ -41,6 +43,7 @@ from pydantic import BaseModel, ConfigDict
 
 from contextfold.memory.periods import Period, query_period
 from contextfold.retrieval.base import Embedder
+from contextfold.retrieval.embedders import EmbeddingQueue
 from contextfold.store.memory import MemoryStore
 
 __all__ = ["Quote", "RankedTurn", "Recaller"]
@@ -82,6 +85,7 @@ def _excerpt(text: str, words: Collection[str], width: int) -> str:
 
 
 Fusion = Literal["score", "rrf"]
+_PREFETCHED = 256  # queries started and not yet ranked, kept at most
 
 
 class Recaller:
@@ -124,6 +128,10 @@ class Recaller:
         self.date_slack = timedelta(days=date_slack_days)
         self._vectors: dict[str, tuple[list[int], npt.NDArray[np.float32]]] = {}
         self._lock = threading.Lock()
+        # Query vectors: concurrent recalls' queries are embedded in one batch, and a query
+        # can be started early (``prefetch``) and collected by ``rank``.
+        self._queries: EmbeddingQueue | None = None
+        self._prefetched: OrderedDict[str, Future[npt.NDArray[np.float32]]] = OrderedDict()
         # Embed the turns that have no vector yet inside a recall (True), or leave that to
         # the derived work (``MemoryEngine.derive``) and rank by the vectors stored (False:
         # the proxy's request path never waits on an embedding backlog).
@@ -167,13 +175,38 @@ class Recaller:
         with self._lock:
             self._vectors.pop(session_id, None)
 
+    def _queue(self, embedder: Embedder) -> EmbeddingQueue:
+        with self._lock:
+            if self._queries is None or self._queries.inner is not embedder:
+                self._queries = EmbeddingQueue(embedder)
+                self._prefetched.clear()
+            return self._queries
+
+    def prefetch(self, text: str) -> None:
+        """Start embedding ``text`` for a ``rank`` that will follow, so the model runs while
+        the rest of the recall (tags, full text) does; a no-op without an embedder."""
+        if self.embedder is None or not text.strip():
+            return
+        queue = self._queue(self.embedder)
+        with self._lock:
+            if text not in self._prefetched:
+                self._prefetched[text] = queue.submit(text)
+                while len(self._prefetched) > _PREFETCHED:
+                    self._prefetched.popitem(last=False)
+
+    def _query_vector(self, embedder: Embedder, text: str) -> npt.NDArray[np.float32]:
+        queue = self._queue(embedder)
+        with self._lock:
+            future = self._prefetched.pop(text, None)
+        return (future or queue.submit(text)).result().astype(np.float32)
+
     def _dense(self, session_id: str, text: str, limit: int) -> list[tuple[int, float]]:
         if self.embedder is None or not text.strip():
             return []
         seqs, matrix = self._session_vectors(session_id)
         if not seqs:
             return []
-        query = self.embedder.embed([text])[0].astype(np.float32)
+        query = self._query_vector(self.embedder, text)
         scores = matrix @ query
         top = np.argsort(-scores, kind="stable")[:limit]
         return [(seqs[i], float(scores[i])) for i in top]

@@ -6,6 +6,8 @@
   sha256-checked before use. No network, no API key.
 - ``CachedEmbedder`` — wraps any embedder; embeds each distinct text once, in memory and
   optionally in a SQLite file that survives restarts.
+- ``EmbeddingQueue`` — wraps any embedder for many threads: texts submitted while it is busy
+  are embedded together in the next batch, on one background thread.
 - ``FunctionEmbedder`` — adapts a plain ``embed_fn(text) -> list[float]``.
 - ``OpenAIEmbedder`` — any OpenAI-compatible ``/embeddings`` endpoint (OpenAI, Ollama, vLLM).
 - ``SentenceTransformerEmbedder`` — optional, ``pip install "contextfold[embeddings]"``.
@@ -21,8 +23,9 @@ import importlib.util
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CachedEmbedder",
+    "EmbeddingQueue",
     "FunctionEmbedder",
     "MiniLMEmbedder",
     "OpenAIEmbedder",
@@ -381,6 +385,86 @@ class _LearnsDim(ABC):
 
     def _empty(self) -> Vectors:
         return np.zeros((0, self._dim or 0), dtype=np.float32)
+
+
+class EmbeddingQueue:
+    """Embeds texts for many threads at once: what callers submit while a batch is running
+    goes into the next batch, so 20 concurrent queries cost a few model calls instead of 20.
+
+    ``submit(text)`` returns a ``Future`` of the text's vector at once (start an embedding
+    early, collect it when it is needed); ``embed(texts)`` waits for its own. One background
+    thread runs the batches (at most ``max_batch`` texts each) and ends when nothing is
+    queued, so an idle queue holds no thread. A failing batch fails the futures of its texts,
+    nobody else's. Vectors are ``inner``'s: for embedders whose vectors do not depend on the
+    batch (all of this module's), batching changes no result.
+
+    >>> from contextfold.testing import HashEmbedder
+    >>> queue = EmbeddingQueue(HashEmbedder())
+    >>> future = queue.submit("early")
+    >>> bool((queue.embed(["early"])[0] == future.result()).all())
+    True
+    """
+
+    def __init__(self, inner: Embedder, max_batch: int = 64) -> None:
+        if max_batch < 1:
+            raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
+        self.inner = inner
+        self.max_batch = max_batch
+        self.batches = 0  # model calls made, for diagnostics and tests
+        self._pending: deque[tuple[str, Future[Vectors]]] = deque()
+        self._lock = threading.Lock()
+        self._running = False
+
+    def __repr__(self) -> str:
+        return f"EmbeddingQueue({self.inner!r}, max_batch={self.max_batch})"
+
+    @property
+    def name(self) -> str:
+        return str(getattr(self.inner, "name", type(self.inner).__name__))
+
+    @property
+    def dim(self) -> int:
+        return int(self.inner.dim)
+
+    def submit(self, text: str) -> Future[Vectors]:
+        future: Future[Vectors] = Future()
+        with self._lock:
+            self._pending.append((text, future))
+            if self._running:
+                return future
+            self._running = True
+        try:
+            threading.Thread(target=self._drain, name="contextfold-embed", daemon=True).start()
+        except RuntimeError:  # no new threads (the interpreter is shutting down): run here
+            self._drain()
+        return future
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        futures = [self.submit(text) for text in texts]
+        if not futures:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.stack([future.result() for future in futures])
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending:
+                    self._running = False
+                    return
+                size = min(self.max_batch, len(self._pending))
+                batch = [self._pending.popleft() for _ in range(size)]
+            live = [(text, f) for text, f in batch if f.set_running_or_notify_cancel()]
+            if not live:
+                continue
+            self.batches += 1
+            try:
+                vectors = self.inner.embed([text for text, _ in live])
+            except Exception as exc:
+                for _, future in live:
+                    future.set_exception(exc)
+            else:
+                for (_, future), vector in zip(live, vectors, strict=True):
+                    future.set_result(vector)
 
 
 class FunctionEmbedder(_LearnsDim):

@@ -52,6 +52,8 @@ def prepare(
     stripped, tokens = wire.strip(body)
     parsed = wire.parse(stripped)
     plan.parsed = parsed
+    if parsed.query is not None:  # the query's embedding runs while the session is found
+        memory.prefetch(parsed.query_text)
     position, forked = locate(
         memory.store, plan.principal, parsed.messages, tokens, plan.header, state.secret
     )
