@@ -584,9 +584,10 @@ def _render_proxy(path: Path, data: dict[str, Any]) -> list[str]:
             "Concurrent clients (growing history, JSON and streaming alternating; each request "
             "direct, through the null proxy and through contextfold in a rotating order):",
             "",
-            "| run | requests | direct p50 ms | null added p50 / p99 ms | contextfold added "
-            "p50 / p99 ms | contextfold / null p50 | memory (with / without / failed) | bars |",
-            "|---|---:|---:|---:|---:|---:|---|---|",
+            "| run | requests | req/s | direct p50 ms | null added p50 / p99 ms | contextfold "
+            "added p50 / p99 ms | contextfold / null p50 | proxy CPU ms / request | memory "
+            "(with / without / failed) | bars |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|---|",
         ]
         for r in runs:
             n, cf, m = r["null_added_ms"], r["contextfold_added_ms"], r["memory"]
@@ -596,9 +597,11 @@ def _render_proxy(path: Path, data: dict[str, Any]) -> list[str]:
             )
             ratio = r["ratio_added_p50"]
             lines.append(
-                f"| {r['label']} | {r['rounds']:,} | {r['direct_ms']['p50']:.2f} | "
+                f"| {r['label']} | {r['rounds']:,} | {r.get('requests_per_s', '-')} | "
+                f"{r['direct_ms']['p50']:.2f} | "
                 f"{n['p50']:.2f} / {n['p99']:.2f} | {cf['p50']:.2f} / {cf['p99']:.2f} | "
                 f"{'-' if ratio is None else f'{ratio:.1f}×'} | "
+                f"{r['proxy_cpu_ms_per_request']:.1f} | "
                 f"{m['with_memory']} / {m['without_memory']} / "
                 f"{m['memory_failed_forwarded_unmodified']} of {m['records']} records | {bars} |"
             )

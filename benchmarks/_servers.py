@@ -6,7 +6,9 @@ with plain ``sqlite3`` from its store file. Nothing here imports contextfold, so
 benchmarks keep working whatever happens inside the proxy (in-process queue, jobs in the store).
 
 * ``start_fake`` — ``tests/fake_llm.py`` in its own process; it answers
-  ``"Answer to: <the last line of the last message> - noted, with details."``;
+  ``"Answer to: <the last line of the last message> - noted, with details."``, after
+  ``fake_delay_ms`` milliseconds when the request body asks for them (a model's think time;
+  both proxies forward the field unchanged);
 * ``start_null_proxy`` — ``null_proxy.py``, the pass-through baseline;
 * ``ContextfoldProxy`` — ``python -m contextfold proxy`` with a memory config and a store file;
 * ``chat`` — one ``/v1/chat/completions`` exchange over aiohttp (JSON or SSE), its reply text;
@@ -49,6 +51,8 @@ import sys, time
 sys.path.insert(0, {tests!r})
 from fake_llm import FakeLLMServer
 def reply(body):
+    if body.get("fake_delay_ms"):  # a model's time to answer, asked for by the client
+        time.sleep(body["fake_delay_ms"] / 1000)
     last = body["messages"][-1]["content"]
     text = last if isinstance(last, str) else str(last)
     return "Answer to: " + text.split("\\n")[-1][:200] + " - noted, with details."
@@ -347,11 +351,17 @@ def sse_text(raw: str) -> tuple[str, bool]:
 
 
 async def chat(
-    client: aiohttp.ClientSession, url: str, messages: list[dict[str, Any]], stream: bool
+    client: aiohttp.ClientSession,
+    url: str,
+    messages: list[dict[str, Any]],
+    stream: bool,
+    delay_ms: float = 0.0,
 ) -> Exchange:
-    """POST one chat request and read the whole reply; connection errors come back in
-    ``error`` with status 0."""
-    body = {"model": "fake", "messages": messages, "stream": stream}
+    """POST one chat request and read the whole reply (the fake takes ``delay_ms`` to answer);
+    connection errors come back in ``error`` with status 0."""
+    body: dict[str, Any] = {"model": "fake", "messages": messages, "stream": stream}
+    if delay_ms:
+        body["fake_delay_ms"] = delay_ms
     start = time.perf_counter()
     try:
         async with client.post(f"{url}/v1/chat/completions", json=body) as response:

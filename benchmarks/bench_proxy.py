@@ -16,7 +16,11 @@ interleaved, with the same growing history.
 * Concurrent clients: 20 sessions at once, 40 growing-history requests each (JSON and
   streaming alternating), every request direct, through the null proxy and through contextfold
   in a rotating order. Bars: contextfold's added p50 <= 10x the null proxy's, added p99 <=
-  50 ms. Then the same with a second proxy whose memory has the default MiniLM embedder on,
+  50 ms. Each concurrent run is made twice: with the fake answering at once (the clients
+  send as fast as they are served: a throughput test, where a proxy that spends CPU per
+  request queues once 20 clients outrun one core) and with the fake taking ``--upstream-ms``
+  (300 ms) to answer, as a model does (the added latency a client of a real model sees).
+  Then the same with a second proxy whose memory has the default MiniLM embedder on,
   and one client with 100 requests on it. Bars: added p50 <= 50 ms (20 clients), <= 12 ms
   (one client). Each run also reports, from the proxy's dashboard records
   (``/dashboard/api/records``, the last 500), how many requests got a memory block, went
@@ -194,12 +198,20 @@ def latency(procs: Processes, sessions: int, turns: int, stream: bool) -> dict[s
 
 
 async def concurrent(
-    procs: Processes, label: str, clients: int, turns: int, *, embedder: bool
+    procs: Processes,
+    label: str,
+    clients: int,
+    turns: int,
+    *,
+    embedder: bool,
+    upstream_ms: float = 0.0,
 ) -> dict[str, Any]:
     """``clients`` sessions at once, each sending ``turns`` growing-history requests (JSON and
     streaming alternating); every request goes direct, through the null proxy and through
     contextfold, in an order that rotates per turn, so all three see the same load. Added
-    latency = that path's time minus the direct time of the same request."""
+    latency = that path's time minus the direct time of the same request. ``upstream_ms``:
+    the fake takes that long to answer (0: at once, so the clients send as fast as the
+    slowest path serves them — a throughput test)."""
     targets = {"direct": procs.upstream, "null": procs.null_url, "contextfold": procs.url}
     names = list(targets)
     times: dict[str, list[float]] = {name: [] for name in names}
@@ -215,7 +227,9 @@ async def concurrent(
             shift = (c + t) % len(names)
             got: dict[str, servers.Exchange] = {}
             for name in names[shift:] + names[:shift]:
-                exchange = await servers.chat(client, targets[name], history, t % 2 == 1)
+                exchange = await servers.chat(
+                    client, targets[name], history, t % 2 == 1, upstream_ms
+                )
                 if exchange.error or not exchange.complete:
                     errors.add(name, exchange.error or "incomplete reply")
                     return
@@ -242,6 +256,8 @@ async def concurrent(
         "clients": clients,
         "turns_per_client": turns,
         "embedder": "minilm" if embedder else "none",
+        "upstream_ms": upstream_ms,
+        "requests_per_s": round(len(direct) / seconds, 1),
         "rounds": len(direct),
         "seconds": round(seconds, 2),
         "errors": errors.total,
@@ -319,6 +335,10 @@ def stored_turns(store: Path) -> dict[str, int]:
         return dict(rows)
 
 
+def _paced_label(upstream_ms: float) -> str:
+    return f", upstream {upstream_ms:.0f} ms" if upstream_ms else ", upstream instant"
+
+
 def _bar(value: float | None, limit: float) -> dict[str, Any]:
     return {"value": value, "limit": limit, "met": value is not None and value <= limit}
 
@@ -352,10 +372,17 @@ def main() -> None:
     parser.add_argument(
         "--skip-embedder", action="store_true", help="leave out the runs with MiniLM on"
     )
+    parser.add_argument(
+        "--upstream-ms",
+        type=float,
+        default=300.0,
+        help="the model's answer time in the paced concurrent runs (0 leaves them out)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.sessions, args.turns, args.load_sessions, args.load_seconds = 1, 10, 5, 3.0
         args.client_turns, args.single_turns = 3, 6
+        args.upstream_ms = min(args.upstream_ms, 50.0)
     result = common.base_result(
         "proxy",
         "Latency the proxy adds over a direct call to the same fake upstream (and what a null "
@@ -370,6 +397,7 @@ def main() -> None:
         "load_sessions": args.load_sessions,
         "load_seconds": args.load_seconds,
         "concurrent_clients": args.clients,
+        "paced_upstream_ms": args.upstream_ms,
         "turns_per_concurrent_client": args.client_turns,
         "single_client_embedder_turns": args.single_turns,
         "engine": "MemoryEngine, SQLite file (WAL), recall.embedder: none (keyword tags + FTS5)",
@@ -377,6 +405,7 @@ def main() -> None:
         "proxy": "`contextfold proxy` in its own process (one uvicorn worker)",
         "null_proxy": "benchmarks/null_proxy.py: aiohttp pass-through, its own process",
     }
+    paced = [0.0] + ([args.upstream_ms] if args.upstream_ms > 0 else [])
     folder = Path(tempfile.mkdtemp(prefix="cf-bench-proxy-"))
     procs = Processes(folder)
     runs = []
@@ -385,19 +414,39 @@ def main() -> None:
         del warm
         plain = latency(procs, args.sessions, args.turns, False)
         streamed = latency(procs, args.sessions, args.turns, True)
-        label = f"{args.clients} clients, embedder none"
-        runs.append(
-            asyncio.run(concurrent(procs, label, args.clients, args.client_turns, embedder=False))
-        )
+        for upstream_ms in paced:
+            label = f"{args.clients} clients, embedder none{_paced_label(upstream_ms)}"
+            runs.append(
+                asyncio.run(
+                    concurrent(
+                        procs,
+                        label,
+                        args.clients,
+                        args.client_turns,
+                        embedder=False,
+                        upstream_ms=upstream_ms,
+                    )
+                )
+            )
         loaded = asyncio.run(load(procs, args.load_sessions, args.load_seconds, args.turns))
         exit_code = procs.stop_proxy()
         stored = stored_turns(procs.store)
         if not args.skip_embedder:
             procs.start_proxy("embedder", embedder=True)
             asyncio.run(concurrent(procs, "warm-up", 1, 3, embedder=True))  # loads the model
-            for clients, turns in ((args.clients, args.client_turns), (1, args.single_turns)):
-                label = f"{clients} client{'s' if clients > 1 else ''}, embedder minilm"
-                runs.append(asyncio.run(concurrent(procs, label, clients, turns, embedder=True)))
+            plan = [(args.clients, args.client_turns, ms) for ms in paced]
+            for clients, turns, upstream_ms in [*plan, (1, args.single_turns, 0.0)]:
+                label = (
+                    f"{clients} client{'s' if clients > 1 else ''}, embedder minilm"
+                    f"{_paced_label(upstream_ms)}"
+                )
+                runs.append(
+                    asyncio.run(
+                        concurrent(
+                            procs, label, clients, turns, embedder=True, upstream_ms=upstream_ms
+                        )
+                    )
+                )
             procs.stop_proxy()
     finally:
         procs.close()

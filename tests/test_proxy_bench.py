@@ -41,11 +41,15 @@ def test_proxy_benchmark_quick_run(tmp_path: Path) -> None:
     assert load["errors"] == 0 and load["lost_turn_sessions"] == {} and load["turns_answered"] > 0
     runs = {run["label"]: run for run in result["concurrent"]}
     assert set(runs) == {
-        "20 clients, embedder none",
-        "20 clients, embedder minilm",
-        "1 client, embedder minilm",
+        "20 clients, embedder none, upstream instant",
+        "20 clients, embedder none, upstream 50 ms",
+        "20 clients, embedder minilm, upstream instant",
+        "20 clients, embedder minilm, upstream 50 ms",
+        "1 client, embedder minilm, upstream instant",
     }
     for run in runs.values():
+        # the paced runs' model time is in every path, so it is in the direct time too
+        assert run["direct_ms"]["p50"] >= run["upstream_ms"] and run["requests_per_s"] > 0
         assert run["errors"] == 0 and run["rounds"] == run["clients"] * run["turns_per_client"]
         assert run["bars"] and all(isinstance(b["met"], bool) for b in run["bars"].values())
         assert run["memory"].keys() >= {"records", "with_memory", "without_memory"}
