@@ -493,13 +493,17 @@ class MemoryEngine:
             # ones the filter drops (compacted, off-topic) stay candidates.
             live = {key_of(history[i]) for i in self._kept_inputs(filtered)}
             exclude = self._turn_keys.seqs_matching(sid, live) if live else set()
-            ranked = self.recaller.rank(
-                sid,
-                text,
-                tags=tags.tags,
-                related=tags.related_tags,
-                exclude=exclude,
-                tag_counts=self._vocab[sid],
+            ranked = (
+                []
+                if self._holds_everything(sid, exclude)
+                else self.recaller.rank(
+                    sid,
+                    text,
+                    tags=tags.tags,
+                    related=tags.related_tags,
+                    exclude=exclude,
+                    tag_counts=self._vocab[sid],
+                )
             )
             if self.config.paging.enabled and self.config.paging.mode == "auto":
                 self.pager.touch(sid, list(tags.tags))
@@ -525,6 +529,15 @@ class MemoryEngine:
             history=filtered,
             tagger=tags.source,
         )
+
+    def _holds_everything(self, sid: str, exclude: set[int]) -> bool:
+        """Whether the history the caller sends holds every stored turn of the session, with
+        nothing compacted: then no turn can be recalled, and ranking (the full-text search and
+        the query's embedding) is skipped — its result would be empty. Topics paged in are
+        not ranked turns and are loaded either way."""
+        if len(exclude) < self.store.last_seq(sid):
+            return False
+        return self.store.session(sid).compaction_watermark == 0
 
     @staticmethod
     def _kept_inputs(filtered: FilteredHistory | None) -> list[int]:
