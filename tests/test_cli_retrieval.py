@@ -66,7 +66,25 @@ def test_search_table_output(corpus: Path) -> None:
     assert "ground_transport_policy.txt" in result.stdout
 
 
-def test_ask_prints_five_sections_budget_table_and_sources(corpus: Path) -> None:
+def test_ask_without_an_llm_says_so_and_shows_the_best_passage(corpus: Path) -> None:
+    result = invoke("ask", "Can I expense Uber rides during business travel?", "--db", str(corpus))
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("no LLM configured, so no answer (add --llm BASE_URL --model")
+    assert lines[2].startswith("[Source 1] ")  # the best hit, then its passage
+    assert "public transport is impractical" in lines[3]
+    assert re.fullmatch(
+        r"context: [\d,]+ of 3,247 tokens, 5 of 8 sources in it \(1 cut, 3 dropped\); "
+        r"more: --show context,budget,sources",
+        lines[-1],
+    )
+    assert len(lines) < 10  # no prompt, no tables unless asked for
+    assert "Context budget" not in result.stdout and "## Question" not in result.stdout
+
+
+@pytest.mark.parametrize("show", [["budget,context,sources"], ["sources", "context", "budget"]])
+def test_ask_show_prints_context_budget_and_sources(corpus: Path, show: list[str]) -> None:
+    args = [arg for value in show for arg in ("--show", value)]
     result = invoke(
         "ask",
         "Can I expense Uber rides during business travel?",
@@ -76,17 +94,33 @@ def test_ask_prints_five_sections_budget_table_and_sources(corpus: Path) -> None
         "Employee works from the Berlin office.",
         "--tool-output",
         "trip_lookup -> TR-2291 approved",
+        *args,
     )
     assert result.exit_code == 0, result.output
     out = result.stdout
     for section in SECTIONS:
         assert re.search(rf"│ {section}\s+│", out), section
     assert re.search(r"│ retrieval\s+│\s+550 │\s+\d+ │ ⚠ TRUNCATED", out)  # 8 chunks > 550 tokens
-    assert "[Source 1]" in out and "Source 1: " in out
-    assert "Can I expense Uber rides during business travel?" in out
+    assert "Source 1: " in out  # the packed context
+    assert out.index("## Question") < out.index("Context budget") < out.index("Sources")
+    assert out.rstrip().endswith("┘")  # no hint: everything was shown
 
 
-def test_ask_with_an_llm_prints_the_answer(corpus: Path, fake_llm) -> None:
+def test_ask_names_cut_and_dropped_chunks_by_file_and_position(corpus: Path) -> None:
+    result = invoke("ask", "Can I expense Uber rides?", "--db", str(corpus), "--show", "budget")
+    assert result.exit_code == 0, result.output
+    cuts = [
+        line for line in result.stdout.splitlines() if re.match(r"  (dropped|truncated) ", line)
+    ]
+    assert cuts
+    for line in cuts:
+        assert re.search(
+            r"retrieval\s+\[Source \d\] \S+\.(txt|md|jsonl)( \".*\")? chunk \d+ ", line
+        )
+        assert not re.search(r"[0-9a-f]{16}", line), line  # not the chunk's hash
+
+
+def test_ask_with_an_llm_prints_the_answer_first(corpus: Path, fake_llm) -> None:
     fake_llm.reply = "Yes, standard-tier rides are reimbursable [Source 1]."
     result = invoke(
         "ask",
@@ -99,7 +133,8 @@ def test_ask_with_an_llm_prints_the_answer(corpus: Path, fake_llm) -> None:
         "test-model",
     )
     assert result.exit_code == 0, result.output
-    assert "Answer:\nYes, standard-tier rides are reimbursable [Source 1]." in result.stdout
+    assert result.stdout.startswith("Yes, standard-tier rides are reimbursable [Source 1].\n")
+    assert "no LLM configured" not in result.stdout
     request = fake_llm.requests[-1]
     assert request.body["model"] == "test-model"
     assert request.body["messages"][0]["role"] == "system"
@@ -113,6 +148,7 @@ def test_ask_with_an_llm_prints_the_answer(corpus: Path, fake_llm) -> None:
         (["search", "x", "-k", "0"], "-k must be a positive"),
         (["ask", "x", "--budget", "huge"], "--budget must be fixed5 or rag"),
         (["ask", "x", "--llm", "http://127.0.0.1:9"], "--llm and --model go together"),
+        (["ask", "x", "--show", "budget,prompt"], "--show takes context, budget, sources or all"),
         (["ingest", "/definitely/not/here"], "no such file"),
         (["ingest", "README.md", "--overlap", "300"], "--overlap < --chunk-size"),
     ],
