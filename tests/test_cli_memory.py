@@ -234,7 +234,7 @@ PASTED_KEY = "sk-proj-Zq4T8mV1xR7bN2kLp9Wc3Yd6Hf0Js5Ga"
         "llm: {provider: openai, model: m, api_key_env: 'my key'}\n",
         f"dashboard: {{token_env: {PASTED_KEY}}}\n",  # a server config
         f"secret_env: {PASTED_KEY}\n",
-        f"context_api: {{api_keys: {{ghp_Zq4T8mV1xR7bN2kLp9Wc3Yd6Hf0Js5Ga: [support]}}}}\n",
+        "context_api: {api_keys: {ghp_Zq4T8mV1xR7bN2kLp9Wc3Yd6Hf0Js5Ga: [support]}}\n",
     ],
 )
 @pytest.mark.parametrize("json_out", [False, True])
@@ -373,6 +373,26 @@ def test_chat_replay_of_a_json_conversation_reuses_replies_and_compacts(
     again = invoke("chat", "--replay", out, "-c", fresh, "-s", "copy", "--json")
     assert again.exit_code == 0, again.output
     assert [t["reply"] for t in json.loads(again.stdout)["turns"]] == [t["reply"] for t in turns]
+
+
+def test_chat_replay_of_the_example_shows_memory_at_work_with_a_small_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The documented command: under the default 120,000-token window the example never
+    compacts, so memory stays empty; with --context-window 1024 it compacts and recalls."""
+    monkeypatch.chdir(tmp_path)  # no ./contextfold.yaml: the defaults
+    default = invoke("chat", "--replay", CONVERSATION, "--json", "-s", "wide")
+    assert default.exit_code == 0, default.output
+    assert {t["recalled"] for t in json.loads(default.stdout)["turns"]} == {0}
+    small = invoke("chat", "--replay", CONVERSATION, "--context-window", "1024", "--json")
+    assert small.exit_code == 0, small.output
+    turns = json.loads(small.stdout)["turns"]
+    assert sum(t["compacted_turns"] for t in turns) > 0
+    assert max(t["recalled"] for t in turns) > 0 and turns[-1]["memory_tokens"] > 0
+    assert "backsplash" in turns[-1]["matched_tags"]
+    too_small = invoke("chat", "--replay", CONVERSATION, "--context-window", "100")
+    assert_error(too_small, "--context-window: 1 invalid setting")
+    assert "context_window: Input should be greater than or equal to 512" in too_small.stderr
 
 
 def test_chat_replay_asks_the_configured_llm_and_logs_its_cost(tmp_path: Path, fake_llm) -> None:

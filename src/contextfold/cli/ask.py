@@ -29,8 +29,8 @@ from contextfold.window import Action
 
 __all__ = [
     "DEFAULT_INSTRUCTIONS",
-    "AskOutcome",
     "SHOW",
+    "AskOutcome",
     "SourceRow",
     "answer_question",
     "ask_command",
