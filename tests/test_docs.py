@@ -364,3 +364,17 @@ def test_doc_yaml_is_a_valid_config(block: Block, tmp_path: Path) -> None:
         load_server_config(path)
     else:
         load_config(path)
+
+
+def test_the_cli_budget_presets_the_docs_name_are_the_clis() -> None:
+    """Every ``CLI `--budget NAME` `` in configuration.md is a preset the CLI has, and each
+    of the CLI's presets is documented there."""
+    from contextfold.cli.build import BUDGETS
+
+    text = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    named = re.findall(r"CLI `--budget (\w+)`", text)
+    assert sorted(named) == sorted(BUDGETS)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    row = next(line for line in readme.splitlines() if line.startswith("| `contextfold/budget.py`"))
+    named_in_readme = set(re.findall(r"`(\w+)`", row.split("(the CLI's `--budget` names)")[0]))
+    assert named_in_readme - {"TokenBudget", "SectionBudget"} == set(BUDGETS)
