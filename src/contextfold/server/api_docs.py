@@ -1,13 +1,15 @@
 """``GET /docs``: Swagger UI over ``/openapi.json``, from files the server ships.
 
 FastAPI's own ``/docs`` loads Swagger UI's script and styles from a CDN, so the page is blank
-offline or behind a firewall. This one serves them from ``static/swagger-ui/`` (Swagger UI
+offline or behind a firewall. This one serves them from ``swagger_ui/`` (Swagger UI
 5.35.0, Apache-2.0; see the README there) under ``/docs/static/``, with the online validator
 badge off: the page loads nothing from anywhere else.
 """
 
 from __future__ import annotations
 
+from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -30,10 +32,8 @@ def router(openapi_url: str, title: str) -> APIRouter:
     from fastapi.openapi.docs import get_swagger_ui_html
     from fastapi.responses import FileResponse, HTMLResponse
 
-    from contextfold.server.dashboard import static_dir
-
     api = APIRouter(include_in_schema=False)
-    folder = static_dir() / "swagger-ui"
+    folder = Path(str(resources.files("contextfold.server") / "swagger_ui"))
 
     @api.get("/docs", response_class=HTMLResponse)
     def docs_page() -> HTMLResponse:
