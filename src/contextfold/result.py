@@ -126,12 +126,13 @@ class ContextResult(BaseModel):
         return self.window.items
 
     def explain(self) -> str:
-        """The budget table followed by one line per truncated or dropped item."""
+        """The budget table followed by one line per truncated or dropped item, each named by
+        its label (``lodging.md chunk 3``, ``user turn 2``; see ``item_label``)."""
         lines = [str(self.diagnostics)]
         for d in self.decisions:
             if d.action is not Action.KEPT:
                 lines.append(
-                    f"  {d.action.value:<10} {d.section:<14} {d.item_id}  "
+                    f"  {d.action.value:<10} {d.section:<14} {d.label or d.item_id}  "
                     f"{d.tokens_before:,} → {d.tokens_after:,} tokens: {d.reason}"
                 )
         return "\n".join(lines).rstrip() + "\n"

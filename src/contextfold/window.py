@@ -67,7 +67,15 @@ from contextfold.items import (
 from contextfold.tokens import TokenCounter
 from contextfold.truncation import Keep, truncate_text
 
-__all__ = ["Action", "Decision", "SectionUsage", "Window", "pack", "tool_groups"]
+__all__ = [
+    "Action",
+    "Decision",
+    "SectionUsage",
+    "Window",
+    "item_label",
+    "pack",
+    "tool_groups",
+]
 
 #: A truncated item keeps at least this many tokens of content, or it is dropped instead.
 MIN_TRUNCATED_TOKENS = 8
@@ -91,6 +99,32 @@ class Decision(BaseModel):
     tokens_before: int
     tokens_after: int
     reason: str
+    label: str = ""  # what a person calls the item (``item_label``); the packer always sets it
+
+
+def item_label(item: ContextItem, turn: int | None = None) -> str:
+    """What a person calls ``item`` in an explanation, instead of its id (often a hash).
+
+    ``metadata["label"]`` when set; a document chunk (``chunk_index`` in its metadata) is its
+    ``title``, ``source`` or ``doc_id`` and its position (``lodging.md chunk 3``); a
+    conversation item is its role and ``turn``, its 1-based place among the conversation
+    candidates (``assistant turn 4``); anything else is its id.
+
+    >>> item_label(ContextItem(content="x", metadata={"source": "faq.md", "chunk_index": 0}))
+    'faq.md chunk 1'
+    """
+    meta = item.metadata
+    label = meta.get("label")
+    if isinstance(label, str) and label.strip():
+        return label
+    chunk = meta.get("chunk_index")
+    name = meta.get("title") or meta.get("source") or meta.get("doc_id")
+    if isinstance(chunk, int) and name:
+        return f"{name} chunk {chunk + 1}"
+    if item.source is SourceType.CONVERSATION and turn is not None:
+        role = item.message.role if item.message is not None else meta.get("role", "user")
+        return f"{role} turn {turn}"
+    return item.id
 
 
 class SectionUsage(BaseModel):
@@ -173,10 +207,13 @@ class Window(BaseModel):
         out = []
         suffixes = self._suffixes
         names = self._sections.names() if self._sections is not None else ()
+        turn = 0
         for item, cost, name, status in zip(
             self._candidates, self._costs, names, self._status, strict=True
         ):
             action, after, reason = _spell(status, cost, name, suffixes[name])
+            if item.source is SourceType.CONVERSATION:
+                turn += 1
             out.append(
                 Decision(
                     item_id=item.id,
@@ -186,6 +223,7 @@ class Window(BaseModel):
                     tokens_before=cost,
                     tokens_after=after,
                     reason=reason,
+                    label=item_label(item, turn),
                 )
             )
         return tuple(out)

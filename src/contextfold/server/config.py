@@ -1,4 +1,6 @@
-"""``ServerConfig``: the ``server:`` section of ``contextfold.yaml`` (or its own file).
+"""``ServerConfig``: the server's own YAML file (``contextfold serve --config server.yaml``),
+its keys at the top level; the memory engine's ``contextfold.yaml`` is a separate file
+(``memory_config``). ``contextfold config validate`` checks either kind.
 
 Each part of the server owns one section model here: ``proxy`` (upstreams and instances),
 ``context_api`` (API keys → tenants), ``dashboard`` (token), ``limits`` (bad-input guards).
@@ -21,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from contextfold._envnames import ENV_NAME, check_env_name, looks_like_a_key
 from contextfold.errors import ConfigError
 
 __all__ = [
@@ -67,7 +70,6 @@ class ProxySettings(_Section):
     markers: bool = True
 
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Tenant (and document) ids: letters, digits and ``. _ : @ -``, starting with a letter or digit.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
 
@@ -95,7 +97,14 @@ class ContextApiSettings(_Section):
     @classmethod
     def _names_not_keys(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
         for name, tenants in value.items():
-            if not _ENV_NAME.fullmatch(name):
+            if looks_like_a_key(name):
+                raise ValueError(
+                    "api_keys maps environment variable names to tenants, and one of its names "
+                    "looks like an API key itself (the value is not shown). Put the key in an "
+                    "environment variable and name that variable here: keys never belong in a "
+                    "config file"
+                )
+            if not ENV_NAME.fullmatch(name):
                 raise ValueError(
                     "api_keys maps environment variable names to tenants, and one of its names "
                     "is not a variable name (letters, digits and _ only). Put the key itself "
@@ -129,6 +138,11 @@ class DashboardSettings(_Section):
         "Do I need receipts for meals under 10 euros?",
     )
 
+    @field_validator("token_env")
+    @classmethod
+    def _a_name_not_a_token(cls, value: str | None) -> str | None:
+        return None if value is None else check_env_name(value)
+
 
 class LimitSettings(_Section):
     """Bad-input guards for every route: a request body larger than ``max_body_bytes`` is
@@ -151,6 +165,11 @@ class ServerConfig(_Section):
     context_api: ContextApiSettings = ContextApiSettings()
     dashboard: DashboardSettings = DashboardSettings()
     limits: LimitSettings = LimitSettings()
+
+    @field_validator("secret_env")
+    @classmethod
+    def _a_name_not_a_secret(cls, value: str) -> str:
+        return check_env_name(value)
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> ServerConfig:
@@ -182,6 +201,12 @@ def load_server_config(path: str | Path) -> ServerConfig:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: expected a mapping at the top level, got {type(data).__name__}")
+    if list(data) == ["server"]:
+        raise ConfigError(
+            f"{file}: a server config has its keys at the top level (host, port, proxy, "
+            "context_api, dashboard, limits, ...), not under 'server:'; remove that line and "
+            "unindent the rest"
+        )
     try:
         return ServerConfig.model_validate(data)
     except ValidationError as exc:
