@@ -269,21 +269,26 @@ def test_special_token_strings_are_counted_as_text(name: str, special: str) -> N
     assert counter.cut(text, counter.count(text)) == text
 
 
-@pytest.mark.parametrize(
-    ("fmt", "expected"),
-    # two messages: "hi" (1 token) and a tool call ("search" 1 + '{"q":"x"}' 5) + its result
-    [("openai", 3 + 1 + 3 + 1 + 5 + 1 + 3 + 1), ("anthropic", 4 + 1 + 4 + 1 + 5 + 2 + 4 + 1)],
-)
-def test_count_messages_adds_per_format_overhead(o200k: TiktokenCounter, fmt: str, expected: int):
+def test_count_messages_counts_as_each_format_writes_the_messages(o200k: TiktokenCounter):
+    """Three messages: "hi", a tool call ("search", '{"q":"x"}', id "c1") and its result."""
     messages = [
         Message(role="user", content=[TextBlock(text="hi")]),
         Message(role="assistant", content=[ToolUseBlock(id="c1", name="search", input={"q": "x"})]),
         Message(role="tool", content=[ToolResultBlock(tool_use_id="c1", content="ok")]),
     ]
-    assert o200k.count("hi") == o200k.count("search") == o200k.count("ok") == 1
-    assert o200k.count('{"q":"x"}') == 5
-    assert count_messages(messages, o200k, fmt) == expected
-    assert count_messages(messages, o200k, "text") == 1 + 1 + 5 + 1
+    c = o200k.count
+    assert c("hi") == c("search") == c("ok") == c("user") == c("assistant") == c("tool") == 1
+    assert c('{"q":"x"}') == 5 and c("c1") == 2 and c("function") == 1
+    # OpenAI (the cookbook): 3 per message + every value, the role included; a tool call is
+    # estimated as its strings (id, type, name, arguments) + 1.
+    openai = (3 + 1 + 1) + (3 + 1 + (2 + 1 + 1 + 5 + 1)) + (3 + 1 + 2 + 1)
+    assert count_messages(messages, o200k, "openai") == openai == 26
+    # Anthropic: 4 per message (the role included) + each block's strings + 2 per string.
+    assert count_messages(messages, o200k, "anthropic") == (4 + 3) + (4 + 3 + 7) + (4 + 3)
+    # Text: each message is a "role: text" line, +1 for the blank line joining it.
+    lines = ["user: hi", '[tool call search({"q":"x"})]', "[tool result c1] ok"]
+    lines = [lines[0], f"assistant: {lines[1]}", f"tool: {lines[2]}"]
+    assert count_messages(messages, o200k, "text") == sum(c(line) + 1 for line in lines)
     assert OVERHEADS["openai"].per_request == 3
 
 

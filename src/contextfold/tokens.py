@@ -27,6 +27,7 @@ from contextfold.errors import ConfigError, TokenizerError
 if TYPE_CHECKING:
     import tiktoken
 
+    from contextfold.formats.base import BaseFormatter
     from contextfold.items import Message
 
 __all__ = [
@@ -268,18 +269,25 @@ class MessageOverhead:
     """Tokens a chat format adds around content.
 
     ``per_request``: once per payload (OpenAI primes the reply with 3); ``per_message``: each
-    message's role and delimiters; ``per_part``: each extra content part or tool block.
-    OpenAI's numbers are the ones its cookbook documents; Anthropic's and Gemini's are
-    conservative estimates (their APIs do not publish them).
+    message's delimiters; ``per_part``: each extra content part or tool block; ``per_name``: a
+    message's ``name`` field (OpenAI: 1, besides the name's own tokens); ``counts_role``: the
+    role string is counted as text, as OpenAI's cookbook counts every value of a message.
+    OpenAI's numbers are the ones its cookbook documents (``tokens_per_message=3``,
+    ``tokens_per_name=1``, 3 to prime the reply); Anthropic's and Gemini's are conservative
+    estimates (their APIs do not publish them) whose ``per_message`` covers the role.
     """
 
     per_request: int
     per_message: int
     per_part: int
+    per_name: int = 0
+    counts_role: bool = False
 
 
 OVERHEADS: dict[str, MessageOverhead] = {
-    "openai": MessageOverhead(per_request=3, per_message=3, per_part=1),
+    "openai": MessageOverhead(
+        per_request=3, per_message=3, per_part=1, per_name=1, counts_role=True
+    ),
     "anthropic": MessageOverhead(per_request=4, per_message=4, per_part=2),
     "gemini": MessageOverhead(per_request=4, per_message=4, per_part=2),
     "text": MessageOverhead(per_request=0, per_message=0, per_part=0),
@@ -303,12 +311,16 @@ def block_strings(message: Message) -> Iterable[str]:
 def count_messages(
     messages: Iterable[Message], counter: TokenCounter, format: str = "openai"
 ) -> int:
-    """Tokens of a list of messages in a chat format, per-message overhead included
-    (the per-request overhead is not: add ``OVERHEADS[format].per_request`` once)."""
-    overhead = OVERHEADS[format]
-    total = 0
-    for message in messages:
-        total += overhead.per_message
-        for i, text in enumerate(block_strings(message)):
-            total += counter.count(text) + (overhead.per_part if i else 0)
-    return total
+    """Tokens of a list of messages in a chat format, exactly as that format's formatter counts
+    them in a payload (``message_cost``: for OpenAI the cookbook's 3 per message plus the
+    tokens of every value, the role included); the per-request overhead is not included: add
+    ``OVERHEADS[format].per_request`` once."""
+    formatter = _formatter(format)
+    return sum(formatter.message_cost(message, counter) for message in messages)
+
+
+@cache
+def _formatter(format: str) -> BaseFormatter:
+    from contextfold.formats import formatter_for
+
+    return formatter_for(format)
