@@ -97,8 +97,8 @@ def trim_history(
     >>> history = [Message(role="system", content="Be terse."),
     ...            Message(role="user", content="Hi"), Message(role="assistant", content="Hello"),
     ...            Message(role="user", content="Bye"), Message(role="assistant", content="Bye")]
-    >>> [m.role for m in trim_history(history, 30, TiktokenCounter())]
-    ['system', 'user', 'assistant']
+    >>> [m.text() for m in trim_history(history, 25, TiktokenCounter())]
+    ['Be terse.', 'Bye', 'Bye']
     """
     if format not in OVERHEADS:
         raise ConfigError(f"unknown format {format!r}; choose one of {sorted(OVERHEADS)}")
