@@ -160,7 +160,7 @@ class MemoryManager:
         if not 1 <= priority <= 10:
             raise ConfigError(f"priority must be in 1..10, got {priority}")
         self.conversation_tokens = conversation_tokens
-        self.counter = counter or TiktokenCounter()
+        self.counter = counter if counter is not None else TiktokenCounter()
         self.format = format
         self.priority = priority
         self._items: list[ContextItem] = []

@@ -453,7 +453,7 @@ def graph_context(
     ``token_model``'s tokenizer.
     """
     view = graph.view(request.tenant_ids)
-    counter = counter or _counter(request.token_model)
+    counter = counter if counter is not None else _counter(request.token_model)
     entries, searched = _entry_points(graph, view, request, embedder, fetch_k, min_similarity)
     context: list[ContextNodeResult] = []
     expanded = deepest = 0

@@ -134,7 +134,7 @@ class DocumentIndex:
         self.rrf_k, self.weights, self.fetch_k = rrf_k, dict(weights or {}), fetch_k
         self._vector_kind = vector_index
         self._lock = threading.RLock()
-        self._bm25 = bm25 or BM25Index()
+        self._bm25 = bm25 if bm25 is not None else BM25Index()
         self._bm25_params = {
             "k1": self._bm25.k1,
             "b": self._bm25.b,
