@@ -322,3 +322,29 @@ def test_counting_never_touches_the_network(tmp_path: Path) -> None:
     assert lines[0] == "4 6"
     assert lines[1] == "tiktoken blocked: True"
     assert list(cache.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("model", "encoding", "fallback"),
+    [
+        ("gpt-4o", "o200k_base", False),
+        ("gpt-4", "cl100k_base", False),
+        ("claude-sonnet-4", "o200k_base", False),  # estimated with a margin, not a fallback
+        ("my-local-llama", "o200k_base", True),
+    ],
+)
+def test_an_unknown_model_falls_back_to_o200k_and_says_so(
+    model: str, encoding: str, fallback: bool
+) -> None:
+    from contextfold import ContextPipeline
+    from contextfold.retrieval.graph import GraphContextRequest, KnowledgeGraph, graph_context
+
+    counter = counter_for_model(model)
+    assert (counter.encoding_name, counter.fallback) == (encoding, fallback)
+    diagnostics = ContextPipeline(max_tokens=500, model=model).build("Hello?").diagnostics
+    assert (diagnostics.encoding, diagnostics.encoding_fallback) == (encoding, fallback)
+    assert ("a fallback" in str(diagnostics)) is fallback
+    assert diagnostics.estimated is (fallback or model.startswith("claude"))
+    request = GraphContextRequest(query="refunds", tenant_ids=["t"], token_model=model)
+    stats = graph_context(KnowledgeGraph(), request).stats
+    assert (stats.encoding, stats.encoding_fallback) == (encoding, fallback)

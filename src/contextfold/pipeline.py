@@ -340,6 +340,8 @@ class ContextPipeline:
             counter=window.counter,
             estimated=window.estimated,
             format=window.format,
+            encoding=window.encoding,
+            encoding_fallback=window.encoding_fallback,
             build_time_ms=(time.perf_counter() - started) * 1000,
             candidates=len(candidates),
             kept=actions.count(Action.KEPT),

@@ -163,6 +163,7 @@ class TiktokenCounter:
         estimated: bool = False,
         safety_margin: float = 0.0,
         cache_size: int = 65_536,
+        fallback: bool = False,
     ) -> None:
         if encoding not in _ENCODINGS:
             raise TokenizerError(
@@ -172,7 +173,10 @@ class TiktokenCounter:
             raise ConfigError(f"safety_margin must be >= 0, got {safety_margin}")
         self.encoding_name = encoding
         self.safety_margin = safety_margin
-        self.estimated = estimated or safety_margin > 0
+        #: True when ``counter_for_model`` knew no tokenizer for the model and fell back to
+        #: this encoding; windows and ``/api/context`` report it beside the encoding's name.
+        self.fallback = fallback
+        self.estimated = estimated or safety_margin > 0 or fallback
         suffix = f"+{safety_margin:.0%}" if safety_margin else ""
         self.name = f"{encoding}{suffix}"
         self._encoding: tiktoken.Encoding | None = None
@@ -181,7 +185,8 @@ class TiktokenCounter:
         self.count = lru_cache(maxsize=cache_size)(self._count)  # type: ignore[method-assign]
 
     def __repr__(self) -> str:
-        return f"TiktokenCounter({self.name!r}, estimated={self.estimated})"
+        fallback = ", fallback=True" if self.fallback else ""
+        return f"TiktokenCounter({self.name!r}, estimated={self.estimated}{fallback})"
 
     @property
     def encoding(self) -> tiktoken.Encoding:
@@ -248,7 +253,12 @@ def counter_for_model(model: str, *, default_encoding: str = "o200k_base") -> Ti
 
     gpt-4o / 4.1 / 4.5 / 5 and o-series → ``o200k_base``; gpt-4 / 3.5 → ``cl100k_base`` (exact,
     per tiktoken's own model table); ``claude-*`` and ``gemini-*`` → ``o200k_base`` with
-    ``CLAUDE_SAFETY_MARGIN``, estimated; anything else → ``default_encoding``, estimated.
+    ``CLAUDE_SAFETY_MARGIN``, estimated; anything else → ``default_encoding`` (``o200k_base``,
+    the encoding of every current OpenAI model), estimated and marked ``fallback``.
+
+    >>> counter = counter_for_model("my-local-model")
+    >>> counter.encoding_name, counter.fallback, counter.estimated
+    ('o200k_base', True, True)
     """
     from tiktoken.model import encoding_name_for_model
 
@@ -258,9 +268,9 @@ def counter_for_model(model: str, *, default_encoding: str = "o200k_base") -> Ti
     try:
         name = encoding_name_for_model(lowered)
     except KeyError:
-        return TiktokenCounter(default_encoding, estimated=True)
+        return TiktokenCounter(default_encoding, fallback=True)
     if name not in _ENCODINGS:  # e.g. o200k_harmony, r50k: not shipped offline
-        return TiktokenCounter(default_encoding, estimated=True)
+        return TiktokenCounter(default_encoding, fallback=True)
     return TiktokenCounter(name)
 
 

@@ -160,6 +160,10 @@ class Window(BaseModel):
     counter: str
     estimated: bool
     format: str
+    #: The encoding the counter ran (None for a counter without one, e.g. ``CharCounter``) and
+    #: whether it was a fallback for a model with no known tokenizer.
+    encoding: str | None = None
+    encoding_fallback: bool = False
     _candidates: Sequence[ContextItem] = PrivateAttr(default=())
     _costs: Sequence[int] = PrivateAttr(default=())
     _sections: SectionMap | None = PrivateAttr(default=None)
@@ -570,6 +574,8 @@ def pack(
         counter=counter.name,
         estimated=counter.estimated,
         format=formatter.name,
+        encoding=getattr(counter, "encoding_name", None),
+        encoding_fallback=bool(getattr(counter, "fallback", False)),
     )
     window._candidates = items
     window._costs = costs

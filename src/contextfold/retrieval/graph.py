@@ -226,7 +226,9 @@ class ContextStats(BaseModel):
     types only). ``nodes_expanded``: nodes whose neighbours the walk read. ``max_depth_reached``:
     the deepest level at which the walk found a node (before ``context_limit`` and the
     budget). ``entry_points_found`` / ``context_nodes_found``: nodes returned. Tokens are
-    always counted; ``total_tokens`` is the sum of ``tokens_used``.
+    always counted; ``total_tokens`` is the sum of ``tokens_used``. ``encoding`` names the
+    encoding they were counted with and ``encoding_fallback`` says whether it was a fallback
+    (``token_model`` is a model with no known tokenizer: the counts are estimates).
 
     >>> ContextStats().tokens_used.entities
     0
@@ -241,6 +243,8 @@ class ContextStats(BaseModel):
     context_nodes_found: int = 0
     total_tokens: int = 0
     tokens_used: TokensUsed = Field(default_factory=TokensUsed)
+    encoding: str | None = None
+    encoding_fallback: bool = False
 
 
 class GraphContextResponse(BaseModel):
@@ -491,6 +495,8 @@ def graph_context(
         context_nodes_found=len(context),
         total_tokens=entry_tokens + context_tokens + entity_tokens,
         tokens_used=used,
+        encoding=getattr(counter, "encoding_name", None),
+        encoding_fallback=bool(getattr(counter, "fallback", False)),
     )
     return GraphContextResponse(
         entry_points=entries, context=context, entities=entities, stats=stats
