@@ -22,7 +22,15 @@ from contextfold.conversation import MemoryManager, trim_history
 from contextfold.formats import BaseFormatter
 from contextfold.items import ContextItem, Message, QueryBundle, SourceType
 from contextfold.tokens import TokenCounter
-from strategies import EPOCH, FORMATTERS, _exchange, _user_messages, budgets, short_texts
+from strategies import (
+    EPOCH,
+    FORMATTERS,
+    _exchange,
+    _user_messages,
+    budgets,
+    histories,
+    short_texts,
+)
 from test_properties import pack_or_budget_error
 
 _assistant_texts = short_texts.map(lambda t: Message(role="assistant", content=t))
@@ -160,3 +168,14 @@ def test_trimmed_and_windowed_histories_open_on_a_user_turn(
 def _answered(messages: list[Message]) -> bool:
     calls = {t for m in messages for t in m.tool_use_ids}
     return calls == {t for m in messages for t in m.tool_result_ids}
+
+
+@given(history=histories(max_turns=20))
+def test_the_lazy_walk_finds_the_same_exchanges(history: list[Message]) -> None:
+    """trim_history walks exchanges from the end lazily; it must group exactly as
+    ``exchanges`` and ``tool_units`` do over the whole history."""
+    from contextfold.conversation import _complete, _newest_exchanges, exchanges, tool_units
+
+    bad = {i for idxs in tool_units(history) if not _complete(history, idxs) for i in idxs}
+    eager = [(group, bad.intersection(group)) for group in reversed(exchanges(history))]
+    assert list(_newest_exchanges(history)) == eager

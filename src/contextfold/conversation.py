@@ -8,7 +8,7 @@ its result."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from contextfold.errors import ConfigError
@@ -114,9 +114,8 @@ def trim_history(
             f"the system message alone needs {max_tokens - room:,} tokens, more than the "
             f"{max_tokens:,} allowed; raise max_tokens"
         )
-    incomplete = {i for idxs in tool_units(body) if not _complete(body, idxs) for i in idxs}
     kept: list[int] = []
-    for group in reversed(exchanges(body)):
+    for group, incomplete in _newest_exchanges(body):
         if body[group[0]].role != "user":
             break  # the leading messages before any user turn
         idxs = [i for i in group if i not in incomplete]
@@ -126,6 +125,37 @@ def trim_history(
         room -= cost
         kept.extend(idxs)
     return head + [body[i] for i in sorted(kept)]
+
+
+def _newest_exchanges(messages: Sequence[Message]) -> Iterator[tuple[list[int], set[int]]]:
+    """``exchanges(messages)`` from the newest back, each with the indices of its incomplete
+    tool traffic (a call missing a result, with the results of its message's other calls, or a
+    result whose call is missing). Walked lazily from the end, so a caller that stops after a
+    few exchanges never reads the rest of a long history."""
+    span: list[int] = []
+    waiting: dict[str, int] = {}  # result id -> its message, while the call is further back
+    incomplete: set[int] = set()
+    for i in range(len(messages) - 1, -1, -1):
+        message = messages[i]
+        span.append(i)
+        content = message.content
+        if not (len(content) == 1 and content[0].type == "text"):
+            waiting.update(dict.fromkeys(message.tool_result_ids, i))
+            calls = message.tool_use_ids
+            if any(call not in waiting for call in calls):
+                incomplete.add(i)
+                incomplete.update(waiting[call] for call in calls if call in waiting)
+            for call in calls:
+                waiting.pop(call, None)
+        if message.role == "user" and not waiting:
+            span.reverse()
+            yield span, incomplete
+            span, incomplete = [], set()
+    if span:  # results whose call never came held the rest open: group it the long way
+        rest = messages[: span[0] + 1]
+        bad = {i for idxs in tool_units(rest) if not _complete(rest, idxs) for i in idxs}
+        for group in reversed(exchanges(rest)):
+            yield group, bad.intersection(group)
 
 
 class MemoryManager:

@@ -182,6 +182,15 @@ class OpenAIFormatter(BaseFormatter):
     def message_cost(self, message: Message, counter: TokenCounter) -> int:
         # Exactly what the message costs as it is written into the payload (a tool message
         # becomes one OpenAI message per result, each with its own overhead).
+        content = message.content
+        if len(content) == 1 and isinstance(content[0], TextBlock) and message.role != "tool":
+            # The common case, counted without building the message (as count_openai_message
+            # counts {"role", "content"[, "name"]}).
+            oh = self.overhead
+            total = oh.per_message + counter.count(message.role) + counter.count(content[0].text)
+            if message.name:
+                total += counter.count(message.name) + oh.per_name
+            return total
         return sum(count_openai_message(m, counter) for m in message_to_openai(message))
 
     def base_cost(self, counter: TokenCounter) -> int:
