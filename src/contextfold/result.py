@@ -44,6 +44,10 @@ class Diagnostics(BaseModel):
     truncated: int
     dropped: int
     steps: tuple[StepRecord, ...] = ()
+    #: The encoding counted with, and whether it was a fallback (no tokenizer known for the
+    #: model: counts are then estimates).
+    encoding: str | None = None
+    encoding_fallback: bool = False
 
     def __str__(self) -> str:
         return render_budget_table(self)
@@ -83,6 +87,8 @@ def render_budget_table(diagnostics: Diagnostics, *, width: int = 100) -> str:
     console = Console(file=out, width=width, color_system=None, legacy_windows=False)
     console.print(table)
     estimated = " (estimated)" if diagnostics.estimated else ""
+    if diagnostics.encoding_fallback:
+        estimated = " (a fallback: no tokenizer is known for the model; estimated)"
     console.print(
         f"total {diagnostics.used_tokens:,} / {diagnostics.available:,} tokens "
         f"({diagnostics.max_tokens:,} max, {diagnostics.reserve_output:,} reserved for the "

@@ -176,6 +176,8 @@ def _spell(status: Status, cost: int, name: str, suffix: str) -> tuple[str, int,
 def _suffix(section: SectionBudget) -> str:
     if section.overflow is OverflowStrategy.TRUNCATE_OLDEST:
         return " (oldest outputs go first)"
+    if section.recency:
+        return " (ranked by priority, score, then recency: older items go first)"
     return ""
 
 
@@ -194,6 +196,10 @@ class Window(BaseModel):
     counter: str
     estimated: bool
     format: str
+    #: The encoding the counter ran (None for a counter without one, e.g. ``CharCounter``) and
+    #: whether it was a fallback for a model with no known tokenizer.
+    encoding: str | None = None
+    encoding_fallback: bool = False
     _candidates: Sequence[ContextItem] = PrivateAttr(default=())
     _costs: Sequence[int] = PrivateAttr(default=())
     _sections: SectionMap | None = PrivateAttr(default=None)
@@ -347,11 +353,7 @@ class _Packer:
         if not ranked:
             # Newest first: by priority, then the unit's newest timestamp, then candidate order
             # (the keys are unique: sort them, and read each unit back from its key).
-            items = units.items
-            stamps = list(map(_TIMESTAMP, map(_CREATED, map(items.__getitem__, others))))
-            for pos, u in enumerate(others):
-                if u in units.members:
-                    stamps[pos] = max(_TIMESTAMP(items[i].created_at) for i in units.members[u])
+            stamps = self._stamps(others)
             keys = zip(
                 map(neg, map(priority.__getitem__, others)),
                 map(neg, stamps),
@@ -360,7 +362,12 @@ class _Packer:
             )
             others = list(map(neg, map(itemgetter(2), sorted(keys))))
         else:
-            # Two stable passes with C-level keys: priority, then score, then candidate order.
+            # Stable passes with C-level keys: priority, then score, then candidate order (or,
+            # for a recency section, newest first: the unit's newest timestamp, then the later
+            # candidate).
+            if section.recency:
+                stamp = dict(zip(others, self._stamps(others), strict=True))
+                others.sort(key=lambda u: (stamp[u], u), reverse=True)
             others.sort(key=score.__getitem__, reverse=True)
             others.sort(key=priority.__getitem__, reverse=True)
         if not history:
@@ -375,6 +382,16 @@ class _Packer:
         simple = not history and units.members.keys().isdisjoint(others)
         self.floors[name] = min(map(units.cost.__getitem__, others), default=0) if simple else -1
         return order
+
+    def _stamps(self, units_: list[int]) -> list[float]:
+        """Each unit's newest ``created_at`` as a timestamp."""
+        units = self.units
+        items = units.items
+        stamps = list(map(_TIMESTAMP, map(_CREATED, map(items.__getitem__, units_))))
+        for pos, u in enumerate(units_):
+            if u in units.members:
+                stamps[pos] = max(_TIMESTAMP(items[i].created_at) for i in units.members[u])
+        return stamps
 
     def _close(self, rest: list[int]) -> float:
         """Drop the history units ``rest`` as older than the oldest kept turn; their smallest
@@ -608,6 +625,8 @@ def pack(
         counter=counter.name,
         estimated=counter.estimated,
         format=formatter.name,
+        encoding=getattr(counter, "encoding_name", None),
+        encoding_fallback=bool(getattr(counter, "fallback", False)),
     )
     window._candidates = items
     window._costs = costs

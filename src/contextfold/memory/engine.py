@@ -129,10 +129,14 @@ class MemoryEngine:
         if config is not None and config_path is not None:
             raise ConfigError("pass either config or config_path, not both")
         self.config = (
-            load_config(config_path) if config_path is not None else config or MemoryConfig()
+            load_config(config_path)
+            if config_path is not None
+            else config
+            if config is not None
+            else MemoryConfig()
         )
         cfg = self.config
-        self.counter = counter or TiktokenCounter(cfg.encoding)
+        self.counter = counter if counter is not None else TiktokenCounter(cfg.encoding)
         if isinstance(store, MemoryStore):
             self.store = store
         else:
@@ -155,8 +159,10 @@ class MemoryEngine:
             max_tags=cfg.tagger.max_tags,
             canonicalizer=self.canonicalizer,
         )
-        self.tagger: Tagger = tagger or self._make_tagger(keyword)
-        self.inbound_tagger: Tagger = inbound_tagger or self._make_inbound(keyword)
+        self.tagger: Tagger = tagger if tagger is not None else self._make_tagger(keyword)
+        self.inbound_tagger: Tagger = (
+            inbound_tagger if inbound_tagger is not None else self._make_inbound(keyword)
+        )
         self.summarizer: Summarizer = summarizer or self._make_summarizer()
         self.compactor = Compactor(
             self.store,

@@ -35,7 +35,7 @@ def create_app(
 
     memory_error: str | None = None
     if state is None:
-        config = config or ServerConfig()
+        config = config if config is not None else ServerConfig()
         if memory is None:
             memory, memory_error = _open_memory(config)
         state = ServerState(config=config, memory=memory, memory_error=memory_error)

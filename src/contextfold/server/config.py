@@ -83,7 +83,10 @@ class ContextApiSettings(_Section):
     keys the API is open to every caller while the server binds to loopback, and answers 401
     to everyone when it binds anywhere else. ``graph_path``: the SQLite file of nodes, edges and
     documents (default ``<home>/graph.db``). ``hybrid``: rank entry points with the memory
-    engine's embedder as well as BM25 (when the engine has one).
+    engine's embedder as well as BM25 (when the engine has one). ``relevance_floor``: entry
+    points must clear the calibrated relevance floor (``true``, the default), none (``false``),
+    or the floors given per mode (``{bm25: 0.1, dense: 0.3, hybrid: 0.35}``; modes left out
+    keep their default); see docs/retrieval.md.
 
     >>> ContextApiSettings(api_keys={"SUPPORT_KEY": ["support", "shared"]}).api_keys
     {'SUPPORT_KEY': ['support', 'shared']}
@@ -92,6 +95,17 @@ class ContextApiSettings(_Section):
     api_keys: dict[str, list[str]] = Field(default_factory=dict)
     graph_path: str | None = None
     hybrid: bool = True
+    relevance_floor: bool | dict[str, float] = True
+
+    @field_validator("relevance_floor")
+    @classmethod
+    def _floor_modes(cls, value: bool | dict[str, float]) -> bool | dict[str, float]:
+        unknown = (
+            sorted(set(value) - {"bm25", "dense", "hybrid"}) if isinstance(value, dict) else []
+        )
+        if unknown:
+            raise ValueError(f"relevance_floor modes are bm25, dense and hybrid; got {unknown}")
+        return value
 
     @field_validator("api_keys")
     @classmethod
