@@ -28,7 +28,8 @@ gone (``release_jobs_of_dead``).
 >>> job = store.claim_job("worker-1")
 >>> (job.session_id, job.kind, store.job_counts())
 ('a', 'derive', {'running': 1})
->>> store.finish_job(job.id)
+>>> store.finish_job(job.id, "worker-1")  # still the worker's: done
+True
 >>> store.pending_jobs()
 0
 >>> branch = store.fork(sid, 1)
