@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from contextfold._bounded import clip
 from contextfold.errors import ConfigError
 from contextfold.items import ContextItem, Message, QueryBundle
 from contextfold.memory.assemble import Assembler, MemoryBudget
@@ -595,13 +596,25 @@ class MemoryEngine:
         import json
 
         if name not in TOOL_NAMES:
-            return json.dumps({"error": f"unknown tool {name!r}; tools: {', '.join(TOOL_NAMES)}"})
+            return json.dumps(
+                {"error": f"unknown tool {clip(name)!r}; tools: {', '.join(TOOL_NAMES)}"}
+            )
+        if not isinstance(arguments, Mapping):
+            return json.dumps({"error": f"{name}: the arguments must be a JSON object"})
         try:
             if name == "find_quote":
+                limit = arguments.get("limit", 5)
+                if isinstance(limit, str) and limit.strip().isdigit():
+                    limit = int(limit)  # models often quote numbers
+                if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 20:
+                    return json.dumps(
+                        {
+                            "error": f"find_quote: limit must be a whole number from 1 to 20, "
+                            f"not {clip(json.dumps(limit), 40)}"
+                        }
+                    )
                 quotes = self.find_quote(
-                    str(arguments["query"]),
-                    limit=int(arguments.get("limit", 5)),
-                    session_id=session_id,
+                    str(arguments["query"]), limit=limit, session_id=session_id
                 )
                 return json.dumps([q.model_dump() for q in quotes])
             op = self.expand_topic if name == "expand_topic" else self.collapse_topic
@@ -613,8 +626,8 @@ class MemoryEngine:
             return json.dumps({**result.model_dump(), "content": text})
         except KeyError as exc:
             return json.dumps({"error": f"{name} needs the argument {exc.args[0]!r}"})
-        except ConfigError as exc:
-            return json.dumps({"error": str(exc)})
+        except (ConfigError, ValueError, TypeError) as exc:  # a bad argument, for the model
+            return json.dumps({"error": f"{name}: {clip(str(exc))}"})
 
     # -- reports --------------------------------------------------------------------------------
 

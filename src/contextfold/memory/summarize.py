@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from contextfold._bounded import clip
 from contextfold.errors import ContextfoldError
 from contextfold.llm.openai_compat import ChatResult, Usage
 from contextfold.tokens import TokenCounter
@@ -276,7 +277,7 @@ class LLMSummarizer:
                     return self._call(pieces[0], max_tokens, tags, instructions or "")
                 layer = [self._call(p, max_tokens, tags, instructions or "") for p in pieces]
         except ContextfoldError as exc:
-            reason = f"{type(exc).__name__}: {exc}"
+            reason = f"{type(exc).__name__}: {clip(str(exc))}"
             logger.warning("LLM summary failed, using the extractive summary: %s", reason)
             with self._lock:
                 self.fallbacks.append(reason)
