@@ -9,10 +9,13 @@ import json
 import logging
 import re
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -20,7 +23,12 @@ from pydantic import ValidationError
 
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
-from contextfold.server.config import InstanceSettings, ProxySettings, ServerConfig
+from contextfold.server.config import (
+    InstanceSettings,
+    LimitSettings,
+    ProxySettings,
+    ServerConfig,
+)
 from fake_llm import FakeLLMServer, ModelTurn, ToolCall
 from proxy_support import Served, closed_after_test, free_port, serve
 
@@ -222,3 +230,121 @@ def test_expect_100_continue_is_not_forwarded(proxy: Served, fake_llm: FakeLLMSe
     )
     assert status == 200
     assert "expect" not in fake_llm.requests[-1].headers
+
+
+# --------------------------------------------------------------------------- limits
+
+
+def _many(n: int) -> list[dict[str, str]]:
+    roles = ("user", "assistant")
+    return [{"role": roles[i % 2], "content": f"m{i}"} for i in range(n - 1)] + [
+        {"role": "user", "content": "last"}
+    ]
+
+
+@pytest.fixture
+def limited(fake_llm: FakeLLMServer, engine: MemoryEngine) -> Iterator[Served]:
+    limits = LimitSettings(max_messages=50, max_message_bytes=4096, max_json_depth=20)
+    config = ServerConfig(port=0, proxy=ProxySettings(upstream=fake_llm.url), limits=limits)
+    with serve(config, engine) as served:
+        yield served
+
+
+def test_too_many_messages_get_a_provider_shaped_413_naming_the_limit(
+    limited: Served, fake_llm: FakeLLMServer
+) -> None:
+    with pytest.raises(openai.APIStatusError) as caught:
+        oa(limited).chat.completions.create(model="m", messages=_many(51))  # type: ignore[arg-type]
+    assert caught.value.status_code == 413
+    assert "51 messages" in caught.value.message and "limits.max_messages" in caught.value.message
+    client = closed_after_test(
+        anthropic.Anthropic(base_url=limited.url, api_key="k", max_retries=0)
+    )
+    with pytest.raises(anthropic.APIStatusError) as refused:
+        client.messages.create(model="m", max_tokens=5, messages=_many(51))  # type: ignore[arg-type]
+    assert refused.value.status_code == 413
+    assert refused.value.body["error"]["type"] == "request_too_large"  # type: ignore[index]
+    gemini = httpx.post(
+        f"{limited.url}/v1beta/models/g:generateContent",
+        json={"contents": [{"role": "user", "parts": [{"text": "x"}]}] * 51},
+    )
+    assert gemini.status_code == 413 and gemini.json()["error"]["code"] == 413
+    assert fake_llm.requests == []
+
+
+@pytest.mark.parametrize(
+    ("messages", "status", "setting"),
+    [
+        ([{"role": "user", "content": "x" * 5000}], 413, "limits.max_message_bytes"),
+        ([{"role": "user", "content": "ü" * 2100}], 413, "limits.max_message_bytes"),
+        (
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "x", "n": [[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]}
+                    ],
+                }
+            ],
+            400,
+            "limits.max_json_depth",
+        ),
+    ],
+)
+def test_a_message_too_big_or_too_deep_is_refused_before_anything_goes_upstream(
+    limited: Served, fake_llm: FakeLLMServer, messages: Any, status: int, setting: str
+) -> None:
+    response = httpx.post(
+        f"{limited.url}/v1/chat/completions", json={"model": "m", "messages": messages}
+    )
+    assert response.status_code == status
+    assert setting in response.json()["error"]["message"]
+    assert fake_llm.requests == []
+
+
+def test_the_default_limits_take_an_ordinary_long_chat(proxy: Served) -> None:
+    reply = oa(proxy).chat.completions.create(model="m", messages=_many(2000))  # type: ignore[arg-type]
+    assert reply.choices[0].message.content
+
+
+# --------------------------------------------------------------------------- one request, others
+
+
+def test_a_long_history_being_stored_holds_no_other_session(
+    fake_llm: FakeLLMServer, engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store write of a 3,000-message history, made slow (a slow disk), does not hold a
+    small request of another client: that one's exchange is stored and its reply received
+    while the long one is still being written."""
+    store_type = type(engine.store)
+    insert = store_type._insert_turns
+    written = 0
+    writing = threading.Event()
+
+    def slow_insert(self: Any, conn: Any, session_id: str, rows: Any) -> list[int]:
+        nonlocal written
+        if len(rows) > 20:  # the long history's rows
+            writing.set()
+            time.sleep(len(rows) * 0.002)
+            written += len(rows)
+        return insert(self, conn, session_id, rows)
+
+    monkeypatch.setattr(store_type, "_insert_turns", slow_insert)
+    config = ServerConfig(port=0, proxy=ProxySettings(upstream=fake_llm.url))
+    with serve(config, engine) as served:
+        big = threading.Thread(
+            target=lambda: oa(served, "sk-a").chat.completions.create(
+                model="m",
+                messages=_many(3000),  # type: ignore[arg-type]
+            )
+        )
+        big.start()
+        assert writing.wait(60), "the long history was never written"
+        small = oa(served, "sk-b").chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Quick question?"}]
+        )
+        written_when_small_done = written
+        big.join(120)
+    assert "<!-- contextfold:session=" in (small.choices[0].message.content or "")  # stored
+    assert written_when_small_done < 3000, "the small request waited for the whole write"
+    assert written >= 3000  # all of it, in the end
