@@ -348,3 +348,15 @@ def test_a_long_history_being_stored_holds_no_other_session(
     assert "<!-- contextfold:session=" in (small.choices[0].message.content or "")  # stored
     assert written_when_small_done < 3000, "the small request waited for the whole write"
     assert written >= 3000  # all of it, in the end
+
+
+def test_a_body_over_one_mb_is_forwarded_whole_with_its_length(
+    proxy: Served, fake_llm: FakeLLMServer
+) -> None:
+    text = "word " * 300_000  # 1.5 MB
+    body = {"model": "m", "messages": [{"role": "user", "content": text}]}
+    response = httpx.post(f"{proxy.url}/v1/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200
+    received = fake_llm.requests[-1]
+    assert received.body["messages"][-1]["content"].endswith(text)
+    assert int(received.headers["content-length"]) == len(received.raw)

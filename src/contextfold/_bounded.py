@@ -80,6 +80,12 @@ class BoundedMemo(Generic[K, V]):
                     self.bytes -= dropped
         return value
 
+    def discard(self, key: K) -> None:
+        with self._lock:
+            found = self._data.pop(key, None)
+            if found is not None:
+                self.bytes -= found[1]
+
     def clear(self) -> None:
         with self._lock:
             self._data.clear()

@@ -19,6 +19,7 @@ base URL's prefix (a gateway that normalises ``/tenant-a/v1/../../admin`` would 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import re
 from collections.abc import Iterable
@@ -129,6 +130,9 @@ def forward_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
     return out
 
 
+#: The largest body sent upstream in one write (aiohttp's own threshold).
+_IN_ONE_WRITE = 1024 * 1024
+
 #: What the upstream client raises for a connection refused, reset or timed out.
 UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError)
 
@@ -180,11 +184,14 @@ class Upstream:
     ) -> aiohttp.ClientResponse:
         """Send upstream; the response's body is still to be read (``read`` / ``content``)
         and the caller releases it. Raises one of ``UPSTREAM_ERRORS``."""
+        # aiohttp sends a large ``bytes`` body in one write (and warns that it may hold the
+        # event loop); from a file object it sends it in pieces, with its Content-Length.
+        data: bytes | io.BytesIO = content if len(content) <= _IN_ONE_WRITE else io.BytesIO(content)
         return await self.client().request(
             method,
             URL(url, encoded=True),  # forwarded as given: no re-quoting of path or ?key=
             headers=headers,
-            data=content,
+            data=data,
             allow_redirects=False,
         )
 
