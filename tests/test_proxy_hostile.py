@@ -360,3 +360,17 @@ def test_a_body_over_one_mb_is_forwarded_whole_with_its_length(
     received = fake_llm.requests[-1]
     assert received.body["messages"][-1]["content"].endswith(text)
     assert int(received.headers["content-length"]) == len(received.raw)
+
+
+# --------------------------------------------------------------------------- loopback names
+
+
+@pytest.mark.parametrize(("host", "status"), [("app.localhost", 200), ("rebound.example", 403)])
+def test_the_dashboard_and_the_api_take_loopback_names_by_one_rule(
+    proxy: Served, host: str, status: int
+) -> None:
+    headers = {"Host": f"{host}:{proxy.ports[0]}"}
+    with httpx.Client(base_url=proxy.url, headers=headers) as client:
+        api = client.post("/api/context", json={"query": "x", "tenant_ids": ["t"]})
+        dashboard = client.get("/dashboard/api/records")
+    assert (api.status_code, dashboard.status_code) == (status, status)
