@@ -19,8 +19,8 @@ from contextfold.llm import OpenAICompatibleClient
 from contextfold.retrieval import embedders
 from contextfold.retrieval.base import Embedder
 from contextfold.retrieval.embedders import (
-    EmbeddingQueue,
     CachedEmbedder,
+    EmbeddingQueue,
     FunctionEmbedder,
     MiniLMEmbedder,
     OpenAIEmbedder,
