@@ -526,6 +526,30 @@ def _render_retrieval(path: Path, data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _render_floor(path: Path, data: dict[str, Any]) -> list[str]:
+    shipped = data["shipped"]
+    lines = [
+        f"## Relevance floor on SciFact ({path.name})",
+        "",
+        data["description"],
+        "",
+        f"Shipped floors: BM25 share {shipped['bm25']}, dense cosine {shipped['dense']}, "
+        f"hybrid cosine {shipped['hybrid']} (calibrated on train: {data['calibrated']}).",
+        "",
+        "| split | mode | nDCG@10 floor off | nDCG@10 floor on | Δ | queries left empty |",
+        "|---|---|---|---|---|---|",
+    ]
+    for split in ("train", "test"):
+        for mode in ("bm25", "dense", "hybrid"):
+            row = data[split][mode]
+            lines.append(
+                f"| {split} ({data[split]['queries']}) | {mode} | {row['ndcg10_floor_off']:.4f} "
+                f"| {row['ndcg10_floor_on']:.4f} | {row['delta']:+.4f} | "
+                f"{row['queries_left_empty']} |"
+            )
+    return lines
+
+
 def _render_memory(path: Path, data: dict[str, Any]) -> list[str]:
     write, recall = data["write"], data["recall"]
     rate, median = write["turns_per_second"], recall["median_ms"]
@@ -674,6 +698,7 @@ _RENDERERS = {
     "window": _render_window,
     "history_trim": _render_history,
     "retrieval": _render_retrieval,
+    "retrieval_floor": _render_floor,
 }
 
 

@@ -10,11 +10,12 @@ with a system message and ends with a user message.
 Fair play:
 
 - Both sides count with one ``TiktokenCounter("o200k_base")`` instance (its LRU cache warm and
-  shared) and the same OpenAI cost model as ``contextfold.tokens.count_messages``: 3 tokens per
-  message, each content string's tokens, tool call names and compact sorted-key JSON arguments,
-  1 token per part after the first. LangChain gets it as a list counter (its fastest path, no
-  per-message wrapper); ours adds the 3-token per-request overhead once, so LangChain gets
-  ``max_tokens - 3`` and both keep ``3 + Σ message costs <= 8,000``.
+  shared) and the same OpenAI cost model as ``contextfold.tokens.count_messages``: the
+  cookbook's 3 tokens per message plus every value (role, content, ``tool_call_id``), and each
+  tool call's id, type, name and compact sorted-key JSON arguments plus 1. LangChain gets it as
+  a list counter (its fastest path, no per-message wrapper); ours adds the 3-token per-request
+  overhead once, so LangChain gets ``max_tokens - 3`` and both keep
+  ``3 + Σ message costs <= 8,000``.
 - Messages are converted to LangChain's classes once, outside the timed region.
 - Runs are interleaved (ours, then each LangChain config, repeatedly) after warm-up runs.
 
@@ -152,29 +153,34 @@ def to_langchain(messages: Sequence[Message]) -> list[BaseMessage]:
 
 
 def langchain_counter(counter: TiktokenCounter) -> Callable[[list[BaseMessage]], int]:
-    """A list token counter for LangChain with ``count_messages``'s OpenAI cost model."""
+    """A list token counter for LangChain with ``count_messages``'s OpenAI cost model: the
+    cookbook's 3 per message plus every value (role, content, ``tool_call_id``), and each tool
+    call's id, ``"function"``, name and compact sorted-key JSON arguments plus 1."""
     oh = OVERHEADS[FORMAT]
     count = counter.count
     dumps = json.dumps
+    roles = {SystemMessage: "system", HumanMessage: "user", AIMessage: "assistant"}
+    function = count("function")
 
     def count_list(messages: list[BaseMessage]) -> int:
         total = 0
         for m in messages:
             total += oh.per_message
-            parts = 0
             content = m.content
             if content:
                 total += count(content)  # type: ignore[arg-type]  # always str here
-                parts = 1
+            if type(m) is ToolMessage:
+                total += count("tool") + count(m.tool_call_id)
+                continue
+            total += count(roles[type(m)])
             if type(m) is not AIMessage or not m.tool_calls:
                 continue
             for call in m.tool_calls:
                 args = dumps(
                     call["args"], sort_keys=True, separators=(",", ":"), ensure_ascii=False
                 )
-                total += count(call["name"]) + count(args) + (oh.per_part if parts else 0)
+                total += count(call["id"] or "") + function + count(call["name"]) + count(args)
                 total += oh.per_part
-                parts += 2
         return total
 
     return count_list

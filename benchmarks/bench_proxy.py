@@ -22,7 +22,11 @@ interleaved, with the same growing history.
   (300 ms) to answer, as a model does (the added latency a client of a real model sees).
   Then the same with a second proxy whose memory has the default MiniLM embedder on,
   and one client with 100 requests on it. Bars: added p50 <= 50 ms (20 clients), <= 12 ms
-  (one client). Each run also reports, from the proxy's dashboard records
+  (one client). A client that resends its whole history leaves memory nothing to recall
+  (every stored turn is in the request), and the proxy then skips ranking and the query
+  embedding; so the one-client run is made again with a client that sends only its last
+  6 messages, where every request's recall ranks and embeds its query. Each run also
+  reports, from the proxy's dashboard records
   (``/dashboard/api/records``, the last 500), how many requests got a memory block, went
   without one, or were forwarded unmodified because the memory path failed.
 * Load: 50 concurrent sessions for 60 s (streaming and not, alternating), then the proxy is
@@ -64,6 +68,8 @@ NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 user_text = servers.user_text
 cpu_seconds = servers.cpu_seconds
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
+# A client that trims its history to the last few messages: every recall then ranks.
+KEEP = 6
 
 
 class Processes:
@@ -205,13 +211,16 @@ async def concurrent(
     *,
     embedder: bool,
     upstream_ms: float = 0.0,
+    keep: int = 0,
 ) -> dict[str, Any]:
     """``clients`` sessions at once, each sending ``turns`` growing-history requests (JSON and
     streaming alternating); every request goes direct, through the null proxy and through
     contextfold, in an order that rotates per turn, so all three see the same load. Added
     latency = that path's time minus the direct time of the same request. ``upstream_ms``:
     the fake takes that long to answer (0: at once, so the clients send as fast as the
-    slowest path serves them — a throughput test)."""
+    slowest path serves them — a throughput test). ``keep``: the client sends only its last
+    ``keep`` messages (0: its whole history), so older turns can come only from memory and
+    every request's recall ranks (and embeds its query)."""
     targets = {"direct": procs.upstream, "null": procs.null_url, "contextfold": procs.url}
     names = list(targets)
     times: dict[str, list[float]] = {name: [] for name in names}
@@ -227,9 +236,8 @@ async def concurrent(
             shift = (c + t) % len(names)
             got: dict[str, servers.Exchange] = {}
             for name in names[shift:] + names[:shift]:
-                exchange = await servers.chat(
-                    client, targets[name], history, t % 2 == 1, upstream_ms
-                )
+                sent = [SYSTEM, *history[1:][-keep:]] if keep else history
+                exchange = await servers.chat(client, targets[name], sent, t % 2 == 1, upstream_ms)
                 if exchange.error or not exchange.complete:
                     errors.add(name, exchange.error or "incomplete reply")
                     return
@@ -257,6 +265,7 @@ async def concurrent(
         "turns_per_client": turns,
         "embedder": "minilm" if embedder else "none",
         "upstream_ms": upstream_ms,
+        "messages_kept": keep or None,
         "requests_per_s": round(len(direct) / seconds, 1),
         "rounds": len(direct),
         "seconds": round(seconds, 2),
@@ -434,16 +443,24 @@ def main() -> None:
         if not args.skip_embedder:
             procs.start_proxy("embedder", embedder=True)
             asyncio.run(concurrent(procs, "warm-up", 1, 3, embedder=True))  # loads the model
-            plan = [(args.clients, args.client_turns, ms) for ms in paced]
-            for clients, turns, upstream_ms in [*plan, (1, args.single_turns, 0.0)]:
+            plan = [(args.clients, args.client_turns, ms, 0) for ms in paced]
+            plan += [(1, args.single_turns, 0.0, 0), (1, args.single_turns, 0.0, KEEP)]
+            for clients, turns, upstream_ms, keep in plan:
                 label = (
                     f"{clients} client{'s' if clients > 1 else ''}, embedder minilm"
                     f"{_paced_label(upstream_ms)}"
+                    + (f", client sends its last {keep} messages" if keep else "")
                 )
                 runs.append(
                     asyncio.run(
                         concurrent(
-                            procs, label, clients, turns, embedder=True, upstream_ms=upstream_ms
+                            procs,
+                            label,
+                            clients,
+                            turns,
+                            embedder=True,
+                            upstream_ms=upstream_ms,
+                            keep=keep,
                         )
                     )
                 )

@@ -27,7 +27,8 @@ word list when absent) ranked by their frequency there and drawn from a Zipf–M
 (``p(r) ∝ 1 / (r + 2.7)``) with a seeded generator; chunks of 35–65 words, queries of 3–6
 words drawn the same way (re-drawn when only stop words came out).
 
-Run: ``python benchmarks/bench_retrieval.py`` (``--quick`` for the smoke test).
+Run: ``python benchmarks/bench_retrieval.py`` (``--quick`` for the smoke test). Retrieval *quality*
+with the relevance floor off and on (nDCG@10 on SciFact test) is ``benchmarks/calibrate_floor.py``.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from contextfold.memory.engine import MemoryEngine
 from contextfold.server.app import create_app
 from contextfold.server.config import DashboardSettings, ServerConfig
 from contextfold.server.events import BudgetRow, InspectedMessage, RequestRecord
+from proxy_support import closed_after_test
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ROOT / "examples" / "policies"
@@ -67,8 +68,11 @@ class LiveServer:
 
 
 def memory_engine(**config: Any) -> MemoryEngine:
-    """An in-memory engine with the keyword tagger and no embedding model."""
-    return MemoryEngine(MemoryConfig(**config), store=":memory:", embedder=None)
+    """An in-memory engine with the keyword tagger and no embedding model, closed when the
+    test ends (with an ``llm`` config it holds an HTTP client whose pooled connection to the
+    fake LLM would otherwise stay open until the garbage collector finalises it, warning
+    inside whichever later test that happens in)."""
+    return closed_after_test(MemoryEngine(MemoryConfig(**config), store=":memory:", embedder=None))
 
 
 def memory_with_one_exchange(session_id: str = "sess-a") -> MemoryEngine:

@@ -22,9 +22,10 @@ _T = TypeVar("_T")
 
 
 def closed_after_test(client: _T) -> _T:
-    """``client`` (an SDK client), closed when the test ends (``conftest``): left to the
-    garbage collector, its pooled sockets can be finalised before the client and warn
-    (``ResourceWarning``) inside whichever later test the collection happens to run."""
+    """``client`` (an SDK client, or anything holding one: a ``MemoryEngine`` with an LLM),
+    closed when the test ends (``conftest``): left to the garbage collector, its pooled
+    sockets can be finalised before the client and warn (``ResourceWarning``) inside
+    whichever later test the collection happens to run."""
     _SDK_CLIENTS.append(client)
     return client
 

@@ -223,6 +223,70 @@ def test_config_validate_names_the_bad_key(tmp_path: Path, monkeypatch: pytest.M
     assert "context_windw: Extra inputs are not permitted" in result.stderr
 
 
+PASTED_KEY = "sk-proj-Zq4T8mV1xR7bN2kLp9Wc3Yd6Hf0Js5Ga"
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        f"llm: {{provider: openai, model: gpt-4o-mini, api_key_env: {PASTED_KEY}}}\n",
+        "llm: {provider: openai, model: m, api_key_env: Zq4T8mV1xR7bN2kLp9Wc3Yd6Hf0Js5Ga}\n",
+        "llm: {provider: openai, model: m, api_key_env: 'my key'}\n",
+        f"dashboard: {{token_env: {PASTED_KEY}}}\n",  # a server config
+        f"secret_env: {PASTED_KEY}\n",
+        "context_api: {api_keys: {ghp_Zq4T8mV1xR7bN2kLp9Wc3Yd6Hf0Js5Ga: [support]}}\n",
+    ],
+)
+@pytest.mark.parametrize("json_out", [False, True])
+def test_config_validate_refuses_a_pasted_key_without_echoing_it(
+    tmp_path: Path, content: str, json_out: bool
+) -> None:
+    path = tmp_path / "conf.yaml"
+    path.write_text(content, encoding="utf-8")
+    result = invoke("config", "validate", path, *(["--json"] if json_out else []))
+    assert result.exit_code == 2, result.output
+    for secret in (PASTED_KEY, "Zq4T8mV1xR7bN2kLp9Wc3Yd6Hf0Js5Ga", "my key"):
+        assert secret not in result.output
+    assert "the value is not shown" in result.output or "looks like an API key" in result.output
+
+
+@pytest.mark.parametrize(
+    ("content", "kind", "fragment"),
+    [
+        ("context_windw: 512\n", "memory", "context_windw: Extra inputs are not permitted"),
+        ("recall:\n  embedder: none\n   rrf_k: 3\n", "memory", "invalid YAML at line 3"),
+        ("port: 99999\n", "server", "port: Input should be less than or equal to 65535"),
+        ("server:\n  host: 0.0.0.0\n", "server", "not under 'server:'; remove that line"),
+    ],
+)
+def test_config_validate_json_is_json_when_the_file_is_invalid(
+    tmp_path: Path, content: str, kind: str, fragment: str
+) -> None:
+    path = tmp_path / "conf.yaml"
+    path.write_text(content, encoding="utf-8")
+    result = invoke("config", "validate", path, "--json")
+    assert result.exit_code == 2
+    data = json.loads(result.stdout)
+    assert (data["ok"], data["kind"], data["error"]) == (False, kind, "ConfigError")
+    assert fragment in data["message"]
+    assert result.stderr == ""
+
+
+def test_config_validate_checks_a_server_config_by_its_keys(tmp_path: Path) -> None:
+    path = tmp_path / "server.yaml"
+    path.write_text(
+        "host: 0.0.0.0\ncontext_api:\n  api_keys:\n    SUPPORT_API_KEY: [support, shared]\n"
+        "dashboard:\n  token_env: CONTEXTFOLD_DASHBOARD_TOKEN\n",
+        encoding="utf-8",
+    )
+    result = invoke("config", "validate", path)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"ok: {path} (server config)")
+    assert "1 (SUPPORT_API_KEY)" in result.stdout
+    data = json.loads(invoke("config", "validate", path, "--json").stdout)
+    assert data["kind"] == "server" and data["config"]["host"] == "0.0.0.0"
+
+
 @pytest.mark.parametrize("kind", ["chat", "coding", "rag"])
 def test_init_writes_a_template_that_validates(tmp_path: Path, kind: str) -> None:
     path = tmp_path / "conf" / f"{kind}.yaml"
@@ -309,6 +373,26 @@ def test_chat_replay_of_a_json_conversation_reuses_replies_and_compacts(
     again = invoke("chat", "--replay", out, "-c", fresh, "-s", "copy", "--json")
     assert again.exit_code == 0, again.output
     assert [t["reply"] for t in json.loads(again.stdout)["turns"]] == [t["reply"] for t in turns]
+
+
+def test_chat_replay_of_the_example_shows_memory_at_work_with_a_small_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The documented command: under the default 120,000-token window the example never
+    compacts, so memory stays empty; with --context-window 1024 it compacts and recalls."""
+    monkeypatch.chdir(tmp_path)  # no ./contextfold.yaml: the defaults
+    default = invoke("chat", "--replay", CONVERSATION, "--json", "-s", "wide")
+    assert default.exit_code == 0, default.output
+    assert {t["recalled"] for t in json.loads(default.stdout)["turns"]} == {0}
+    small = invoke("chat", "--replay", CONVERSATION, "--context-window", "1024", "--json")
+    assert small.exit_code == 0, small.output
+    turns = json.loads(small.stdout)["turns"]
+    assert sum(t["compacted_turns"] for t in turns) > 0
+    assert max(t["recalled"] for t in turns) > 0 and turns[-1]["memory_tokens"] > 0
+    assert "backsplash" in turns[-1]["matched_tags"]
+    too_small = invoke("chat", "--replay", CONVERSATION, "--context-window", "100")
+    assert_error(too_small, "--context-window: 1 invalid setting")
+    assert "context_window: Input should be greater than or equal to 512" in too_small.stderr
 
 
 def test_chat_replay_asks_the_configured_llm_and_logs_its_cost(tmp_path: Path, fake_llm) -> None:

@@ -3,12 +3,16 @@ both measured with a format's overhead and never splitting a tool call from its 
 
 from __future__ import annotations
 
+import itertools
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from contextfold.conversation import MemoryManager, trim_history
 from contextfold.errors import ConfigError
+from contextfold.formats import AnthropicFormatter
 from contextfold.items import Message, QueryBundle, SourceType, ToolResultBlock, ToolUseBlock
 from contextfold.tokens import OVERHEADS, TiktokenCounter, count_messages
 
@@ -30,6 +34,10 @@ def call(call_id: str, name: str = "search") -> Message:
 def result(call_id: str, text: str = "result text") -> Message:
     return Message(role="tool", content=[ToolResultBlock(tool_use_id=call_id, content=text)])
 
+
+CONVERSATION = json.loads(
+    (Path(__file__).parents[1] / "examples" / "conversation.json").read_text(encoding="utf-8")
+)
 
 HISTORY = [
     Message(role="system", content="You are terse."),
@@ -55,35 +63,39 @@ def _pairs_intact(messages: list[Message]) -> bool:
 
 
 @pytest.mark.parametrize("fmt", ["openai", "anthropic", "text"])
-def test_trim_keeps_the_longest_fitting_suffix(o200k: TiktokenCounter, fmt: str) -> None:
+def test_trim_keeps_the_longest_run_of_whole_exchanges(o200k: TiktokenCounter, fmt: str) -> None:
     full = _cost(HISTORY, o200k, fmt)
     assert trim_history(HISTORY, full, o200k, format=fmt) == HISTORY
     system_cost = _cost(HISTORY[:1], o200k, fmt)
+    starts = [i for i, m in enumerate(HISTORY) if m.role == "user"]  # exchanges start here
     for budget in range(system_cost, full):
         kept = trim_history(HISTORY, budget, o200k, format=fmt)
         assert kept[0] == HISTORY[0]  # the system message stays
         body = kept[1:]
         assert body == HISTORY[len(HISTORY) - len(body) :]  # a contiguous suffix
+        assert not body or body[0].role == "user"  # that starts on a user turn
         assert _cost(kept, o200k, fmt) <= budget
         assert _pairs_intact(kept)
-        # The next longer suffix whose start is not a tool result would not fit.
+        # The next longer run of whole exchanges would not fit.
         start = len(HISTORY) - len(body)
-        longer = next(i for i in range(start - 1, 0, -1) if HISTORY[i].role != "tool")
-        assert _cost(HISTORY[:1] + HISTORY[longer:], o200k, fmt) > budget
+        longer = max((i for i in starts if i < start), default=None)
+        if longer is not None:
+            assert _cost(HISTORY[:1] + HISTORY[longer:], o200k, fmt) > budget
 
 
-def test_trim_never_splits_a_tool_pair(o200k: TiktokenCounter) -> None:
-    # Budget for [result c2, assistant] but not the call: the pair goes as one.
-    tail = HISTORY[-3:]
-    budget = _cost(HISTORY[:1] + tail, o200k) - 1
-    kept = trim_history(HISTORY, budget, o200k)
-    assert kept == [HISTORY[0], HISTORY[-1]]
-    assert [m.role for m in trim_history(HISTORY, budget + 1, o200k)] == [
-        "system",
-        "assistant",
-        "tool",
-        "assistant",
-    ]
+def test_trim_never_starts_on_an_orphan_reply(o200k: TiktokenCounter) -> None:
+    """The defect: one token short of the last exchange, the old trim kept its tail (a call, a
+    result and a reply) right after the system prompt, an assistant-first history."""
+    last = HISTORY[-4:]  # user, call, result, reply
+    budget = _cost(HISTORY[:1] + last, o200k) - 1
+    assert _cost(HISTORY[:1] + last[1:], o200k) <= budget
+    assert trim_history(HISTORY, budget, o200k) == [HISTORY[0]]
+    assert trim_history(HISTORY, budget + 1, o200k) == [HISTORY[0], *last]
+
+
+def test_trim_leaves_out_what_comes_before_the_first_user_turn(o200k: TiktokenCounter) -> None:
+    history = [assistant("Hello! How can I help?"), user("hi"), assistant("hey")]
+    assert trim_history(history, 1000, o200k) == history[1:]
 
 
 def test_trim_drops_incomplete_tool_exchanges(o200k: TiktokenCounter) -> None:
@@ -106,15 +118,14 @@ def test_trim_keeps_parallel_calls_together(o200k: TiktokenCounter) -> None:
     ]
     full = _cost(parallel, o200k)
     assert trim_history(parallel, full, o200k) == parallel
-    # One token short of the whole: the user turn goes; the call and both results stay.
-    assert trim_history(parallel, full - 1, o200k) == parallel[1:]
-    # One token short of the call with its results: none of the three is kept.
-    assert trim_history(parallel, _cost(parallel[1:], o200k) - 1, o200k) == parallel[4:]
+    # One token short of the whole exchange: none of it is kept.
+    assert trim_history(parallel, full - 1, o200k) == []
 
 
 def test_trim_without_keep_system(o200k: TiktokenCounter) -> None:
-    budget = _cost(HISTORY[-1:], o200k)
-    assert trim_history(HISTORY, budget, o200k, keep_system=False) == HISTORY[-1:]
+    budget = _cost(HISTORY[-4:], o200k)
+    assert trim_history(HISTORY, budget, o200k, keep_system=False) == HISTORY[-4:]
+    assert trim_history(HISTORY, budget - 1, o200k, keep_system=False) == []
     assert trim_history(HISTORY[1:2], 0, o200k) == []  # nothing fits: nothing kept
     assert trim_history([], 10, o200k) == []
 
@@ -122,12 +133,12 @@ def test_trim_without_keep_system(o200k: TiktokenCounter) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"max_tokens": 5}, "system message alone needs 10 tokens, more than the 5 allowed"),
+        ({"max_tokens": 5}, "system message alone needs 11 tokens, more than the 5 allowed"),
         ({"max_tokens": 100, "format": "xml"}, "unknown format 'xml'"),
     ],
 )
 def test_trim_bad_arguments(o200k: TiktokenCounter, kwargs: dict[str, Any], message: str) -> None:
-    assert _cost(HISTORY[:1], o200k) == 10
+    assert _cost(HISTORY[:1], o200k) == 3 + 3 + 1 + o200k.count("You are terse.") == 11
     with pytest.raises(ConfigError, match=message):
         trim_history(HISTORY, counter=o200k, **kwargs)
 
@@ -135,50 +146,77 @@ def test_trim_bad_arguments(o200k: TiktokenCounter, kwargs: dict[str, Any], mess
 def test_memory_evicts_oldest_first(o200k: TiktokenCounter) -> None:
     memory = MemoryManager(conversation_tokens=30, counter=o200k)
     for i in range(6):
-        memory.add_user_message(f"message number {i}")  # 7 tokens each with overhead
+        memory.add_user_message(f"message number {i}")  # 8 tokens each with overhead
         assert memory.total_tokens <= 30
-    assert [m.text() for m in memory.messages] == [f"message number {i}" for i in range(2, 6)]
-    assert memory.evicted == 2
-    assert memory.total_tokens == count_messages(memory.messages, o200k, "openai") == 28
-    assert "evicted=2" in repr(memory)
+    assert [m.text() for m in memory.messages] == [f"message number {i}" for i in range(3, 6)]
+    assert memory.evicted == 3
+    assert memory.total_tokens == count_messages(memory.messages, o200k, "openai") == 24
+    assert "evicted=3" in repr(memory)
+
+
+def test_memory_evicts_whole_exchanges(o200k: TiktokenCounter) -> None:
+    first = [user("hi"), call("c1"), result("c1"), assistant("done")]
+    window = count_messages(first, o200k) + 2  # the next question does not fit beside it
+    memory = MemoryManager(conversation_tokens=window, counter=o200k)
+    memory.add_messages(first)
+    assert memory.messages == first
+    memory.add_user_message("next question please")  # over: the whole first exchange goes
+    assert [m.text() for m in memory.messages] == ["next question please"]
+    assert memory.evicted == 4
 
 
 def test_memory_evicts_a_tool_pair_together(o200k: TiktokenCounter) -> None:
     memory = MemoryManager(conversation_tokens=30, counter=o200k)
-    memory.add_messages([call("c1"), result("c1", "long result " * 3), user("hello there")])
-    assert [count_messages([m], o200k) for m in memory.messages] == [10, 10, 5]
-    memory.add_user_message("next question please")  # 6 more: 31 > 30
+    exchange = [call("c1"), result("c1", "long result " * 3)]
+    memory.add_messages(exchange)
+    assert [count_messages([m], o200k) for m in memory.messages] == [14, 13]
+    memory.add_user_message("hello there")  # 6 more: 33 > 30
     # Evicting the call alone would have been enough; its result goes with it.
+    assert [m.text() for m in memory.messages] == ["hello there"]
+    memory.add_user_message("next question please")
     assert [m.text() for m in memory.messages] == ["hello there", "next question please"]
     assert memory.evicted == 2
-    assert memory.total_tokens == 11
+    assert memory.total_tokens == 13
 
 
-def test_memory_keeps_a_pending_call_then_evicts_the_pair(o200k: TiktokenCounter) -> None:
+def test_memory_keeps_a_pending_call_then_evicts_the_exchange(o200k: TiktokenCounter) -> None:
     memory = MemoryManager(conversation_tokens=10, counter=o200k)
     memory.add_user_message("please call it")
     memory.add_message(call("c9", name="a_really_long_tool_name_that_costs_tokens"))
-    assert [m.role for m in memory.messages] == ["assistant"]  # over budget, but its result
-    assert memory.total_tokens > 10  # is still to come
+    assert [m.role for m in memory.messages] == ["user", "assistant"]  # over budget, but its
+    assert memory.total_tokens > 10  # result is still to come
     memory.add_message(
         {"role": "tool", "content": [{"type": "tool_result", "tool_use_id": "c9", "content": "k"}]}
     )
-    assert memory.messages == []  # the completed pair alone exceeds the window: both go
+    assert memory.messages == []  # the completed exchange alone exceeds the window: it goes
     assert memory.evicted == 3
 
 
-@pytest.mark.parametrize(("fmt", "per_message"), [("openai", 3), ("anthropic", 4), ("text", 0)])
-def test_memory_counts_with_the_format_overhead(
-    o200k: TiktokenCounter, fmt: str, per_message: int
-) -> None:
-    memory = MemoryManager(conversation_tokens=12, counter=o200k, format=fmt)
+@pytest.mark.parametrize(("fmt", "cost"), [("openai", 3 + 1 + 1), ("anthropic", 4 + 1 + 2)])
+def test_memory_counts_with_the_format_overhead(o200k: TiktokenCounter, fmt: str, cost: int):
+    memory = MemoryManager(conversation_tokens=2 * cost + 2, counter=o200k, format=fmt)
     memory.add_user_message("hi")
     memory.add_assistant_message("hello")
-    assert memory.total_tokens == 2 + 2 * per_message
+    assert memory.total_tokens == 2 * cost  # 1 token of text, the overhead and the role
     for _ in range(3):
         memory.add_user_message("more")
-    expected = 12 // (1 + per_message)  # every message costs 1 token of text plus overhead
-    assert len(memory.messages) == min(5, expected)
+    assert [m.text() for m in memory.messages] == ["more", "more"]
+
+
+@pytest.mark.parametrize("window", [45, 50, 120, 400])
+def test_memory_window_always_opens_on_a_user_turn(o200k: TiktokenCounter, window: int) -> None:
+    """The defect: on the README conversation a 45- or 50-token window evicted down to an
+    orphan assistant reply, and AnthropicFormatter sent an assistant-first messages list."""
+    memory = MemoryManager(conversation_tokens=window, counter=o200k)
+    for raw in CONVERSATION:
+        memory.add_message(raw)
+        messages = memory.messages
+        assert memory.total_tokens <= window
+        assert not messages or messages[0].role == "user"
+        items = memory.context_items(QueryBundle(query_str=""))
+        payload = AnthropicFormatter().format(items)["messages"]
+        assert not payload or payload[0]["role"] == "user"
+        assert all(a["role"] != b["role"] for a, b in itertools.pairwise(payload))
 
 
 def test_memory_supplies_conversation_items(o200k: TiktokenCounter) -> None:

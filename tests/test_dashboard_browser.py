@@ -278,3 +278,23 @@ def test_ask_page_reports_a_missing_corpus(page: Page, serve: Serve, tmp_path: P
     page.get_by_role("button", name="What is the hotel cap in London?").click()
     expect(page.locator("#error")).to_contain_text("404: no corpus at")
     expect(page.locator("#results")).to_be_hidden()
+
+
+def test_api_docs_render_offline(page: Page, serve: Serve) -> None:
+    """/docs renders the spec with every request to anything but this server blocked."""
+    server = serve(make_app())
+    outside: list[str] = []
+
+    def only_local(route: Any) -> None:
+        url = route.request.url
+        if url.startswith(server.url):
+            route.continue_()
+        else:
+            outside.append(url)
+            route.abort()
+
+    page.route("**/*", only_local)
+    page.goto(f"{server.url}/docs")
+    expect(page.locator(".swagger-ui .info .title")).to_contain_text("contextfold")
+    expect(page.locator(".opblock-summary-path", has_text="/api/context").first).to_be_visible()
+    assert outside == []

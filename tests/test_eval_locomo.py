@@ -528,3 +528,33 @@ def test_real_locomo_counts() -> None:
     assert "D30:5" in fixed["locomo_9_qa69"]
     for conv in convs:  # every kept id names a turn of its conversation
         assert all(conv.turn(d) for qa in conv.qa for d in qa.evidence)
+
+
+@pytest.mark.integration
+def test_cli_without_matplotlib_warns_first_and_still_writes_the_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The defect: the run went to the end, then exited 2 and wrote nothing."""
+    import contextfold.eval.locomo_run as locomo_run
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # ``import matplotlib`` fails
+    order: list[str] = []
+    real_run = locomo_run.run_locomo
+
+    def run(*args: object, **kwargs: object) -> object:
+        order.append("run")
+        return real_run(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(locomo_run, "run_locomo", run)
+    data = write_locomo(tmp_path / "locomo", audit=AUDIT).parent
+    out = tmp_path / "out"
+    result = invoke(
+        "--data", str(data), "--budget", "64", "--systems", "oracle", "--out", str(out),
+        "--no-progress", "--conversations", "1",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert order == ["run"]
+    warning = result.output.index('pip install "contextfold[plot]"')
+    assert warning < result.output.index("| oracle |")  # said before the results
+    assert json.loads((out / "locomo.json").read_text())["config"]["budgets"] == [64]
+    assert (out / "locomo.md").exists() and not (out / "locomo.png").exists()

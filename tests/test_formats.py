@@ -150,9 +150,9 @@ def test_tool_item_cost_bounds_its_payload_tokens(
     results = [ToolResultBlock(tool_use_id=f"c{i}", content=f"r{i}") for i in range(3)]
     turns = [_turn("assistant", *calls), _turn("tool", *results)]
     fmt = formatter()
-    without = fmt.count_payload(fmt.format([SYSTEM, QUERY]), o200k)
-    with_turns = fmt.count_payload(fmt.format([SYSTEM, *turns, QUERY]), o200k)
-    assert with_turns - without <= sum(fmt.item_cost(t, o200k) for t in turns)
+    items = [SYSTEM, *turns, QUERY]
+    bound = fmt.base_cost(o200k) + sum(fmt.item_cost(i, o200k) for i in items)
+    assert fmt.count_payload(fmt.format(items), o200k) <= bound
 
 
 @pytest.mark.parametrize("formatter", CHAT)
@@ -239,8 +239,13 @@ def test_count_payload_matches_hand_computation(
 ) -> None:
     """Three messages: system text, one tool call, one tool result."""
     c, oh = o200k.count, OVERHEADS[fmt.name]
-    text = c("Be brief.") + oh.per_part
-    call = c("lookup") + c(ARGS) + 2 * oh.per_part
-    result = c("42") + oh.per_part
+    if fmt.name == "openai":  # the cookbook: every value, the role and tool_call_id included
+        text = c("system") + c("Be brief.")
+        call = c("assistant") + c("c1") + c("function") + c("lookup") + c(ARGS) + oh.per_part
+        result = c("tool") + c("c1") + c("42")
+    else:
+        text = c("Be brief.") + oh.per_part
+        call = c("lookup") + c(ARGS) + 2 * oh.per_part
+        result = c("42") + oh.per_part
     expected = oh.per_request + 3 * oh.per_message + text + call + result
     assert fmt.count_payload(payload, o200k) == expected

@@ -470,3 +470,41 @@ def test_a_prefetched_query_is_embedded_once_and_ranks_the_recall() -> None:
     recalled = engine.on_message_inbound(query).recalled
     assert embedder.seen.count(query) == 1
     assert any("dense" in turn.ranks for turn in recalled)
+
+
+def _exchanges(engine: MemoryEngine, count: int) -> list[dict[str, str]]:
+    history: list[dict[str, str]] = []
+    for i in range(count):
+        pair = [
+            {
+                "role": "user",
+                "content": f"Step {i} of the kitchen renovation costs {i * 100} euros.",
+            },
+            {"role": "assistant", "content": f"Noted step {i}."},
+        ]
+        engine.on_turn_complete(pair)
+        history += pair
+    return history
+
+
+def test_a_history_that_holds_every_stored_turn_recalls_without_ranking() -> None:
+    """Nothing stored lies outside the request: no full-text search, no query embedding."""
+    embedder = _CountingEmbedder()
+    engine = MemoryEngine(store=MemoryStore(), embedder=embedder)
+    history = _exchanges(engine, 4)
+    query = "How much does the kitchen cost?"
+    full = engine.on_message_inbound(query, history)
+    assert full.prepend_text == "" and full.recalled == () and query not in embedder.seen
+    partial = engine.on_message_inbound(query, history[-2:])  # the client dropped old turns
+    assert partial.recalled and embedder.seen.count(query) == 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(count=st.integers(1, 8), query=st.sampled_from(["kitchen cost?", "step 3", "hello"]))
+def test_skipping_the_ranking_changes_no_result(count: int, query: str) -> None:
+    engine = MemoryEngine(store=MemoryStore(), embedder=HashEmbedder())
+    history = _exchanges(engine, count)
+    fast = engine.on_message_inbound(query, history)
+    engine._holds_everything = lambda *args: False  # type: ignore[method-assign]
+    slow = engine.on_message_inbound(query, history)
+    assert (fast.prepend_text, fast.items) == (slow.prepend_text, slow.items)

@@ -101,22 +101,22 @@ def _args_json(args: dict[str, Any]) -> str:
 
 def walk_openai(payload: dict[str, Any], counter: TokenCounter) -> int:
     """Tokens of a Chat Completions payload, by the cookbook's rules: 3 per request, 3 per
-    message, each content part and each tool call's name and arguments."""
-    oh = OVERHEADS["openai"]
-    total = oh.per_request
+    message plus every string value (the role included), 1 more per name; a tool call (which
+    the cookbook leaves out) as docs/concepts.md says: its id, type, name and arguments, +1."""
+    total = 3
     assert set(payload) == {"messages"}
     for message in payload["messages"]:
         assert message["role"] in ("system", "user", "assistant", "tool")
-        total += oh.per_message
-        content = message.get("content")
-        assert content is None or isinstance(content, str)
-        if content:
-            total += counter.count(content) + oh.per_part
+        total += 3
+        for key, value in message.items():
+            if isinstance(value, str):
+                total += counter.count(value) + (1 if key == "name" else 0)
+        assert message.get("content") is None or isinstance(message["content"], str)
         for call in message.get("tool_calls", ()):
             assert message["role"] == "assistant" and call["type"] == "function"
             function = call["function"]
-            total += counter.count(function["name"]) + oh.per_part
-            total += counter.count(function["arguments"]) + oh.per_part
+            total += counter.count(call["id"]) + counter.count("function") + 1
+            total += counter.count(function["name"]) + counter.count(function["arguments"])
     return total
 
 

@@ -46,6 +46,7 @@ def test_proxy_benchmark_quick_run(tmp_path: Path) -> None:
         "20 clients, embedder minilm, upstream instant",
         "20 clients, embedder minilm, upstream 50 ms",
         "1 client, embedder minilm, upstream instant",
+        "1 client, embedder minilm, upstream instant, client sends its last 6 messages",
     }
     for run in runs.values():
         # the paced runs' model time is in every path, so it is in the direct time too

@@ -238,15 +238,15 @@ def test_a_slow_session_holds_up_no_other(
     while engine.lock(fast_sid) is engine.lock(slow_sid):  # one lock stripe in 256: another
         fast_history = []
         fast_sid = session_of(chat(api, fast_history, "Fast conversation."))
-    rank, inside = engine.recaller.rank, threading.Event()
+    tag, inside = engine.tag_message, threading.Event()
 
-    def slow_rank(session_id: str, *args: Any, **kwargs: Any) -> Any:
+    def slow_tag(text: str, *, session_id: str | None = None) -> Any:
         if session_id == slow_sid:  # inside the session's lock
             inside.set()
             time.sleep(1.0)
-        return rank(session_id, *args, **kwargs)
+        return tag(text, session_id=session_id)
 
-    monkeypatch.setattr(engine.recaller, "rank", slow_rank)
+    monkeypatch.setattr(engine, "tag_message", slow_tag)
     timings: dict[str, float] = {}
 
     def timed(name: str, history: list[Any], text: str) -> None:

@@ -22,7 +22,7 @@ from contextfold.memory.engine import MemoryEngine
 from contextfold.server.config import ProxySettings, ServerConfig
 from contextfold.server.proxy.markers import withheld
 from contextfold.server.proxy.session import SESSION_HEADER, make_token, marker_text
-from contextfold.server.proxy.stream import SseSplitter, stream_state, synthesize
+from contextfold.server.proxy.stream import SseSplitter, reply_of, stream_state, synthesize
 from fake_llm import FakeLLMServer, ModelTurn, ToolCall
 from proxy_support import Served, closed_after_test, serve
 
@@ -403,6 +403,38 @@ def test_a_stream_of_only_tool_calls_gets_no_marker_event(fmt: str) -> None:
     out += state.finish()
     assert b"".join(out) == stream
     assert [c.name for c in state.reply.calls] == ["f"] and state.reply.tool_only
+
+
+LEGACY_CALL = {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+
+
+def test_a_legacy_function_call_reply_is_tool_only() -> None:
+    """The ``functions`` API's ``function_call`` is a tool call: no marker text after it."""
+    message = {"role": "assistant", "content": None, "function_call": LEGACY_CALL}
+    choice = {"index": 0, "finish_reason": "function_call", "message": message}
+    body = {"id": "x", "model": "m", "choices": [choice]}
+    reply = reply_of("openai", body)
+    assert [(c.name, c.input) for c in reply.calls] == [("get_weather", {"city": "Oslo"})]
+    assert reply.tool_only
+
+
+def test_a_streamed_legacy_function_call_gets_no_marker_event() -> None:
+    chunks = [{"function_call": {"name": "get_weather", "arguments": ""}},
+              {"function_call": {"arguments": '{"city": '}},
+              {"function_call": {"arguments": '"Oslo"}'}}]  # fmt: skip
+    events = [
+        {"id": "x", "object": "chat.completion.chunk", "model": "m",
+         "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+        for delta in chunks
+    ] + [{"id": "x", "object": "chat.completion.chunk", "model": "m",
+          "choices": [{"index": 0, "delta": {}, "finish_reason": "function_call"}]}]  # fmt: skip
+    stream = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
+    stream += b"data: [DONE]\n\n"
+    state = stream_state("openai", marker_text(make_token("p", "s1", 2, b"secret")))
+    out = [piece for event in SseSplitter().feed(stream) for piece in state.feed(event)]
+    out += state.finish()
+    assert b"".join(out) == stream
+    assert [(c.name, c.input) for c in state.reply.calls] == [("get_weather", {"city": "Oslo"})]
 
 
 @pytest.mark.parametrize("fmt", ["openai", "anthropic", "gemini"])

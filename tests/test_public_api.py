@@ -35,6 +35,7 @@ PUBLIC = [
     "Decision",
     "DenseRetriever",
     "Diagnostics",
+    "DocumentError",
     "DocumentIndex",
     "EdgeType",
     "Embedder",
@@ -156,6 +157,7 @@ def test_version_is_a_string() -> None:
         (errors.EmbeddingError, errors.ContextfoldError),
         (errors.StoreError, errors.ContextfoldError),
         (errors.LLMError, errors.ContextfoldError),
+        (errors.DocumentError, errors.ContextfoldError),
     ],
 )
 def test_error_tree_has_one_root(error: type[Exception], parent: type[Exception]) -> None:

@@ -4,6 +4,7 @@ JSON dump that carries the same numbers."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -136,3 +137,35 @@ def test_pinned_over_a_section_cap_is_flagged() -> None:
     result = pipeline.add_system_prompt("A system prompt far longer than five tokens.").build("q")
     assert "⚠ OVER CAP" in _row(str(result.diagnostics), "rules")
     assert result.diagnostics.truncated_sections == ["rules"]
+
+
+def test_explain_names_dropped_chunks_and_turns_by_label_not_by_id() -> None:
+    """A chunk is its document and position, a conversation item its role and turn: never the
+    id (a content hash in the CLI's corpus)."""
+    text = SENTENCE * 15
+    chunks = [
+        ContextItem(
+            id=f"{i:064x}",
+            content=f"Chunk {i}. {text}",
+            score=1 - i / 10,
+            metadata={"source": "travel_policy.txt", "chunk_index": i},
+        )
+        for i in range(4)
+    ]
+    turns = [
+        ContextItem(
+            content=f"Turn {i}. {text}",
+            source=SourceType.CONVERSATION,
+            metadata={"role": "user" if i % 2 == 0 else "assistant"},
+        )
+        for i in range(20)
+    ]
+    pipeline = ContextPipeline().with_budget(fixed5_budget()).add_items([*turns, *chunks])
+    result = pipeline.build("Where is the fox?")
+    lines = [line for line in result.explain().splitlines() if line.startswith("  ")]
+    assert any(re.search(r"dropped\s+retrieval\s+travel_policy\.txt chunk 4 ", x) for x in lines)
+    assert any(re.search(r"dropped\s+goal\s+user turn 1 ", x) for x in lines)
+    assert not any(re.search(r"[0-9a-f]{16}", x) for x in lines)
+    by_id = {d.item_id: d.label for d in result.decisions}
+    assert by_id[chunks[0].id] == "travel_policy.txt chunk 1"
+    assert by_id[turns[19].id] == "assistant turn 20"

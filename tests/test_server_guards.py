@@ -5,6 +5,7 @@ one error shape, over a real socket where the transport matters."""
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from collections.abc import Iterator
 from typing import Any
@@ -277,3 +278,32 @@ def test_the_openapi_spec_and_docs_are_served(client: TestClient) -> None:
     error = spec["paths"]["/api/context"]["post"]["responses"]["413"]["content"]
     assert error["application/json"]["schema"]["$ref"] == "#/components/schemas/ErrorResponse"
     assert "swagger-ui" in client.get("/docs").text
+
+
+def test_docs_load_only_the_servers_own_swagger_files(client: TestClient) -> None:
+    """/docs works offline: every script, stylesheet and icon it names is a path on this
+    server (no CDN, no online validator) and is served; nothing else under /docs/static is."""
+    page = client.get("/docs")
+    assert page.status_code == 200
+    html = page.text
+    urls = re.findall(r"""(?:src|href)=["']([^"']+)["']|url: ?["']([^"']+)["']""", html)
+    urls_ = [a or b for a, b in urls]
+    assert sorted(urls_) == [
+        "/docs/static/favicon-32x32.png",
+        "/docs/static/swagger-ui-bundle.js",
+        "/docs/static/swagger-ui.css",
+        "/openapi.json",
+    ]
+    assert "http://" not in html and "https://" not in html and "//cdn" not in html
+    assert '"validatorUrl": null' in html
+    types = {}
+    for url in urls_:
+        response = client.get(url)
+        assert response.status_code == 200, url
+        types[url] = response.headers["content-type"].split(";")[0]
+    assert types["/docs/static/swagger-ui-bundle.js"] == "text/javascript"
+    assert types["/docs/static/swagger-ui.css"] == "text/css"
+    assert "SwaggerUIBundle" in client.get("/docs/static/swagger-ui-bundle.js").text
+    assert client.get("/docs/static/README.md").status_code == 404
+    assert client.get("/docs/static/..%2Fdashboard.html").status_code == 404
+    assert client.get("/redoc").status_code == 404  # ReDoc is CDN-only: off

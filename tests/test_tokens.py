@@ -269,21 +269,26 @@ def test_special_token_strings_are_counted_as_text(name: str, special: str) -> N
     assert counter.cut(text, counter.count(text)) == text
 
 
-@pytest.mark.parametrize(
-    ("fmt", "expected"),
-    # two messages: "hi" (1 token) and a tool call ("search" 1 + '{"q":"x"}' 5) + its result
-    [("openai", 3 + 1 + 3 + 1 + 5 + 1 + 3 + 1), ("anthropic", 4 + 1 + 4 + 1 + 5 + 2 + 4 + 1)],
-)
-def test_count_messages_adds_per_format_overhead(o200k: TiktokenCounter, fmt: str, expected: int):
+def test_count_messages_counts_as_each_format_writes_the_messages(o200k: TiktokenCounter):
+    """Three messages: "hi", a tool call ("search", '{"q":"x"}', id "c1") and its result."""
     messages = [
         Message(role="user", content=[TextBlock(text="hi")]),
         Message(role="assistant", content=[ToolUseBlock(id="c1", name="search", input={"q": "x"})]),
         Message(role="tool", content=[ToolResultBlock(tool_use_id="c1", content="ok")]),
     ]
-    assert o200k.count("hi") == o200k.count("search") == o200k.count("ok") == 1
-    assert o200k.count('{"q":"x"}') == 5
-    assert count_messages(messages, o200k, fmt) == expected
-    assert count_messages(messages, o200k, "text") == 1 + 1 + 5 + 1
+    c = o200k.count
+    assert c("hi") == c("search") == c("ok") == c("user") == c("assistant") == c("tool") == 1
+    assert c('{"q":"x"}') == 5 and c("c1") == 2 and c("function") == 1
+    # OpenAI (the cookbook): 3 per message + every value, the role included; a tool call is
+    # estimated as its strings (id, type, name, arguments) + 1.
+    openai = (3 + 1 + 1) + (3 + 1 + (2 + 1 + 1 + 5 + 1)) + (3 + 1 + 2 + 1)
+    assert count_messages(messages, o200k, "openai") == openai == 26
+    # Anthropic: 4 per message (the role included) + each block's strings + 2 per string.
+    assert count_messages(messages, o200k, "anthropic") == (4 + 3) + (4 + 3 + 7) + (4 + 3)
+    # Text: each message is a "role: text" line, +1 for the blank line joining it.
+    lines = ["user: hi", '[tool call search({"q":"x"})]', "[tool result c1] ok"]
+    lines = [lines[0], f"assistant: {lines[1]}", f"tool: {lines[2]}"]
+    assert count_messages(messages, o200k, "text") == sum(c(line) + 1 for line in lines)
     assert OVERHEADS["openai"].per_request == 3
 
 
@@ -317,3 +322,29 @@ def test_counting_never_touches_the_network(tmp_path: Path) -> None:
     assert lines[0] == "4 6"
     assert lines[1] == "tiktoken blocked: True"
     assert list(cache.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("model", "encoding", "fallback"),
+    [
+        ("gpt-4o", "o200k_base", False),
+        ("gpt-4", "cl100k_base", False),
+        ("claude-sonnet-4", "o200k_base", False),  # estimated with a margin, not a fallback
+        ("my-local-llama", "o200k_base", True),
+    ],
+)
+def test_an_unknown_model_falls_back_to_o200k_and_says_so(
+    model: str, encoding: str, fallback: bool
+) -> None:
+    from contextfold import ContextPipeline
+    from contextfold.retrieval.graph import GraphContextRequest, KnowledgeGraph, graph_context
+
+    counter = counter_for_model(model)
+    assert (counter.encoding_name, counter.fallback) == (encoding, fallback)
+    diagnostics = ContextPipeline(max_tokens=500, model=model).build("Hello?").diagnostics
+    assert (diagnostics.encoding, diagnostics.encoding_fallback) == (encoding, fallback)
+    assert ("a fallback" in str(diagnostics)) is fallback
+    assert diagnostics.estimated is (fallback or model.startswith("claude"))
+    request = GraphContextRequest(query="refunds", tenant_ids=["t"], token_model=model)
+    stats = graph_context(KnowledgeGraph(), request).stats
+    assert (stats.encoding, stats.encoding_fallback) == (encoding, fallback)

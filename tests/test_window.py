@@ -408,3 +408,28 @@ def test_pinned_items_beyond_a_strict_cap_raise_with_the_numbers() -> None:
         match=rf"need {cost(system)} tokens in section 'instructions' but its strict cap is 50",
     ):
         pack([system], budget(500, capped, strict=True), COUNTER, FMT)
+
+
+def test_memory_drops_its_oldest_items_first() -> None:
+    """Seed 004: 'Older or less relevant memory items are dropped first'; the memory section
+    ranks ties by recency, and each drop says so."""
+    from contextfold.formats import OpenAIFormatter
+
+    facts = [f"Fact number {n}: the user prefers option {n} for every trip." for n in range(8)]
+    memory = [
+        ContextItem(
+            id=f"m{n}",
+            content=text,
+            source=SourceType.MEMORY,
+            created_at=datetime(2025, 1, 1, tzinfo=UTC) + timedelta(days=n),
+        )
+        for n, text in enumerate(facts)  # oldest first, as a store lists them
+    ]
+    query = ContextItem(content="Book it.", source=SourceType.USER, pinned=True)
+    window = pack([*memory, query], fixed5_budget(), COUNTER, OpenAIFormatter())
+    kept = [i.id for i in window.items if i.source is SourceType.MEMORY]
+    assert kept and len(kept) < len(facts)
+    assert kept == [f"m{n}" for n in range(len(facts) - len(kept), len(facts))]  # the newest
+    dropped = [d for d in window.decisions if d.action is Action.DROPPED]
+    assert {d.item_id for d in dropped} == {f"m{n}" for n in range(len(facts) - len(kept))}
+    assert all("older items go first" in d.reason for d in dropped)

@@ -54,7 +54,9 @@ class SectionBudget(BaseModel):
 
     ``sources`` lists the source types whose items land here (an item may also name its section
     explicitly). ``min`` tokens are reserved for the section; ``max`` caps it (``None``: no cap
-    beyond the total).
+    beyond the total). ``recency``: items that tie on priority and score rank newest first
+    (by ``created_at``, then the later candidate), so when the section overflows the older ones
+    are dropped first, and their decisions say so; the presets set it for memory.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
@@ -67,6 +69,7 @@ class SectionBudget(BaseModel):
     overflow: OverflowStrategy = OverflowStrategy.DROP
     summarize: SummarizeHook | None = None
     description: str = ""
+    recency: bool = False
 
     @model_validator(mode="after")
     def _check(self) -> SectionBudget:
@@ -183,6 +186,7 @@ def _shares(
             min=int(available * share),
             priority=priority,
             overflow=overflow,
+            recency=name == "memory",
         )
         for name, (sources, share, priority, overflow) in shares.items()
     )
@@ -291,6 +295,7 @@ def fixed5_budget(
                 priority=priority,
                 overflow=overflow,
                 description=description,
+                recency=name == "memory",
             )
         )
     total = sum(s.min for s in sections)

@@ -1,5 +1,10 @@
 """Token-aware conversation history: trim a message list to a budget, and ``MemoryManager``, a
-sliding window that evicts the oldest turns and never splits a tool call from its result."""
+sliding window that evicts the oldest exchanges.
+
+Both work in whole exchanges: a user turn with the assistant's reply and every tool call and
+result that follows it, up to the next user turn. So what they keep always starts on a user
+turn (after the system prompt), as Anthropic and Gemini require, and a tool call never loses
+its result."""
 
 from __future__ import annotations
 
@@ -51,6 +56,26 @@ def _complete(messages: Sequence[Message], idxs: list[int]) -> bool:
     return calls == results
 
 
+def exchanges(messages: Sequence[Message]) -> list[list[int]]:
+    """Indices of ``messages`` grouped into whole exchanges, oldest first.
+
+    An exchange starts at a user turn and runs up to the next one: the assistant's replies and
+    the tool calls and results in between. Messages before the first user turn form a leading
+    group of their own (the only group that does not start on a user turn). A tool call and its
+    results are never split: a user turn that falls between them does not start an exchange.
+    """
+    starts = {i for i, m in enumerate(messages) if m.role == "user" and i > 0}
+    for idxs in tool_units(messages):
+        if len(idxs) > 1:
+            starts.difference_update(range(idxs[0] + 1, idxs[-1] + 1))
+    groups: list[list[int]] = []
+    for i in range(len(messages)):
+        if i == 0 or i in starts:
+            groups.append([])
+        groups[-1].append(i)
+    return groups
+
+
 def trim_history(
     messages: Sequence[Message],
     max_tokens: int,
@@ -59,11 +84,21 @@ def trim_history(
     format: str = "openai",
     keep_system: bool = True,
 ) -> list[Message]:
-    """The longest contiguous suffix of ``messages`` that fits ``max_tokens`` in ``format``
-    (per-message and per-request overhead included), cut only between whole tool exchanges.
+    """The longest run of whole exchanges at the end of ``messages`` that fits ``max_tokens`` in
+    ``format`` (per-message and per-request overhead included).
 
-    A leading system message is kept when ``keep_system`` (it must fit, or ``ConfigError``).
-    Incomplete tool exchanges (a call whose result is missing) are left out.
+    What is kept after the system prompt starts on a user turn: an exchange (see
+    ``exchanges``) is kept whole or not at all, and messages before the first user turn are
+    left out. A leading system message is kept when ``keep_system`` (it must fit, or
+    ``ConfigError``). Incomplete tool exchanges (a call whose result is missing, or a result
+    whose call is) are left out of the exchange that holds them.
+
+    >>> from contextfold.tokens import TiktokenCounter
+    >>> history = [Message(role="system", content="Be terse."),
+    ...            Message(role="user", content="Hi"), Message(role="assistant", content="Hello"),
+    ...            Message(role="user", content="Bye"), Message(role="assistant", content="Bye")]
+    >>> [m.text() for m in trim_history(history, 25, TiktokenCounter())]
+    ['Be terse.', 'Bye', 'Bye']
     """
     if format not in OVERHEADS:
         raise ConfigError(f"unknown format {format!r}; choose one of {sorted(OVERHEADS)}")
@@ -80,9 +115,10 @@ def trim_history(
             f"{max_tokens:,} allowed; raise max_tokens"
         )
     kept: list[int] = []
-    for idxs, complete in _newest_exchanges(body):
-        if not complete:
-            continue
+    for group, incomplete in _newest_exchanges(body):
+        if body[group[0]].role != "user":
+            break  # the leading messages before any user turn
+        idxs = [i for i in group if i not in incomplete]
         cost = count_messages((body[i] for i in idxs), counter, format)
         if cost > room:
             break
@@ -91,38 +127,46 @@ def trim_history(
     return head + [body[i] for i in sorted(kept)]
 
 
-def _newest_exchanges(messages: Sequence[Message]) -> Iterator[tuple[list[int], bool]]:
-    """Contiguous spans of messages from the newest back, each closed once every tool result
-    in it has met its call; ``complete`` is false for a span with a call whose result is not in
-    it (or results whose call never comes). Only the spans a caller consumes are examined."""
+def _newest_exchanges(messages: Sequence[Message]) -> Iterator[tuple[list[int], set[int]]]:
+    """``exchanges(messages)`` from the newest back, each with the indices of its incomplete
+    tool traffic (a call missing a result, with the results of its message's other calls, or a
+    result whose call is missing). Walked lazily from the end, so a caller that stops after a
+    few exchanges never reads the rest of a long history."""
     span: list[int] = []
-    waiting: set[str] = set()  # results seen whose call is still further back
-    complete = True
+    waiting: dict[str, int] = {}  # result id -> its message, while the call is further back
+    incomplete: set[int] = set()
     for i in range(len(messages) - 1, -1, -1):
         message = messages[i]
         span.append(i)
         content = message.content
         if not (len(content) == 1 and content[0].type == "text"):
-            waiting.update(message.tool_result_ids)
-            for call in message.tool_use_ids:
-                if call in waiting:
-                    waiting.discard(call)
-                else:
-                    complete = False  # a call without its result
-        if not waiting:
+            waiting.update(dict.fromkeys(message.tool_result_ids, i))
+            calls = message.tool_use_ids
+            if any(call not in waiting for call in calls):
+                incomplete.add(i)
+                incomplete.update(waiting[call] for call in calls if call in waiting)
+            for call in calls:
+                waiting.pop(call, None)
+        if message.role == "user" and not waiting:
             span.reverse()
-            yield span, complete
-            span, complete = [], True
-    if span:
-        span.reverse()
-        yield span, False  # results whose call never came
+            yield span, incomplete
+            span, incomplete = [], set()
+    if span:  # results whose call never came held the rest open: group it the long way
+        rest = messages[: span[0] + 1]
+        bad = {i for idxs in tool_units(rest) if not _complete(rest, idxs) for i in idxs}
+        for group in reversed(exchanges(rest)):
+            yield group, bad.intersection(group)
 
 
 class MemoryManager:
     """Sliding-window conversation memory measured in tokens.
 
     Each added message is kept until the window exceeds ``conversation_tokens``; then the
-    oldest whole exchanges are evicted (a tool call and its results go together). As a
+    oldest whole exchanges are evicted (a user turn with the replies, tool calls and results
+    that follow it: see ``exchanges``), so the window always starts on a user turn once
+    anything was evicted. The newest exchange goes too if it alone exceeds the window, unless
+    a tool call in it still awaits its result; the replies that arrive after that go with it,
+    until the next user turn. As a
     pipeline memory it supplies the window as conversation items (priority 7).
 
     >>> memory = MemoryManager(conversation_tokens=4096)
@@ -146,11 +190,13 @@ class MemoryManager:
         if not 1 <= priority <= 10:
             raise ConfigError(f"priority must be in 1..10, got {priority}")
         self.conversation_tokens = conversation_tokens
-        self.counter = counter or TiktokenCounter()
+        self.counter = counter if counter is not None else TiktokenCounter()
         self.format = format
         self.priority = priority
         self._items: list[ContextItem] = []
         self.evicted = 0  # messages evicted so far
+        # The newest exchange was evicted whole: its later replies go too, until a user turn.
+        self._orphaned = False
 
     def __repr__(self) -> str:
         return (
@@ -169,6 +215,11 @@ class MemoryManager:
     def add_message(self, message: Message | dict[str, Any]) -> None:
         if isinstance(message, dict):
             message = Message.model_validate(message)
+        if message.role == "user":
+            self._orphaned = False
+        elif self._orphaned:
+            self.evicted += 1  # a reply whose user turn was already evicted
+            return
         self._items.append(ContextItem.from_message(message, priority=self.priority))
         self._evict()
 
@@ -184,6 +235,7 @@ class MemoryManager:
 
     def clear(self) -> None:
         self._items.clear()
+        self._orphaned = False
 
     def _evict(self) -> None:
         messages = self.messages
@@ -191,13 +243,15 @@ class MemoryManager:
         if over <= 0:
             return
         drop: set[int] = set()
-        for idxs in tool_units(messages):
+        groups = exchanges(messages)
+        for n, idxs in enumerate(groups):
             if over <= 0:
                 break
-            if len(drop) + len(idxs) == len(messages) and not _complete(messages, idxs):
-                break  # never evict a pending tool call that is the newest exchange
+            if n == len(groups) - 1 and not _complete(messages, idxs):
+                break  # never evict the newest exchange while a tool call awaits its result
             drop.update(idxs)
             over -= count_messages((messages[i] for i in idxs), self.counter, self.format)
+            self._orphaned = n == len(groups) - 1
         self._items = [item for i, item in enumerate(self._items) if i not in drop]
         self.evicted += len(drop)
 

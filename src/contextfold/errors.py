@@ -9,6 +9,8 @@ Catch ``ContextfoldError`` to handle anything the library raises on purpose::
     ├── FormatError            a payload that is not valid for the named provider format
     ├── EmbeddingError         an embedding model is missing or corrupt, or returned bad vectors
     ├── StoreError             the SQLite store cannot be opened, migrated or written
+    ├── DocumentError          a document file cannot be read: no text encoding fits it, a
+    │                          malformed JSON / PDF / DOCX file, or a format extra missing
     ├── LLMError               an LLM or embeddings endpoint failed (after retries); carries
     │                          the HTTP status and the endpoint's own message
     └── PipelineError          a pipeline cannot run as configured
@@ -27,6 +29,7 @@ __all__ = [
     "BudgetError",
     "ConfigError",
     "ContextfoldError",
+    "DocumentError",
     "EmbeddingError",
     "FormatError",
     "LLMError",
@@ -63,6 +66,10 @@ class EmbeddingError(ContextfoldError):
 
 class StoreError(ContextfoldError):
     """The store cannot be opened, migrated or written."""
+
+
+class DocumentError(ContextfoldError):
+    """A document file cannot be read; the message names the file and what to do."""
 
 
 class LLMError(ContextfoldError):

@@ -121,8 +121,10 @@ class ContextPipeline:
         self._max_tokens = max_tokens
         self._budget: TokenBudget | None = None
         self.formatter: Formatter = formatter if formatter is not None else GenericTextFormatter()
-        self.counter: TokenCounter = counter or (
-            counter_for_model(model) if model else TiktokenCounter()
+        self.counter: TokenCounter = (
+            counter
+            if counter is not None
+            else (counter_for_model(model) if model else TiktokenCounter())
         )
         self._system: list[ContextItem] = []
         self._items: list[ContextItem] = []
@@ -338,6 +340,8 @@ class ContextPipeline:
             counter=window.counter,
             estimated=window.estimated,
             format=window.format,
+            encoding=window.encoding,
+            encoding_fallback=window.encoding_fallback,
             build_time_ms=(time.perf_counter() - started) * 1000,
             candidates=len(candidates),
             kept=actions.count(Action.KEPT),

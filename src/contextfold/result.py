@@ -44,6 +44,10 @@ class Diagnostics(BaseModel):
     truncated: int
     dropped: int
     steps: tuple[StepRecord, ...] = ()
+    #: The encoding counted with, and whether it was a fallback (no tokenizer known for the
+    #: model: counts are then estimates).
+    encoding: str | None = None
+    encoding_fallback: bool = False
 
     def __str__(self) -> str:
         return render_budget_table(self)
@@ -83,6 +87,8 @@ def render_budget_table(diagnostics: Diagnostics, *, width: int = 100) -> str:
     console = Console(file=out, width=width, color_system=None, legacy_windows=False)
     console.print(table)
     estimated = " (estimated)" if diagnostics.estimated else ""
+    if diagnostics.encoding_fallback:
+        estimated = " (a fallback: no tokenizer is known for the model; estimated)"
     console.print(
         f"total {diagnostics.used_tokens:,} / {diagnostics.available:,} tokens "
         f"({diagnostics.max_tokens:,} max, {diagnostics.reserve_output:,} reserved for the "
@@ -126,12 +132,13 @@ class ContextResult(BaseModel):
         return self.window.items
 
     def explain(self) -> str:
-        """The budget table followed by one line per truncated or dropped item."""
+        """The budget table followed by one line per truncated or dropped item, each named by
+        its label (``lodging.md chunk 3``, ``user turn 2``; see ``item_label``)."""
         lines = [str(self.diagnostics)]
         for d in self.decisions:
             if d.action is not Action.KEPT:
                 lines.append(
-                    f"  {d.action.value:<10} {d.section:<14} {d.item_id}  "
+                    f"  {d.action.value:<10} {d.section:<14} {d.label or d.item_id}  "
                     f"{d.tokens_before:,} → {d.tokens_after:,} tokens: {d.reason}"
                 )
         return "\n".join(lines).rstrip() + "\n"

@@ -27,6 +27,7 @@ from contextfold.errors import ConfigError, TokenizerError
 if TYPE_CHECKING:
     import tiktoken
 
+    from contextfold.formats.base import BaseFormatter
     from contextfold.items import Message
 
 __all__ = [
@@ -162,6 +163,7 @@ class TiktokenCounter:
         estimated: bool = False,
         safety_margin: float = 0.0,
         cache_size: int = 65_536,
+        fallback: bool = False,
     ) -> None:
         if encoding not in _ENCODINGS:
             raise TokenizerError(
@@ -171,7 +173,10 @@ class TiktokenCounter:
             raise ConfigError(f"safety_margin must be >= 0, got {safety_margin}")
         self.encoding_name = encoding
         self.safety_margin = safety_margin
-        self.estimated = estimated or safety_margin > 0
+        #: True when ``counter_for_model`` knew no tokenizer for the model and fell back to
+        #: this encoding; windows and ``/api/context`` report it beside the encoding's name.
+        self.fallback = fallback
+        self.estimated = estimated or safety_margin > 0 or fallback
         suffix = f"+{safety_margin:.0%}" if safety_margin else ""
         self.name = f"{encoding}{suffix}"
         self._encoding: tiktoken.Encoding | None = None
@@ -180,7 +185,8 @@ class TiktokenCounter:
         self.count = lru_cache(maxsize=cache_size)(self._count)  # type: ignore[method-assign]
 
     def __repr__(self) -> str:
-        return f"TiktokenCounter({self.name!r}, estimated={self.estimated})"
+        fallback = ", fallback=True" if self.fallback else ""
+        return f"TiktokenCounter({self.name!r}, estimated={self.estimated}{fallback})"
 
     @property
     def encoding(self) -> tiktoken.Encoding:
@@ -247,7 +253,12 @@ def counter_for_model(model: str, *, default_encoding: str = "o200k_base") -> Ti
 
     gpt-4o / 4.1 / 4.5 / 5 and o-series → ``o200k_base``; gpt-4 / 3.5 → ``cl100k_base`` (exact,
     per tiktoken's own model table); ``claude-*`` and ``gemini-*`` → ``o200k_base`` with
-    ``CLAUDE_SAFETY_MARGIN``, estimated; anything else → ``default_encoding``, estimated.
+    ``CLAUDE_SAFETY_MARGIN``, estimated; anything else → ``default_encoding`` (``o200k_base``,
+    the encoding of every current OpenAI model), estimated and marked ``fallback``.
+
+    >>> counter = counter_for_model("my-local-model")
+    >>> counter.encoding_name, counter.fallback, counter.estimated
+    ('o200k_base', True, True)
     """
     from tiktoken.model import encoding_name_for_model
 
@@ -257,9 +268,9 @@ def counter_for_model(model: str, *, default_encoding: str = "o200k_base") -> Ti
     try:
         name = encoding_name_for_model(lowered)
     except KeyError:
-        return TiktokenCounter(default_encoding, estimated=True)
+        return TiktokenCounter(default_encoding, fallback=True)
     if name not in _ENCODINGS:  # e.g. o200k_harmony, r50k: not shipped offline
-        return TiktokenCounter(default_encoding, estimated=True)
+        return TiktokenCounter(default_encoding, fallback=True)
     return TiktokenCounter(name)
 
 
@@ -268,18 +279,25 @@ class MessageOverhead:
     """Tokens a chat format adds around content.
 
     ``per_request``: once per payload (OpenAI primes the reply with 3); ``per_message``: each
-    message's role and delimiters; ``per_part``: each extra content part or tool block.
-    OpenAI's numbers are the ones its cookbook documents; Anthropic's and Gemini's are
-    conservative estimates (their APIs do not publish them).
+    message's delimiters; ``per_part``: each extra content part or tool block; ``per_name``: a
+    message's ``name`` field (OpenAI: 1, besides the name's own tokens); ``counts_role``: the
+    role string is counted as text, as OpenAI's cookbook counts every value of a message.
+    OpenAI's numbers are the ones its cookbook documents (``tokens_per_message=3``,
+    ``tokens_per_name=1``, 3 to prime the reply); Anthropic's and Gemini's are conservative
+    estimates (their APIs do not publish them) whose ``per_message`` covers the role.
     """
 
     per_request: int
     per_message: int
     per_part: int
+    per_name: int = 0
+    counts_role: bool = False
 
 
 OVERHEADS: dict[str, MessageOverhead] = {
-    "openai": MessageOverhead(per_request=3, per_message=3, per_part=1),
+    "openai": MessageOverhead(
+        per_request=3, per_message=3, per_part=1, per_name=1, counts_role=True
+    ),
     "anthropic": MessageOverhead(per_request=4, per_message=4, per_part=2),
     "gemini": MessageOverhead(per_request=4, per_message=4, per_part=2),
     "text": MessageOverhead(per_request=0, per_message=0, per_part=0),
@@ -303,12 +321,16 @@ def block_strings(message: Message) -> Iterable[str]:
 def count_messages(
     messages: Iterable[Message], counter: TokenCounter, format: str = "openai"
 ) -> int:
-    """Tokens of a list of messages in a chat format, per-message overhead included
-    (the per-request overhead is not: add ``OVERHEADS[format].per_request`` once)."""
-    overhead = OVERHEADS[format]
-    total = 0
-    for message in messages:
-        total += overhead.per_message
-        for i, text in enumerate(block_strings(message)):
-            total += counter.count(text) + (overhead.per_part if i else 0)
-    return total
+    """Tokens of a list of messages in a chat format, exactly as that format's formatter counts
+    them in a payload (``message_cost``: for OpenAI the cookbook's 3 per message plus the
+    tokens of every value, the role included); the per-request overhead is not included: add
+    ``OVERHEADS[format].per_request`` once."""
+    formatter = _formatter(format)
+    return sum(formatter.message_cost(message, counter) for message in messages)
+
+
+@cache
+def _formatter(format: str) -> BaseFormatter:
+    from contextfold.formats import formatter_for
+
+    return formatter_for(format)

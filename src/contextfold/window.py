@@ -67,7 +67,15 @@ from contextfold.items import (
 from contextfold.tokens import TokenCounter
 from contextfold.truncation import Keep, truncate_text
 
-__all__ = ["Action", "Decision", "SectionUsage", "Window", "pack", "tool_groups"]
+__all__ = [
+    "Action",
+    "Decision",
+    "SectionUsage",
+    "Window",
+    "item_label",
+    "pack",
+    "tool_groups",
+]
 
 #: A truncated item keeps at least this many tokens of content, or it is dropped instead.
 MIN_TRUNCATED_TOKENS = 8
@@ -91,6 +99,32 @@ class Decision(BaseModel):
     tokens_before: int
     tokens_after: int
     reason: str
+    label: str = ""  # what a person calls the item (``item_label``); the packer always sets it
+
+
+def item_label(item: ContextItem, turn: int | None = None) -> str:
+    """What a person calls ``item`` in an explanation, instead of its id (often a hash).
+
+    ``metadata["label"]`` when set; a document chunk (``chunk_index`` in its metadata) is its
+    ``title``, ``source`` or ``doc_id`` and its position (``lodging.md chunk 3``); a
+    conversation item is its role and ``turn``, its 1-based place among the conversation
+    candidates (``assistant turn 4``); anything else is its id.
+
+    >>> item_label(ContextItem(content="x", metadata={"source": "faq.md", "chunk_index": 0}))
+    'faq.md chunk 1'
+    """
+    meta = item.metadata
+    label = meta.get("label")
+    if isinstance(label, str) and label.strip():
+        return label
+    chunk = meta.get("chunk_index")
+    name = meta.get("title") or meta.get("source") or meta.get("doc_id")
+    if isinstance(chunk, int) and name:
+        return f"{name} chunk {chunk + 1}"
+    if item.source is SourceType.CONVERSATION and turn is not None:
+        role = item.message.role if item.message is not None else meta.get("role", "user")
+        return f"{role} turn {turn}"
+    return item.id
 
 
 class SectionUsage(BaseModel):
@@ -142,6 +176,8 @@ def _spell(status: Status, cost: int, name: str, suffix: str) -> tuple[str, int,
 def _suffix(section: SectionBudget) -> str:
     if section.overflow is OverflowStrategy.TRUNCATE_OLDEST:
         return " (oldest outputs go first)"
+    if section.recency:
+        return " (ranked by priority, score, then recency: older items go first)"
     return ""
 
 
@@ -160,6 +196,10 @@ class Window(BaseModel):
     counter: str
     estimated: bool
     format: str
+    #: The encoding the counter ran (None for a counter without one, e.g. ``CharCounter``) and
+    #: whether it was a fallback for a model with no known tokenizer.
+    encoding: str | None = None
+    encoding_fallback: bool = False
     _candidates: Sequence[ContextItem] = PrivateAttr(default=())
     _costs: Sequence[int] = PrivateAttr(default=())
     _sections: SectionMap | None = PrivateAttr(default=None)
@@ -173,10 +213,13 @@ class Window(BaseModel):
         out = []
         suffixes = self._suffixes
         names = self._sections.names() if self._sections is not None else ()
+        turn = 0
         for item, cost, name, status in zip(
             self._candidates, self._costs, names, self._status, strict=True
         ):
             action, after, reason = _spell(status, cost, name, suffixes[name])
+            if item.source is SourceType.CONVERSATION:
+                turn += 1
             out.append(
                 Decision(
                     item_id=item.id,
@@ -186,6 +229,7 @@ class Window(BaseModel):
                     tokens_before=cost,
                     tokens_after=after,
                     reason=reason,
+                    label=item_label(item, turn),
                 )
             )
         return tuple(out)
@@ -309,11 +353,7 @@ class _Packer:
         if not ranked:
             # Newest first: by priority, then the unit's newest timestamp, then candidate order
             # (the keys are unique: sort them, and read each unit back from its key).
-            items = units.items
-            stamps = list(map(_TIMESTAMP, map(_CREATED, map(items.__getitem__, others))))
-            for pos, u in enumerate(others):
-                if u in units.members:
-                    stamps[pos] = max(_TIMESTAMP(items[i].created_at) for i in units.members[u])
+            stamps = self._stamps(others)
             keys = zip(
                 map(neg, map(priority.__getitem__, others)),
                 map(neg, stamps),
@@ -322,7 +362,12 @@ class _Packer:
             )
             others = list(map(neg, map(itemgetter(2), sorted(keys))))
         else:
-            # Two stable passes with C-level keys: priority, then score, then candidate order.
+            # Stable passes with C-level keys: priority, then score, then candidate order (or,
+            # for a recency section, newest first: the unit's newest timestamp, then the later
+            # candidate).
+            if section.recency:
+                stamp = dict(zip(others, self._stamps(others), strict=True))
+                others.sort(key=lambda u: (stamp[u], u), reverse=True)
             others.sort(key=score.__getitem__, reverse=True)
             others.sort(key=priority.__getitem__, reverse=True)
         if not history:
@@ -337,6 +382,16 @@ class _Packer:
         simple = not history and units.members.keys().isdisjoint(others)
         self.floors[name] = min(map(units.cost.__getitem__, others), default=0) if simple else -1
         return order
+
+    def _stamps(self, units_: list[int]) -> list[float]:
+        """Each unit's newest ``created_at`` as a timestamp."""
+        units = self.units
+        items = units.items
+        stamps = list(map(_TIMESTAMP, map(_CREATED, map(items.__getitem__, units_))))
+        for pos, u in enumerate(units_):
+            if u in units.members:
+                stamps[pos] = max(_TIMESTAMP(items[i].created_at) for i in units.members[u])
+        return stamps
 
     def _close(self, rest: list[int]) -> float:
         """Drop the history units ``rest`` as older than the oldest kept turn; their smallest
@@ -570,6 +625,8 @@ def pack(
         counter=counter.name,
         estimated=counter.estimated,
         format=formatter.name,
+        encoding=getattr(counter, "encoding_name", None),
+        encoding_fallback=bool(getattr(counter, "fallback", False)),
     )
     window._candidates = items
     window._costs = costs

@@ -1,10 +1,12 @@
 """``contextfold ask``: retrieve from the corpus, pack the five-section context under a budget,
-show it with the budget table and the sources — and, given an LLM endpoint, the answer."""
+and print the answer first (given an LLM endpoint) — or, without one, say so in one line and
+show the best source's passage. ``--show context,budget,sources`` prints the rest."""
 
 from __future__ import annotations
 
 import json
 import os
+import textwrap
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -27,19 +29,43 @@ from contextfold.window import Action
 
 __all__ = [
     "DEFAULT_INSTRUCTIONS",
+    "SHOW",
     "AskOutcome",
     "SourceRow",
     "answer_question",
     "ask_command",
     "build_answer_context",
+    "chunk_label",
+    "parse_show",
     "source_rows",
 ]
+
+#: What ``--show`` can add after the answer (or the best passage).
+SHOW = ("context", "budget", "sources")
+NO_LLM = (
+    "no LLM configured, so no answer (add --llm BASE_URL --model MODEL for any OpenAI-compatible "
+    "endpoint, e.g. --llm http://localhost:11434/v1 --model llama3.2); the best passage:"
+)
 
 DEFAULT_INSTRUCTIONS = (
     "You answer questions from the retrieved documents in the context. Cite every document "
     "you rely on by its label, e.g. [Source 1]. If the documents do not answer the question, "
     "say so plainly. Be brief."
 )
+
+
+def chunk_label(n: int, hit: SearchHit) -> str:
+    """How ``ask`` names hit ``n`` (1-based) everywhere a person reads it: its ``[Source n]``
+    label, file, title (when the document has one) and chunk position."""
+    meta = hit.metadata
+    name = str(meta.get("source") or meta.get("doc_id"))
+    title = meta.get("title")
+    if isinstance(title, str) and title.strip():
+        short = title if len(title) <= 48 else title[:47] + "…"
+        name += f' "{short}"'
+    chunk = meta.get("chunk_index")
+    position = f" chunk {chunk + 1}" if isinstance(chunk, int) else ""
+    return f"[Source {n}] {name}{position}"
 
 
 def build_answer_context(
@@ -70,6 +96,7 @@ def build_answer_context(
                 **hit.metadata,
                 "source": f"Source {n}: {hit.metadata.get('source') or hit.metadata.get('doc_id')}",
                 "match_source": hit.match_source,
+                "label": chunk_label(n, hit),
             },
         )
         for n, hit in enumerate(hits, start=1)
@@ -177,6 +204,61 @@ def answer_question(
     return AskOutcome(hits=hits, result=result, answer=answer)
 
 
+def parse_show(values: list[str] | None) -> list[str]:
+    """The ``--show`` values, repeatable or comma-separated (``all`` is every one), in the
+    order ``SHOW`` lists them."""
+    wanted: set[str] = set()
+    for value in values or []:
+        for part in (p.strip().lower() for p in value.split(",")):
+            if part == "all":
+                wanted.update(SHOW)
+            elif part in SHOW:
+                wanted.add(part)
+            elif part:
+                raise InputError(
+                    f"--show takes {', '.join(SHOW)} or all (repeat it or separate with "
+                    f"commas), got {part!r}"
+                )
+    return [name for name in SHOW if name in wanted]
+
+
+def _summary(result: ContextResult, hits: list[SearchHit], show: list[str]) -> str:
+    d = result.diagnostics
+    rows = source_rows(result, hits)
+    cut = sum(r.action == Action.TRUNCATED.value for r in rows)
+    dropped = sum(r.action == Action.DROPPED.value for r in rows)
+    used = len(rows) - dropped
+    more = [name for name in SHOW if name not in show]
+    hint = f"; more: --show {','.join(more)}" if more else ""
+    return (
+        f"context: {d.used_tokens:,} of {d.available:,} tokens, {used} of {len(rows)} sources "
+        f"in it ({cut} cut, {dropped} dropped){hint}"
+    )
+
+
+def _print_outcome(outcome: AskOutcome, show: list[str]) -> None:
+    result, hits, answer = outcome.result, outcome.hits, outcome.answer
+    if answer is not None:
+        typer.echo(answer.strip())
+    else:
+        typer.echo(NO_LLM)
+        if hits:
+            best = hits[0]
+            typer.echo(f"\n{chunk_label(1, best)} (score {best.score:.4f})")
+            for line in best.text.strip().splitlines():  # wrapped at 100 columns, line by line
+                typer.echo("\n".join(textwrap.wrap(line, 100)) if line.strip() else "")
+        else:
+            typer.echo("\n(no passage in the corpus matches the question)")
+    typer.echo("\n" + _summary(result, hits, show))
+    if "context" in show:
+        typer.echo("\n" + result.text.rstrip())
+    if "budget" in show:
+        typer.echo("\n" + result.explain(), nl=False)
+    if "sources" in show:
+        typer.echo("")
+        Console().print(_sources_table(result, hits))
+
+
 def ask_command(
     query: Annotated[str, typer.Argument(metavar="QUESTION", help="The question to answer.")],
     budget: Annotated[
@@ -208,15 +290,28 @@ def ask_command(
     api_key_env: Annotated[
         str, typer.Option(metavar="VAR", help="Environment variable holding the API key.")
     ] = "OPENAI_API_KEY",
+    show: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="WHAT",
+            help="Also print context (the packed prompt), budget (the budget table and every "
+            "cut or dropped item) and/or sources (the sources table); repeatable or "
+            "comma-separated, or all.",
+        ),
+    ] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON.")] = False,
 ) -> None:
     """Answer a question from the ingested corpus under a token budget.
 
-    Prints the assembled context (instructions, goal, memory, retrieval, tool outputs), the
-    budget table (budget / used / % / ⚠ TRUNCATED) and the sources. With --llm and --model
-    it sends the context to that endpoint and prints the answer with its [Source n] citations.
+    With --llm and --model it sends the packed context to that OpenAI-compatible endpoint and
+    prints the answer first, with its [Source n] citations. Without an LLM it says so in one
+    line and prints the best source's passage. Then one line sums up the context (tokens,
+    sources kept, cut and dropped); --show context,budget,sources prints the packed prompt,
+    the budget table (budget / used / % / ⚠ TRUNCATED, every cut or dropped chunk by name) and
+    the sources table.
     """
     with cli_errors():
+        shown = parse_show(show)
         if budget not in ("fixed5", "rag"):
             raise InputError(f"--budget must be fixed5 or rag, got {budget!r}")
         if mode not in MODES:
@@ -242,16 +337,9 @@ def ask_command(
                 outcome = answer_question(index, query, llm=client, model=model, **options)
         else:
             outcome = answer_question(index, query, **options)
-        result, hits, answer = outcome.result, outcome.hits, outcome.answer
     if json_out:
-        payload = json.loads(result.to_json())
-        payload["answer"] = answer
+        payload = json.loads(outcome.result.to_json())
+        payload["answer"] = outcome.answer
         typer.echo(json.dumps(payload, indent=2, ensure_ascii=False))
         return
-    console = Console()
-    typer.echo(result.text)
-    typer.echo("")
-    typer.echo(result.explain(), nl=False)
-    console.print(_sources_table(result, hits))
-    if answer is not None:
-        typer.echo("\nAnswer:\n" + answer)
+    _print_outcome(outcome, shown)

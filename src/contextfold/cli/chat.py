@@ -225,6 +225,15 @@ def chat_command(
         int | None,
         typer.Option(metavar="TOKENS", help="Memory budget (default: assembly.memory_budget)."),
     ] = None,
+    context_window: Annotated[
+        int | None,
+        typer.Option(
+            metavar="TOKENS",
+            help="The model's window (default: the config's context_window, 120,000). "
+            "Compaction starts at a share of it, so a small one (e.g. 1024) shows memory at "
+            "work on a short conversation.",
+        ),
+    ] = None,
     reset: Annotated[
         bool, typer.Option("--reset", help="Delete the session's stored memory first.")
     ] = False,
@@ -248,7 +257,8 @@ def chat_command(
         preamble, pairs = read_replay(replay)
         turns: list[ReplayTurn] = []
         history = [m for m in preamble if m.role == "system"]
-        with open_engine(config, session, llm=True) as engine, _closing_client(engine):
+        opened = open_engine(config, session, llm=True, context_window=context_window)
+        with opened as engine, _closing_client(engine):
             if reset:
                 engine.store.delete_session(session)
             live = list(history)

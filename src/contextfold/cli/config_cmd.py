@@ -4,13 +4,13 @@ memory engine's configuration file, and what its LLM calls cost."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from contextfold.cli.common import InputError, cli_errors
+from contextfold.cli.common import EXIT_INPUT, InputError, cli_errors
 from contextfold.cli.session import (
     DEFAULT_CONFIG,
     ConfigOption,
@@ -19,11 +19,20 @@ from contextfold.cli.session import (
     open_engine,
     print_pairs,
 )
+from contextfold.errors import ConfigError
 
 if TYPE_CHECKING:
     from contextfold.memory.config import MemoryConfig
+    from contextfold.server.config import ServerConfig
 
-__all__ = ["config_app", "cost_report_command", "init_command", "summary_rows"]
+__all__ = [
+    "config_app",
+    "config_kind",
+    "cost_report_command",
+    "init_command",
+    "server_summary_rows",
+    "summary_rows",
+]
 
 config_app = typer.Typer(help="Check a contextfold.yaml.", no_args_is_help=True)
 
@@ -53,25 +62,89 @@ def summary_rows(cfg: MemoryConfig) -> list[tuple[str, str]]:
     ]
 
 
+def server_summary_rows(cfg: ServerConfig) -> list[tuple[str, str]]:
+    """A server config's main settings, one line each."""
+    instances = ", ".join(f"{i.name} :{i.port} -> {i.upstream}" for i in cfg.proxy.instances)
+    keys = cfg.context_api.api_keys
+    return [
+        ("listens on", f"{cfg.host}:{cfg.port}"),
+        ("proxy upstream", cfg.proxy.upstream or "none (set proxy.upstream or --upstream)"),
+        ("more ports", instances or "none"),
+        ("context API keys", f"{len(keys)} ({', '.join(keys)})" if keys else "none"),
+        ("dashboard", "on" if cfg.dashboard.enabled else "off"),
+        ("memory config", cfg.memory_config or "defaults"),
+    ]
+
+
+def config_kind(path: Path) -> str:
+    """``server`` when the file's top-level keys are all server-config keys (or it is one
+    ``server:`` mapping, which the server check then explains), else ``memory``."""
+    import yaml
+
+    from contextfold.server.config import ServerConfig
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return "memory"  # the memory loader reports the problem
+    if not isinstance(data, dict) or not data:
+        return "memory"
+    keys = set(data)
+    return "server" if keys <= set(ServerConfig.model_fields) or keys == {"server"} else "memory"
+
+
 @config_app.command("validate")
 def validate_command(
     file: Annotated[
         Path | None,
         typer.Argument(metavar="FILE", help="The file to check (default: ./contextfold.yaml)."),
     ] = None,
-    json_out: JsonOption = False,
+    json_out: Annotated[
+        bool,
+        typer.Option(
+            "--json",
+            help='Print JSON, also when the file is invalid: {"ok": false, "message": ...}.',
+        ),
+    ] = False,
 ) -> None:
-    """Validate a contextfold.yaml.
+    """Validate a contextfold.yaml or a server config (contextfold serve --config FILE).
 
-    Prints `ok` and a summary of the main settings, or each problem (YAML syntax errors with
-    their line, unknown keys, values out of range) and exits 2."""
+    The kind is told by the top-level keys: a file of only server keys (host, port, proxy,
+    context_api, dashboard, limits, ...) is a server config. Prints `ok` and a summary of the
+    main settings, or each problem (YAML syntax errors with their line, unknown keys, values
+    out of range, an API key pasted where a variable name belongs — never echoed) and exits 2.
+    With --json the answer is JSON either way."""
     from contextfold.memory.config import load_config
+    from contextfold.server.config import load_server_config
 
     path = file or DEFAULT_CONFIG
-    with cli_errors():
-        cfg = load_config(path)
+    kind = config_kind(path) if path.is_file() else "memory"
+    try:
+        cfg: Any = load_server_config(path) if kind == "server" else load_config(path)
+    except ConfigError as exc:
+        if not json_out:
+            with cli_errors():
+                raise
+        message = str(exc)
+        echo_json(
+            {
+                "ok": False,
+                "file": str(path),
+                "kind": kind,
+                "error": type(exc).__name__,
+                "message": message,
+                "problems": [line.strip() for line in message.splitlines()[1:]],
+            }
+        )
+        raise typer.Exit(EXIT_INPUT) from None
     if json_out:
-        echo_json({"ok": True, "file": str(path), "config": cfg.model_dump(mode="json")})
+        echo_json(
+            {"ok": True, "file": str(path), "kind": kind, "config": cfg.model_dump(mode="json")}
+        )
+        return
+    if kind == "server":
+        typer.echo(f"ok: {path} (server config)")
+        print_pairs("", server_summary_rows(cfg))
         return
     typer.echo(f"ok: {path}")
     print_pairs("", summary_rows(cfg))

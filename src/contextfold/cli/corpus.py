@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from contextfold.cli.common import InputError, cli_errors
+from contextfold.errors import DocumentError
 from contextfold.retrieval.index import DocumentIndex, SearchMode
 from contextfold.store.sqlite import home_dir
 
@@ -28,6 +29,7 @@ DbOption = Annotated[
     ),
 ]
 MODES = ("bm25", "dense", "hybrid")
+ON_ERROR = ("skip", "fail")
 
 
 def open_index(db: Path | None, *, embed: bool = True, must_exist: bool = False) -> DocumentIndex:
@@ -43,7 +45,11 @@ def open_index(db: Path | None, *, embed: bool = True, must_exist: bool = False)
 def ingest_command(
     paths: Annotated[
         list[str],
-        typer.Argument(metavar="PATH...", help="Files or folders (.txt .md .json .jsonl)."),
+        typer.Argument(
+            metavar="PATH...",
+            help="Files or folders (.txt .md .json .jsonl; .pdf .html .htm .docx with the "
+            "formats extra).",
+        ),
     ],
     db: DbOption = None,
     tenant: Annotated[str, typer.Option(help="Tenant the documents belong to.")] = "default",
@@ -52,13 +58,28 @@ def ingest_command(
     embed: Annotated[
         bool, typer.Option("--embed/--no-embed", help="Embed chunks for dense search.")
     ] = True,
+    on_error: Annotated[
+        str,
+        typer.Option(
+            metavar="skip|fail",
+            help="A file that cannot be read (no encoding fits, malformed, format extra "
+            "missing): skip it and list it at the end, or stop there.",
+        ),
+    ] = "skip",
 ) -> None:
     """Chunk, embed and index documents. Idempotent: a document already stored (same text,
-    same tenant) is skipped. Markdown is split at headings; the rest by paragraph and sentence."""
+    same tenant) is skipped. Markdown is split at headings; the rest by paragraph and sentence.
+
+    Text files may be in any encoding (detected; a byte-order mark is removed). PDF, HTML and
+    DOCX need the formats extra: pip install "contextfold[formats]". A file that cannot be
+    read is skipped and listed at the end with the reason (--on-error skip, the default), or
+    stops the run (--on-error fail; the files before it stay stored)."""
     from contextfold.retrieval.chunking import MarkdownChunker, TextChunker
-    from contextfold.retrieval.loaders import iter_files, load_documents
+    from contextfold.retrieval.loaders import SUFFIXES, iter_files, load_documents
 
     with cli_errors():
+        if on_error not in ON_ERROR:
+            raise InputError(f"--on-error must be skip or fail, got {on_error!r}")
         if chunk_size <= 0 or not 0 <= overlap < chunk_size:
             raise InputError(
                 "need 0 <= --overlap < --chunk-size, "
@@ -66,11 +87,12 @@ def ingest_command(
             )
         files = iter_files(paths)
         if not files:
-            raise InputError("no .txt, .md, .json or .jsonl files found under the given paths")
+            raise InputError(f"no {' '.join(SUFFIXES)} files found under the given paths")
         index = open_index(db, embed=embed)
         text_chunker = TextChunker(chunk_size=chunk_size, overlap=overlap)
         md_chunker = MarkdownChunker(chunk_size=chunk_size, overlap=overlap)
-        added = skipped = chunks = 0
+        added = skipped = chunks = stored_files = 0
+        failed: list[tuple[Path, str]] = []
         console = Console(stderr=True)
         with Progress(
             TextColumn("[bold]ingest[/bold] {task.description}"),
@@ -83,7 +105,21 @@ def ingest_command(
             task = progress.add_task("", total=len(files))
             for path in files:
                 progress.update(task, description=path.name)
-                docs = list(load_documents(path))
+                try:
+                    docs = list(load_documents(path))
+                except DocumentError as exc:
+                    if on_error == "fail":
+                        index.save()
+                        raise DocumentError(
+                            f"{exc}. Stopped at file {stored_files + len(failed) + 1} of "
+                            f"{len(files)}: the {stored_files} file(s) before it are stored "
+                            f"({added} new document(s)) and stay in the corpus; fix or remove "
+                            "the file and run again (what is stored is skipped), or pass "
+                            "--on-error skip"
+                        ) from None
+                    failed.append((path, str(exc)))
+                    progress.advance(task)
+                    continue
                 chunker = md_chunker if path.suffix.lower() == ".md" else text_chunker
                 results = index.add_documents(
                     [(d.text, d.metadata) for d in docs],
@@ -94,6 +130,7 @@ def ingest_command(
                 added += sum(r.added for r in results)
                 skipped += sum(not r.added for r in results)
                 chunks += sum(len(r.chunk_ids) for r in results)
+                stored_files += 1
                 progress.advance(task)
         index.save()
         n_docs, n_chunks = index.store.count()
@@ -101,6 +138,12 @@ def ingest_command(
         f"ingested {added} new document(s) ({chunks} chunks), skipped {skipped} already stored; "
         f"corpus: {n_docs} documents, {n_chunks} chunks in {index.path}"
     )
+    if failed:
+        typer.echo(
+            f"skipped {len(failed)} of {len(files)} file(s) that could not be read:", err=True
+        )
+        for _, reason in failed:
+            typer.echo(f"  {reason}", err=True)
 
 
 def search_command(

@@ -185,7 +185,7 @@ def locomo_command(
 ) -> None:
     """Evidence recall and answer containment on LoCoMo, per system and token budget."""
     from contextfold.eval.locomo import load_locomo
-    from contextfold.eval.locomo_report import write_report
+    from contextfold.eval.locomo_report import PLOT_HINT, plot_available, write_report
     from contextfold.eval.locomo_run import run_locomo
     from contextfold.eval.locomo_systems import SYSTEMS, SystemContext
     from contextfold.store.sqlite import home_dir
@@ -203,6 +203,11 @@ def locomo_command(
             )
         if not data.exists():
             raise InputError(f"{data}: no such file or folder (expected locomo10.json)")
+        if not plot_available():  # said before the run, not after it
+            typer.echo(
+                f"warning: {PLOT_HINT}; locomo.json and locomo.md will be written without it",
+                err=True,
+            )
         loaded = load_locomo(data, audit_path=audit)
         chosen = loaded[:conversations] if conversations else loaded
         ctx = SystemContext(embedding_cache=home_dir() / "embedding-cache.db")

@@ -182,7 +182,13 @@ def serve_command(
     memory_config: MemoryConfigOption = None,
     host: HostOption = None,
     port: Annotated[
-        int | None, typer.Option("--port", "-p", help="Main port (default from --config, 5757).")
+        int | None,
+        typer.Option(
+            "--port",
+            "-p",
+            envvar="CONTEXTFOLD_PORT",
+            help="Main port (default: $CONTEXTFOLD_PORT, else --config's port, else 5757).",
+        ),
     ] = None,
     log_level: LogOption = "info",
 ) -> None:
@@ -206,7 +212,12 @@ def proxy_command(
             help="The provider API to forward to, e.g. https://api.openai.com.",
         ),
     ],
-    port: Annotated[int, typer.Option("--port", "-p", help="Port to listen on.")] = 5757,
+    port: Annotated[
+        int,
+        typer.Option(
+            "--port", "-p", envvar="CONTEXTFOLD_PORT", help="Port to listen on ($CONTEXTFOLD_PORT)."
+        ),
+    ] = 5757,
     config: ServerConfigOption = None,
     memory_config: MemoryConfigOption = None,
     host: HostOption = None,

@@ -77,16 +77,28 @@ class _NoModel:
 
 
 def open_engine(
-    config: Path | None, session: str, *, must_exist: bool = False, llm: bool = False
+    config: Path | None,
+    session: str,
+    *,
+    must_exist: bool = False,
+    llm: bool = False,
+    context_window: int | None = None,
 ) -> MemoryEngine:
     """The engine for ``config`` with ``session`` as its default session. With ``must_exist``,
     a session that was never stored is an input error naming the sessions there are. Without
-    ``llm`` the configured model's client is not built (so no API key is needed)."""
+    ``llm`` the configured model's client is not built (so no API key is needed).
+    ``context_window`` overrides the config's (validated like it)."""
+    from contextfold.memory.config import parse_config
     from contextfold.memory.engine import MemoryEngine
 
     if not session.strip():
         raise InputError("--session is empty; name a session (the default is 'default')")
     cfg, _ = resolve_config(config)
+    if context_window is not None:
+        cfg = parse_config(
+            {**cfg.model_dump(exclude_unset=True), "context_window": context_window},
+            source="--context-window",
+        )
     try:
         engine = MemoryEngine(
             cfg, session_id=session, llm_client=None if llm or cfg.llm is None else _NoModel()

@@ -52,7 +52,7 @@ class MemoryEngineSystem:
 
     def __init__(self, ctx: SystemContext, config: MemoryConfig | None = None) -> None:
         self.ctx = ctx
-        self.config = config or eval_config()
+        self.config = config if config is not None else eval_config()
         self.engine: MemoryEngine | None = None
 
     def ingest(self, conversation: LocomoConversation) -> None:

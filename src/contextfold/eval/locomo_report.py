@@ -167,11 +167,18 @@ def _fmt(score: Score) -> str:
 PLOT_HINT = 'the LoCoMo plot needs matplotlib; pip install "contextfold[plot]"'
 
 
-def _require_matplotlib() -> None:
+def plot_available() -> bool:
+    """Whether matplotlib (the ``plot`` extra) can be imported."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise ConfigError(PLOT_HINT) from None
+        return False
+    return True
+
+
+def _require_matplotlib() -> None:
+    if not plot_available():
+        raise ConfigError(PLOT_HINT)
 
 
 def write_plot(report: LocomoReport, path: str | Path) -> Path:
@@ -207,12 +214,14 @@ def write_plot(report: LocomoReport, path: str | Path) -> Path:
 
 
 def write_report(report: LocomoReport, out_dir: str | Path) -> dict[str, Path]:
-    """Write ``locomo.json``, ``locomo.md`` and ``locomo.png`` into ``out_dir`` (created)."""
-    _require_matplotlib()
+    """Write ``locomo.json`` and ``locomo.md`` into ``out_dir`` (created), then ``locomo.png``
+    when matplotlib is installed: the results are never lost to a missing plot library (the
+    returned paths say which files were written; ``PLOT_HINT`` says how to get the plot)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"json": out / "locomo.json", "md": out / "locomo.md", "png": out / "locomo.png"}
+    paths = {"json": out / "locomo.json", "md": out / "locomo.md"}
     paths["json"].write_text(report.to_json() + "\n", encoding="utf-8")
     paths["md"].write_text(report.to_markdown() + "\n", encoding="utf-8")
-    write_plot(report, paths["png"])
+    if plot_available():
+        paths["png"] = write_plot(report, out / "locomo.png")
     return paths

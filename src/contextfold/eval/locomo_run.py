@@ -259,7 +259,7 @@ def run_locomo(
         raise ConfigError("run_locomo needs at least one conversation")
     wanted = _check_budgets(budgets)
     factories = _factories(systems)
-    ctx = context or SystemContext()
+    ctx = context if context is not None else SystemContext()
     ctx.counter.count("warm up")  # load the encoding before anything is timed
     tallies = {name: _Tally(wanted) for name in factories}
     total = sum(len(c.qa) for c in conversations) * len(factories)

@@ -108,7 +108,9 @@ class SystemContext:
         embedding_cache: str | Path | None = None,
     ) -> None:
         # A bounded cache: contexts are counted too, and 4k-token strings add up.
-        self.counter: TokenCounter = counter or TiktokenCounter("cl100k_base", cache_size=8_192)
+        self.counter: TokenCounter = (
+            counter if counter is not None else TiktokenCounter("cl100k_base", cache_size=8_192)
+        )
         self._inner = embedder
         self._cache_path = embedding_cache
         self._cached: CachedEmbedder | None = None

@@ -24,7 +24,7 @@ from contextfold.formats._parsing import (
     text_of_parts,
     type_name,
 )
-from contextfold.formats.base import BaseFormatter, layout_items
+from contextfold.formats.base import OPENING_TURN, BaseFormatter, layout_items
 from contextfold.items import (
     ContentBlock,
     ContextItem,
@@ -66,13 +66,28 @@ def message_to_anthropic(message: Message) -> dict[str, Any]:
     return {"role": role, "content": blocks}
 
 
+def _results_first(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A user turn's ``tool_result`` blocks ahead of its other blocks (the API requires them
+    first), each group in its own order."""
+    results = [b for b in blocks if b["type"] == "tool_result"]
+    if not results:
+        return blocks
+    return results + [b for b in blocks if b["type"] != "tool_result"]
+
+
 def _merge(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive same-role messages merged so roles alternate, opening with a user turn."""
     merged: list[dict[str, Any]] = []
     for msg in messages:
         if merged and merged[-1]["role"] == msg["role"]:
             merged[-1]["content"] = merged[-1]["content"] + msg["content"]
         else:
             merged.append({"role": msg["role"], "content": list(msg["content"])})
+    if merged and merged[0]["role"] != "user":
+        merged.insert(0, {"role": "user", "content": [_text(OPENING_TURN)]})
+    for msg in merged:
+        if msg["role"] == "user":
+            msg["content"] = _results_first(msg["content"])
     return merged
 
 
@@ -88,6 +103,11 @@ class AnthropicFormatter(BaseFormatter):
     """
 
     name: ClassVar[str] = "anthropic"
+
+    def base_cost(self, counter: TokenCounter) -> int:
+        # The frame, plus the opening user turn's text in case the history opens the messages
+        # with a reply (it then takes the place of the context message the frame counts).
+        return super().base_cost(counter) + counter.count(OPENING_TURN) + self.overhead.per_part
 
     def format(self, items: Sequence[ContextItem]) -> dict[str, Any]:
         layout = layout_items(items)

@@ -20,7 +20,12 @@ from xml.sax.saxutils import quoteattr
 from contextfold.items import ContextItem, Message, SourceType
 from contextfold.tokens import OVERHEADS, MessageOverhead, TokenCounter, block_strings
 
-__all__ = ["BaseFormatter", "Formatter", "Layout", "layout_items", "render_part"]
+__all__ = ["OPENING_TURN", "BaseFormatter", "Formatter", "Layout", "layout_items", "render_part"]
+
+#: The text of the user turn Anthropic and Gemini payloads open with when nothing else would
+#: come before the first assistant turn (both APIs require the first turn to be the user's;
+#: a history cut to fit can start with a reply). Its cost is in those formatters' ``base_cost``.
+OPENING_TURN = "(conversation continues)"
 
 
 @runtime_checkable

@@ -25,7 +25,7 @@ from contextfold.formats._parsing import (
     split_tool_results,
     type_name,
 )
-from contextfold.formats.base import BaseFormatter, layout_items
+from contextfold.formats.base import OPENING_TURN, BaseFormatter, layout_items
 from contextfold.items import (
     ContentBlock,
     ContextItem,
@@ -65,12 +65,21 @@ def message_to_gemini(message: Message, tool_names: dict[str, str]) -> dict[str,
 
 
 def _merge(contents: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consecutive same-role turns merged so roles alternate, opening with a user turn; a user
+    turn's function responses ahead of its other parts."""
     merged: list[dict[str, Any]] = []
     for turn in contents:
         if merged and merged[-1]["role"] == turn["role"]:
             merged[-1]["parts"] = merged[-1]["parts"] + turn["parts"]
         else:
             merged.append({"role": turn["role"], "parts": list(turn["parts"])})
+    if merged and merged[0]["role"] != "user":
+        merged.insert(0, {"role": "user", "parts": [{"text": OPENING_TURN}]})
+    for turn in merged:
+        parts = turn["parts"]
+        if turn["role"] == "user" and any("functionResponse" in p for p in parts):
+            responses = [p for p in parts if "functionResponse" in p]
+            turn["parts"] = responses + [p for p in parts if "functionResponse" not in p]
     return merged
 
 
@@ -83,6 +92,10 @@ class GeminiFormatter(BaseFormatter):
     """
 
     name: ClassVar[str] = "gemini"
+
+    def base_cost(self, counter: TokenCounter) -> int:
+        # As Anthropic's: the frame plus the opening user turn a reply-first history needs.
+        return super().base_cost(counter) + counter.count(OPENING_TURN) + self.overhead.per_part
 
     def format(self, items: Sequence[ContextItem]) -> dict[str, Any]:
         layout = layout_items(items)

@@ -32,11 +32,88 @@ from contextfold.items import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from contextfold.tokens import TokenCounter, block_strings
+from contextfold.tokens import OVERHEADS, TokenCounter
 
-__all__ = ["OpenAIFormatter", "message_to_openai", "parse_openai_messages"]
+__all__ = [
+    "IMAGE_TOKENS",
+    "OpenAIFormatter",
+    "count_openai_message",
+    "message_to_openai",
+    "parse_openai_messages",
+]
 
 _JOIN = "\n\n"
+
+#: Estimated tokens of one image content part by its ``detail`` (OpenAI bills ``low`` at 85 and
+#: a 1024 × 1024 image at ``high`` at 765; the real cost depends on the image's size, which a
+#: payload does not carry). contextfold never builds image parts; this only counts payloads
+#: that carry them.
+IMAGE_TOKENS = {"low": 85, "high": 765, "auto": 765}
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _part_tokens(part: Any, counter: TokenCounter) -> int:
+    """One content part: a text part's text; an image its ``IMAGE_TOKENS`` estimate; anything
+    else the tokens of its compact JSON (an estimate)."""
+    if isinstance(part, dict):
+        if part.get("type") == "text" and isinstance(part.get("text"), str):
+            return counter.count(part["text"])
+        if part.get("type") == "image_url":
+            image = part.get("image_url")
+            detail = image.get("detail", "auto") if isinstance(image, dict) else "auto"
+            return IMAGE_TOKENS.get(detail, IMAGE_TOKENS["high"])
+    if isinstance(part, str):
+        return counter.count(part)
+    return counter.count(_compact(part))
+
+
+def _call_tokens(call: Any, counter: TokenCounter, per_part: int) -> int:
+    """One tool call (an estimate): every string in it (``id``, ``type``, the function's
+    ``name`` and ``arguments``) plus ``per_part``."""
+    if not isinstance(call, dict):
+        return counter.count(_compact(call)) + per_part
+    total = per_part
+    for key, value in call.items():
+        if isinstance(value, str):
+            total += counter.count(value)
+        elif key == "function" and isinstance(value, dict):
+            total += sum(counter.count(v) for v in value.values() if isinstance(v, str))
+        else:
+            total += counter.count(_compact(value))
+    return total
+
+
+def count_openai_message(message: dict[str, Any], counter: TokenCounter) -> int:
+    """Tokens of one Chat Completions message by OpenAI's cookbook: 3, plus the tokens of every
+    string value (the role included), plus 1 for a ``name``.
+
+    What the cookbook does not define is estimated: a list of content parts costs its parts
+    (text parts their text, images ``IMAGE_TOKENS``) plus 1 per part after the first; each tool
+    call costs every string in it plus 1. ``None`` values (an assistant's ``content`` beside its
+    tool calls) cost nothing.
+
+    >>> from contextfold.tokens import TiktokenCounter
+    >>> count_openai_message({"role": "user", "content": "Hello"}, TiktokenCounter())
+    5
+    """
+    oh = OVERHEADS["openai"]
+    total = oh.per_message
+    for key, value in message.items():
+        if isinstance(value, str):
+            total += counter.count(value)
+            if key == "name":
+                total += oh.per_name
+        elif key == "content" and isinstance(value, list):
+            total += sum(_part_tokens(p, counter) for p in value)
+            total += oh.per_part * max(0, len(value) - 1)
+        elif key == "tool_calls" and isinstance(value, list):
+            total += sum(_call_tokens(c, counter, oh.per_part) for c in value)
+        elif value is not None:
+            total += counter.count(_compact(value))
+    return total
 
 
 def message_to_openai(message: Message) -> list[dict[str, Any]]:
@@ -103,11 +180,24 @@ class OpenAIFormatter(BaseFormatter):
     name: ClassVar[str] = "openai"
 
     def message_cost(self, message: Message, counter: TokenCounter) -> int:
-        # A tool message becomes one OpenAI message per result, each with its own overhead.
-        messages = max(1, len(message.tool_result_ids))
+        # Exactly what the message costs as it is written into the payload (a tool message
+        # becomes one OpenAI message per result, each with its own overhead).
+        content = message.content
+        if len(content) == 1 and isinstance(content[0], TextBlock) and message.role != "tool":
+            # The common case, counted without building the message (as count_openai_message
+            # counts {"role", "content"[, "name"]}).
+            oh = self.overhead
+            total = oh.per_message + counter.count(message.role) + counter.count(content[0].text)
+            if message.name:
+                total += counter.count(message.name) + oh.per_name
+            return total
+        return sum(count_openai_message(m, counter) for m in message_to_openai(message))
+
+    def base_cost(self, counter: TokenCounter) -> int:
+        # The frame's messages: system, the context (user) and the query (user), roles counted.
         oh = self.overhead
-        parts = sum(counter.count(s) + oh.per_part for s in block_strings(message))
-        return messages * oh.per_message + parts
+        roles = counter.count("system") + 2 * counter.count("user")
+        return oh.per_request + self.FRAME_MESSAGES * oh.per_message + roles
 
     def format(self, items: Sequence[ContextItem]) -> dict[str, Any]:
         layout = layout_items(items)
@@ -126,20 +216,12 @@ class OpenAIFormatter(BaseFormatter):
         return {"messages": _merge(messages)}
 
     def count_payload(self, payload: Any, counter: TokenCounter) -> int:
-        oh = self.overhead
-        total = oh.per_request
-        for msg in payload["messages"]:
-            total += oh.per_message
-            content = msg.get("content")
-            if isinstance(content, str) and content:
-                total += counter.count(content) + oh.per_part
-            elif isinstance(content, list):
-                total += sum(counter.count(p.get("text", "")) + oh.per_part for p in content)
-            for call in msg.get("tool_calls", []):
-                fn = call["function"]
-                total += (
-                    counter.count(fn["name"]) + counter.count(fn["arguments"]) + 2 * oh.per_part
-                )
+        """The cookbook's count (``count_openai_message`` per message, plus 3 to prime the
+        reply); tool definitions under ``tools``, which contextfold never adds itself, are
+        estimated as the tokens of each definition's compact JSON."""
+        total = self.overhead.per_request
+        total += sum(count_openai_message(m, counter) for m in payload["messages"])
+        total += sum(counter.count(_compact(tool)) for tool in payload.get("tools") or ())
         return total
 
 

@@ -31,11 +31,14 @@ class GenericTextFormatter(BaseFormatter):
 
     name: ClassVar[str] = "text"
 
-    def item_cost(self, item: ContextItem, counter: TokenCounter) -> int:
+    def message_cost(self, message: Message, counter: TokenCounter) -> int:
         # +1: joining parts with a blank line may cost a token beyond the parts themselves.
+        return counter.count(_line(message)) + 1
+
+    def item_cost(self, item: ContextItem, counter: TokenCounter) -> int:
         key = f"{self.name}/{counter.name}"
         if item.source is SourceType.CONVERSATION:
-            return item.memo(key, lambda: counter.count(_line(item_message(item))) + 1)
+            return item.memo(key, lambda: self.message_cost(item_message(item), counter))
         return item.memo(key, lambda: counter.count(render_part(item)) + 1)
 
     def base_cost(self, counter: TokenCounter) -> int:

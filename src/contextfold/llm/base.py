@@ -252,7 +252,7 @@ class HttpChatClient:
             base_url,
             headers={"Content-Type": "application/json", **headers},
             timeout=timeout,
-            retry=retry or RetryPolicy(max_retries=max_retries),
+            retry=retry if retry is not None else RetryPolicy(max_retries=max_retries),
             sleep=sleep,
             rng=rng,
             transport=transport,

@@ -242,7 +242,7 @@ class _Base:
             raise ConfigError(f"timeout must be > 0 seconds, got {timeout}")
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
-        self.retry = retry or RetryPolicy()
+        self.retry = retry if retry is not None else RetryPolicy()
         self._headers = dict(headers or {})
         self._secrets = _secrets(self._headers)
         self._rng = rng or random.Random()

@@ -167,7 +167,7 @@ class Compactor:
         self.summarizer = summarizer
         self.monitor = monitor
         self.protected_recent = protected_recent
-        self.rules = rules or TagRules([])
+        self.rules = rules if rules is not None else TagRules([])
         self.summary_ratio = summary_ratio
         self.min_summary_tokens = min_summary_tokens
         self.tag_summary_tokens = tag_summary_tokens

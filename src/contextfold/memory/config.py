@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from contextfold._envnames import check_env_name
 from contextfold.errors import ConfigError
 from contextfold.memory.rules import TagRule
 
@@ -40,7 +41,9 @@ TEMPLATES = ("chat", "coding", "rag")
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Errors never echo the input: a key pasted where a variable name belongs must not be
+    # printed back (pydantic takes this setting from the outermost model validated).
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
 
 class LLMSettings(_Section):
@@ -55,6 +58,11 @@ class LLMSettings(_Section):
     timeout: float = Field(60.0, gt=0)
     prompt_price_per_million: float = Field(0.0, ge=0)
     completion_price_per_million: float = Field(0.0, ge=0)
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _a_name_not_a_key(cls, value: str | None) -> str | None:
+        return None if value is None else check_env_name(value)
 
 
 class SplittingSettings(_Section):

@@ -131,10 +131,14 @@ class MemoryEngine:
         if config is not None and config_path is not None:
             raise ConfigError("pass either config or config_path, not both")
         self.config = (
-            load_config(config_path) if config_path is not None else config or MemoryConfig()
+            load_config(config_path)
+            if config_path is not None
+            else config
+            if config is not None
+            else MemoryConfig()
         )
         cfg = self.config
-        self.counter = counter or TiktokenCounter(cfg.encoding)
+        self.counter = counter if counter is not None else TiktokenCounter(cfg.encoding)
         if isinstance(store, MemoryStore):
             self.store = store
         else:
@@ -157,8 +161,10 @@ class MemoryEngine:
             max_tags=cfg.tagger.max_tags,
             canonicalizer=self.canonicalizer,
         )
-        self.tagger: Tagger = tagger or self._make_tagger(keyword)
-        self.inbound_tagger: Tagger = inbound_tagger or self._make_inbound(keyword)
+        self.tagger: Tagger = tagger if tagger is not None else self._make_tagger(keyword)
+        self.inbound_tagger: Tagger = (
+            inbound_tagger if inbound_tagger is not None else self._make_inbound(keyword)
+        )
         self.summarizer: Summarizer = summarizer or self._make_summarizer()
         self.compactor = Compactor(
             self.store,
@@ -513,13 +519,17 @@ class MemoryEngine:
             # ones the filter drops (compacted, off-topic) stay candidates.
             live = {key_of(history[i]) for i in self._kept_inputs(filtered)}
             exclude = self._turn_keys.seqs_matching(sid, live) if live else set()
-            ranked = self.recaller.rank(
-                sid,
-                text,
-                tags=tags.tags,
-                related=tags.related_tags,
-                exclude=exclude,
-                tag_counts=self._counts(sid),
+            ranked = (
+                []
+                if self._holds_everything(sid, exclude)
+                else self.recaller.rank(
+                    sid,
+                    text,
+                    tags=tags.tags,
+                    related=tags.related_tags,
+                    exclude=exclude,
+                    tag_counts=self._counts(sid),
+                )
             )
             if self.config.paging.enabled and self.config.paging.mode == "auto":
                 self.pager.touch(sid, list(tags.tags))
@@ -545,6 +555,15 @@ class MemoryEngine:
             history=filtered,
             tagger=tags.source,
         )
+
+    def _holds_everything(self, sid: str, exclude: set[int]) -> bool:
+        """Whether the history the caller sends holds every stored turn of the session, with
+        nothing compacted: then no turn can be recalled, and ranking (the full-text search and
+        the query's embedding) is skipped — its result would be empty. Topics paged in are
+        not ranked turns and are loaded either way."""
+        if len(exclude) < self.store.last_seq(sid):
+            return False
+        return self.store.session(sid).compaction_watermark == 0
 
     @staticmethod
     def _kept_inputs(filtered: FilteredHistory | None) -> list[int]:

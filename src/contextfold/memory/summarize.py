@@ -203,7 +203,7 @@ class LLMSummarizer:
         self.counter = counter
         self.context_window = context_window
         self.reserve = reserve
-        self.fallback = fallback or ExtractiveSummarizer(counter)
+        self.fallback = fallback if fallback is not None else ExtractiveSummarizer(counter)
         self.on_usage = on_usage
         self.temperature = temperature
         self._lock = threading.Lock()

@@ -217,7 +217,7 @@ class KeywordTagger:
             raise ConfigError(f"max_tags must be >= 1, got {max_tags}")
         self.keyphrases = keyphrases
         self.max_tags = max_tags
-        self.canonicalizer = canonicalizer or TagCanonicalizer()
+        self.canonicalizer = canonicalizer if canonicalizer is not None else TagCanonicalizer()
         self.learn = learn
         self.lookback_words = lookback_words
         self._stem_word = _stemmer(language).stemWord

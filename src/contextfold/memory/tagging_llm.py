@@ -137,8 +137,10 @@ class LLMTagger:
             raise ConfigError(f"need 1 <= min_tags <= max_tags, got {min_tags} and {max_tags}")
         self.client = client
         self.model = model
-        self.canonicalizer = canonicalizer or TagCanonicalizer()
-        self.fallback: Tagger = fallback or KeywordTagger(canonicalizer=self.canonicalizer)
+        self.canonicalizer = canonicalizer if canonicalizer is not None else TagCanonicalizer()
+        self.fallback: Tagger = (
+            fallback if fallback is not None else KeywordTagger(canonicalizer=self.canonicalizer)
+        )
         self.min_tags, self.max_tags = min_tags, max_tags
         self.lookback_words = lookback_words
         self.on_usage = on_usage

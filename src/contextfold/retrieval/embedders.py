@@ -555,8 +555,12 @@ class OpenAIEmbedder(_LearnsDim):
         self.model = model
         self.batch_size = batch_size
         self._dim = dim
-        self.client = client or OpenAICompatibleClient(
-            base_url, api_key=api_key, timeout=timeout, max_retries=max_retries
+        self.client = (
+            client
+            if client is not None
+            else OpenAICompatibleClient(
+                base_url, api_key=api_key, timeout=timeout, max_retries=max_retries
+            )
         )
 
     def __repr__(self) -> str:

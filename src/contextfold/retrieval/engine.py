@@ -48,7 +48,7 @@ class _TokenLimited:
         if max_context_length <= 0:
             raise ConfigError(f"max_context_length must be positive, got {max_context_length}")
         self.max_context_length = max_context_length
-        self.counter = counter or TiktokenCounter("cl100k_base")
+        self.counter = counter if counter is not None else TiktokenCounter("cl100k_base")
 
     def _fill(self, head: str, chunks: Sequence[ContextItem], tail: str = "") -> str:
         """``head`` + as many labelled chunks as fit + ``tail``; the first chunk that does not
@@ -147,7 +147,7 @@ class ContextEngine:
         self.memory = memory if memory is not None else DocumentIndex(chunker=chunker)
         self.chunker = chunker or self.memory.chunker
         self.retriever = retriever if retriever is not None else HybridRetriever(memory=self.memory)
-        self.composer: Composer = composer or ContextComposer()
+        self.composer: Composer = composer if composer is not None else ContextComposer()
         self.document_ids: dict[str, bool] = {}
         self._cache: OrderedDict[tuple[str, int, int], str] = OrderedDict()
         self._cache_size = cache_size

@@ -52,6 +52,7 @@ from contextfold.budget import graph_budget
 from contextfold.errors import EmbeddingError
 from contextfold.items import ContextItem, SourceType
 from contextfold.retrieval.base import MatchSource
+from contextfold.retrieval.floor import RelevanceFloor, resolve_floor
 from contextfold.retrieval.fusion import rrf
 from contextfold.store.graph import (
     EdgeType,
@@ -226,7 +227,9 @@ class ContextStats(BaseModel):
     types only). ``nodes_expanded``: nodes whose neighbours the walk read. ``max_depth_reached``:
     the deepest level at which the walk found a node (before ``context_limit`` and the
     budget). ``entry_points_found`` / ``context_nodes_found``: nodes returned. Tokens are
-    always counted; ``total_tokens`` is the sum of ``tokens_used``.
+    always counted; ``total_tokens`` is the sum of ``tokens_used``. ``encoding`` names the
+    encoding they were counted with and ``encoding_fallback`` says whether it was a fallback
+    (``token_model`` is a model with no known tokenizer: the counts are estimates).
 
     >>> ContextStats().tokens_used.entities
     0
@@ -241,6 +244,8 @@ class ContextStats(BaseModel):
     context_nodes_found: int = 0
     total_tokens: int = 0
     tokens_used: TokensUsed = Field(default_factory=TokensUsed)
+    encoding: str | None = None
+    encoding_fallback: bool = False
 
 
 class GraphContextResponse(BaseModel):
@@ -328,6 +333,7 @@ def _entry_points(
     embedder: Embedder | None,
     fetch_k: int,
     min_similarity: float,
+    floor: RelevanceFloor | None,
 ) -> tuple[list[EntryPointResult], int]:
     types = request.resolved_entry_types()
     candidates = [n for n in view.nodes.values() if n.node_type in types]
@@ -335,7 +341,11 @@ def _entry_points(
         return [], len(candidates)
     depth = max(request.entry_limit, fetch_k)
     bm25 = view.memo(("bm25", types), lambda: _bm25(candidates))
-    rankings = {"bm25": [i for i, _ in bm25.search(request.query, depth)]}
+    bm25_hits = bm25.search(request.query, depth)
+    rankings = {"bm25": [i for i, _ in bm25_hits]}
+    ceiling = bm25.ceiling(request.query)
+    shares = {i: score / ceiling for i, score in bm25_hits} if ceiling > 0 else {}
+    cosines: dict[str, float] = {}
     if embedder is not None:
         dense = view.memo(
             ("dense", types, embedder.name), lambda: _vectors(graph, embedder, candidates)
@@ -348,6 +358,16 @@ def _entry_points(
             )
         hits = dense.search(query[0], depth)
         rankings["vector"] = [i for i, sim in hits if sim > min_similarity]
+        cosines = dict(hits)
+    if floor is not None:  # a node stays when either signal clears its floor
+        mode = "hybrid" if embedder is not None else "bm25"
+        keep = {
+            i
+            for ranked in rankings.values()
+            for i in ranked
+            if floor.keeps(mode, shares.get(i), cosines.get(i))
+        }
+        rankings = {signal: [i for i in ranked if i in keep] for signal, ranked in rankings.items()}
     results = []
     for hit in rrf(rankings, k=RRF_K, limit=request.entry_limit):
         source: MatchSource = (
@@ -444,17 +464,23 @@ def graph_context(
     counter: TokenCounter | None = None,
     fetch_k: int = 100,
     min_similarity: float = 0.0,
+    relevance_floor: RelevanceFloor | Mapping[str, float] | bool | None = True,
 ) -> GraphContextResponse:
     """Answer ``request`` from ``graph`` (the four steps in the module docs).
 
     ``embedder`` adds dense search to BM25; a dense hit counts only when its cosine
     similarity exceeds ``min_similarity``. Each signal ranks at most
-    ``max(entry_limit, fetch_k)`` candidates before fusion. ``counter`` overrides the
-    ``token_model``'s tokenizer.
+    ``max(entry_limit, fetch_k)`` candidates before fusion. Entry points must clear the
+    relevance floor (``contextfold.retrieval.floor``; ``relevance_floor=False`` turns it off):
+    a query the graph does not cover gets no entry points, hence no context. ``counter``
+    overrides the ``token_model``'s tokenizer.
     """
     view = graph.view(request.tenant_ids)
-    counter = counter or _counter(request.token_model)
-    entries, searched = _entry_points(graph, view, request, embedder, fetch_k, min_similarity)
+    counter = counter if counter is not None else _counter(request.token_model)
+    floor = resolve_floor(relevance_floor, embedder.name if embedder is not None else None)
+    entries, searched = _entry_points(
+        graph, view, request, embedder, fetch_k, min_similarity, floor
+    )
     context: list[ContextNodeResult] = []
     expanded = deepest = 0
     if request.expand and request.max_depth > 0 and entries:
@@ -491,6 +517,8 @@ def graph_context(
         context_nodes_found=len(context),
         total_tokens=entry_tokens + context_tokens + entity_tokens,
         tokens_used=used,
+        encoding=getattr(counter, "encoding_name", None),
+        encoding_fallback=bool(getattr(counter, "fallback", False)),
     )
     return GraphContextResponse(
         entry_points=entries, context=context, entities=entities, stats=stats

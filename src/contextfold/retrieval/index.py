@@ -30,6 +30,7 @@ from contextfold.errors import ConfigError
 from contextfold.items import ContextItem, QueryBundle, SourceType
 from contextfold.retrieval.base import Chunk, Chunker, Embedder, SearchHit, chunk_id, content_hash
 from contextfold.retrieval.dense import NumpyVectorIndex, USearchVectorIndex, VectorIndex
+from contextfold.retrieval.floor import RelevanceFloor, resolve_floor
 from contextfold.retrieval.fusion import FusedHit, convex, mmr, rrf
 from contextfold.retrieval.sparse import BM25Index
 from contextfold.store.documents import DocumentRecord, DocumentStore, _now
@@ -45,17 +46,25 @@ _MODES = ("bm25", "dense", "hybrid")
 
 @dataclass(frozen=True)
 class AddResult:
-    """What ``add_document`` did: the document id, whether it was new, its chunk ids."""
+    """What ``add_document`` did: the document id, whether it was new, its chunk ids.
+
+    ``alias_of`` names the document this id became another id of (the same text was already
+    stored under it): nothing new was indexed, and ``chunk_ids`` are the shared chunks."""
 
     doc_id: str
     added: bool
     chunk_ids: list[str] = field(default_factory=list)
+    alias_of: str | None = None
 
 
 @dataclass
 class _Signals:
     rankings: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
     scores: dict[str, dict[str, float]] = field(default_factory=dict)
+    shares: dict[str, float] = field(default_factory=dict)  # BM25 score / the query's ceiling
+
+
+FloorSetting = RelevanceFloor | Mapping[str, float] | bool | None
 
 
 # Theoretical minimum score of each signal, for min-max normalisation (TM2C2).
@@ -101,6 +110,11 @@ class DocumentIndex:
     ``alpha=0.2`` was chosen on SciFact's *train* split and gives nDCG@10 0.735 on its test
     split against 0.715 for plain RRF. ``fusion="rrf"`` is Reciprocal Rank Fusion (``rrf_k``,
     per-signal ``weights``).
+
+    ``relevance_floor`` drops hits whose evidence is too weak to be an answer (see
+    ``contextfold.retrieval.floor``): ``True`` (the default) uses the floors calibrated on
+    SciFact's train split, ``False`` keeps every hit (the behaviour before the floor), a
+    ``RelevanceFloor`` or a mapping such as ``{"dense": 0.4}`` sets them.
     """
 
     def __init__(
@@ -116,6 +130,7 @@ class DocumentIndex:
         rrf_k: int = 60,
         weights: Mapping[str, float] | None = None,
         fetch_k: int = 100,
+        relevance_floor: FloorSetting = True,
     ) -> None:
         if fusion not in ("convex", "rrf"):
             raise ConfigError(f"fusion must be 'convex' or 'rrf', got {fusion!r}")
@@ -124,6 +139,8 @@ class DocumentIndex:
                 f"alpha (the BM25 share of convex fusion) must be in [0, 1], got {alpha}"
             )
         self.fusion, self.alpha = fusion, alpha
+        resolve_floor(relevance_floor)  # fail early on a bad setting
+        self._floor_setting = relevance_floor
         if path is not None and (Path(path).is_dir() or not Path(path).suffix):
             path = Path(path) / "documents.db"  # a folder, as the seed's FAISSMemory(path=...)
         self.path = None if path is None else Path(path)
@@ -134,7 +151,7 @@ class DocumentIndex:
         self.rrf_k, self.weights, self.fetch_k = rrf_k, dict(weights or {}), fetch_k
         self._vector_kind = vector_index
         self._lock = threading.RLock()
-        self._bm25 = bm25 or BM25Index()
+        self._bm25 = bm25 if bm25 is not None else BM25Index()
         self._bm25_params = {
             "k1": self._bm25.k1,
             "b": self._bm25.b,
@@ -249,7 +266,9 @@ class DocumentIndex:
         chunker: Chunker | None = None,
     ) -> AddResult:
         """Chunk, embed and index one document. The same text in the same tenant is stored
-        once: adding it again returns the existing id with ``added=False``."""
+        once: adding it again returns ``added=False``, under the existing id, or under
+        ``doc_id`` when that is a new id, which then becomes an alias of the stored document:
+        search reports both ids and removing one keeps the other."""
         return self.add_documents(
             [(text, metadata)],
             tenant=tenant,
@@ -280,17 +299,35 @@ class DocumentIndex:
         self._ensure_loaded()
         results: list[AddResult] = []
         pending: list[_Pending] = []
+        aliases: list[tuple[str, str]] = []
         pending_chunks = 0
-        seen: dict[str, str] = {}
+        seen: dict[str, tuple[str, list[str]]] = {}  # digest -> (storage id, its ids)
         for n, (text, metadata) in enumerate(documents):
             if not isinstance(text, str) or not text.strip():
                 raise ConfigError(f"document {n} is empty; nothing to index")
             digest = content_hash(text)
-            existing = seen.get(digest) or self.store.find(tenant, digest)
-            if existing is not None:
-                results.append(AddResult(existing, added=False))
-                continue
             given = doc_ids[n] if doc_ids is not None and n < len(doc_ids) else None
+            if digest not in seen:
+                stored = self.store.find(tenant, digest)
+                if stored is not None:
+                    seen[digest] = (stored, self.store.ids_of([stored]).get(stored, []))
+            if digest in seen:
+                storage_id, names = seen[digest]
+                if given is None or given in names:
+                    results.append(AddResult(given or names[0], added=False))
+                    continue
+                aliases.append((given, storage_id))
+                shared = next((p.chunks for p in pending if p.record.id == storage_id), None)
+                chunk_ids = (
+                    [c.id for c in shared]
+                    if shared is not None
+                    else self.store.chunk_ids(storage_id)
+                )
+                results.append(
+                    AddResult(given, added=False, chunk_ids=chunk_ids, alias_of=names[0])
+                )
+                names.append(given)
+                continue
             record = DocumentRecord(
                 id=given or content_hash(f"{tenant}\x1f{digest}")[:20],
                 tenant=tenant,
@@ -300,15 +337,15 @@ class DocumentIndex:
                 metadata=dict(metadata or {}),
                 created_at=_now(),
             )
-            seen[digest] = record.id
+            seen[digest] = (record.id, [record.id])
             chunks = self._chunks(record, chunker if chunk else None, split=chunk)
             pending.append(_Pending(record, chunks))
             results.append(AddResult(record.id, added=True, chunk_ids=[c.id for c in chunks]))
             pending_chunks += len(chunks)
             if pending_chunks >= batch_size:
-                self._flush(pending, progress)
-                pending, pending_chunks = [], 0
-        self._flush(pending, progress)
+                self._flush(pending, progress, aliases)
+                pending, aliases, pending_chunks = [], [], 0
+        self._flush(pending, progress, aliases)
         return results
 
     def _chunks(
@@ -338,8 +375,13 @@ class DocumentIndex:
             ]
         return chunks
 
-    def _flush(self, pending: list[_Pending], progress: Callable[[int], None] | None) -> None:
-        if not pending:
+    def _flush(
+        self,
+        pending: list[_Pending],
+        progress: Callable[[int], None] | None,
+        aliases: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        if not pending and not aliases:
             return
         embedder = self.embedder
         texts = [c.text for p in pending for c in p.chunks]
@@ -354,7 +396,7 @@ class DocumentIndex:
                 batch.append((p.record, p.chunks, part))
                 offset += n
             before = self.store.version
-            self.store.add_many(batch, model=embedder.name if embedder else None)
+            self.store.add_many(batch, model=embedder.name if embedder else None, aliases=aliases)
             self._wrote(before)
             for _, chunks, part in batch:
                 self._bm25.add([c.id for c in chunks], [c.text for c in chunks])
@@ -366,17 +408,20 @@ class DocumentIndex:
             progress(len(pending))
 
     def remove_document(self, doc_id: str) -> bool:
-        """Delete a document and its chunks; returns whether it existed."""
+        """Delete the document id ``doc_id``; returns whether it existed. The chunks go with
+        the document's last id: removing one of several ids of the same text keeps the rest
+        searchable."""
         self._ensure_loaded()
         with self._lock:
             self._attach_texts()
+            existed = self.store.resolve(doc_id) is not None
             before = self.store.version
             chunk_ids = self.store.remove(doc_id)
             self._wrote(before)
             self._bm25.remove(chunk_ids)
             if self._vectors is not None:
                 self._vectors.remove(chunk_ids)
-        return bool(chunk_ids)
+        return existed
 
     def clear(self) -> None:
         """Remove every document (the seed's ``clear()``)."""
@@ -429,6 +474,7 @@ class DocumentIndex:
         filters: Mapping[str, Any] | None = None,
         weights: Mapping[str, float] | None = None,
         mmr_lambda: float | None = None,
+        relevance_floor: FloorSetting = None,
     ) -> list[SearchHit]:
         """The ``k`` best chunks for ``query``.
 
@@ -436,13 +482,15 @@ class DocumentIndex:
         index's ``fusion`` (see the class docstring); a chunk both signals found is
         ``match_source="hybrid"``. ``weights`` (RRF fusion, e.g. ``{"bm25": 1.0, "vector":
         0.7}``) override the index's defaults; ``mmr_lambda`` re-ranks the fused list for
-        diversity. A ``QueryBundle`` with an ``embedding`` skips embedding the query.
+        diversity. A ``QueryBundle`` with an ``embedding`` skips embedding the query. Hits
+        below the relevance floor are left out (``relevance_floor`` overrides the index's for
+        this call), so a query the corpus does not cover returns nothing.
         """
         if k <= 0:
             return []
         depth = max(k, self.fetch_k) if mode == "hybrid" or mmr_lambda is not None else k
         found = self._signals(query, mode, depth, tenants, filters)
-        fused = self._fuse(found, weights)
+        fused = self._above_floor(self._fuse(found, weights), found, mode, relevance_floor)
         if mmr_lambda is not None:
             fused = self._diversify(fused, k, mmr_lambda)
         fused = fused[:k]
@@ -453,6 +501,8 @@ class DocumentIndex:
             signals = set(hit.ranks)
             source = "hybrid" if len(signals) > 1 else ("bm25" if "bm25" in signals else "vector")
             per_signal = {s: v[hit.id] for s, v in found.scores.items() if hit.id in v}
+            if hit.id in found.shares:
+                per_signal["bm25_share"] = found.shares[hit.id]
             if len(found.rankings) > 1:
                 per_signal["hybrid"] = hit.score
             hits.append(
@@ -466,6 +516,7 @@ class DocumentIndex:
                     metadata={
                         **row["metadata"],
                         "doc_id": row["doc_id"],
+                        "doc_ids": list(row["doc_ids"]),
                         "chunk_index": row["index"],
                         "tenant": row["tenant"],
                         "source": row["source"],
@@ -511,12 +562,34 @@ class DocumentIndex:
             found.scores["bm25"] = dict(
                 zip(pool, self._bm25.score_of(bm25_scores, pool), strict=True)
             )
+            ceiling = self._bm25.ceiling(bundle.query_str)
+            if ceiling > 0:
+                found.shares = {i: v / ceiling for i, v in found.scores["bm25"].items()}
         if vector is not None and "vector" in found.rankings and self._vectors is not None:
             sims = self._vectors.similarities(vector, pool)
             found.scores["vector"] = {
                 i: s for i, s in zip(pool, sims, strict=True) if s is not None
             }
         return found
+
+    @property
+    def relevance_floor(self) -> RelevanceFloor | None:
+        """The floor searches apply (None: off), resolved for this index's embedder."""
+        return self._floor(None)
+
+    def _floor(self, setting: FloorSetting) -> RelevanceFloor | None:
+        chosen = self._floor_setting if setting is None else setting
+        embedder = self.embedder
+        return resolve_floor(chosen, embedder.name if embedder is not None else None)
+
+    def _above_floor(
+        self, hits: list[FusedHit], found: _Signals, mode: str, setting: FloorSetting
+    ) -> list[FusedHit]:
+        floor = self._floor(setting)
+        if floor is None:
+            return hits
+        cosine = found.scores.get("vector", {})
+        return [h for h in hits if floor.keeps(mode, found.shares.get(h.id), cosine.get(h.id))]
 
     def _fuse(self, found: _Signals, weights: Mapping[str, float] | None) -> list[FusedHit]:
         ranks = {s: {i: n for n, (i, _) in enumerate(r, 1)} for s, r in found.rankings.items()}
@@ -546,26 +619,40 @@ class DocumentIndex:
         tenants: Sequence[str] | None = None,
         filters: Mapping[str, Any] | None = None,
         weights: Mapping[str, float] | None = None,
+        relevance_floor: FloorSetting = None,
     ) -> list[tuple[str, float]]:
         """The ``k`` best documents as ``(doc id, score)``: a document scores as its best
         chunk (MaxP). Score fusion fuses chunks, then takes each document's best; RRF ranks
         documents per signal by their best chunk, then fuses the document rankings. This is
-        the form document-level evaluation (SciFact, Cranfield) needs."""
+        the form document-level evaluation (SciFact, Cranfield) needs. Chunks below the
+        relevance floor do not count (as in ``search``)."""
         if k <= 0:
             return []
         found = self._signals(query, mode, depth or max(4 * k, self.fetch_k), tenants, filters)
         chunk_ids = {cid for ranked in found.rankings.values() for cid, _ in ranked}
-        doc_of = {cid: row["doc_id"] for cid, row in self.store.chunks(chunk_ids).items()}
+        # Every id of a chunk's document: one text stored under several ids answers as each.
+        doc_of = {cid: row["doc_ids"] for cid, row in self.store.chunks(chunk_ids).items()}
         if len(found.rankings) > 1 and self.fusion == "rrf":
+            floor = self._floor(relevance_floor)
+            cosine = found.scores.get("vector", {})
             doc_rankings = {
-                signal: list(dict.fromkeys(doc_of[cid] for cid, _ in ranked))
+                signal: list(
+                    dict.fromkeys(
+                        doc_id
+                        for cid, _ in ranked
+                        if floor is None
+                        or floor.keeps(mode, found.shares.get(cid), cosine.get(cid))
+                        for doc_id in doc_of[cid]
+                    )
+                )
                 for signal, ranked in found.rankings.items()
             }
             fused = rrf(doc_rankings, k=self.rrf_k, weights={**self.weights, **(weights or {})})
             return [(hit.id, hit.score) for hit in fused[:k]]
         best: dict[str, float] = {}
-        for hit in self._fuse(found, weights):
-            best.setdefault(doc_of[hit.id], hit.score)
+        for hit in self._above_floor(self._fuse(found, weights), found, mode, relevance_floor):
+            for doc_id in doc_of[hit.id]:
+                best.setdefault(doc_id, hit.score)
         return list(best.items())[:k]
 
     def _query_vector(self, bundle: QueryBundle, *, required: bool) -> np.ndarray | None:

@@ -169,7 +169,7 @@ class SparseRetriever:
         self, context_store: InMemoryContextStore | None = None, *, bm25: BM25Index | None = None
     ) -> None:
         self.context_store = context_store if context_store is not None else InMemoryContextStore()
-        self._bm25 = bm25 or BM25Index()
+        self._bm25 = bm25 if bm25 is not None else BM25Index()
 
     def index(self, items: Sequence[ContextItem]) -> None:
         self.context_store.add(items)

@@ -174,6 +174,29 @@ class BM25Index:
             return np.zeros(len(self._ids), dtype=np.float32)
         return np.asarray(self._model.get_scores_from_ids(term_ids), dtype=np.float32)
 
+    def ceiling(self, query: str) -> float:
+        """The most a document of this index could score for ``query``: for each of its terms
+        the best score any document gets for that term, summed; a term no document has counts
+        as much as the index's rarest term (it is evidence no document matches). Dividing a
+        score by it gives a share in [0, 1] that does not grow with the query's length or the
+        corpus's size, which is what a relevance floor compares."""
+        if self._dirty:
+            self.build()
+        if self._model is None:
+            return 0.0
+        matrix = self._model.scores
+        data, indptr = matrix["data"], matrix["indptr"]
+        vocab = self._model.vocab_dict
+        unseen = float(data.max()) if len(data) else 0.0
+        total = 0.0
+        for term in self._analyze(query):
+            column = vocab.get(term)
+            if column is None or indptr[column + 1] == indptr[column]:
+                total += unseen
+            else:
+                total += float(data[indptr[column] : indptr[column + 1]].max())
+        return total
+
     def score_of(self, scores: np.ndarray, ids: Sequence[str]) -> list[float]:
         """Look up ``ids`` in a ``scores(query)`` vector (0.0 for unknown ids)."""
         return [float(scores[self._row[i]]) if i in self._row else 0.0 for i in ids]

@@ -31,15 +31,17 @@ def create_app(
     over ``config.limits.max_body_bytes`` get a 413 (``contextfold.server.guards``)."""
     from fastapi import FastAPI
 
-    from contextfold.server import context_api, dashboard, guards, proxy
+    from contextfold.server import api_docs, context_api, dashboard, guards, proxy
 
     memory_error: str | None = None
     if state is None:
-        config = config or ServerConfig()
+        config = config if config is not None else ServerConfig()
         if memory is None:
             memory, memory_error = _open_memory(config)
         state = ServerState(config=config, memory=memory, memory_error=memory_error)
-    app = FastAPI(title="contextfold", version=_version())
+    # /docs is served from the package's own Swagger UI files (api_docs), not FastAPI's CDN
+    # page; ReDoc, CDN-only too, is off.
+    app = FastAPI(title="contextfold", version=_version(), docs_url=None, redoc_url=None)
     app.state.contextfold = state
     guards.install(app, state.config.limits)  # body size, UTF-8, one JSON error shape
 
@@ -51,6 +53,7 @@ def create_app(
             return {"status": "degraded", "memory": f"down: {state.memory_error}"}
         return {"status": "ok", "memory": "ok"}
 
+    app.include_router(api_docs.router(app.openapi_url or "/openapi.json", app.title))
     app.include_router(context_api.router(state))
     app.include_router(dashboard.router(state))
     proxy_routes = proxy.router(state)

@@ -1,4 +1,6 @@
-"""``ServerConfig``: the ``server:`` section of ``contextfold.yaml`` (or its own file).
+"""``ServerConfig``: the server's own YAML file (``contextfold serve --config server.yaml``),
+its keys at the top level; the memory engine's ``contextfold.yaml`` is a separate file
+(``memory_config``). ``contextfold config validate`` checks either kind.
 
 Each part of the server owns one section model here: ``proxy`` (upstreams and instances),
 ``context_api`` (API keys → tenants), ``dashboard`` (token), ``limits`` (bad-input guards).
@@ -21,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from contextfold._envnames import ENV_NAME, check_env_name, looks_like_a_key
 from contextfold.errors import ConfigError
 
 __all__ = [
@@ -95,7 +98,6 @@ class ProxySettings(_Section):
         return _no_credentials(value)
 
 
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Tenant (and document) ids: letters, digits and ``. _ : @ -``, starting with a letter or digit.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
 
@@ -109,7 +111,10 @@ class ContextApiSettings(_Section):
     keys the API is open to every caller while the server binds to loopback, and answers 401
     to everyone when it binds anywhere else. ``graph_path``: the SQLite file of nodes, edges and
     documents (default ``<home>/graph.db``). ``hybrid``: rank entry points with the memory
-    engine's embedder as well as BM25 (when the engine has one).
+    engine's embedder as well as BM25 (when the engine has one). ``relevance_floor``: entry
+    points must clear the calibrated relevance floor (``true``, the default), none (``false``),
+    or the floors given per mode (``{bm25: 0.1, dense: 0.3, hybrid: 0.35}``; modes left out
+    keep their default); see docs/retrieval.md.
 
     >>> ContextApiSettings(api_keys={"SUPPORT_KEY": ["support", "shared"]}).api_keys
     {'SUPPORT_KEY': ['support', 'shared']}
@@ -118,12 +123,30 @@ class ContextApiSettings(_Section):
     api_keys: dict[str, list[str]] = Field(default_factory=dict)
     graph_path: str | None = None
     hybrid: bool = True
+    relevance_floor: bool | dict[str, float] = True
+
+    @field_validator("relevance_floor")
+    @classmethod
+    def _floor_modes(cls, value: bool | dict[str, float]) -> bool | dict[str, float]:
+        unknown = (
+            sorted(set(value) - {"bm25", "dense", "hybrid"}) if isinstance(value, dict) else []
+        )
+        if unknown:
+            raise ValueError(f"relevance_floor modes are bm25, dense and hybrid; got {unknown}")
+        return value
 
     @field_validator("api_keys")
     @classmethod
     def _names_not_keys(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
         for name, tenants in value.items():
-            if not _ENV_NAME.fullmatch(name):
+            if looks_like_a_key(name):
+                raise ValueError(
+                    "api_keys maps environment variable names to tenants, and one of its names "
+                    "looks like an API key itself (the value is not shown). Put the key in an "
+                    "environment variable and name that variable here: keys never belong in a "
+                    "config file"
+                )
+            if not ENV_NAME.fullmatch(name):
                 raise ValueError(
                     "api_keys maps environment variable names to tenants, and one of its names "
                     "is not a variable name (letters, digits and _ only). Put the key itself "
@@ -157,6 +180,11 @@ class DashboardSettings(_Section):
         "Do I need receipts for meals under 10 euros?",
     )
 
+    @field_validator("token_env")
+    @classmethod
+    def _a_name_not_a_token(cls, value: str | None) -> str | None:
+        return None if value is None else check_env_name(value)
+
 
 class LimitSettings(_Section):
     """Bad-input guards. Every route: a request body larger than ``max_body_bytes`` is
@@ -186,6 +214,11 @@ class ServerConfig(_Section):
     context_api: ContextApiSettings = ContextApiSettings()
     dashboard: DashboardSettings = DashboardSettings()
     limits: LimitSettings = LimitSettings()
+
+    @field_validator("secret_env")
+    @classmethod
+    def _a_name_not_a_secret(cls, value: str) -> str:
+        return check_env_name(value)
 
     @model_validator(mode="after")
     def _distinct_ports(self) -> ServerConfig:
@@ -217,6 +250,12 @@ def load_server_config(path: str | Path) -> ServerConfig:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: expected a mapping at the top level, got {type(data).__name__}")
+    if list(data) == ["server"]:
+        raise ConfigError(
+            f"{file}: a server config has its keys at the top level (host, port, proxy, "
+            "context_api, dashboard, limits, ...), not under 'server:'; remove that line and "
+            "unindent the rest"
+        )
     try:
         return ServerConfig.model_validate(data)
     except ValidationError as exc:

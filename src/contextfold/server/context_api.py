@@ -343,7 +343,9 @@ def router(state: ServerState) -> APIRouter:
         tenants = who.visible(body.tenant_ids)
         request = body.model_copy(update={"tenant_ids": tenants})
         embedder = state.memory.embedder if settings.hybrid else None
-        result = graph_context(graph, request, embedder=embedder)
+        result = graph_context(
+            graph, request, embedder=embedder, relevance_floor=settings.relevance_floor
+        )
         response.headers["X-Contextfold-Tenants"] = ",".join(tenants)
         _publish(state, who, request, result, (time.perf_counter() - started) * 1000)
         return result

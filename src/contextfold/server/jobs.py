@@ -95,10 +95,10 @@ class JobWorker:
                 self.failed += 1
                 self.errors = [*self.errors[-9:], message]
                 logger.error("job %d (%s) failed: %s", job.id, job.session_id, message)
-                self._settle(partial(store.fail_job, job.id, message))
+                self._settle(partial(store.fail_job, job.id, message, owner=self.owner))
             else:
                 self.done += 1
-                self._settle(partial(store.finish_job, job.id))
+                self._settle(partial(store.finish_job, job.id, self.owner))
                 if self.on_done is not None:
                     try:
                         self.on_done(job.session_id)
@@ -110,7 +110,7 @@ class JobWorker:
                 with self._lock:
                     self._busy.discard(job.session_id)
 
-    def _settle(self, write: Callable[[], None]) -> None:
+    def _settle(self, write: Callable[[], object]) -> None:
         try:
             write()
         except Exception as exc:  # the lease runs out and the job is claimed again

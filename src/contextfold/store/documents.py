@@ -2,7 +2,9 @@
 
 It is the source of truth for a retrieval index (``contextfold.retrieval.index``): the BM25 and
 vector indexes are derived from it and can always be rebuilt from it. Documents are
-content-addressed per tenant, so ingesting the same text twice stores it once.
+content-addressed per tenant, so ingesting the same text twice stores it once; every id it was
+ingested under stays an id of it (``document_ids``: the first id and its aliases share the
+chunks), so each one can be searched, resolved and removed on its own.
 """
 
 from __future__ import annotations
@@ -53,6 +55,22 @@ def m001_create_documents(conn: sqlite3.Connection) -> None:
     conn.execute("INSERT INTO corpus_meta (key, value) VALUES ('version', '0')")
 
 
+@MIGRATIONS.migration
+def m002_document_ids(conn: sqlite3.Connection) -> None:
+    """Every id a document answers to: the one it was stored under and any alias (the same
+    text ingested again under another id). A stored document lives while it has an id."""
+    conn.execute(
+        "CREATE TABLE document_ids ("
+        " id TEXT PRIMARY KEY,"
+        " doc_id TEXT NOT NULL REFERENCES documents(id) ON DELETE CASCADE,"
+        " created_at TEXT NOT NULL)"
+    )
+    conn.execute("CREATE INDEX document_ids_by_doc ON document_ids (doc_id)")
+    conn.execute(
+        "INSERT INTO document_ids (id, doc_id, created_at) SELECT id, id, created_at FROM documents"
+    )
+
+
 class DocumentRecord(BaseModel):
     """A stored document (without its chunks)."""
 
@@ -95,12 +113,42 @@ class DocumentStore:
         )
 
     def find(self, tenant: str, content_hash: str) -> str | None:
-        """The id of the document with this content in this tenant, if stored."""
+        """The storage id of the document with this content in this tenant, if stored (see
+        ``ids_of`` for the ids it answers to)."""
         row = self._conn.execute(
             "SELECT id FROM documents WHERE tenant = ? AND content_hash = ?",
             (tenant, content_hash),
         ).fetchone()
         return None if row is None else str(row[0])
+
+    def resolve(self, doc_id: str) -> str | None:
+        """The storage id of the document that ``doc_id`` (its own id or an alias) names."""
+        row = self._conn.execute(
+            "SELECT doc_id FROM document_ids WHERE id = ?", (doc_id,)
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def ids_of(self, storage_ids: Iterable[str]) -> dict[str, list[str]]:
+        """Every id each stored document answers to, oldest first."""
+        wanted = list(dict.fromkeys(storage_ids))
+        found: dict[str, list[str]] = {}
+        for start in range(0, len(wanted), 500):
+            part = wanted[start : start + 500]
+            rows = self._conn.execute(
+                "SELECT id, doc_id FROM document_ids"
+                f" WHERE doc_id IN ({','.join('?' * len(part))}) ORDER BY rowid",
+                part,
+            )
+            for row in rows:
+                found.setdefault(row[1], []).append(row[0])
+        return found
+
+    def chunk_ids(self, storage_id: str) -> list[str]:
+        """The ids of a stored document's chunks, in order."""
+        rows = self._conn.execute(
+            "SELECT id FROM chunks WHERE doc_id = ? ORDER BY idx", (storage_id,)
+        )
+        return [r[0] for r in rows]
 
     def add(
         self,
@@ -119,9 +167,11 @@ class DocumentStore:
         batch: Sequence[tuple[DocumentRecord, Sequence[Chunk], npt.NDArray[np.float32] | None]],
         *,
         model: str | None = None,
+        aliases: Sequence[tuple[str, str]] = (),
     ) -> None:
         """Store several documents in one transaction (all or none): far fewer commits than
-        one ``add`` per document when ingesting a corpus."""
+        one ``add`` per document when ingesting a corpus. ``aliases`` are ``(id, storage id)``
+        pairs: more ids for documents stored before or in this batch."""
         for document, chunks, vectors in batch:
             if vectors is not None and (model is None or len(vectors) != len(chunks)):
                 raise ConfigError(
@@ -131,6 +181,10 @@ class DocumentStore:
         with transaction(self._conn) as conn:
             for document, chunks, vectors in batch:
                 self._insert(conn, document, chunks, vectors, model)
+            conn.executemany(
+                "INSERT INTO document_ids (id, doc_id, created_at) VALUES (?, ?, ?)",
+                [(alias, storage_id, _now()) for alias, storage_id in aliases],
+            )
             self._bump()
 
     @staticmethod
@@ -153,6 +207,10 @@ class DocumentStore:
                 json.dumps(document.metadata),
                 document.created_at,
             ),
+        )
+        conn.execute(
+            "INSERT INTO document_ids (id, doc_id, created_at) VALUES (?, ?, ?)",
+            (document.id, document.id, document.created_at),
         )
         conn.executemany(
             "INSERT INTO chunks (id, doc_id, idx, text, start, end_, token_count, metadata)"
@@ -181,10 +239,19 @@ class DocumentStore:
             )
 
     def remove(self, doc_id: str) -> list[str]:
-        """Delete a document (its chunks and vectors cascade); returns the chunk ids removed."""
+        """Remove the id ``doc_id`` (the document's own or an alias). The document itself (its
+        chunks and vectors cascade) goes with its last id; returns the chunk ids removed, none
+        while other ids still name the document."""
         with transaction(self._conn) as conn:
-            ids = [r[0] for r in conn.execute("SELECT id FROM chunks WHERE doc_id = ?", (doc_id,))]
-            conn.execute("DELETE FROM documents WHERE id = ?", (doc_id,))
+            storage_id = self.resolve(doc_id)
+            conn.execute("DELETE FROM document_ids WHERE id = ?", (doc_id,))
+            ids: list[str] = []
+            left = conn.execute(
+                "SELECT COUNT(*) FROM document_ids WHERE doc_id = ?", (storage_id,)
+            ).fetchone()[0]
+            if storage_id is not None and not left:
+                ids = self.chunk_ids(storage_id)
+                conn.execute("DELETE FROM documents WHERE id = ?", (storage_id,))
             self._bump()
         return ids
 
@@ -194,17 +261,27 @@ class DocumentStore:
             self._bump()
 
     def count(self) -> tuple[int, int]:
-        """``(documents, chunks)``."""
-        docs = self._conn.execute("SELECT COUNT(*) FROM documents").fetchone()[0]
+        """``(document ids, chunks)``: a document stored once under several ids counts once per
+        id."""
+        docs = self._conn.execute("SELECT COUNT(*) FROM document_ids").fetchone()[0]
         chunks = self._conn.execute("SELECT COUNT(*) FROM chunks").fetchone()[0]
         return int(docs), int(chunks)
 
     def documents(self, tenant: str | None = None) -> list[DocumentRecord]:
-        sql = "SELECT * FROM documents" + (" WHERE tenant = ?" if tenant else "")
-        rows = self._conn.execute(sql + " ORDER BY created_at, id", (tenant,) if tenant else ())
-        return [
-            DocumentRecord(**{**dict(row), "metadata": json.loads(row["metadata"])}) for row in rows
-        ]
+        """One record per document id (an alias shows its document's text and metadata)."""
+        sql = (
+            "SELECT d.*, i.id AS public_id FROM document_ids i JOIN documents d ON d.id = i.doc_id"
+            + (" WHERE d.tenant = ?" if tenant else "")
+        )
+        rows = self._conn.execute(
+            sql + " ORDER BY d.created_at, d.id, i.rowid", (tenant,) if tenant else ()
+        )
+        out = []
+        for row in rows:
+            fields = dict(row)
+            fields.update(id=fields.pop("public_id"), metadata=json.loads(row["metadata"]))
+            out.append(DocumentRecord(**fields))
+        return out
 
     def chunk_texts(self) -> Iterator[tuple[str, str]]:
         """Every ``(chunk id, text)`` in insertion order."""
@@ -245,7 +322,8 @@ class DocumentStore:
             self._bump()
 
     def chunks(self, ids: Iterable[str]) -> dict[str, dict[str, Any]]:
-        """Chunk rows joined with their document (tenant, source, document metadata) by id."""
+        """Chunk rows joined with their document (tenant, source, document metadata) by id;
+        ``doc_ids`` lists every id the document answers to and ``doc_id`` is the first."""
         wanted = list(dict.fromkeys(ids))
         found: dict[str, dict[str, Any]] = {}
         for start in range(0, len(wanted), 500):
@@ -269,6 +347,10 @@ class DocumentStore:
                     "source": row["source"],
                     "metadata": {**json.loads(row["doc_metadata"]), **json.loads(row["metadata"])},
                 }
+        names = self.ids_of(row["doc_id"] for row in found.values())
+        for row in found.values():
+            row["doc_ids"] = names.get(row["doc_id"], [row["doc_id"]])
+            row["doc_id"] = row["doc_ids"][0]
         return found
 
     def matching_chunks(

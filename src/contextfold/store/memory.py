@@ -120,7 +120,9 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
         self, path: str | Path = ":memory:", *, counter: TokenCounter | None = None
     ) -> None:
         self.path = str(path)
-        self.counter: TokenCounter = counter or TiktokenCounter("cl100k_base")
+        self.counter: TokenCounter = (
+            counter if counter is not None else TiktokenCounter("cl100k_base")
+        )
         # A file store gives each thread its own connection: WAL lets readers run beside the
         # one writer, and a transaction never takes in another thread's writes. An in-memory
         # database exists only on its one connection, so threads share it and take turns at

@@ -28,7 +28,8 @@ gone (``release_jobs_of_dead``).
 >>> job = store.claim_job("worker-1")
 >>> (job.session_id, job.kind, store.job_counts())
 ('a', 'derive', {'running': 1})
->>> store.finish_job(job.id)
+>>> store.finish_job(job.id, "worker-1")  # still the worker's: done
+True
 >>> store.pending_jobs()
 0
 >>> branch = store.fork(sid, 1)
@@ -64,6 +65,14 @@ LEASE_SECONDS = 60.0
 MAX_ATTEMPTS = 5
 #: Turns per write transaction of a long history (``commit_exchange``), and of its tags.
 WRITE_CHUNK = 256
+
+
+def _held(job_id: int, owner: str | None) -> tuple[str, tuple[object, ...]]:
+    """The WHERE clause of "job ``job_id``, while ``owner`` runs it" (any state without an
+    owner)."""
+    if owner is None:
+        return "id = ?", (job_id,)
+    return "id = ? AND state = 'running' AND owner = ?", (job_id, owner)
 
 
 def owner_id() -> str:
@@ -326,19 +335,29 @@ class BranchesMixin:
             )
         return Job(id=row[0], session_id=row[1], kind=row[2], attempts=row[3] + 1)
 
-    def finish_job(self, job_id: int) -> None:
+    def finish_job(self, job_id: int, owner: str | None = None) -> bool:
+        """Remove a job its worker has done; whether it was still that worker's. ``owner``:
+        only while ``owner`` holds it — a job given back meanwhile (``release_jobs`` at a
+        stop, or claimed again after its lease) stands for work queued since the claim and
+        stays."""
+        held, params = _held(job_id, owner)
         with self._tx() as conn:
-            conn.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
+            return conn.execute(f"DELETE FROM jobs WHERE {held}", params).rowcount > 0
 
-    def fail_job(self, job_id: int, error: str, *, retry: bool = True) -> None:
+    def fail_job(
+        self, job_id: int, error: str, *, retry: bool = True, owner: str | None = None
+    ) -> bool:
         """Give a job back after an error: pending again (or ``failed`` for good after
-        ``MAX_ATTEMPTS``, or when ``retry`` is false), its error kept."""
+        ``MAX_ATTEMPTS``, or when ``retry`` is false), its error kept; whether it was still
+        the worker's (``owner`` as in ``finish_job``: a job given back meanwhile is left as
+        it is)."""
+        held, params = _held(job_id, owner)
         with self._tx() as conn:
             row = conn.execute(
-                "SELECT session_id, kind, attempts FROM jobs WHERE id = ?", (job_id,)
+                f"SELECT session_id, kind, attempts FROM jobs WHERE {held}", params
             ).fetchone()
             if row is None:
-                return
+                return False
             again = retry and row[2] < MAX_ATTEMPTS
             if again:
                 # A pending job of the session may have been queued meanwhile: it covers this.
@@ -351,6 +370,7 @@ class BranchesMixin:
                 " WHERE id = ?",
                 ("pending" if again else "failed", error[:2000], job_id),
             )
+        return True
 
     def release_jobs(self, owner: str) -> int:
         """Give back every job ``owner`` holds (it is stopping); returns how many."""

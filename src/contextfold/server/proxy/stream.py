@@ -89,7 +89,10 @@ def reply_of(fmt: str, body: Any) -> Reply:
             content = message.get("content")
             if isinstance(content, str):
                 reply.text = content
-            for call in message.get("tool_calls") or []:
+            calls = list(message.get("tool_calls") or [])
+            if isinstance(message.get("function_call"), dict):  # the legacy ``functions`` API
+                calls.append({"function": message["function_call"]})
+            for call in calls:
                 fn = call.get("function") if isinstance(call, dict) else None
                 if isinstance(fn, dict):
                     block = _call(call.get("id"), fn.get("name"), fn.get("arguments"))
@@ -336,7 +339,10 @@ class OpenAIStream(StreamState):
         text = delta.get("content") if isinstance(delta, dict) else None
         if isinstance(text, str):
             self.reply.text += text
-        for call in (delta.get("tool_calls") or []) if isinstance(delta, dict) else []:
+        calls = list((delta.get("tool_calls") or []) if isinstance(delta, dict) else [])
+        if isinstance(delta, dict) and isinstance(delta.get("function_call"), dict):
+            calls.append({"index": -1, "function": delta["function_call"]})  # legacy API
+        for call in calls:
             slot = self._calls.setdefault(int(call.get("index", 0)), {"args": ""})
             fn = call.get("function") or {}
             if call.get("id"):

@@ -1,0 +1,111 @@
+"""The relevance floor: a minimum score below which a search hit is noise, not an answer.
+
+Dense search always returns its ``k`` nearest chunks, however far they are, and BM25 returns
+any chunk that shares a word with the query; without a floor a query about something the
+corpus does not cover ("weather on Mars" over a refund policy) still gets hits. The floor
+compares each hit's *absolute* evidence, per retrieval mode:
+
+- ``bm25``: the BM25 score as a share of the most the query could score in this index
+  (``BM25Index.ceiling``), so it does not grow with the query's length or the corpus's size;
+- ``dense``: the cosine similarity of the query and the chunk;
+- ``hybrid``: a hit is kept when its cosine similarity reaches ``hybrid`` or its BM25 share
+  reaches ``bm25`` (either signal may vouch for it; fusion scores are relative to the pool and
+  cannot tell noise from an answer).
+
+The defaults were calibrated on SciFact's *train* split (``benchmarks/calibrate_floor.py``):
+each is the highest floor (in steps of 0.005) that costs at most 0.001 nDCG@10 there. Their
+cost on the test split is in docs/retrieval.md. The cosine floors belong to the embedder they
+were calibrated with (the default all-MiniLM-L6-v2): with any other embedder the dense and
+hybrid floors are off (-1, the lowest cosine) unless set, while the BM25 share floor, which
+does not depend on the embedder, stays.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from contextfold.errors import ConfigError
+
+__all__ = ["BM25_FLOOR", "CALIBRATED_FLOORS", "RelevanceFloor", "default_floor", "resolve_floor"]
+
+
+@dataclass(frozen=True, slots=True)
+class RelevanceFloor:
+    """Minimum evidence for a hit, per retrieval mode (see the module docs).
+
+    >>> floor = RelevanceFloor(bm25=0.2, dense=0.3, hybrid=0.3)
+    >>> floor.keeps("dense", bm25_share=None, cosine=0.25), floor.keeps("hybrid", 0.5, 0.1)
+    (False, True)
+    """
+
+    bm25: float
+    dense: float
+    hybrid: float
+
+    def __post_init__(self) -> None:
+        for mode in ("bm25", "dense", "hybrid"):
+            value = getattr(self, mode)
+            if not isinstance(value, int | float) or math.isnan(value):
+                raise ConfigError(f"relevance floor {mode!r} must be a number, got {value!r}")
+
+    def keeps(self, mode: str, bm25_share: float | None, cosine: float | None) -> bool:
+        """Whether a hit with this evidence (None: the signal did not score it) clears the
+        floor of ``mode``."""
+        share = -math.inf if bm25_share is None else bm25_share
+        cos = -math.inf if cosine is None else cosine
+        if mode == "bm25":
+            return share >= self.bm25
+        if mode == "dense":
+            return cos >= self.dense
+        return cos >= self.hybrid or share >= self.bm25
+
+
+#: The BM25 share floor, calibrated on SciFact train (independent of the embedder).
+BM25_FLOOR = 0.115
+#: Floors per embedder name, calibrated on SciFact train with the default BM25 settings.
+CALIBRATED_FLOORS: dict[str, RelevanceFloor] = {
+    "all-MiniLM-L6-v2-int8": RelevanceFloor(bm25=BM25_FLOOR, dense=0.32, hybrid=0.38),
+}
+
+
+def default_floor(embedder: str | None) -> RelevanceFloor:
+    """The calibrated floor for an embedder (by name), or the BM25 floor alone when its cosine
+    floors were never calibrated.
+
+    >>> default_floor("all-MiniLM-L6-v2-int8").dense, default_floor("my-embedder").dense
+    (0.32, -1.0)
+    """
+    found = CALIBRATED_FLOORS.get(embedder or "")
+    return found if found is not None else RelevanceFloor(bm25=BM25_FLOOR, dense=-1.0, hybrid=-1.0)
+
+
+def resolve_floor(
+    value: RelevanceFloor | Mapping[str, float] | bool | None, embedder: str | None = None
+) -> RelevanceFloor | None:
+    """The floor a setting names for an index whose embedder is called ``embedder``: ``True``
+    or ``None`` the calibrated default (``default_floor``), ``False`` none (every hit kept), a
+    mapping the default with its values over it.
+
+    >>> resolve_floor(False) is None, resolve_floor({"dense": 0.5}).dense
+    (True, 0.5)
+    """
+    if value is None or value is True:
+        return default_floor(embedder)
+    if value is False:
+        return None
+    if isinstance(value, RelevanceFloor):
+        return value
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - {"bm25", "dense", "hybrid"})
+        if unknown:
+            raise ConfigError(
+                f"relevance floor modes are bm25, dense and hybrid; got {', '.join(unknown)}"
+            )
+        base = default_floor(embedder)
+        fields = {"bm25": base.bm25, "dense": base.dense, "hybrid": base.hybrid}
+        return RelevanceFloor(**{**fields, **value})
+    raise ConfigError(
+        f"relevance_floor takes true, false or a mapping of mode to minimum, got {value!r}"
+    )

@@ -1,0 +1,181 @@
+"""Every formatter's payload is one its provider accepts, whatever the history and the budget.
+
+Anthropic and Gemini: the first turn is the user's, roles alternate, each tool result answers a
+call of the turn right before it (results first in their turn) and every call is answered
+there. OpenAI: each ``tool`` message answers a call of the assistant message before the run of
+tool messages it belongs to, and every call is answered by that run. The conversations are
+well-formed (each call answered right after it) and packed under random budgets, so the window
+may start anywhere in them; ``trim_history`` and ``MemoryManager`` keep whole exchanges.
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import timedelta
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from contextfold.budget import TokenBudget
+from contextfold.conversation import MemoryManager, trim_history
+from contextfold.formats import BaseFormatter
+from contextfold.items import ContextItem, Message, QueryBundle, SourceType
+from contextfold.tokens import TokenCounter
+from strategies import (
+    EPOCH,
+    FORMATTERS,
+    _exchange,
+    _user_messages,
+    budgets,
+    histories,
+    short_texts,
+)
+from test_properties import pack_or_budget_error
+
+_assistant_texts = short_texts.map(lambda t: Message(role="assistant", content=t))
+_system_texts = short_texts.map(lambda t: Message(role="system", content=t))
+_well_formed = st.sampled_from(["ok", "ok", "split"])
+
+
+@st.composite
+def conversations(draw: st.DrawFn, *, max_exchanges: int = 6) -> list[Message]:
+    """Exchanges (a user turn; replies, tool calls each answered right away), sometimes after
+    an assistant greeting and sometimes with a system message in between."""
+    out: list[Message] = []
+    if draw(st.booleans()):
+        out.append(draw(_assistant_texts))
+    calls = 0
+    for _ in range(draw(st.integers(0, max_exchanges))):
+        out.append(draw(_user_messages))
+        for _ in range(draw(st.integers(0, 3))):
+            kind = draw(st.sampled_from(["text", "tool", "tool", "system"]))
+            if kind == "text":
+                out.append(draw(_assistant_texts))
+            elif kind == "system":
+                out.append(draw(_system_texts))
+            else:
+                exchange, used = _exchange(draw, calls, _well_formed)
+                calls += used
+                out.extend(exchange)
+    return out
+
+
+@st.composite
+def windows(draw: st.DrawFn) -> list[ContextItem]:
+    history = draw(conversations())
+    items = [
+        ContextItem.from_message(m, id=f"t{i}", created_at=EPOCH + timedelta(minutes=i))
+        for i, m in enumerate(history)
+    ]
+    if draw(st.booleans()):
+        items.insert(
+            0, ContextItem(id="sys", content="Be brief.", source=SourceType.SYSTEM, pinned=True)
+        )
+    for n in range(draw(st.integers(0, 2))):
+        source = draw(st.sampled_from([SourceType.MEMORY, SourceType.RETRIEVAL, SourceType.TOOL]))
+        items.append(ContextItem(id=f"x{n}", content=draw(short_texts), source=source))
+    if draw(st.booleans()):
+        items.append(ContextItem(id="q", content="And now?", source=SourceType.USER, pinned=True))
+    return items
+
+
+def check_anthropic(payload: dict[str, Any]) -> None:
+    messages = payload["messages"]
+    assert not messages or messages[0]["role"] == "user"
+    assert all(a["role"] != b["role"] for a, b in itertools.pairwise(messages))
+    for before, message in itertools.pairwise([None, *messages]):
+        kinds = [b["type"] for b in message["content"]]
+        assert message["content"], "an empty turn"
+        results = [b["tool_use_id"] for b in message["content"] if b["type"] == "tool_result"]
+        assert kinds[: len(results)] == ["tool_result"] * len(results), "results come first"
+        calls = [b["id"] for b in (before or {}).get("content", []) if b["type"] == "tool_use"]
+        if message["role"] == "user":
+            assert sorted(results) == sorted(calls), "each call answered in the next turn"
+        else:
+            assert not results
+    if messages and messages[-1]["role"] == "assistant":
+        assert not any(b["type"] == "tool_use" for b in messages[-1]["content"])
+
+
+def check_gemini(payload: dict[str, Any]) -> None:
+    contents = payload["contents"]
+    assert not contents or contents[0]["role"] == "user"
+    assert all(a["role"] != b["role"] for a, b in itertools.pairwise(contents))
+    for before, turn in itertools.pairwise([None, *contents]):
+        assert turn["parts"], "an empty turn"
+        responses = [p["functionResponse"]["id"] for p in turn["parts"] if "functionResponse" in p]
+        assert all("functionResponse" in p for p in turn["parts"][: len(responses)])
+        calls = [
+            p["functionCall"]["id"] for p in (before or {}).get("parts", []) if "functionCall" in p
+        ]
+        if turn["role"] == "user":
+            assert sorted(responses) == sorted(calls), "each call answered in the next turn"
+        else:
+            assert not responses
+
+
+def check_openai(payload: dict[str, Any]) -> None:
+    pending: list[str] = []
+    for message in payload["messages"]:
+        if message["role"] == "tool":
+            assert message["tool_call_id"] in pending, "a result without its call before it"
+            pending.remove(message["tool_call_id"])
+            continue
+        assert not pending, "a call left unanswered before the next message"
+        if message["role"] == "assistant":
+            pending = [c["id"] for c in message.get("tool_calls", [])]
+    assert not pending
+
+
+CHECKS = {"anthropic": check_anthropic, "gemini": check_gemini, "openai": check_openai}
+
+
+@given(items=windows(), budget=budgets(), formatter=st.sampled_from(FORMATTERS))
+def test_every_payload_is_valid_for_its_provider(
+    items: list[ContextItem], budget: TokenBudget, formatter: BaseFormatter, o200k: TokenCounter
+) -> None:
+    window = pack_or_budget_error(items, budget, o200k, formatter)
+    if window is None:
+        return
+    check = CHECKS.get(formatter.name)
+    if check is not None:
+        check(window.payload)
+    assert formatter.count_payload(window.payload, o200k) <= budget.available
+
+
+@given(
+    history=conversations(), max_tokens=st.integers(0, 600), formatter=st.sampled_from(FORMATTERS)
+)
+def test_trimmed_and_windowed_histories_open_on_a_user_turn(
+    history: list[Message], max_tokens: int, formatter: BaseFormatter, o200k: TokenCounter
+) -> None:
+    head = [Message(role="system", content="Be brief.")]
+    kept = trim_history(head + history, max(max_tokens, 20), o200k, format=formatter.name)
+    memory = MemoryManager(max(max_tokens, 1), counter=o200k, format=formatter.name)
+    for message in history:
+        memory.add_message(message)
+        assert not kept[1:] or kept[1].role == "user"
+        assert _answered(kept)
+        if memory.evicted:  # once the window slid, it opens on a user turn
+            assert memory.messages[0].role == "user" if memory.messages else True
+        items = memory.context_items(QueryBundle(query_str=""))
+        check = CHECKS.get(formatter.name)
+        if check is not None and _answered(memory.messages):
+            check(formatter.format(items))
+
+
+def _answered(messages: list[Message]) -> bool:
+    calls = {t for m in messages for t in m.tool_use_ids}
+    return calls == {t for m in messages for t in m.tool_result_ids}
+
+
+@given(history=histories(max_turns=20))
+def test_the_lazy_walk_finds_the_same_exchanges(history: list[Message]) -> None:
+    """trim_history walks exchanges from the end lazily; it must group exactly as
+    ``exchanges`` and ``tool_units`` do over the whole history."""
+    from contextfold.conversation import _complete, _newest_exchanges, exchanges, tool_units
+
+    bad = {i for idxs in tool_units(history) if not _complete(history, idxs) for i in idxs}
+    eager = [(group, bad.intersection(group)) for group in reversed(exchanges(history))]
+    assert list(_newest_exchanges(history)) == eager

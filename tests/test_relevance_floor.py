@@ -1,0 +1,102 @@
+"""The relevance floor: a query the corpus does not cover returns nothing rather than noise.
+
+Over the real example policy corpus (examples/policies) with the real default embedder: an
+unrelated question gets no hit in any mode and no entry point from ``/api/context``'s
+``graph_context``, a related one still does, and ``relevance_floor=False`` brings back the
+behaviour before the floor (dense search always answers ``k`` hits).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from contextfold.errors import ConfigError
+from contextfold.retrieval.embedders import default_embedder
+from contextfold.retrieval.floor import BM25_FLOOR, RelevanceFloor, default_floor, resolve_floor
+from contextfold.retrieval.graph import GraphContextRequest, KnowledgeGraph, graph_context
+from contextfold.retrieval.index import DocumentIndex
+from contextfold.testing import HashEmbedder
+
+POLICIES = Path(__file__).parents[1] / "examples" / "policies"
+UNRELATED = "weather on Mars"  # the query of the report
+RELATED = "Can I expense Uber rides during business travel?"
+MODES = ["bm25", "dense", "hybrid"]
+
+
+@pytest.fixture(scope="module")
+def index() -> DocumentIndex:
+    index = DocumentIndex(embedder=default_embedder())
+    for path in sorted(POLICIES.glob("*.[mt][dx]*")):
+        index.add_document(path.read_text(encoding="utf-8"), {"source": path.name})
+    return index
+
+
+@pytest.fixture(scope="module")
+def graph() -> KnowledgeGraph:
+    graph = KnowledgeGraph()
+    for path in sorted(POLICIES.glob("*.[mt][dx]*")):
+        for n, part in enumerate(path.read_text(encoding="utf-8").split("\n\n")):
+            if part.strip():
+                graph.add_node("t", "faq", f"{path.stem} {n}", summary=part.strip()[:500])
+    return graph
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_unrelated_query_returns_nothing(index: DocumentIndex, mode: str) -> None:
+    assert index.search(UNRELATED, 5, mode=mode) == []  # type: ignore[arg-type]
+    assert index.search_documents(UNRELATED, 5, mode=mode) == []  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_related_query_still_finds_the_policy(index: DocumentIndex, mode: str) -> None:
+    hits = index.search(RELATED, 5, mode=mode)  # type: ignore[arg-type]
+    assert hits and hits[0].metadata["source"] == "ground_transport_policy.txt"
+
+
+def test_floor_off_is_the_old_behaviour(index: DocumentIndex) -> None:
+    off = index.search(UNRELATED, 5, mode="dense", relevance_floor=False)
+    assert len(off) == 5  # dense search always answers k hits, however far
+    unfloored = DocumentIndex(embedder=default_embedder(), relevance_floor=False)
+    assert unfloored.relevance_floor is None
+    for mode in MODES:
+        on = [h.id for h in index.search(RELATED, 5, mode=mode)]  # type: ignore[arg-type]
+        every = [h.id for h in index.search(RELATED, 5, mode=mode, relevance_floor=False)]  # type: ignore[arg-type]
+        assert on == every[: len(on)]  # the floor only cuts the tail, never reorders
+
+
+def test_api_context_has_no_entry_points_for_an_unrelated_query(graph: KnowledgeGraph) -> None:
+    embedder = default_embedder()
+    request = GraphContextRequest(query=UNRELATED, tenant_ids=["t"])
+    response = graph_context(graph, request, embedder=embedder)
+    assert response.entry_points == [] and response.context == []
+    assert graph_context(graph, request, embedder=embedder, relevance_floor=False).entry_points
+    related = request.model_copy(update={"query": RELATED})
+    assert graph_context(graph, related, embedder=embedder).entry_points
+
+
+def test_floors_resolve_per_embedder() -> None:
+    calibrated = default_floor(default_embedder().name)
+    assert calibrated == RelevanceFloor(bm25=BM25_FLOOR, dense=0.32, hybrid=0.38)
+    # Cosine floors are not carried over to an embedder they were not calibrated for.
+    assert DocumentIndex(embedder=HashEmbedder()).relevance_floor == RelevanceFloor(
+        bm25=BM25_FLOOR, dense=-1.0, hybrid=-1.0
+    )
+    assert resolve_floor({"dense": 0.5}, default_embedder().name) == RelevanceFloor(
+        bm25=BM25_FLOOR, dense=0.5, hybrid=0.38
+    )
+    with pytest.raises(ConfigError, match="bm25, dense and hybrid"):
+        DocumentIndex(embedder=False, relevance_floor={"sparse": 0.1})
+
+
+def test_the_server_config_key_takes_on_off_or_per_mode_floors() -> None:
+    from pydantic import ValidationError
+
+    from contextfold.server.config import ContextApiSettings
+
+    assert ContextApiSettings().relevance_floor is True
+    assert ContextApiSettings(relevance_floor=False).relevance_floor is False
+    assert ContextApiSettings(relevance_floor={"dense": 0.4}).relevance_floor == {"dense": 0.4}
+    with pytest.raises(ValidationError, match="bm25, dense and hybrid"):
+        ContextApiSettings(relevance_floor={"sparse": 0.1})
