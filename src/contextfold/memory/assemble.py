@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict
 
+from contextfold._bounded import SessionLRU
 from contextfold.items import ContextItem, SourceType
 from contextfold.memory.config import AssemblySettings
 from contextfold.memory.paging import PagedTopic
@@ -72,13 +73,18 @@ class Assembler:
         counter: TokenCounter,
         rules: TagRules,
         settings: AssemblySettings,
+        *,
+        sessions: int = 1000,
     ) -> None:
         self.store = store
         self.counter = counter
         self.rules = rules
         self.settings = settings
-        self._topic_cache: dict[str, tuple[tuple[object, ...], list[str], str]] = {}
-        self._summary_cache: dict[str, tuple[int, dict[str, TagSummary]]] = {}
+        # Per session, for the ``sessions`` most recently used (rebuilt from the store).
+        self._topic_cache: SessionLRU[tuple[tuple[object, ...], list[str], str]] = SessionLRU(
+            sessions
+        )
+        self._summary_cache: SessionLRU[tuple[int, dict[str, TagSummary]]] = SessionLRU(sessions)
 
     def _topics(self, sid: str, now: datetime, tools: bool, limit: int) -> tuple[list[str], str]:
         """The live stored topics (summarised or segmented, TTL not run out), best first by
@@ -88,7 +94,7 @@ class Assembler:
         byte-identical between compactions."""
         watermark = self.store.session(sid).compaction_watermark
         key = (sid, watermark, now.date().isoformat(), tools, limit)
-        cached = self._topic_cache.get(sid)
+        cached = self._topic_cache.peek(sid)
         if cached is not None and cached[0] == key:
             return cached[1], cached[2]
         # A topic's count is the compacted turns tagged with it (not the turns of the segments
@@ -108,16 +114,16 @@ class Assembler:
         ]
         live.sort(key=lambda t: (-self.rules.priority(t), -counts[t], t))
         hint = self._hint(live, counts, max(watermark - 1, 0), tools, limit)
-        self._topic_cache[sid] = (key, live, hint)
+        self._topic_cache.put(sid, (key, live, hint))
         return live, hint
 
     def _cached_summaries(self, sid: str) -> dict[str, TagSummary]:
         """Tag summaries change only at compaction: cached per watermark."""
         watermark = self.store.session(sid).compaction_watermark
-        cached = self._summary_cache.get(sid)
+        cached = self._summary_cache.peek(sid)
         if cached is None or cached[0] != watermark:
             cached = (watermark, self.store.tag_summaries(sid))
-            self._summary_cache[sid] = cached
+            self._summary_cache.put(sid, cached)
         return cached[1]
 
     def _hint(

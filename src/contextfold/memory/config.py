@@ -173,6 +173,10 @@ class MemoryConfig(_Section):
     paging: PagingSettings = PagingSettings()
     history: HistorySettings = HistorySettings()
     llm: LLMSettings | None = None
+    # Per-session state kept in memory (tag vocabulary, topic hint and tag summaries, turn
+    # vectors, turn keys) for at most this many sessions, least recently used out first; a
+    # session that falls out is read back from the store when it is next asked for.
+    cached_sessions: int = Field(1000, ge=1)
 
     @model_validator(mode="after")
     def _llm_when_needed(self) -> MemoryConfig:

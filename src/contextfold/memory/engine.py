@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from contextfold._bounded import SessionLRU, clip
 from contextfold.errors import ConfigError
 from contextfold.items import ContextItem, Message, QueryBundle
 from contextfold.memory.assemble import Assembler, MemoryBudget
@@ -43,6 +44,7 @@ from contextfold.memory.tools import TOOL_NAMES, tool_definitions
 from contextfold.memory.turnkeys import TurnKeys, key_of
 from contextfold.retrieval.base import Embedder
 from contextfold.store.memory import CostReport, Depth, MemoryStore
+from contextfold.store.memory_branches import WRITE_CHUNK
 from contextfold.store.sqlite import home_dir
 from contextfold.tokens import TiktokenCounter, TokenCounter
 
@@ -197,9 +199,14 @@ class MemoryEngine:
             date_slack_days=cfg.recall.date_slack_days,
         )
         self.pager = Pager(self.store, budget=cfg.paging.budget)
-        self.assembler = Assembler(self.store, self.counter, self.rules, cfg.assembly)
-        self._vocab: dict[str, dict[str, int]] = {}
-        self._turn_keys = TurnKeys(self.store)
+        self.assembler = Assembler(
+            self.store, self.counter, self.rules, cfg.assembly, sessions=cfg.cached_sessions
+        )
+        self.recaller.cached_sessions = cfg.cached_sessions
+        # Per-session state, for the ``cached_sessions`` most recently used sessions: each is
+        # read back from the store when it is asked for again.
+        self._vocab: SessionLRU[dict[str, int]] = SessionLRU(cfg.cached_sessions)
+        self._turn_keys = TurnKeys(self.store, sessions=cfg.cached_sessions)
         # One lock per session (striped: a bounded set shared by hash), so a session only ever
         # waits on itself; ``_derive_locks`` keep one session's derived work in order without
         # holding up its requests.
@@ -292,21 +299,29 @@ class MemoryEngine:
     def _session(self, session_id: str | None) -> str:
         sid = session_id or self.session_id
         if sid not in self._vocab:
-            try:
-                self.store.session(sid)
-            except ConfigError:
-                # Created meanwhile by another thread or process: as good.
-                with contextlib.suppress(ConfigError):
-                    self.store.create_session(sid)
-            counts = self.store.tag_counts(sid)
-            with self._vocab_lock:
-                self._vocab.setdefault(sid, counts)
+            with self.lock(sid):
+                try:
+                    self.store.session(sid)
+                except ConfigError:
+                    # Created meanwhile by another thread or process: as good.
+                    with contextlib.suppress(ConfigError):
+                        self.store.create_session(sid)
+                self._counts(sid)
         return sid
+
+    def _counts(self, sid: str) -> dict[str, int]:
+        """The session's tag counts (its vocabulary), read from the store when not cached; read
+        under the session's lock, as the counts are updated (``_tag_pending``)."""
+        counts = self._vocab.peek(sid)
+        if counts is not None:
+            return counts
+        with self.lock(sid):
+            return self._vocab.get(sid, lambda: self.store.tag_counts(sid))
 
     def vocabulary(self, session_id: str | None = None) -> dict[str, int]:
         """The session's tags with their turn counts."""
         with self.lock(session_id):
-            return dict(self._vocab[self._session(session_id)])
+            return dict(self._counts(self._session(session_id)))
 
     # -- writing --------------------------------------------------------------------------------
 
@@ -378,9 +393,8 @@ class MemoryEngine:
         rows = self.store.turn_rows(sid, list(range(max(1, done - 2), last + 1)))
         previous = [rows[seq].text for seq in range(max(1, done - 2), done + 1) if seq in rows]
         with self.lock(sid):
-            vocab = dict(self._vocab[sid])
+            vocab = dict(self._counts(sid))
         tagged: dict[int, tuple[dict[str, float], Sequence[str]]] = {}
-        added: dict[str, int] = {}
         for seq in range(done + 1, last + 1):
             row = rows.get(seq)
             if row is None:
@@ -395,15 +409,21 @@ class MemoryEngine:
             )
             for tag in result.tags:
                 vocab[tag] = vocab.get(tag, 0) + 1
-                added[tag] = added.get(tag, 0) + 1
             previous.append(row.text)
-        with self.lock(sid):
-            with self.store.batch():
-                self.store.set_tags_many(sid, tagged)
-                self.store.mark_derived(sid, last)
-            counts = self._vocab[sid]
-            for tag, n in added.items():
-                counts[tag] = counts.get(tag, 0) + n
+        # Written a chunk of turns per transaction (the tags and ``derived_seq`` together), so
+        # the tags of a long history do not keep other sessions' writes waiting.
+        seqs = sorted(tagged)
+        chunks = [seqs[i : i + WRITE_CHUNK] for i in range(0, len(seqs), WRITE_CHUNK)] or [[]]
+        for n, chunk in enumerate(chunks):
+            with self.lock(sid):
+                with self.store.batch():
+                    self.store.set_tags_many(sid, {seq: tagged[seq] for seq in chunk})
+                    self.store.mark_derived(sid, last if n == len(chunks) - 1 else chunk[-1])
+                counts = self._vocab.peek(sid)
+                if counts is not None:  # else it is read from the store when next used
+                    for seq in chunk:
+                        for tag in tagged[seq][0]:
+                            counts[tag] = counts.get(tag, 0) + 1
 
     def on_turn_complete(
         self,
@@ -465,7 +485,7 @@ class MemoryEngine:
         """The inbound tags of ``message``: only tags the session already has."""
         with self.lock(session_id):
             sid = self._session(session_id)
-            vocab = self._vocab[sid]
+            vocab = self._counts(sid)
             raw = self.inbound_tagger.tag(message, vocabulary=list(vocab))
             tags = tuple(t for t in raw.tags if t in vocab)
             related = tuple(t for t in raw.related_tags if t in vocab and t not in tags)
@@ -508,7 +528,7 @@ class MemoryEngine:
                     tags=tags.tags,
                     related=tags.related_tags,
                     exclude=exclude,
-                    tag_counts=self._vocab[sid],
+                    tag_counts=self._counts(sid),
                 )
             )
             if self.config.paging.enabled and self.config.paging.mode == "auto":
@@ -565,7 +585,7 @@ class MemoryEngine:
             wanted = set(tags.tags) | set(tags.related_tags)
 
             def keep(_: int, m: Message) -> bool:
-                result = self.tagger.tag(m.text(), vocabulary=list(self._vocab[sid]))
+                result = self.tagger.tag(m.text(), vocabulary=list(self._counts(sid)))
                 return bool(wanted & set(result.tags))
 
         return filter_history(
@@ -614,13 +634,25 @@ class MemoryEngine:
         import json
 
         if name not in TOOL_NAMES:
-            return json.dumps({"error": f"unknown tool {name!r}; tools: {', '.join(TOOL_NAMES)}"})
+            return json.dumps(
+                {"error": f"unknown tool {clip(name)!r}; tools: {', '.join(TOOL_NAMES)}"}
+            )
+        if not isinstance(arguments, Mapping):
+            return json.dumps({"error": f"{name}: the arguments must be a JSON object"})
         try:
             if name == "find_quote":
+                limit = arguments.get("limit", 5)
+                if isinstance(limit, str) and limit.strip().isdigit():
+                    limit = int(limit)  # models often quote numbers
+                if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 20:
+                    return json.dumps(
+                        {
+                            "error": f"find_quote: limit must be a whole number from 1 to 20, "
+                            f"not {clip(json.dumps(limit), 40)}"
+                        }
+                    )
                 quotes = self.find_quote(
-                    str(arguments["query"]),
-                    limit=int(arguments.get("limit", 5)),
-                    session_id=session_id,
+                    str(arguments["query"]), limit=limit, session_id=session_id
                 )
                 return json.dumps([q.model_dump() for q in quotes])
             op = self.expand_topic if name == "expand_topic" else self.collapse_topic
@@ -632,8 +664,8 @@ class MemoryEngine:
             return json.dumps({**result.model_dump(), "content": text})
         except KeyError as exc:
             return json.dumps({"error": f"{name} needs the argument {exc.args[0]!r}"})
-        except ConfigError as exc:
-            return json.dumps({"error": str(exc)})
+        except (ConfigError, ValueError, TypeError) as exc:  # a bad argument, for the model
+            return json.dumps({"error": f"{name}: {clip(str(exc))}"})
 
     # -- reports --------------------------------------------------------------------------------
 
@@ -653,7 +685,7 @@ class MemoryEngine:
                 level=self.compactor.monitor.level(live_tokens),
                 compaction_watermark=session.compaction_watermark,
                 segments=len(self.store.segments(sid)),
-                tags=dict(sorted(self._vocab[sid].items(), key=lambda kv: (-kv[1], kv[0]))),
+                tags=dict(sorted(self._counts(sid).items(), key=lambda kv: (-kv[1], kv[0]))),
                 tag_summaries=len(summaries),
                 stale_tag_summaries=sum(s.stale for s in summaries.values()),
                 working_set={t: e.depth for t, e in self.store.working_set(sid).items()},

@@ -86,6 +86,7 @@ def _excerpt(text: str, words: Collection[str], width: int) -> str:
 
 Fusion = Literal["score", "rrf"]
 _PREFETCHED = 256  # queries started and not yet ranked, kept at most
+_PREFETCHED_CHARS = 4 * 1024 * 1024  # and at most this many characters of them
 
 
 class Recaller:
@@ -126,12 +127,15 @@ class Recaller:
         self.length_prior = length_prior
         self.date_weight = date_weight
         self.date_slack = timedelta(days=date_slack_days)
-        self._vectors: dict[str, tuple[list[int], npt.NDArray[np.float32]]] = {}
+        # Per session (the most recently used ``cached_sessions``; read back from the store).
+        self._vectors: OrderedDict[str, tuple[list[int], npt.NDArray[np.float32]]] = OrderedDict()
+        self.cached_sessions = 1000
         self._lock = threading.Lock()
         # Query vectors: concurrent recalls' queries are embedded in one batch, and a query
         # can be started early (``prefetch``) and collected by ``rank``.
         self._queries: EmbeddingQueue | None = None
         self._prefetched: OrderedDict[str, Future[npt.NDArray[np.float32]]] = OrderedDict()
+        self._prefetched_chars = 0
         # Embed the turns that have no vector yet inside a recall (True), or leave that to
         # the derived work (``MemoryEngine.derive``) and rank by the vectors stored (False:
         # the proxy's request path never waits on an embedding backlog).
@@ -168,6 +172,10 @@ class Recaller:
                 matrix = new if not seqs else np.vstack([matrix, new])
                 seqs = seqs + new_seqs
                 self._vectors[session_id] = (seqs, matrix)
+            if session_id in self._vectors:
+                self._vectors.move_to_end(session_id)
+                while len(self._vectors) > self.cached_sessions:
+                    self._vectors.popitem(last=False)
             return seqs, matrix
 
     def forget(self, session_id: str) -> None:
@@ -180,6 +188,7 @@ class Recaller:
             if self._queries is None or self._queries.inner is not embedder:
                 self._queries = EmbeddingQueue(embedder)
                 self._prefetched.clear()
+                self._prefetched_chars = 0
             return self._queries
 
     def prefetch(self, text: str) -> None:
@@ -191,13 +200,19 @@ class Recaller:
         with self._lock:
             if text not in self._prefetched:
                 self._prefetched[text] = queue.submit(text)
-                while len(self._prefetched) > _PREFETCHED:
-                    self._prefetched.popitem(last=False)
+                self._prefetched_chars += len(text)
+                while len(self._prefetched) > _PREFETCHED or (
+                    self._prefetched_chars > _PREFETCHED_CHARS and len(self._prefetched) > 1
+                ):
+                    dropped, _ = self._prefetched.popitem(last=False)
+                    self._prefetched_chars -= len(dropped)
 
     def _query_vector(self, embedder: Embedder, text: str) -> npt.NDArray[np.float32]:
         queue = self._queue(embedder)
         with self._lock:
             future = self._prefetched.pop(text, None)
+            if future is not None:
+                self._prefetched_chars -= len(text)
         return (future or queue.submit(text)).result().astype(np.float32)
 
     def _dense(self, session_id: str, text: str, limit: int) -> list[tuple[int, float]]:

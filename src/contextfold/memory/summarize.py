@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from contextfold._bounded import BoundedMemo, clip, text_size
 from contextfold.errors import ContextfoldError
 from contextfold.llm.openai_compat import ChatResult, Usage
 from contextfold.tokens import TokenCounter
@@ -97,8 +98,10 @@ class ExtractiveSummarizer:
         self.counter = counter
         self.ratio = ratio
         self.min_tokens = min_tokens
-        self.cache_size = 50_000
-        self._cache: dict[str, tuple[tuple[float, str, tuple[str, ...]], ...]] = {}
+        # Bounded by entries and by the bytes of the texts it is keyed by.
+        self._cache: BoundedMemo[str, tuple[tuple[float, str, tuple[str, ...]], ...]] = BoundedMemo(
+            entries=50_000, max_bytes=16 * 1024 * 1024
+        )
 
     def __repr__(self) -> str:
         return f"ExtractiveSummarizer(ratio={self.ratio})"
@@ -107,9 +110,9 @@ class ExtractiveSummarizer:
         """The sentences of one text as ``(score without the tag bonus, sentence with its
         speaker, lower-cased words)``. Cached: tag summaries see the same segment-summary
         lines again at every compaction."""
-        cached = self._cache.get(text)
-        if cached is not None:
-            return cached
+        return self._cache.get(text, lambda: self._score(text), size=3 * text_size(text))
+
+    def _score(self, text: str) -> tuple[tuple[float, str, tuple[str, ...]], ...]:
         match = _SPEAKER.match(text)
         speaker = match.group(1) if match else None
         body = text[match.end() :] if match else text
@@ -123,10 +126,7 @@ class ExtractiveSummarizer:
             if len(words) < 4:
                 score -= 1.0
             out.append((score, f"{speaker}: {sentence}" if speaker else sentence, words))
-        if len(self._cache) >= self.cache_size:
-            self._cache.clear()
-        result = self._cache[text] = tuple(out)
-        return result
+        return tuple(out)
 
     def _candidates(self, texts: Sequence[str], tags: Sequence[str]) -> list[tuple[float, str]]:
         tag_words = {w for tag in tags for w in _WORD.findall(tag.lower())}
@@ -276,7 +276,7 @@ class LLMSummarizer:
                     return self._call(pieces[0], max_tokens, tags, instructions or "")
                 layer = [self._call(p, max_tokens, tags, instructions or "") for p in pieces]
         except ContextfoldError as exc:
-            reason = f"{type(exc).__name__}: {exc}"
+            reason = f"{type(exc).__name__}: {clip(str(exc))}"
             logger.warning("LLM summary failed, using the extractive summary: %s", reason)
             with self._lock:
                 self.fallbacks.append(reason)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from contextfold._bounded import clip
 from contextfold.errors import ConfigError
 from contextfold.memory.canonical import TagCanonicalizer
 from contextfold.memory.intent import detect_broad, detect_temporal
@@ -223,6 +224,6 @@ class LLMTagger:
     def _fall_back(
         self, text: str, vocabulary: Sequence[str], context: Sequence[str], reason: str
     ) -> TagResult:
-        logger.warning("LLM tagging with %s fell back to keywords: %s", self.model, reason)
+        logger.warning("LLM tagging with %s fell back to keywords: %s", self.model, clip(reason))
         result = self.fallback.tag(text, vocabulary=vocabulary, context=context)
         return result.model_copy(update={"source": "keyword-fallback", "fallback_reason": reason})

@@ -44,13 +44,36 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
 
+def _no_credentials(url: str | None) -> str | None:
+    """Refuse an upstream URL that carries credentials (``user:password@host``): the proxy
+    would send them with every request and show them in every error that names the
+    upstream. The message never repeats the URL."""
+    if url is None:
+        return None
+    authority = url.split("://", 1)[-1].split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
+    if "@" in authority:
+        raise ValueError(
+            "the upstream URL carries credentials (user:password@host), which the proxy "
+            "refuses: they would go with every request and appear in its errors. Give the "
+            "URL without them; clients send their own credentials (the Authorization, "
+            "x-api-key or x-goog-api-key header), which the proxy forwards untouched"
+        )
+    return url
+
+
 class InstanceSettings(_Section):
     """One proxy listener: requests to ``port`` go to ``upstream`` (a base URL such as
-    ``https://api.openai.com``). Every instance shares the server's one engine and store."""
+    ``https://api.openai.com``, without credentials). Every instance shares the server's one
+    engine and store."""
 
     name: str
     port: int = Field(ge=1, le=65535)
     upstream: str = Field(pattern=r"^https?://")
+
+    @field_validator("upstream")
+    @classmethod
+    def _no_userinfo(cls, value: str | None) -> str | None:
+        return _no_credentials(value)
 
 
 class ProxySettings(_Section):
@@ -68,6 +91,11 @@ class ProxySettings(_Section):
     # Background threads deriving tags, vectors and summaries from committed turns.
     job_threads: int = Field(1, ge=1, le=16)
     markers: bool = True
+
+    @field_validator("upstream")
+    @classmethod
+    def _no_userinfo(cls, value: str | None) -> str | None:
+        return _no_credentials(value)
 
 
 #: Tenant (and document) ids: letters, digits and ``. _ : @ -``, starting with a letter or digit.
@@ -159,11 +187,18 @@ class DashboardSettings(_Section):
 
 
 class LimitSettings(_Section):
-    """Bad-input guards for every route: a request body larger than ``max_body_bytes`` is
+    """Bad-input guards. Every route: a request body larger than ``max_body_bytes`` is
     answered 413 before it is read into memory (declared ``Content-Length`` or counted as a
-    chunked body streams in)."""
+    chunked body streams in). The proxy's memory routes (chat completions, messages,
+    generateContent) also refuse, in the provider's error shape and before anything goes
+    upstream, a body with more than ``max_messages`` messages (413), a message (or system
+    prompt) larger than ``max_message_bytes`` of text (413), and JSON nested deeper than
+    ``max_json_depth`` (400)."""
 
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    max_messages: int = Field(10_000, ge=1)
+    max_message_bytes: int = Field(2 * 1024 * 1024, ge=1024)
+    max_json_depth: int = Field(100, ge=8, le=900)
 
 
 class ServerConfig(_Section):

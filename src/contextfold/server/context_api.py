@@ -37,6 +37,7 @@ from pydantic import (
     model_validator,
 )
 
+from contextfold._bounded import clip
 from contextfold.budget import graph_budget
 from contextfold.retrieval.graph import (
     GraphContextRequest,
@@ -45,7 +46,7 @@ from contextfold.retrieval.graph import (
     to_context_items,
 )
 from contextfold.server.config import ID_PATTERN
-from contextfold.server.events import BudgetRow, RequestRecord
+from contextfold.server.events import BudgetRow, RequestRecord, preview
 from contextfold.server.guards import ERROR_RESPONSES, ApiError
 from contextfold.server.knowledge import (
     Chunking,
@@ -524,13 +525,14 @@ def _publish(
             status=200,
             tokens_forwarded=result.stats.total_tokens,
             overhead_ms=elapsed_ms,
-            context="\n\n".join(item.content for item in to_context_items(result)),
+            context=preview("\n\n".join(item.content for item in to_context_items(result))),
             budget=tuple(
                 BudgetRow(section=name, budget=shares.get(name, 0), used=tokens, items=items)
                 for name, tokens, items in rows
             ),
             extra={
-                "query": request.query,
+                "query": clip(request.query),
+                "query_chars": len(request.query),
                 "tenants": list(request.tenant_ids),
                 "stats": result.stats.model_dump(),
             },

@@ -4,6 +4,10 @@
 The proxy publishes a record when a request has been forwarded and updates it (same ``id``)
 when the reply is complete and its tags are known; subscribers receive both versions.
 
+Records keep previews, never whole texts: each inspected message's text and the injected
+context are cut (``preview``, saying how long they were), and the bus keeps at most ``keep``
+records and at most ``max_bytes`` of their text, the oldest going first.
+
 >>> import asyncio
 >>> bus = EventBus(keep=2)
 >>> for n in range(3):
@@ -24,7 +28,26 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["BudgetRow", "EventBus", "InspectedMessage", "RequestRecord"]
+__all__ = ["MAX_PREVIEW", "BudgetRow", "EventBus", "InspectedMessage", "RequestRecord", "preview"]
+
+#: The characters of a text (the injected context, a result) a record keeps.
+MAX_PREVIEW = 8000
+
+
+def preview(text: str, limit: int = MAX_PREVIEW) -> str:
+    """``text`` cut to ``limit`` characters, saying how many more there were."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit:,} more characters)"
+
+
+def record_size(record: RequestRecord) -> int:
+    """The bytes a record keeps, near enough (its texts, plus a fixed cost per part)."""
+    size = 2000 + len(record.context) + len(record.error or "") + len(record.path)
+    size += sum(300 + len(m.text) for m in record.messages)
+    size += sum(100 + len(d) for d in record.dropped)
+    size += len(repr(record.extra)) if record.extra else 0
+    return size
 
 
 class BudgetRow(BaseModel):
@@ -101,18 +124,27 @@ class EventBus:
     kept, and a subscription started afterwards ends at once.
     """
 
-    def __init__(self, keep: int = 500) -> None:
+    def __init__(self, keep: int = 500, max_bytes: int = 16 * 1024 * 1024) -> None:
         self.keep = keep
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._sizes: dict[str, int] = {}
         self._records: OrderedDict[str, RequestRecord] = OrderedDict()
         self._subscribers: set[_Subscriber] = set()
         self._lock = threading.Lock()
         self._closed = False
 
     def publish(self, record: RequestRecord) -> None:
+        size = record_size(record)
         with self._lock:
             self._records[record.id] = record
-            while len(self._records) > self.keep:
-                self._records.popitem(last=False)
+            self.bytes += size - self._sizes.get(record.id, 0)
+            self._sizes[record.id] = size
+            while len(self._records) > self.keep or (
+                self.bytes > self.max_bytes and len(self._records) > 1
+            ):
+                dropped, _ = self._records.popitem(last=False)
+                self.bytes -= self._sizes.pop(dropped)
             subscribers = list(self._subscribers)
         for loop, queue in subscribers:
             try:

@@ -17,12 +17,18 @@ The guards (``install`` adds them to an app):
   ``DRAIN_BYTES`` of the rest is read and discarded first, so the client, still sending,
   sees the 413 instead of a reset connection (not when it sent ``Expect: 100-continue``:
   then it is waiting, and the body was never sent).
+- **Paths.** A path with a control character (``%00``, CR, LF …) is answered 400
+  ``invalid_path`` whatever the route (the proxy's routes check more: ``proxy.forward``).
 - **UTF-8.** A JSON body (``application/json`` or ``*+json``) that is not valid UTF-8 is
   answered 400 ``invalid_utf8`` with the byte offset, checked incrementally as it streams in.
 - **Malformed JSON** → 400 ``invalid_json`` with the position; a body that does not match the
   route's model → 422 ``invalid_request`` with ``details``.
 - **Unknown path** → 404 ``not_found``; wrong method → 405 ``method_not_allowed``.
 - **Anything unexpected** → 500 ``internal_error`` (logged with its traceback, never echoed).
+
+No error message and no log line quotes more than 200 characters of anything a client sent
+(``contextfold._bounded.clip``): an exception's text may quote a value, and a 7 MB value must
+not grow the log by 7 MB.
 
 >>> ErrorResponse(error=ErrorDetail(type="not_found", message="no node 7")).model_dump(
 ...     exclude_none=True)
@@ -33,6 +39,8 @@ from __future__ import annotations
 
 import codecs
 import logging
+import re
+import traceback
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +48,8 @@ from pydantic import BaseModel, ConfigDict
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
+
+from contextfold._bounded import clip
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -61,6 +71,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 #: How much of an oversized body is read and thrown away before the 413 is sent.
 DRAIN_BYTES = 64 * 1024 * 1024
@@ -197,6 +209,14 @@ class BodyGuard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        bad = _CONTROL.search(scope.get("path", ""))
+        if bad is not None:
+            message = (
+                f"the request path has a control character ({bad.group()!r} at offset "
+                f"{bad.start()}); no route takes one"
+            )
+            await error_response(400, "invalid_path", message)(scope, receive, send)
+            return
         headers = Headers(scope=scope)
         limit = self.max_body_bytes
         declared = _content_length(headers)
@@ -282,8 +302,8 @@ def _http_error(request: Request, exc: Exception) -> Response:
     message = str(exc.detail)
     if message == "There was an error parsing the body" and exc.__cause__ is not None:
         cause = exc.__cause__  # FastAPI's wrapper hides why (e.g. JSON nested too deeply)
-        message = f"cannot parse the request body: {type(cause).__name__}: {cause}"
-    where = f"{request.method} {request.url.path}"
+        message = f"cannot parse the request body: {type(cause).__name__}: {clip(str(cause))}"
+    where = f"{request.method} {clip(request.url.path)}"
     if exc.status_code == 404 and message == "Not Found":
         message = f"no endpoint at {where}; the API is described at /docs and /openapi.json"
     elif exc.status_code == 405 and message == "Method Not Allowed":
@@ -291,7 +311,7 @@ def _http_error(request: Request, exc: Exception) -> Response:
         if allowed:
             headers = {k: v for k, v in headers.items() if k.lower() != "allow"}
             headers["Allow"] = allowed
-        message = f"{request.method} is not allowed on {request.url.path}" + (
+        message = f"{request.method} is not allowed on {clip(request.url.path)}" + (
             f"; allowed: {allowed}" if allowed else ""
         )
     return error_response(exc.status_code, type_, message, headers=headers)
@@ -355,12 +375,20 @@ def _validation_error(request: Request, exc: Exception) -> Response:
 
 
 def _internal_error(request: Request, exc: Exception) -> Response:
-    logger.error("unhandled error in %s %s", request.method, request.url.path, exc_info=exc)
+    frames = "".join(traceback.format_tb(exc.__traceback__))
+    logger.error(
+        "unhandled error in %s %s: %s: %s\nTraceback (most recent call last):\n%s",
+        request.method,
+        clip(request.url.path),
+        type(exc).__name__,
+        clip(str(exc)),
+        frames.rstrip(),
+    )
     return error_response(
         500,
         "internal_error",
         f"internal error ({type(exc).__name__}) while handling {request.method} "
-        f"{request.url.path}; the server log has the details",
+        f"{clip(request.url.path)}; the server log has the details",
     )
 
 

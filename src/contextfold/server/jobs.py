@@ -18,6 +18,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
+from contextfold._bounded import clip
 from contextfold.store.memory_branches import owner_id
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ class JobWorker:
             try:
                 self.engine.derive(job.session_id)
             except Exception as exc:  # kept in the store with its error, retried
-                message = f"{type(exc).__name__}: {exc}"
+                message = f"{type(exc).__name__}: {clip(str(exc))}"
                 self.failed += 1
                 self.errors = [*self.errors[-9:], message]
                 logger.error("job %d (%s) failed: %s", job.id, job.session_id, message)
@@ -102,7 +103,9 @@ class JobWorker:
                     try:
                         self.on_done(job.session_id)
                     except Exception as exc:
-                        logger.warning("after job %d: %s: %s", job.id, type(exc).__name__, exc)
+                        logger.warning(
+                            "after job %d: %s: %s", job.id, type(exc).__name__, clip(str(exc))
+                        )
             finally:
                 with self._lock:
                     self._busy.discard(job.session_id)

@@ -78,7 +78,7 @@ from contextfold.store.memory_schema import (
 from contextfold.store.memory_schema import m004_session_scoped_fts as m004_session_scoped_fts
 from contextfold.store.memory_segments import SegmentsMixin
 from contextfold.store.memory_state import StateMixin
-from contextfold.store.sqlite import connect, transaction
+from contextfold.store.sqlite import FairLock, connect, transaction
 from contextfold.tokens import TiktokenCounter, TokenCounter
 
 __all__ = [
@@ -130,7 +130,7 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._guard = threading.RLock()
-        self._writer = threading.RLock()  # this process's writers, one at a time (``_tx``)
+        self._writer = FairLock()  # this process's writers, one at a time, in order (``_tx``)
         self._shared = self.path == ":memory:"
         first = connect(self.path)
         self._local.conn = first
@@ -157,8 +157,9 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
         The writers of this process queue on a lock before SQLite's: SQLite has one writer at
         a time and its busy handler polls, so under many concurrent writers a waiting one can
         lose every race until its timeout ("database is locked", measured at 50 concurrent
-        proxy sessions); blocked on the lock, writers take their turns. Writers of other
-        processes still meet at SQLite's lock, with its busy timeout."""
+        proxy sessions); blocked on the lock, writers take their turns, first come first
+        served (``FairLock``), so a long write done in chunks lets the others in between.
+        Writers of other processes still meet at SQLite's lock, with its busy timeout."""
         with self._writer, transaction(self._conn) as conn:
             yield conn
 

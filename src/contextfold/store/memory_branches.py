@@ -63,6 +63,8 @@ __all__ = ["BranchMoved", "BranchesMixin", "Job", "owner_id"]
 LEASE_SECONDS = 60.0
 #: Attempts before a job is marked failed (it stays in the table, with its error).
 MAX_ATTEMPTS = 5
+#: Turns per write transaction of a long history (``commit_exchange``), and of its tags.
+WRITE_CHUNK = 256
 
 
 def _held(job_id: int, owner: str | None) -> tuple[str, tuple[object, ...]]:
@@ -238,23 +240,38 @@ class BranchesMixin:
         partial: Sequence[bool] | None = None,
         expect_last: int | None = None,
     ) -> list[int]:
-        """Append ``messages`` raw and queue the session's ``derive`` job, in one transaction;
-        returns their seqs. With ``expect_last``, raise ``BranchMoved`` instead when the
-        session's last turn is no longer that seq (another request continued it first)."""
+        """Append ``messages`` raw and queue the session's ``derive`` job; returns their seqs.
+        With ``expect_last``, raise ``BranchMoved`` instead when the session's last turn is
+        no longer that seq (another request continued it first).
+
+        Up to ``WRITE_CHUNK`` messages are one transaction. A longer history (a client's
+        first request carrying a long conversation) is written ``WRITE_CHUNK`` turns per
+        transaction, the last one with the job, so the writes of other sessions go in
+        between instead of waiting for the whole of it (the process's writers take turns,
+        ``_tx``); each chunk checks that the branch still ends where the previous one left
+        it (``BranchMoved`` otherwise). A crash between chunks leaves the first turns of the
+        history stored without the reply: a prefix of what the client sent, which its next
+        request continues or forks from like any history."""
         rows = self._turn_rows(messages, partial=partial)
-        with self._tx() as conn:
-            if (
-                conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone()
-                is None
-            ):
-                raise ConfigError(f"unknown session {session_id!r}")
-            if expect_last is not None:
-                last = self._last_seq(conn, session_id)
-                if last != expect_last:
-                    raise BranchMoved(session_id, expect_last, last)
-            seqs = self._insert_turns(conn, session_id, rows)
-            if seqs:
-                self._enqueue(conn, session_id, "derive")
+        seqs: list[int] = []
+        expected = expect_last
+        starts = range(0, max(len(rows), 1), WRITE_CHUNK)
+        for start in starts:
+            chunk = rows[start : start + WRITE_CHUNK]
+            with self._tx() as conn:
+                if (
+                    conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone()
+                    is None
+                ):
+                    raise ConfigError(f"unknown session {session_id!r}")
+                if expected is not None:
+                    last = self._last_seq(conn, session_id)
+                    if last != expected:
+                        raise BranchMoved(session_id, expected, last)
+                seqs += self._insert_turns(conn, session_id, chunk)
+                if seqs and start == starts[-1]:
+                    self._enqueue(conn, session_id, "derive")
+            expected = seqs[-1] if seqs else expected
         return seqs
 
     def mark_derived(self, session_id: str, seq: int) -> None:

@@ -20,15 +20,73 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from contextfold.errors import StoreError
 
-__all__ = ["Migration", "MigrationRegistry", "connect", "home_dir", "transaction"]
+__all__ = ["FairLock", "Migration", "MigrationRegistry", "connect", "home_dir", "transaction"]
 
 Migration = Callable[[sqlite3.Connection], None]
+
+
+class FairLock:
+    """A re-entrant lock handed to its waiters in the order they came (first in, first out).
+
+    ``threading.RLock`` lets the thread that releases it take it straight back, so a writer
+    that commits a long history in chunks, releasing the lock between them, could still keep
+    every other writer waiting to the end; with this lock, a writer waiting when a chunk ends
+    goes before the next chunk.
+
+    >>> lock = FairLock()
+    >>> with lock, lock:  # re-entrant
+    ...     lock.owned()
+    True
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._owner: int | None = None
+        self._depth = 0
+        self._queue: deque[int] = deque()
+
+    def owned(self) -> bool:
+        return self._owner == threading.get_ident()
+
+    def acquire(self) -> None:
+        me = threading.get_ident()
+        with self._cond:
+            if self._owner == me:
+                self._depth += 1
+                return
+            if self._owner is None and not self._queue:
+                self._owner, self._depth = me, 1
+                return
+            self._queue.append(me)
+            while self._owner is not None or self._queue[0] != me:
+                self._cond.wait()
+            self._queue.popleft()
+            self._owner, self._depth = me, 1
+
+    def release(self) -> None:
+        with self._cond:
+            if self._owner != threading.get_ident():
+                raise RuntimeError("release of a FairLock this thread does not hold")
+            self._depth -= 1
+            if self._depth == 0:
+                self._owner = None
+                if self._queue:
+                    self._cond.notify_all()
+
+    def __enter__(self) -> FairLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
 
 
 def home_dir() -> Path:

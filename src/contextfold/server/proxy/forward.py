@@ -1,18 +1,30 @@
 """The upstream side of a request: the URL it goes to, the headers that go with it, the
 aiohttp client that sends it, and the provider-shaped errors the proxy answers itself.
 
-Hop-by-hop headers are dropped both ways (and ``accept-encoding`` is set to ``identity``, so
-a reply can be read and marked); a repeated response header's values are joined by commas
-(RFC 9110 §5.3). Credentials go upstream as the client sent them and are never logged.
+Hop-by-hop headers are dropped both ways (``Expect`` too: the proxy has read the body before
+it asks upstream, and an upstream that never answers ``100-continue`` would hang the request;
+``accept-encoding`` is set to ``identity``, so a reply can be read and marked); a repeated
+response header's values are joined by commas (RFC 9110 §5.3). Credentials go upstream as the
+client sent them and are never logged; an error naming the upstream names its host and port
+only.
+
+**Paths.** The forwarded path is built from the decoded route (``forward_path``): a path with
+a dot-segment (``..``, ``.``, also as ``%2e``), an encoded slash or backslash (``%2f``,
+``%5c``), a control character (``%00``, CR, LF …), a space or a backslash is refused with a
+400 before anything is sent upstream, so a request can never reach outside the upstream
+base URL's prefix (a gateway that normalises ``/tenant-a/v1/../../admin`` would serve
+``/admin``). What is left is percent-encoded again the one canonical way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 from fastapi.responses import Response
@@ -26,7 +38,9 @@ __all__ = [
     "Upstream",
     "error_response",
     "forward_headers",
+    "forward_path",
     "response_headers",
+    "upstream_host",
     "upstream_url",
 ]
 
@@ -45,6 +59,7 @@ _HOP = frozenset(
         "content-length",
         "accept-encoding",
         "content-encoding",
+        "expect",
         SESSION_HEADER,
     }
 )
@@ -56,11 +71,47 @@ def error_response(fmt: str, status: int, message: str, kind: str) -> Response:
     if fmt == "anthropic":
         body = {"type": "error", "error": {"type": kind, "message": message}}
     elif fmt == "gemini":
-        names = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 502: "UNAVAILABLE"}
+        names = {
+            400: "INVALID_ARGUMENT",
+            404: "NOT_FOUND",
+            413: "INVALID_ARGUMENT",
+            502: "UNAVAILABLE",
+        }
         body = {"error": {"code": status, "message": message, "status": names.get(status, kind)}}
     else:
         body = {"error": {"message": message, "type": kind, "code": None}}
     return Response(json.dumps(body), status_code=status, media_type="application/json")
+
+
+_ENCODED_SEPARATOR = re.compile(rb"%(?:2f|5c)", re.IGNORECASE)
+_BAD_CHARACTER = re.compile(r"[\x00-\x20\x7f\\]")
+#: What stays unescaped in a forwarded path (RFC 3986 pchar and "/").
+_PATH_SAFE = "/:@!$&'()*+,;=-._~"
+
+
+def forward_path(raw_path: bytes, path: str) -> str:
+    """The path to forward for a request whose target was ``raw_path`` (as sent) and is
+    ``path`` decoded; raises ``ValueError`` naming what is wrong with it (see the module
+    docs)."""
+    if _ENCODED_SEPARATOR.search(raw_path):
+        raise ValueError("the request path has an encoded slash or backslash (%2F, %5C)")
+    bad = _BAD_CHARACTER.search(path)
+    if bad is not None:
+        raise ValueError(
+            f"the request path has a control character, a space or a backslash "
+            f"({bad.group()!r} at offset {bad.start()})"
+        )
+    if any(segment in (".", "..") for segment in path.split("/")):
+        raise ValueError("the request path has a dot-segment (. or ..)")
+    return quote(path, safe=_PATH_SAFE)
+
+
+def upstream_host(url: str) -> str:
+    """``host:port`` of ``url``, never its credentials: what an error may say."""
+    parts = urlsplit(url)
+    host = parts.hostname or "?"
+    host = f"[{host}]" if ":" in host else host
+    return f"{host}:{parts.port}" if parts.port else host
 
 
 def upstream_url(base: str, path: str, query: str) -> str:
@@ -78,6 +129,9 @@ def forward_headers(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
     out["accept-encoding"] = "identity"
     return out
 
+
+#: The largest body sent upstream in one write (aiohttp's own threshold).
+_IN_ONE_WRITE = 1024 * 1024
 
 #: What the upstream client raises for a connection refused, reset or timed out.
 UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError)
@@ -130,11 +184,14 @@ class Upstream:
     ) -> aiohttp.ClientResponse:
         """Send upstream; the response's body is still to be read (``read`` / ``content``)
         and the caller releases it. Raises one of ``UPSTREAM_ERRORS``."""
+        # aiohttp sends a large ``bytes`` body in one write (and warns that it may hold the
+        # event loop); from a file object it sends it in pieces, with its Content-Length.
+        data: bytes | io.BytesIO = content if len(content) <= _IN_ONE_WRITE else io.BytesIO(content)
         return await self.client().request(
             method,
             URL(url, encoded=True),  # forwarded as given: no re-quoting of path or ?key=
             headers=headers,
-            data=content,
+            data=data,
             allow_redirects=False,
         )
 

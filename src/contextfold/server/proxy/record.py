@@ -10,8 +10,15 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from contextfold._bounded import BoundedMemo, clip, text_size
 from contextfold.items import Message, TextBlock
-from contextfold.server.events import BudgetRow, EventBus, InspectedMessage, RequestRecord
+from contextfold.server.events import (
+    BudgetRow,
+    EventBus,
+    InspectedMessage,
+    RequestRecord,
+    preview,
+)
 from contextfold.tokens import OVERHEADS, TokenCounter
 
 if TYPE_CHECKING:
@@ -61,40 +68,43 @@ class Plan:
     started: float = 0.0
 
 
-_COUNTS: dict[tuple[str, str], int] = {}
+#: ``counter.count(text)``, remembered: a chat client resends its history every turn. Both
+#: memos are bounded by entries and by the bytes of the texts they keep alive.
+_COUNTS: BoundedMemo[tuple[str, str], int] = BoundedMemo(entries=50_000, max_bytes=8 << 20)
 
 
 def _count(counter: TokenCounter, text: str) -> int:
-    """``counter.count(text)``, remembered: a chat client resends its history every turn."""
-    key = (counter.name, text)
-    found = _COUNTS.get(key)
-    if found is None:
-        if len(_COUNTS) > 50_000:
-            _COUNTS.clear()
-        found = _COUNTS[key] = counter.count(text)
-    return found
+    return _COUNTS.get(
+        (counter.name, text), lambda: counter.count(text), size=text_size(text) + 200
+    )
 
 
 #: Per message object: (the message, its text, its inspector view). The proxy's parser hands
 #: out one ``Message`` per distinct (role, text), so a resent history hits this every time.
-_SEEN: dict[int, tuple[Message, str, InspectedMessage]] = {}
+_SEEN: BoundedMemo[int, tuple[Message, str, InspectedMessage]] = BoundedMemo(
+    entries=50_000, max_bytes=16 << 20
+)
+
+
+def _inspect(message: Message) -> tuple[Message, str, InspectedMessage]:
+    text = message.text()
+    shown = (
+        text
+        if len(text) <= MAX_TEXT
+        else (text[:MAX_TEXT] + f"… ({len(text) - MAX_TEXT:,} more characters)")
+    )
+    inspected = InspectedMessage(
+        role=message.role, blocks=tuple(b.type for b in message.content), text=shown
+    )
+    return message, text, inspected
 
 
 def _seen(message: Message) -> tuple[Message, str, InspectedMessage]:
-    entry = _SEEN.get(id(message))
-    if entry is None or entry[0] is not message:
-        text = message.text()
-        shown = (
-            text
-            if len(text) <= MAX_TEXT
-            else (text[:MAX_TEXT] + f"… ({len(text) - MAX_TEXT:,} more characters)")
-        )
-        inspected = InspectedMessage(
-            role=message.role, blocks=tuple(b.type for b in message.content), text=shown
-        )
-        if len(_SEEN) > 50_000:
-            _SEEN.clear()
-        entry = _SEEN[id(message)] = (message, text, inspected)
+    size = text_size(message.text()) + 2 * MAX_TEXT + 600
+    entry = _SEEN.get(id(message), lambda: _inspect(message), size=size)
+    if entry[0] is not message:  # an id reused by a newer object
+        _SEEN.discard(id(message))
+        entry = _SEEN.get(id(message), lambda: _inspect(message), size=size)
     return entry
 
 
@@ -206,9 +216,9 @@ def build_record(
         dropped_turns=len(plan.dropped_notes),
         dropped=tuple(plan.dropped_notes),
         messages=tuple(_seen(m)[2] for m in shown[omitted:]),
-        context=memory_text,
+        context=preview(memory_text),
         budget=_budget_rows(assembled, history_tokens, len(kept), engine) if assembled else (),
-        error=error or plan.error,
+        error=clip(error or plan.error or "", 1000) or None,
         extra=info,
     )
 

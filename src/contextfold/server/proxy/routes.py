@@ -18,16 +18,20 @@ dashboard record (``record``), its reply tags once the session's derive job
 
 Failing open: if anything in the memory path raises or runs past its deadline, the original
 request bytes are forwarded unmodified (and the exchange is still stored), the reason is logged
-and shown in the request's dashboard record. Upstream errors
-(4xx, 5xx) come back with their status and body. Malformed JSON or invalid UTF-8 gets a 400 in
-the provider's error shape. Credentials (``Authorization``, ``x-api-key``, ``x-goog-api-key``,
-``?key=``) are forwarded and never logged.
+and shown in the request's dashboard record (an exception's text cut to 200 characters: it may
+quote the client's values). Upstream errors (4xx, 5xx) come back with their status and body.
+Malformed JSON or invalid UTF-8 gets a 400 in the provider's error shape, and so does a path
+that would leave the upstream's prefix (``forward.forward_path``); a body past one of the
+limits (``limits``) gets a 413 or 400 before anything is sent upstream. Credentials
+(``Authorization``, ``x-api-key``, ``x-goog-api-key``, ``?key=``) are forwarded and never
+logged; nothing of a body is logged.
 
 Memory tools (``paging.mode: tools``): the proxy offers expand_topic / collapse_topic /
 find_quote next to the client's tools, runs the model's calls to them itself and asks again
 (at most ``proxy.max_tool_continuations`` times), invisible to the client. That loop runs
 upstream without streaming; a streaming client then receives the final answer as one
-synthesized stream.
+synthesized stream. A model's bad call comes back to it as a tool error; an engine error in
+the loop fails open: the client's request goes upstream unmodified, and its answer comes back.
 """
 
 from __future__ import annotations
@@ -44,23 +48,25 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit
 
 import aiohttp
 import anyio
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from contextfold._bounded import clip
 from contextfold.memory.tools import TOOL_NAMES
 from contextfold.server.jobs import JobWorker
-from contextfold.server.proxy import recall
+from contextfold.server.proxy import limits, recall
 from contextfold.server.proxy.commit import commit_exchange
 from contextfold.server.proxy.forward import (
     UPSTREAM_ERRORS,
     Upstream,
     error_response,
     forward_headers,
+    forward_path,
     response_headers,
+    upstream_host,
     upstream_url,
 )
 from contextfold.server.proxy.markers import session_marker
@@ -195,11 +201,19 @@ class Proxy:
                 "`contextfold proxy --upstream URL`",
                 "api_error",
             )
+        try:
+            path = forward_path(request.scope.get("raw_path") or b"", request.url.path)
+        except ValueError as exc:
+            return error_response(fmt, 400, f"{exc}; not forwarded", "invalid_request_error")
         raw = await request.body()
         body, problem = _decode(raw)
         if body is None:
             return error_response(fmt, 400, problem, "invalid_request_error")
-        path = request.url.path
+        broken = limits.check(body, wire.key, self.state.config.limits)
+        if broken is not None:
+            status, message = broken
+            kind = "request_too_large" if fmt == "anthropic" and status == 413 else None
+            return error_response(fmt, status, message, kind or "invalid_request_error")
         plan = Plan(
             id=uuid.uuid4().hex,
             format=fmt,
@@ -223,7 +237,7 @@ class Proxy:
         headers = forward_headers(request.headers.items())
         plan.overhead_ms = (time.perf_counter() - started) * 1000
         if self.tools_mode and plan.body is not None:
-            return await self._tool_loop(plan, url, headers)
+            return await self._tool_loop(plan, url, headers, raw)
         return await self._forward(plan, url, headers)
 
     async def _prepared(
@@ -244,7 +258,8 @@ class Proxy:
             logger.info("request %s: %s", plan.id, plan.error)
         except Exception as exc:  # fail open: forward the original bytes
             plan.error = (
-                f"memory skipped, request forwarded unmodified: {type(exc).__name__}: {exc}"
+                f"memory skipped, request forwarded unmodified: {type(exc).__name__}: "
+                f"{clip(str(exc))}"
             )
             logger.warning("request %s: %s", plan.id, plan.error)
         else:
@@ -277,7 +292,7 @@ class Proxy:
         try:
             sid, seqs = commit_exchange(self, plan, message, partial)
         except Exception as exc:
-            plan.error = f"exchange not stored: {type(exc).__name__}: {exc}"
+            plan.error = f"exchange not stored: {type(exc).__name__}: {clip(str(exc))}"
             logger.error("request %s: %s", plan.id, plan.error)
             return None
         plan.session_id = sid
@@ -401,15 +416,30 @@ class Proxy:
         return [event if piece is MARKER_SLOT else piece for piece in out if piece or event]
 
     def _unreachable(self, plan: Plan, url: str, exc: Exception) -> Response:
-        where = urlsplit(url).netloc
-        message = f"upstream {where} unreachable: {type(exc).__name__}"
+        message = f"upstream {upstream_host(url)} unreachable: {type(exc).__name__}"
         logger.warning("request %s: %s", plan.id, message)
         self._finish(plan, 502, None, None, message)
         return error_response(plan.format, 502, message, "api_error")
 
     # -- the in-proxy tool loop ------------------------------------------------------------------
 
-    async def _tool_loop(self, plan: Plan, url: str, headers: dict[str, str]) -> Response:
+    async def _tool_loop(
+        self, plan: Plan, url: str, headers: dict[str, str], raw: bytes
+    ) -> Response:
+        """The in-proxy tool loop; an engine error in it fails open (``_rounds``)."""
+        try:
+            return await self._rounds(plan, url, headers)
+        except _EngineError as failed:
+            exc = failed.__cause__ or failed
+            plan.error = (
+                f"memory tools failed, request forwarded unmodified: {type(exc).__name__}: "
+                f"{clip(str(exc))}"
+            )
+            logger.warning("request %s: %s", plan.id, plan.error)
+            plan.body, plan.content, plan.tool_calls = None, raw, []
+            return await self._forward(plan, url, headers)
+
+    async def _rounds(self, plan: Plan, url: str, headers: dict[str, str]) -> Response:
         assert plan.body is not None and plan.session_id is not None
         body, loop_url = unstreamed(plan.format, plan.body, url)
         sent = time.perf_counter()
@@ -441,12 +471,15 @@ class Proxy:
             calls = [c for c in reply.calls if c.name in TOOL_NAMES]
             if not calls:
                 break
-            results = []
-            for call in calls:
-                run = partial(memory.handle_tool_call, call.name, call.input, session_id=sid)
-                results.append((call, await anyio.to_thread.run_sync(run)))
-                plan.tool_calls.append({"name": call.name, "arguments": call.input})
-            body = continuation(plan.format, body, data, results)
+            try:
+                results = []
+                for call in calls:
+                    run = partial(memory.handle_tool_call, call.name, call.input, session_id=sid)
+                    results.append((call, await anyio.to_thread.run_sync(run)))
+                    plan.tool_calls.append({"name": call.name, "arguments": _clipped(call.input)})
+                body = continuation(plan.format, body, data, results)
+            except Exception as exc:  # fail open (``_tool_loop``)
+                raise _EngineError from exc
         assert isinstance(data, dict)
         seq = await self._commit(plan, reply)
         marker = self._marker(plan, reply, seq)
@@ -504,12 +537,16 @@ class Proxy:
         upstream, _ = self.upstream_for(request)
         if upstream is None:
             return error_response(fmt, 503, "no upstream is configured for this port", "api_error")
-        url = upstream_url(upstream, request.url.path, request.url.query)
+        try:
+            path = forward_path(request.scope.get("raw_path") or b"", request.url.path)
+        except ValueError as exc:
+            return error_response(fmt, 400, f"{exc}; not forwarded", "invalid_request_error")
+        url = upstream_url(upstream, path, request.url.query)
         headers = forward_headers(request.headers.items())
         try:
             response = await self.upstream.send(request.method, url, headers, await request.body())
         except UPSTREAM_ERRORS as exc:
-            message = f"upstream {urlsplit(url).netloc} unreachable: {type(exc).__name__}"
+            message = f"upstream {upstream_host(url)} unreachable: {type(exc).__name__}"
             return error_response(fmt, 502, message, "api_error")
 
         async def relay() -> AsyncIterator[bytes]:
@@ -528,6 +565,16 @@ class Proxy:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+class _EngineError(Exception):
+    """The memory engine failed inside the tool loop (the cause is the engine's error)."""
+
+
+def _clipped(arguments: dict[str, Any]) -> dict[str, Any]:
+    """A tool call's arguments for the record: long strings cut (the model wrote them, and a
+    record is kept in memory)."""
+    return {k: clip(v) if isinstance(v, str) else v for k, v in list(arguments.items())[:20]}
 
 
 def _decode(raw: bytes) -> tuple[dict[str, Any] | None, str]:

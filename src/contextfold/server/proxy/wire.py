@@ -27,6 +27,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
+from contextfold._bounded import BoundedMemo, text_size
 from contextfold.errors import FormatError
 from contextfold.formats import (
     parse_anthropic_messages,
@@ -70,38 +71,36 @@ class ParsedRequest:
         )
 
 
-class _Cache:
-    """A bounded memo shared by requests: a chat client resends its whole history every turn,
-    so the same message texts come back again and again. Emptied when full."""
-
-    def __init__(self, size: int = 20_000) -> None:
-        self.size = size
-        self.data: dict[Any, Any] = {}
-
-    def get(self, key: Any, make: Callable[[], Any]) -> Any:
-        value = self.data.get(key)
-        if value is None:
-            if len(self.data) >= self.size:
-                self.data = {}
-            value = self.data[key] = make()
-        return value
-
-
-_STRIPPED = _Cache()
-_MESSAGES = _Cache()
+# Memos shared by requests: a chat client resends its whole history every turn, so the same
+# message texts come back again and again. Bounded by entries and by the bytes of the texts
+# they hold (a client's distinct 4 MB messages must not pile up).
+_STRIPPED: BoundedMemo[str, tuple[str, tuple[str, ...]]] = BoundedMemo(
+    entries=20_000, max_bytes=8 * 1024 * 1024
+)
+_MESSAGES: BoundedMemo[tuple[str, str], Message] = BoundedMemo(
+    entries=20_000, max_bytes=16 * 1024 * 1024
+)
+#: What a memo entry costs beside its text (the tuple, the ``Message`` and its block).
+_ENTRY = 600
 
 
 def _edit_text(text: str, tokens: list[str]) -> str:
     if "contextfold:session=" not in text:
         return text
-    stripped, found = _STRIPPED.get(text, lambda: (strip_markers(text), tuple(find_tokens(text))))
+    stripped, found = _STRIPPED.get(
+        text,
+        lambda: (strip_markers(text), tuple(find_tokens(text))),
+        size=2 * text_size(text) + _ENTRY,
+    )
     tokens.extend(found)
-    return str(stripped)
+    return stripped
 
 
 def _simple(role: Any, text: str) -> Message:
     """A plain text message, built once per (role, text)."""
-    return _MESSAGES.get((role, text), lambda: Message(role=role, content=text))  # type: ignore[no-any-return]
+    return _MESSAGES.get(
+        (role, text), lambda: Message(role=role, content=text), size=text_size(text) + _ENTRY
+    )
 
 
 def _with_simple(

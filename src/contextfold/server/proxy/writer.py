@@ -24,6 +24,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from contextfold._bounded import clip
+
 __all__ = ["TurnWriter"]
 
 logger = logging.getLogger("contextfold.server.proxy")
@@ -84,11 +86,13 @@ class TurnWriter:
             except Exception as exc:  # logged and retried; counted when it never succeeds
                 if attempt == self.attempts:
                     self.failed += 1
-                    message = f"{type(exc).__name__}: {exc}"
+                    message = f"{type(exc).__name__}: {clip(str(exc))}"
                     self.errors = [*self.errors[-9:], message]
                     logger.error("memory write failed %d times, giving up: %s", attempt, message)
                     return
-                logger.warning("memory write failed (attempt %d), retrying: %s", attempt, exc)
+                logger.warning(
+                    "memory write failed (attempt %d), retrying: %s", attempt, clip(str(exc))
+                )
                 time.sleep(self.pause * attempt)
             else:
                 self.completed += 1
