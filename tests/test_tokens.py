@@ -186,6 +186,16 @@ def test_count_is_lru_cached_per_instance() -> None:
     assert TiktokenCounter().count.cache_info().currsize == 0  # not shared across instances
 
 
+def test_long_texts_are_counted_without_entering_the_cache() -> None:
+    """The cache is bounded by characters too: a 4 MB message is counted, not kept."""
+    counter = TiktokenCounter("o200k_base", cache_text_chars=100)
+    long_text = "word " * 1_000
+    assert counter.count(long_text) == len(counter.encoding.encode_ordinary(long_text))
+    assert counter.count.cache_info().currsize == 0
+    counter.count("short")
+    assert counter.count.cache_info().currsize == 1
+
+
 @pytest.mark.parametrize(("text", "expected"), [("", 0), ("a", 1), ("abcd", 1), ("abcde", 2)])
 def test_char_counter_counts_ceil_quarter(text: str, expected: int) -> None:
     counter = CharCounter()

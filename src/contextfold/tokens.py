@@ -163,6 +163,7 @@ class TiktokenCounter:
         estimated: bool = False,
         safety_margin: float = 0.0,
         cache_size: int = 65_536,
+        cache_text_chars: int = 4_096,
         fallback: bool = False,
     ) -> None:
         if encoding not in _ENCODINGS:
@@ -181,8 +182,18 @@ class TiktokenCounter:
         self.name = f"{encoding}{suffix}"
         self._encoding: tiktoken.Encoding | None = None
         # str hashes are computed once per object and cached by CPython, so this is a cache
-        # by content hash that costs one dict probe on a hit.
-        self.count = lru_cache(maxsize=cache_size)(self._count)  # type: ignore[method-assign]
+        # by content hash that costs one dict probe on a hit. Only texts of at most
+        # ``cache_text_chars`` characters are kept, so the cache holds at most
+        # cache_size x cache_text_chars characters however big the texts counted (a long text
+        # costs far more to encode than to look up, and is seldom counted twice).
+        cached = lru_cache(maxsize=cache_size)(self._count)
+
+        def count(text: str) -> int:
+            return cached(text) if len(text) <= cache_text_chars else self._count(text)
+
+        count.cache_info = cached.cache_info  # type: ignore[attr-defined]
+        count.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+        self.count = count  # type: ignore[method-assign]
 
     def __repr__(self) -> str:
         fallback = ", fallback=True" if self.fallback else ""
