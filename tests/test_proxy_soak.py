@@ -16,7 +16,7 @@ import pytest
 
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
-from contextfold.server.config import ProxySettings, ServerConfig
+from contextfold.server.config import ContextApiSettings, ProxySettings, ServerConfig
 from contextfold.server.proxy import record, wire
 from fake_llm import FakeLLMServer
 from proxy_support import Served, serve
@@ -33,7 +33,13 @@ def make_engine(tmp_path: Path, **config: Any) -> MemoryEngine:
 @pytest.fixture
 def proxy(fake_llm: FakeLLMServer, tmp_path: Path) -> Iterator[Served]:
     with make_engine(tmp_path, cached_sessions=50) as memory:
-        config = ServerConfig(port=0, proxy=ProxySettings(upstream=fake_llm.url))
+        # The relevance floor off: the made-up words of the /api/context queries below must
+        # still reach the big nodes, so that the answers (and their records) are big.
+        config = ServerConfig(
+            port=0,
+            proxy=ProxySettings(upstream=fake_llm.url),
+            context_api=ContextApiSettings(relevance_floor=False),
+        )
         with serve(config, memory) as served:
             yield served
 
