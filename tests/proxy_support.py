@@ -10,8 +10,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
+from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
 from contextfold.server.app import create_app
 from contextfold.server.config import ServerConfig
@@ -39,6 +41,14 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def make_engine(tmp_path: Path, **config: Any) -> MemoryEngine:
+    """A file-backed engine (``memory.db`` under ``tmp_path``) with memory config ``config``,
+    keyword tags and no embedding model."""
+    return MemoryEngine(
+        MemoryConfig.model_validate(config), store=tmp_path / "memory.db", embedder=None
+    )
 
 
 @dataclass

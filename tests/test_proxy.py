@@ -18,20 +18,13 @@ import httpx
 import openai
 import pytest
 
-from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
 from contextfold.server.config import InstanceSettings, ProxySettings, ServerConfig
 from contextfold.server.proxy.session import SESSION_HEADER, find_tokens, make_token
 from fake_llm import FakeLLMServer, ModelTurn, ToolCall
-from proxy_support import Served, closed_after_test, free_port, serve
+from proxy_support import Served, closed_after_test, free_port, make_engine, serve
 
 SYSTEM = "You are a careful assistant."
-
-
-def make_engine(tmp_path: Path, **config: Any) -> MemoryEngine:
-    return MemoryEngine(
-        MemoryConfig.model_validate(config), store=tmp_path / "memory.db", embedder=None
-    )
 
 
 @pytest.fixture

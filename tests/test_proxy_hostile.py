@@ -21,7 +21,6 @@ import openai
 import pytest
 from pydantic import ValidationError
 
-from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
 from contextfold.server.config import (
     InstanceSettings,
@@ -30,15 +29,9 @@ from contextfold.server.config import (
     ServerConfig,
 )
 from fake_llm import FakeLLMServer, ModelTurn, ToolCall
-from proxy_support import Served, closed_after_test, free_port, serve
+from proxy_support import Served, closed_after_test, free_port, make_engine, serve
 
 CANARY = "CANARY-7f3a9c-secret"
-
-
-def make_engine(tmp_path: Path, **config: Any) -> MemoryEngine:
-    return MemoryEngine(
-        MemoryConfig.model_validate(config), store=tmp_path / "memory.db", embedder=None
-    )
 
 
 @pytest.fixture

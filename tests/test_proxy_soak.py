@@ -9,25 +9,16 @@ import random
 import string
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from contextfold.memory.config import MemoryConfig
-from contextfold.memory.engine import MemoryEngine
 from contextfold.server.config import ContextApiSettings, ProxySettings, ServerConfig
 from contextfold.server.proxy import record, wire
 from fake_llm import FakeLLMServer
-from proxy_support import Served, serve
+from proxy_support import Served, make_engine, serve
 
 MB = 1024 * 1024
-
-
-def make_engine(tmp_path: Path, **config: Any) -> MemoryEngine:
-    return MemoryEngine(
-        MemoryConfig.model_validate(config), store=tmp_path / "memory.db", embedder=None
-    )
 
 
 @pytest.fixture

@@ -88,11 +88,7 @@ _SEEN: BoundedMemo[int, tuple[Message, str, InspectedMessage]] = BoundedMemo(
 
 def _inspect(message: Message) -> tuple[Message, str, InspectedMessage]:
     text = message.text()
-    shown = (
-        text
-        if len(text) <= MAX_TEXT
-        else (text[:MAX_TEXT] + f"… ({len(text) - MAX_TEXT:,} more characters)")
-    )
+    shown = preview(text, MAX_TEXT)
     inspected = InspectedMessage(
         role=message.role, blocks=tuple(b.type for b in message.content), text=shown
     )
