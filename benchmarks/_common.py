@@ -691,6 +691,37 @@ def _render_durability(path: Path, data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _render_warm_start(path: Path, data: dict[str, Any]) -> list[str]:
+    p, s = data["parameters"], data["summary"]
+    lines = [
+        "## Warm start (`bench_warm_start.py`)",
+        "",
+        data["description"],
+        "",
+        f"- Command: `{data['command']}` → `{_relative(str(path))}`",
+        f"- Machine: {_machine_line(data)}",
+        f"- {p['turns']} stored exchanges, {p['restarts']} restarts, {p['steady']} steady "
+        f"requests each; engine: {p['engine']}.",
+        "",
+        "| restart | start to ready s | first request added ms | steady added p50 ms | "
+        "first / steady |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for r in data["runs"]:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}×"
+        lines.append(
+            f"| {r['restart']} | {r['start_to_ready_s']:.2f} | {r['first_added_ms']:.2f} | "
+            f"{r['steady_added_p50_ms']:.2f} | {ratio} |"
+        )
+    lines += [
+        "",
+        f"- Median first / steady: {s['ratio_median']}× (max {s['ratio_max']}×). Goals: "
+        + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in data["goals"]["met"].items())
+        + ".",
+    ]
+    return lines
+
+
 _RENDERERS = {
     "memory": _render_memory,
     "proxy": _render_proxy,
@@ -699,6 +730,7 @@ _RENDERERS = {
     "history_trim": _render_history,
     "retrieval": _render_retrieval,
     "retrieval_floor": _render_floor,
+    "warm_start": _render_warm_start,
 }
 
 
@@ -713,8 +745,8 @@ def render_results(results_dir: Path) -> str:
         "other processes on a shared machine do not inflate. Peak RSS is the whole benchmark "
         "process, data loading included. Re-run with `python benchmarks/bench_window.py`, "
         "`python benchmarks/bench_history_trim.py`, `python benchmarks/bench_retrieval.py`, "
-        "`python benchmarks/bench_memory.py`, `python benchmarks/bench_proxy.py` and "
-        "`python benchmarks/bench_durability.py`.",
+        "`python benchmarks/bench_memory.py`, `python benchmarks/bench_proxy.py`, "
+        "`python benchmarks/bench_durability.py` and `python benchmarks/bench_warm_start.py`.",
         "",
     ]
     for name, (path, data) in latest_results(results_dir).items():

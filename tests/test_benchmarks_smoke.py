@@ -150,3 +150,17 @@ def test_retrieval_benchmark_quick_run(tmp_path: Path) -> None:
     assert result["correctness"] and all(v is True for v in result["correctness"].values())
     assert result["peak_rss_mb"] > 0
     assert "## Retrieval at" in md.read_text(encoding="utf-8")
+
+
+def test_warm_start_benchmark_quick_run(tmp_path: Path) -> None:
+    """``bench_warm_start.py`` restarts a real proxy process on a stored conversation and
+    compares its first request with the steady state."""
+    result, md = run_quick(tmp_path, "bench_warm_start.py", "warm_start")
+    assert result.keys() >= (COMMON_KEYS - {"configs"}) | {"runs", "summary", "parameters"}
+    assert len(result["runs"]) == result["parameters"]["restarts"] == 2
+    for run in result["runs"]:
+        assert run["first_added_ms"] > 0 and run["steady_added_p50_ms"] > 0
+        expected = run["first_added_ms"] / run["steady_added_p50_ms"]
+        assert run["ratio"] == pytest.approx(expected, abs=0.02)
+    assert result["correctness"]["every restart answered"] is True
+    assert "## Warm start" in md.read_text(encoding="utf-8")
