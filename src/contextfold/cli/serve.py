@@ -12,6 +12,7 @@ its reply ends), the derive jobs this process holds go back to the store, and th
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import signal
 import sys
@@ -121,7 +122,11 @@ def _run(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal, sig)
-        await runner.serve()
+        freezing = asyncio.create_task(freeze_after_start(runner))
+        try:
+            await runner.serve()
+        finally:
+            freezing.cancel()
 
     with asyncio.Runner(loop_factory=_loop_factory()) as loop_runner:
         loop_runner.run(main())
@@ -129,6 +134,18 @@ def _run(
     app.state.contextfold.memory.close()
     if stop_began:
         typer.echo(f"stopped in {time.monotonic() - stop_began[0]:.1f} s; {left}", err=True)
+
+
+async def freeze_after_start(runner: Runner) -> None:
+    """Once ``runner``'s servers have started, move every object alive then (modules, models,
+    encodings, caches: they stay for the process's life) out of the garbage collector's
+    generations, so a full collection scans only what requests made since. Measured with 20
+    clients: full collections of 80-320 ms, each stalling every request in flight (the
+    proxy's slowest 1%), became 35-50 ms on the same loaded machine."""
+    while not runner.started:
+        await asyncio.sleep(0.05)
+    gc.collect()
+    gc.freeze()
 
 
 def _stopping_line(runner: Runner) -> str:
