@@ -32,6 +32,7 @@ __all__ = [
     "DashboardSettings",
     "InstanceSettings",
     "LimitSettings",
+    "OutputSettings",
     "ProxySettings",
     "ServerConfig",
     "load_server_config",
@@ -76,6 +77,21 @@ class InstanceSettings(_Section):
         return _no_credentials(value)
 
 
+class OutputSettings(_Section):
+    """``proxy.tool_outputs``: tool-output compaction for long agent sessions (see
+    ``contextfold.server.proxy.outputs``). ``compact`` (off: requests keep every output);
+    ``compact_above`` tokens (``None``: 75% of the model's window from ``WINDOWS``, no
+    compaction for other models); ``target``: the share of ``compact_above`` a request is
+    brought down to when it crosses into a new size bucket; ``keep_recent``: the newest
+    outputs that are never stubbed; ``min_tokens``: smaller outputs are never stubbed."""
+
+    compact: bool = True
+    compact_above: int | None = Field(None, ge=1000)
+    target: float = Field(0.5, gt=0.0, lt=1.0)
+    keep_recent: int = Field(4, ge=0)
+    min_tokens: int = Field(256, ge=1)
+
+
 class ProxySettings(_Section):
     """``upstream``: where the main port's proxy forwards; ``instances``: more listeners.
     ``markers``: append the session marker to assistant replies (off: none ever carries one,
@@ -91,6 +107,7 @@ class ProxySettings(_Section):
     # Background threads deriving tags, vectors and summaries from committed turns.
     job_threads: int = Field(1, ge=1, le=16)
     markers: bool = True
+    tool_outputs: OutputSettings = Field(default_factory=OutputSettings)
 
     @field_validator("upstream")
     @classmethod

@@ -23,6 +23,7 @@ from contextfold.tokens import OVERHEADS, TokenCounter
 
 if TYPE_CHECKING:
     from contextfold.memory.engine import AssembledContext, MemoryEngine
+    from contextfold.server.proxy.outputs import Compaction
     from contextfold.server.proxy.session import Position
     from contextfold.server.proxy.wire import ParsedRequest, Wire
     from contextfold.store.memory import MemoryStore
@@ -64,6 +65,7 @@ class Plan:
     error: str | None = None
     notes: list[str] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    compaction: Compaction | None = None  # the tool outputs stubbed (``outputs``)
     overhead_ms: float = 0.0
     started: float = 0.0
 

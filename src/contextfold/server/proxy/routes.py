@@ -56,7 +56,7 @@ from fastapi.responses import Response, StreamingResponse
 from contextfold._bounded import clip
 from contextfold.memory.tools import TOOL_NAMES
 from contextfold.server.jobs import JobWorker
-from contextfold.server.proxy import limits, recall
+from contextfold.server.proxy import limits, outputs, recall
 from contextfold.server.proxy.commit import commit_exchange
 from contextfold.server.proxy.forward import (
     UPSTREAM_ERRORS,
@@ -232,12 +232,30 @@ class Proxy:
             plan.wire = None  # nothing is stored either
         else:
             plan = await self._prepared(plan, wire, body, deadline)
+        if self.state.config.proxy.tool_outputs.compact:
+            try:
+                await self._in_pool(self._compact_outputs, plan, body)
+            except Exception as exc:  # fail open: the request goes without compaction
+                plan.notes.append(f"tool outputs not compacted: {type(exc).__name__}: {exc}")
+                logger.warning("request %s: %s", plan.id, plan.notes[-1])
         url = upstream_url(upstream, path, request.url.query)
         headers = forward_headers(request.headers.items())
         plan.overhead_ms = (time.perf_counter() - started) * 1000
-        if self.tools_mode and plan.body is not None:
+        if (self.tools_mode or plan.compaction is not None) and plan.body is not None:
             return await self._tool_loop(plan, url, headers, raw)
         return await self._forward(plan, url, headers)
+
+    def _compact_outputs(self, plan: Plan, body: dict[str, Any]) -> None:
+        """Stub the request's oldest tool outputs when it is over its limit (``outputs``),
+        sized by what the client sent; the restore tool goes with the stubs."""
+        forwarded = plan.body if plan.body is not None else body
+        settings = self.state.config.proxy.tool_outputs
+        out, done = outputs.compact(plan.format, forwarded, settings, plan.model, sent=body)
+        if done is None:
+            return
+        out = WIRES[plan.format].add_tools(out, outputs.restore_definitions(plan.format))
+        plan.body, plan.content, plan.compaction = out, dumps(out), done
+        plan.notes.append(done.note())
 
     async def _prepared(
         self, plan: Plan, wire: Wire, body: dict[str, Any], deadline: float
@@ -439,11 +457,14 @@ class Proxy:
             return await self._forward(plan, url, headers)
 
     async def _rounds(self, plan: Plan, url: str, headers: dict[str, str]) -> Response:
-        assert plan.body is not None and plan.session_id is not None
+        assert plan.body is not None
         body, loop_url = unstreamed(plan.format, plan.body, url)
         sent = time.perf_counter()
         limit = self.state.config.proxy.max_tool_continuations
         memory, sid = self.state.memory, plan.session_id
+        names = (TOOL_NAMES if self.tools_mode and sid is not None else ()) + (
+            (outputs.RESTORE_TOOL,) if plan.compaction is not None else ()
+        )
         for round_ in range(limit + 1):
             if round_ == limit:  # the last round: the model must answer
                 body = without_memory_tools(body)
@@ -467,14 +488,19 @@ class Proxy:
                     headers=response_headers(response, self._token(plan)),
                 )
             reply = reply_of(plan.format, data)
-            calls = [c for c in reply.calls if c.name in TOOL_NAMES]
+            calls = [c for c in reply.calls if c.name in names]
             if not calls:
                 break
             try:
                 results = []
                 for call in calls:
-                    run = partial(memory.handle_tool_call, call.name, call.input, session_id=sid)
-                    results.append((call, await anyio.to_thread.run_sync(run)))
+                    if call.name == outputs.RESTORE_TOOL and plan.compaction is not None:
+                        results.append((call, plan.compaction.answer(call.input)))
+                    else:
+                        run = partial(
+                            memory.handle_tool_call, call.name, call.input, session_id=sid
+                        )
+                        results.append((call, await anyio.to_thread.run_sync(run)))
                     plan.tool_calls.append({"name": call.name, "arguments": _clipped(call.input)})
                 body = continuation(plan.format, body, data, results)
             except Exception as exc:  # fail open (``_tool_loop``)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from contextfold.memory.tools import TOOL_NAMES
+from contextfold.server.proxy.outputs import RESTORE_TOOL
 from contextfold.server.proxy.wire import Wire
 
 __all__ = ["unstreamed", "without_memory_tools"]
@@ -30,7 +31,11 @@ def unstreamed(fmt: str, body: dict[str, Any], url: str) -> tuple[dict[str, Any]
     return out, url
 
 
+_PROXY_TOOLS = frozenset((*TOOL_NAMES, RESTORE_TOOL))
+
+
 def without_memory_tools(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` without the tools the proxy answers itself (memory tools, restore)."""
     tools = body.get("tools")
     if not isinstance(tools, list):
         return body
@@ -41,11 +46,11 @@ def without_memory_tools(body: dict[str, Any]) -> dict[str, Any]:
             continue
         declarations = tool.get("functionDeclarations")
         if isinstance(declarations, list):
-            rest = [d for d in declarations if d.get("name") not in TOOL_NAMES]
+            rest = [d for d in declarations if d.get("name") not in _PROXY_TOOLS]
             if rest:
                 kept.append({**tool, "functionDeclarations": rest})
             continue
-        if Wire._tool_name(tool) not in TOOL_NAMES:
+        if Wire._tool_name(tool) not in _PROXY_TOOLS:
             kept.append(tool)
     out = {k: v for k, v in body.items() if k != "tools"}
     if kept:
