@@ -722,6 +722,36 @@ def _render_warm_start(path: Path, data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _render_tool_outputs(path: Path, data: dict[str, Any]) -> list[str]:
+    p, r = data["parameters"], data["ratios"]
+    lines = [
+        "## Tool-output compaction (`bench_tool_outputs.py`)",
+        "",
+        data["description"],
+        "",
+        f"- Command: `{data['command']}` → `{_relative(str(path))}`",
+        f"- Machine: {_machine_line(data)}",
+        f"- Session: {p['session']}, {p['calls']} tool calls; limit {p['limit_tokens']:,} "
+        f"tokens, newest {p['keep_recent']} outputs kept; counts: {p['counter']}.",
+        "",
+        "| strategy | total input tokens | not served by the prompt cache | largest request | "
+        "last request | over the limit | prefix kept | invalid |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, s in data["strategies"].items():
+        lines.append(
+            f"| {name} | {s['total_tokens']:,} | {s['uncached_tokens']:,} | "
+            f"{s['largest_request_tokens']:,} | {s['last_request_tokens']:,} | "
+            f"{s['requests_over_limit']} | {s['prefix_kept_share']:.1%} | {s['invalid_count']} |"
+        )
+    lines += [
+        "",
+        "- Ratios: " + ", ".join(f"{k} {v}×" for k, v in r.items()) + ".",
+        f"- Correctness flags: {_flags(data['correctness'])}.",
+    ]
+    return lines
+
+
 _RENDERERS = {
     "memory": _render_memory,
     "proxy": _render_proxy,
@@ -731,6 +761,7 @@ _RENDERERS = {
     "retrieval": _render_retrieval,
     "retrieval_floor": _render_floor,
     "warm_start": _render_warm_start,
+    "tool_outputs": _render_tool_outputs,
 }
 
 
@@ -746,7 +777,8 @@ def render_results(results_dir: Path) -> str:
         "process, data loading included. Re-run with `python benchmarks/bench_window.py`, "
         "`python benchmarks/bench_history_trim.py`, `python benchmarks/bench_retrieval.py`, "
         "`python benchmarks/bench_memory.py`, `python benchmarks/bench_proxy.py`, "
-        "`python benchmarks/bench_durability.py` and `python benchmarks/bench_warm_start.py`.",
+        "`python benchmarks/bench_durability.py`, `python benchmarks/bench_warm_start.py` and "
+        "`python benchmarks/bench_tool_outputs.py`.",
         "",
     ]
     for name, (path, data) in latest_results(results_dir).items():

@@ -164,3 +164,19 @@ def test_warm_start_benchmark_quick_run(tmp_path: Path) -> None:
         assert run["ratio"] == pytest.approx(expected, abs=0.02)
     assert result["correctness"]["every restart answered"] is True
     assert "## Warm start" in md.read_text(encoding="utf-8")
+
+
+def test_tool_outputs_benchmark_quick_run(tmp_path: Path) -> None:
+    """``bench_tool_outputs.py`` replays a synthesized agent session through the compaction
+    and two baselines."""
+    result, md = run_quick(tmp_path, "bench_tool_outputs.py", "tool_outputs")
+    strategies = result["strategies"]
+    assert set(strategies) == {"none", "contextfold", "clear-old"}
+    none, ours = strategies["none"], strategies["contextfold"]
+    assert none["requests"] == ours["requests"] == result["parameters"]["calls"] == 60
+    assert none["prefix_kept_share"] == 1.0 and none["invalid_count"] == 0
+    assert ours["invalid_count"] == 0 and ours["total_tokens"] < none["total_tokens"]
+    assert result["ratios"]["total_none_over_contextfold"] == round(
+        none["total_tokens"] / ours["total_tokens"], 2
+    )
+    assert "## Tool-output compaction" in md.read_text(encoding="utf-8")

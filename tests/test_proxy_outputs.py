@@ -26,7 +26,7 @@ SETTINGS = OutputSettings(compact_above=LIMIT, keep_recent=2, min_tokens=50)
 
 
 def _size(body: dict[str, Any]) -> int:
-    return -(-len(json.dumps(body, ensure_ascii=False)) // 4)
+    return -(-len(json.dumps(body, ensure_ascii=False)) // 3)
 
 
 def _session(fmt: str, outputs: list[int]) -> list[dict[str, Any]]:

@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 RESTORE_TOOL = "contextfold_restore"
-_CHARS_PER_TOKEN = 4.0
+_CHARS_PER_TOKEN = 3.0
 _HEAD = 160
 
 #: Context windows in tokens, by model-name prefix (the longest matching prefix wins).
