@@ -100,3 +100,52 @@ def test_the_server_config_key_takes_on_off_or_per_mode_floors() -> None:
     assert ContextApiSettings(relevance_floor={"dense": 0.4}).relevance_floor == {"dense": 0.4}
     with pytest.raises(ValidationError, match="bm25, dense and hybrid"):
         ContextApiSettings(relevance_floor={"sparse": 0.1})
+
+
+# --------------------------------------------------------------------------- function words
+
+TINY = [
+    "Refunds are issued within 14 days of the return. What you get back depends on how you paid.",
+    "Uber rides are reimbursed for business travel; keep the receipt.",
+    "The office is closed on public holidays, and it opens at nine otherwise.",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny() -> DocumentIndex:
+    """Three short documents: too few for IDF to tell a function word from a topic word."""
+    index = DocumentIndex(embedder=False)
+    for text in TINY:
+        index.add_document(text)
+    return index
+
+
+@pytest.mark.parametrize(
+    "query", ["what", "what is it", "What is it?", "how do you", "What is the weather on Mars?"]
+)
+def test_function_words_are_no_evidence_on_a_tiny_corpus(tiny: DocumentIndex, query: str) -> None:
+    # Each query shares a word with a document ("what", "it", "how", "you"), and on three
+    # documents that word is as rare as any; the floor must still see no topic in common.
+    assert tiny.search(query, 5, mode="bm25") == []
+    assert tiny.search_documents(query, 5, mode="bm25") == []
+    assert tiny.search(query, 5, mode="bm25", relevance_floor=False)  # the match exists
+
+
+@pytest.mark.parametrize("query", ["refund", "How do I get a refund?", "what about uber rides"])
+def test_a_topic_word_among_function_words_still_counts(tiny: DocumentIndex, query: str) -> None:
+    hits = tiny.search(query, 5, mode="bm25")
+    assert hits and hits[0].text in TINY[:2]
+    assert all(h.scores["bm25_share"] >= BM25_FLOOR for h in hits)
+
+
+@pytest.mark.parametrize("mode", ["bm25", "hybrid"])
+def test_function_words_alone_find_no_policy(index: DocumentIndex, mode: str) -> None:
+    for query in ("what", "what is it", "What is the weather on Mars?"):
+        assert index.search(query, 5, mode=mode) == [], query  # type: ignore[arg-type]
+
+
+def test_api_context_ignores_function_words(graph: KnowledgeGraph) -> None:
+    request = GraphContextRequest(query="what is it", tenant_ids=["t"])
+    assert graph_context(graph, request, embedder=None).entry_points == []
+    related = request.model_copy(update={"query": "what about uber rides"})
+    assert graph_context(graph, related, embedder=None).entry_points
