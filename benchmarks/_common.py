@@ -526,27 +526,84 @@ def _render_retrieval(path: Path, data: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _render_floor(path: Path, data: dict[str, Any]) -> list[str]:
-    shipped = data["shipped"]
+_FLOOR_COLUMNS = [
+    "| split (queries) | mode | floor | nDCG@10 floor off | nDCG@10 floor on | loss | loss SE | "
+    "loss + 1.645 SE | queries hurt / helped / left empty |",
+    "|---|---|---:|---:|---:|---:|---:|---:|---|",
+]
+
+
+def _floor_rows(split: str, rows: dict[str, Any], floors: dict[str, float]) -> list[str]:
+    lines = []
+    for mode in ("bm25", "dense", "hybrid"):
+        r = rows[mode]
+        floor = (
+            floors[mode] if mode != "hybrid" else f"{floors['hybrid']} (or BM25 {floors['bm25']})"
+        )
+        lines.append(
+            f"| {split} ({rows['queries']}) | {mode} | {floor} | {r['ndcg10_floor_off']:.4f} | "
+            f"{r['ndcg10_floor_on']:.4f} | {r['loss']:+.4f} | {r['loss_se']:.4f} | "
+            f"{r['loss_upper95']:+.4f} | {r['queries_hurt']} / {r['queries_helped']} / "
+            f"{r['queries_left_empty']} |"
+        )
+    return lines
+
+
+def _render_floor_calibration(path: Path, data: dict[str, Any]) -> list[str]:
+    p, chosen = data["parameters"], data["chosen"]
     lines = [
-        f"## Relevance floor on SciFact ({path.name})",
+        "## Relevance floor calibration on SciFact train (`calibrate_floor.py`)",
         "",
         data["description"],
         "",
-        f"Shipped floors: BM25 share {shipped['bm25']}, dense cosine {shipped['dense']}, "
-        f"hybrid cosine {shipped['hybrid']} (calibrated on train: {data['calibrated']}).",
+        f"- Command: `{data['command']}` → `{_relative(str(path))}`",
+        f"- Split: {p['split']} ({data['queries']['tune']} tune, {data['queries']['dev']} dev "
+        f"queries). Embedder `{p['embedder']}`, depth {p['depth']}, grid step {p['grid_step']}.",
+        f"- Rule: {p['rule']}.",
+        f"- Chosen: tolerance {chosen['tolerance_tune']} on tune → floors {chosen['floors']}"
+        + ("" if chosen["any_accepted"] else " (NO tolerance met the rule: the smallest kept)")
+        + ".",
         "",
-        "| split | mode | nDCG@10 floor off | nDCG@10 floor on | Δ | queries left empty |",
-        "|---|---|---|---|---|---|",
+        "Loss = nDCG@10 floor off − floor on (positive: the floor costs).",
+        "",
+        "| tolerance (tune) | floors bm25 / dense / hybrid | tune loss bm25 / dense / hybrid | "
+        "dev loss bm25 / dense / hybrid | dev loss + 1.645 SE (max) | accepted |",
+        "|---:|---|---|---|---:|---|",
     ]
-    for split in ("train", "test"):
-        for mode in ("bm25", "dense", "hybrid"):
-            row = data[split][mode]
-            lines.append(
-                f"| {split} ({data[split]['queries']}) | {mode} | {row['ndcg10_floor_off']:.4f} "
-                f"| {row['ndcg10_floor_on']:.4f} | {row['delta']:+.4f} | "
-                f"{row['queries_left_empty']} |"
-            )
+    for c in data["candidates"]:
+        f, tune, dev = c["floors"], c["tune"], c["dev"]
+        modes = ("bm25", "dense", "hybrid")
+        lines.append(
+            f"| {c['tolerance_tune']} | {f['bm25']} / {f['dense']} / {f['hybrid']} | "
+            + " / ".join(f"{tune[m]['loss']:+.4f}" for m in modes)
+            + " | "
+            + " / ".join(f"{dev[m]['loss']:+.4f}" for m in modes)
+            + f" | {max(dev[m]['loss_upper95'] for m in modes):+.4f} | "
+            f"{'yes' if c['accepted'] else 'no'} |"
+        )
+    return lines
+
+
+def _render_floor(path: Path, data: dict[str, Any]) -> list[str]:
+    if "test" not in data or "calibration" not in data:  # the first, superseded format
+        return []
+    cal, shipped = data["calibration"], data["shipped"]
+    lines = [
+        "## Relevance floor cost on SciFact (`calibrate_floor.py --test`)",
+        "",
+        data["description"],
+        "",
+        f"- Command: `{data['command']}` → `{_relative(str(path))}`",
+        f"- Shipped floors {shipped}, chosen on train by `{cal['file']}` (tolerance "
+        f"{cal['tolerance_tune']} on tune); the test split was scored once, after they were "
+        f"committed (commit {str(data['git']['commit'])[:12]}"
+        f"{', dirty' if data['git']['dirty'] else ''}).",
+        "",
+        *_FLOOR_COLUMNS,
+        *_floor_rows("train: tune", cal["tune"], shipped),
+        *_floor_rows("train: dev", cal["dev"], shipped),
+        *_floor_rows("**test**", data["test"], shipped),
+    ]
     return lines
 
 
@@ -762,7 +819,14 @@ _RENDERERS = {
     "retrieval_floor": _render_floor,
     "warm_start": _render_warm_start,
     "tool_outputs": _render_tool_outputs,
+    "retrieval_floor_calibration": _render_floor_calibration,
 }
+
+
+def render_one(name: str, path: Path, data: dict[str, Any]) -> list[str]:
+    """The markdown section of one result (empty for a benchmark without a renderer)."""
+    render = _RENDERERS.get(name)
+    return render(path, data) if render is not None else []
 
 
 def render_results(results_dir: Path) -> str:
@@ -782,9 +846,9 @@ def render_results(results_dir: Path) -> str:
         "",
     ]
     for name, (path, data) in latest_results(results_dir).items():
-        render = _RENDERERS.get(name)
-        if render is not None:
-            lines += [*render(path, data), ""]
+        section = render_one(name, path, data)
+        if section:
+            lines += [*section, ""]
     return "\n".join(lines).rstrip() + "\n"
 
 

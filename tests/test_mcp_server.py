@@ -434,7 +434,7 @@ def test_embed_serves_dense_and_hybrid_search_with_the_offline_model(tmp_path: P
         hybrid = server.ok("search_documents", {"query": "refunds", "k": 1})
         assert hybrid["hits"][0]["match_source"] == "hybrid"
         # "money back" alone is under the hybrid mode's relevance floor (no word in common,
-        # cosine below 0.38): get_context is asked with a word of the document too
+        # cosine below the hybrid floor): get_context is asked with a word of the document too
         context = server.ok("get_context", {"query": "money back on refunds"})["context"]
         assert "[Source 1: refunds.md]" in context
 

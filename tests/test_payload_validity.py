@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from contextfold.budget import TokenBudget
 from contextfold.conversation import MemoryManager, trim_history
 from contextfold.formats import BaseFormatter
+from contextfold.formats.base import item_message
 from contextfold.items import ContextItem, Message, QueryBundle, SourceType
 from contextfold.tokens import TokenCounter
 from strategies import (
@@ -142,6 +143,25 @@ def test_every_payload_is_valid_for_its_provider(
     if check is not None:
         check(window.payload)
     assert formatter.count_payload(window.payload, o200k) <= budget.available
+
+
+@given(items=windows(), budget=budgets(), formatter=st.sampled_from(FORMATTERS))
+def test_the_packed_history_opens_on_a_user_turn(
+    items: list[ContextItem], budget: TokenBudget, formatter: BaseFormatter, o200k: TokenCounter
+) -> None:
+    """The packer evicts whole exchanges: unless it kept the whole conversation, what it kept
+    of it starts on a user turn whenever it holds one, so no payload needs an invented opening
+    turn before a reply whose question was dropped while a later question fit."""
+    window = pack_or_budget_error(items, budget, o200k, formatter)
+    if window is None:
+        return
+    conversation = [i.id for i in items if i.source is SourceType.CONVERSATION]
+    kept = [i for i in window.items if i.source is SourceType.CONVERSATION]
+    if [i.id for i in kept] == conversation:
+        return
+    roles = [(i.id, item_message(i).role, bool(item_message(i).tool_result_ids)) for i in kept]
+    if any(role == "user" and not results for _, role, results in roles):
+        assert roles[0][1] == "user" and not roles[0][2], roles
 
 
 @given(

@@ -301,7 +301,7 @@ def test_items_no_section_claims_go_to_unassigned(strict: bool, expected: Action
 
 
 def test_history_is_cut_newest_first_and_stays_a_suffix() -> None:
-    turns = [turn(f"t{k}", "user" if k % 2 else "assistant", "z" * 40) for k in range(5)]
+    turns = [turn(f"t{k}", "assistant" if k % 2 else "user", "z" * 40) for k in range(5)]
     window = pack(
         turns,
         budget(cost(*turns[2:]) + 5, section(sources=[SourceType.CONVERSATION])),
@@ -315,16 +315,52 @@ def test_history_is_cut_newest_first_and_stays_a_suffix() -> None:
     }
 
 
+def test_history_keeps_whole_exchanges_when_a_user_turn_fits() -> None:
+    """A reply whose question did not fit goes too, so history opens on a user turn."""
+    turns = [turn(f"t{k}", "user" if k % 2 else "assistant", "z" * 40) for k in range(5)]
+    window = pack(
+        turns,
+        budget(cost(*turns[2:]) + 5, section(sources=[SourceType.CONVERSATION])),
+        COUNTER,
+        FMT,
+    )
+    assert kept(window) == ["t3", "t4"]  # t2 fits, but it answers t1, which does not
+    reasons = [d.reason for d in window.decisions]
+    assert reasons[2] == (
+        "in an exchange whose user turn did not fit; history keeps whole exchanges, so it "
+        "opens on a user turn"
+    )
+    assert reasons[1] == f"needs {cost(turns[1])} tokens, 5 left in section 'docs'"
+    assert FMT.count_payload(window.payload, COUNTER) == window.used_tokens
+    assert window.used_tokens <= cost(*turns[3:]) + FMT.base_cost(COUNTER)
+
+
+def test_tool_rounds_without_a_user_turn_stay() -> None:
+    """When no user turn fits at all (tool rounds after an old task), the newest rounds stay:
+    dropping them would leave the model nothing."""
+    rounds = [call("c1", "x1"), result("r1", "x1", "a" * 40), call("c2", "x2"), result("r2", "x2")]
+    items = [turn("task", "user", "t" * 200), *rounds]
+    window = pack(
+        items, budget(cost(*rounds) + 5, section(sources=[SourceType.CONVERSATION])), COUNTER, FMT
+    )
+    assert kept(window) == ["c1", "r1", "c2", "r2"]
+
+
 @pytest.mark.parametrize("aside", [[], [turn("aside", "user", "wait, one more thing")]])
 def test_a_tool_exchange_is_kept_whole_or_dropped_whole(aside: list[ContextItem]) -> None:
     exchange_ = [call("ask", "c1"), *aside, result("answer", "c1", "r" * 80)]
     last = turn("last", "user", "thanks")
-    items = [turn("first", "user", "hello"), *exchange_, last]
+    first = turn("first", "user", "hello")
+    items = [first, *exchange_, last]
     conversation = section(sources=[SourceType.CONVERSATION])
-    window = pack(items, budget(cost(last) + cost(*exchange_) - 1, conversation), COUNTER, FMT)
+    full = cost(first, *exchange_, last)
+    window = pack(items, budget(full - 1, conversation), COUNTER, FMT)
     assert kept(window) == ["last"]  # the exchange (and a turn inside it) does not fit
-    window = pack(items, budget(cost(last) + cost(*exchange_), conversation), COUNTER, FMT)
-    assert kept(window) == [i.id for i in [*exchange_, last]]
+    window = pack(items, budget(full, conversation), COUNTER, FMT)
+    assert kept(window) == [i.id for i in items]
+    # The exchange alone fits, but the user turn it answers does not: it goes with it.
+    window = pack(items, budget(cost(*exchange_, last), conversation), COUNTER, FMT)
+    assert kept(window) == ["last"]
 
 
 def test_a_group_spanning_turns_keeps_history_a_suffix() -> None:

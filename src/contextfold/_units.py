@@ -31,6 +31,7 @@ __all__ = [
     "FIELDS",
     "FITS",
     "KEPT",
+    "OPENED_LATE",
     "PINNED",
     "SUMMARIZED",
     "TRUNCATED",
@@ -44,6 +45,10 @@ __all__ = [
 
 UNASSIGNED = "unassigned"
 HISTORY_CLOSED = "older than the oldest kept turn; history stays a contiguous suffix"
+HISTORY_OPENED_LATE = (
+    "in an exchange whose user turn did not fit; history keeps whole exchanges, so it opens on "
+    "a user turn"
+)
 #: Items are frozen pydantic models whose fields live in ``__dict__``: reading it with C-level
 #: getters is several times cheaper than attribute access item by item.
 FIELDS = attrgetter("__dict__")
@@ -58,6 +63,7 @@ Status = str | int | tuple[str, int, str]
 KEPT, TRUNCATED, DROPPED, SUMMARIZED = "kept", "truncated", "dropped", "summarized"
 FITS, PINNED = "fits", "pinned"
 CLOSED: tuple[str, int, str] = (DROPPED, 0, HISTORY_CLOSED)
+OPENED_LATE: tuple[str, int, str] = (DROPPED, 0, HISTORY_OPENED_LATE)
 
 
 # --------------------------------------------------------------------------- groups

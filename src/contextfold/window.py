@@ -10,8 +10,10 @@ How a window is filled:
    a non-strict budget, tokens left at the end go to sections that still had candidates.
 3. Inside a section, atomic units (an item, a ``group_id`` group, or a tool call with its
    results) are taken by priority, then score. Conversation history is taken newest first and
-   stops at the first turn that does not fit, so it stays a contiguous suffix. The section's
-   overflow strategy decides what happens to the rest (see ``OverflowStrategy``).
+   stops at the first turn that does not fit, so it stays a contiguous suffix; it keeps whole
+   exchanges, so replies older than the oldest kept user turn go too (a tail that holds no
+   user turn at all, tool rounds after an old task, stays). The section's overflow strategy
+   decides what happens to the rest (see ``OverflowStrategy``).
 4. The kept items are formatted and the payload is counted exactly; the count never exceeds
    the budget (if joining parts ever costs more than the parts, the lowest-ranked unit goes).
 
@@ -46,6 +48,7 @@ from contextfold._units import (
     FIELDS,
     FITS,
     KEPT,
+    OPENED_LATE,
     SUMMARIZED,
     TRUNCATED,
     UNASSIGNED,
@@ -274,6 +277,7 @@ class _Packer:
         misfits: list[int] = []
         units, costs, status, kept = self.units, self.costs, self.status, out.kept
         unit_cost, members, conversation = units.cost, units.members, units.conversation
+        taken: list[int] = []  # history units kept, newest first
         order = self._order(section, name)
         # Once nothing left could fit, the rest go for want of room without a look each; that
         # needs a section of units of one, none of them history (whose misfits close it).
@@ -289,6 +293,8 @@ class _Packer:
             cost = unit_cost[u]
             if cost <= room:
                 room -= cost
+                if conversation[u]:
+                    taken.append(u)
                 if u in members:
                     for i in members[u]:
                         status[i] = FITS
@@ -306,6 +312,8 @@ class _Packer:
                 after = self.formatter.item_cost(cut, self.counter)
                 room -= after
                 out.cuts[u] = cut
+                if conversation[u]:
+                    taken.append(u)
                 reason = f"cut from {cost:,} to {after:,} tokens to fit section {name!r}"
                 status[u] = (TRUNCATED, after, reason)
                 smallest = min(smallest, cost)
@@ -329,6 +337,7 @@ class _Packer:
                     misfits.extend(m)
             if conversation[u] and not closed:
                 closed = True
+                room += self._open_on_a_user_turn(out, taken)
                 if history_only:  # the rest is history, all of it closed now
                     rest = order[order.index(u) + 1 :]
                     smallest = min(smallest, self._close(rest))
@@ -338,6 +347,37 @@ class _Packer:
         out.used = allowance - room
         out.smallest = smallest
         return out
+
+    def _open_on_a_user_turn(self, out: _Fill, taken: list[int]) -> int:
+        """Once history closed, give back the kept turns older than the oldest kept user turn
+        (the replies of an exchange whose user turn did not fit), so that history opens on a
+        user turn whenever one fits. A tail with no user turn at all (tool rounds after an
+        old task) stays: dropping it would leave nothing. The tokens given back."""
+        units, status = self.units, self.status
+        items = units.items
+        opening = -1  # position in ``taken`` (newest first) of the oldest user turn
+        for pos, u in enumerate(taken):
+            first = next(i for i in units.idxs(u) if items[i].source is SourceType.CONVERSATION)
+            message = item_message(items[first])
+            if message.role == "user" and not message.tool_result_ids:
+                opening = pos
+        if opening < 0:
+            return 0
+        orphans = [i for u in taken[opening + 1 :] for i in units.idxs(u)]
+        if not orphans:
+            return 0
+        freed = 0
+        for i in orphans:
+            before = status[i]
+            if i in out.cuts:
+                del out.cuts[i]
+                freed += before[1] if isinstance(before, tuple) else self.costs[i]
+            else:
+                freed += self.costs[i]
+            status[i] = OPENED_LATE
+        gone = set(orphans)
+        out.kept[:] = [i for i in out.kept if i not in gone]
+        return freed
 
     def _order(self, section: SectionBudget, name: str) -> list[int]:
         """The section's units ranked, merged with its history queue (newest first, order

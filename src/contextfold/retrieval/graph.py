@@ -343,8 +343,7 @@ def _entry_points(
     bm25 = view.memo(("bm25", types), lambda: _bm25(candidates))
     bm25_hits = bm25.search(request.query, depth)
     rankings = {"bm25": [i for i, _ in bm25_hits]}
-    ceiling = bm25.ceiling(request.query)
-    shares = {i: score / ceiling for i, score in bm25_hits} if ceiling > 0 else {}
+    shares = bm25.shares(request.query, [i for i, _ in bm25_hits])
     cosines: dict[str, float] = {}
     if embedder is not None:
         dense = view.memo(

@@ -562,9 +562,7 @@ class DocumentIndex:
             found.scores["bm25"] = dict(
                 zip(pool, self._bm25.score_of(bm25_scores, pool), strict=True)
             )
-            ceiling = self._bm25.ceiling(bundle.query_str)
-            if ceiling > 0:
-                found.shares = {i: v / ceiling for i, v in found.scores["bm25"].items()}
+            found.shares = self._bm25.shares(bundle.query_str, pool, scores=bm25_scores)
         if vector is not None and "vector" in found.rankings and self._vectors is not None:
             sims = self._vectors.similarities(vector, pool)
             found.scores["vector"] = {

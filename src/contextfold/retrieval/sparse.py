@@ -25,7 +25,7 @@ import numpy as np
 
 from contextfold.errors import ConfigError, StoreError
 
-__all__ = ["BM25Index", "analyze"]
+__all__ = ["BM25Index", "analyze", "content_words", "function_words"]
 
 _TOKEN = re.compile(r"(?u)\b\w\w+\b")
 _META = "contextfold.bm25.json"
@@ -50,6 +50,28 @@ def _stopwords(language: str) -> frozenset[str]:
     if language not in {"en", "english"}:
         raise ConfigError(f"stop words are available for 'en' only, not {language!r}")
     return frozenset(STOPWORDS_EN)
+
+
+@cache
+def function_words() -> frozenset[str]:
+    """English function words (pronouns, determiners, auxiliaries, question words,
+    prepositions, conjunctions: NLTK's list as ``bm25s`` ships it, plus the index's own stop
+    words). They say nothing about a text's topic, whatever the corpus; on a corpus of a few
+    documents IDF cannot learn that, since "what" is as rare there as "refund"."""
+    from bm25s.stopwords import STOPWORDS_EN, STOPWORDS_EN_PLUS
+
+    return frozenset(STOPWORDS_EN_PLUS) | frozenset(STOPWORDS_EN)
+
+
+def content_words(text: str) -> str:
+    """``text`` without its function words (lower-cased word tokens, space-separated): the
+    part of a query that can be evidence of relevance.
+
+    >>> content_words("What is the weather on Mars?"), content_words("what is it")
+    ('weather mars', '')
+    """
+    stop = function_words()
+    return " ".join(w for w in _TOKEN.findall(text.lower()) if w not in stop)
 
 
 def analyze(
@@ -196,6 +218,26 @@ class BM25Index:
             else:
                 total += float(data[indptr[column] : indptr[column + 1]].max())
         return total
+
+    def shares(
+        self, query: str, ids: Sequence[str], *, scores: np.ndarray | None = None
+    ) -> dict[str, float]:
+        """The evidence a relevance floor compares: for each of ``ids``, the BM25 score its
+        document gets from the query's *content* words (``content_words``), as a share of the
+        most those words could score (``ceiling``). Function words count in neither, so a
+        query made of them alone ("what is it") has no evidence (an empty dict) however small
+        the corpus. ``scores`` may pass ``scores(query)`` when already computed; it is reused
+        when the query has no function word to leave out."""
+        content = content_words(query)
+        terms = self._analyze(content)
+        if not terms:
+            return {}
+        ceiling = self.ceiling(content)
+        if ceiling <= 0:
+            return {}
+        if scores is None or terms != self._analyze(query):
+            scores = self.scores(content)
+        return {i: v / ceiling for i, v in zip(ids, self.score_of(scores, ids), strict=True)}
 
     def score_of(self, scores: np.ndarray, ids: Sequence[str]) -> list[float]:
         """Look up ``ids`` in a ``scores(query)`` vector (0.0 for unknown ids)."""
