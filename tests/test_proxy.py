@@ -441,9 +441,9 @@ def test_unknown_paths_get_a_404_and_provider_paths_pass_through(
 ) -> None:
     assert httpx.post(f"{proxy.url}/nope", json={}).status_code == 404
     raw = b'{"model":"m","input":"hi <!-- contextfold:session=x.y -->"}'
-    response = httpx.post(f"{proxy.url}/v1/responses", content=raw)
+    response = httpx.post(f"{proxy.url}/v1/moderations", content=raw)
     assert response.status_code == 404  # the fake has no such route: its own answer comes back
-    assert "no route for POST /v1/responses" in response.json()["error"]["message"]
+    assert "no route for POST /v1/moderations" in response.json()["error"]["message"]
     assert fake_llm.requests[-1].raw == raw  # untouched, marker-like text included
 
 

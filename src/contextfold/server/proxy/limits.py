@@ -1,5 +1,6 @@
 """The limits a memory request must keep before the proxy does any work on it
-(``LimitSettings``): messages per request, text per message, JSON depth.
+(``LimitSettings``): messages per request (``messages``, ``contents``, the Responses API's
+``input`` items), text per message, JSON depth.
 
 One request must not make the proxy hold another: a history of 100,000 tiny messages fits in
 the body limit, and without these each of them would be parsed, located, stored and tagged.
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["check"]
 
 #: Top-level fields that hold a system prompt (checked like a message).
-_SYSTEM_KEYS = ("system", "system_instruction", "systemInstruction")
+_SYSTEM_KEYS = ("system", "system_instruction", "systemInstruction", "instructions")
 
 
 def check(body: dict[str, Any], key: str, limits: LimitSettings) -> tuple[int, str] | None:
@@ -45,6 +46,8 @@ def check(body: dict[str, Any], key: str, limits: LimitSettings) -> tuple[int, s
     parts: list[tuple[str, Any]] = [(k, body[k]) for k in _SYSTEM_KEYS if k in body]
     if isinstance(items, list):
         parts += [(f"{key}[{i}]", item) for i, item in enumerate(items)]
+    elif isinstance(items, str):  # the Responses API's ``input`` as one string
+        parts.append((key, items))
     for where, value in parts:
         size = _text_bytes(value)
         if size > limits.max_message_bytes:

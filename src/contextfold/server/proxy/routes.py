@@ -2,11 +2,12 @@
 
 Routes (kept out of the OpenAPI schema: they are the providers' own APIs):
 
-- ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/messages`` (Anthropic),
+- ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/responses`` (OpenAI Responses API:
+  ``responses``), ``POST /v1/messages`` (Anthropic),
   ``POST /v1beta/models/{model}:generateContent`` and ``:streamGenerateContent`` (Gemini) go
   through memory;
-- every other ``/v1/…`` and ``/v1beta/…`` request (``/v1/responses``, ``/v1/models``,
-  ``/v1/embeddings`` …) is passed through untouched.
+- every other ``/v1/…`` and ``/v1beta/…`` request (``/v1/models``, ``/v1/embeddings``,
+  ``GET /v1/responses/{id}`` …) is passed through untouched.
 
 Per memory request, each step in its module: the caller's principal and the turn its history
 continues (``session``) → memory for it under ``proxy.memory_deadline_ms`` (``recall``:
@@ -56,7 +57,7 @@ from fastapi.responses import Response, StreamingResponse
 from contextfold._bounded import clip
 from contextfold.memory.tools import TOOL_NAMES
 from contextfold.server.jobs import JobWorker
-from contextfold.server.proxy import limits, outputs, recall
+from contextfold.server.proxy import limits, outputs, recall, responses
 from contextfold.server.proxy.commit import commit_exchange
 from contextfold.server.proxy.forward import (
     UPSTREAM_ERRORS,
@@ -120,6 +121,7 @@ class Proxy:
         self._pool = ThreadPoolExecutor(32, thread_name_prefix="contextfold-memory")
         self.upstream = Upstream(state.config.proxy.timeout)
         self.tags = ReplyTags(state.memory.store, state.events)
+        self.chains = responses.ResponseChains()  # Responses API ids -> stored turns
         self.jobs.on_done = self.tags.derived
 
     # -- plumbing --------------------------------------------------------------------------------
@@ -183,14 +185,18 @@ class Proxy:
         return paging.enabled and paging.mode == "tools"
 
     def prepare(self, plan: Plan, wire: Wire, body: dict[str, Any]) -> None:
-        """The memory path for one request (``recall.prepare``)."""
+        """The memory path for one request (``recall.prepare``; the Responses API:
+        ``responses.prepare``)."""
+        if wire.name == responses.FORMAT:
+            responses.prepare(self.state, self.chains, plan, body)
+            return
         recall.prepare(self.state, plan, wire, body, tools=self.tools_mode)
 
     # -- requests --------------------------------------------------------------------------------
 
     async def handle(self, request: Request, fmt: str) -> Response:
         started = time.perf_counter()
-        wire = WIRES[fmt]
+        wire = responses.WIRE if fmt == responses.FORMAT else WIRES[fmt]
         upstream, instance = self.upstream_for(request)
         if upstream is None:
             return error_response(
@@ -224,6 +230,8 @@ class Proxy:
         )
         plan.header = request.headers.get(SESSION_HEADER)
         plan.principal = principal_of(request.headers, request.query_params, self.state.secret)
+        if fmt == responses.FORMAT:  # ``previous_response_id``: the turn that response stored
+            plan.header = self.chains.token(plan.principal, body, self.state.secret) or plan.header
         plan.wire, plan.original = wire, body
         plan.content = raw
         deadline = self.state.config.proxy.memory_deadline_ms / 1000
@@ -241,7 +249,9 @@ class Proxy:
         url = upstream_url(upstream, path, request.url.query)
         headers = forward_headers(request.headers.items())
         plan.overhead_ms = (time.perf_counter() - started) * 1000
-        if (self.tools_mode or plan.compaction is not None) and plan.body is not None:
+        # The Responses API has no in-proxy memory tool loop (``responses``).
+        memory_tools = self.tools_mode and fmt != responses.FORMAT
+        if (memory_tools or plan.compaction is not None) and plan.body is not None:
             return await self._tool_loop(plan, url, headers, raw)
         return await self._forward(plan, url, headers)
 
@@ -303,6 +313,7 @@ class Proxy:
         that fails is logged and recorded: the client still gets its reply."""
         if reply is None or plan.committed is not None or plan.wire is None:
             return None
+        partial = partial or bool(getattr(reply, "partial", False))  # a Responses reply
         if partial and not (reply.text or reply.calls):
             return None  # cut before anything arrived: nothing to keep
         message = reply_message(reply.text, reply.calls)
@@ -314,6 +325,8 @@ class Proxy:
             return None
         plan.session_id = sid
         plan.committed = (sid, seqs)
+        if plan.format == responses.FORMAT:
+            self.chains.committed(plan, reply, sid, seqs)
         self.tags.expect(sid, plan.id, seqs)
         self.jobs.notify()
         return seqs[-1] if seqs else None
@@ -323,6 +336,8 @@ class Proxy:
         break the client (``markers.session_marker``) or nothing was stored."""
         if seq is None or reply.tool_only or not reply.text.strip():
             return None
+        if plan.format == responses.FORMAT:
+            return None  # Responses continue by content, the header and response ids
         token = self._token(plan, seq)
         return session_marker(plan, token, enabled=self.state.config.proxy.markers)
 
@@ -661,6 +676,10 @@ def router(state: ServerState) -> ProxyRouter:
     @routes.post("/v1/chat/completions", include_in_schema=False)
     async def openai_chat(request: Request) -> Response:
         return await proxy.handle(request, "openai")
+
+    @routes.post("/v1/responses", include_in_schema=False)
+    async def openai_responses(request: Request) -> Response:
+        return await proxy.handle(request, responses.FORMAT)
 
     @routes.post("/v1/messages", include_in_schema=False)
     async def anthropic_messages(request: Request) -> Response:

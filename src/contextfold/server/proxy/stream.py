@@ -78,6 +78,10 @@ def _call(call_id: Any, name: Any, arguments: Any) -> ToolUseBlock | None:
 
 def reply_of(fmt: str, body: Any) -> Reply:
     """The reply in a (successful) JSON response of format ``fmt``."""
+    if fmt == "responses":  # the OpenAI Responses API (``responses``)
+        from contextfold.server.proxy.responses import response_reply
+
+        return response_reply(body)
     reply = Reply()
     if not isinstance(body, dict):
         return reply
@@ -510,6 +514,10 @@ class GeminiStream(StreamState):
 
 
 def stream_state(fmt: str, marker: str | None, *, sse: bool = True) -> StreamState:
+    if fmt == "responses":  # the OpenAI Responses API (``responses``)
+        from contextfold.server.proxy.responses import ResponsesStream
+
+        return ResponsesStream(marker)
     if fmt == "openai":
         return OpenAIStream(marker)
     if fmt == "anthropic":
