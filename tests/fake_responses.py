@@ -2,7 +2,8 @@
 
 ``ResponsesFake(fake)`` adds the route. It answers ``fake.reply`` — a string, or a function of
 the request body whose ``input`` is the *whole* conversation the provider holds (a string input
-made one user item, a ``previous_response_id``'s stored conversation put before the new items)
+made one user item, a ``previous_response_id``'s stored conversation or a ``conversation``'s
+items put before the new items)
 returning a string or a ``ModelTurn``. Like OpenAI it keeps each response's conversation (its
 input and output) unless the request says ``store: false``, so ``previous_response_id`` works;
 an unknown one is a 400, and so is an ``input`` that is neither a string nor a list of objects.
@@ -30,6 +31,7 @@ class ResponsesFake:
     def __init__(self, fake: FakeLLMServer) -> None:
         self.fake = fake
         self.stored: dict[str, list[Any]] = {}
+        self.conversations: dict[str, list[Any]] = {}
         self.reasoning = False
         self.status = "completed"
         self.cut_after: int | None = None
@@ -60,6 +62,12 @@ class ResponsesFake:
             if previous not in self.stored:
                 return self._bad(request, f"Previous response with id '{previous}' not found.")
             items = [*self.stored[previous], *items]
+        conversation = body.get("conversation")
+        if isinstance(conversation, dict):
+            conversation = conversation.get("id")
+        if isinstance(conversation, str):
+            held = self.conversations.setdefault(conversation, [])
+            new, items = items, [*held, *items]
         turn = self.fake._turn({**body, "input": items})
         self._count += 1
         n = self._count
@@ -127,6 +135,8 @@ class ResponsesFake:
         }
         if body.get("store", True) is not False:
             self.stored[response["id"]] = [*items, *output]
+        if isinstance(conversation, str):
+            self.conversations[conversation] += [*new, *output]
         if not body.get("stream"):
             return Reply(200, response)
         self.events = self._events(response)

@@ -48,6 +48,7 @@ import pytest
 import yaml
 
 from fake_llm import FakeLLMServer
+from fake_responses import ResponsesFake
 
 pytestmark = pytest.mark.integration
 
@@ -194,6 +195,7 @@ class DocSession:
     def fake_llm(self) -> FakeLLMServer:
         if self.fake is None:
             self.fake = FakeLLMServer(reply="Yes, within policy [Source 1].").start()
+            ResponsesFake(self.fake)  # the OpenAI Responses API too
         return self.fake
 
     def server(self, kind: str) -> int:

@@ -236,6 +236,21 @@ def test_previous_response_id_continues_the_branch(
     ]
 
 
+def test_a_conversation_continues_like_a_chain(
+    proxy: Served, fake_llm: FakeLLMServer, upstream: ResponsesFake
+) -> None:
+    fake_llm.reply = echo
+    client = oa(proxy)
+    for text in ["My locker combination is 4417.", "Plan a pasta dinner.", "And dessert?"]:
+        client.responses.create(model="m", conversation="conv_1", input=text)
+    assert len(upstream.conversations["conv_1"]) == 6
+    assert not any(memory_item(i) for r in fake_llm.requests for i in r.body["input"])
+    proxy.drain()
+    records = proxy.events.recent()
+    assert len({r.session_id for r in records}) == 1
+    assert [r.extra["session_source"] for r in records][1:] == ["previous_response_id"] * 2
+
+
 def test_a_response_id_opens_nothing_for_another_credential(
     proxy: Served, fake_llm: FakeLLMServer
 ) -> None:

@@ -167,8 +167,10 @@ class ResponsesWire(Wire):
         value = body.get("input")
         if isinstance(value, str):
             return [{"role": "user", "content": value}]
+        if value is None:  # optional: a chained request may send only ``instructions``
+            return []
         if not isinstance(value, list):
-            raise FormatError("input is missing or neither a string nor an array")
+            raise FormatError(f"input is a {type(value).__name__}; expected a string or an array")
         return value
 
     def strip(self, body: JSON) -> tuple[JSON, list[str]]:
