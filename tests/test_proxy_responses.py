@@ -14,8 +14,10 @@ import openai
 import pytest
 
 from contextfold.memory.engine import MemoryEngine
-from contextfold.server.config import ProxySettings, ServerConfig
+from contextfold.server.config import LimitSettings, ProxySettings, ServerConfig
+from contextfold.server.proxy.responses import WIRE, response_reply
 from contextfold.server.proxy.session import SESSION_HEADER
+from contextfold.server.proxy.wire import reply_message
 from fake_llm import FakeLLMServer, ModelTurn, ToolCall
 from fake_responses import ResponsesFake
 from proxy_support import Served, closed_after_test, make_engine, serve
@@ -290,14 +292,16 @@ def test_a_fact_is_recalled_after_the_input_drops_it(
     proxy.drain()
     # The client keeps only its last exchange: the session goes on by content.
     trimmed = [*items[-2:-1], {"role": "user", "content": "What is my locker combination?"}]
+    ask = {"model": "m", "input": trimmed, "store": False, "instructions": "Be brief."}
     if stream:
-        with client.responses.stream(model="m", input=trimmed, store=False) as events:
+        with client.responses.stream(**ask) as events:
             events.get_final_response()
     else:
-        client.responses.create(model="m", input=trimmed, store=False)
+        client.responses.create(**ask)
     forwarded = sent(fake_llm)["input"]
     # Memory is one item after the client's last; the client's items are unchanged.
     assert forwarded[:-1] == trimmed and memory_item(forwarded[-1])
+    assert sent(fake_llm)["instructions"] == "Be brief."
     assert "4417" in forwarded[-1]["content"][0]["text"]
     proxy.drain()
     assert "4417" in proxy.events.recent()[-1].context
@@ -426,3 +430,51 @@ def test_an_incomplete_response_is_stored_partial(
     turns = engine.store.turns(proxy.events.recent()[-1].session_id)
     assert turns[-1].message.text() == "A long answer cut by max_output_tokens"
     assert turns[-1].partial
+
+
+def test_too_many_input_items_get_a_413(fake_llm: FakeLLMServer, engine: MemoryEngine) -> None:
+    config = ServerConfig(
+        port=0,
+        proxy=ProxySettings(upstream=fake_llm.url),
+        limits=LimitSettings(max_messages=3),
+    )
+    with serve(config, engine) as served:
+        items = [{"role": "user", "content": str(i)} for i in range(4)]
+        with pytest.raises(openai.APIStatusError) as raised:
+            oa(served).responses.create(model="m", input=items)  # type: ignore[arg-type]
+    assert raised.value.status_code == 413
+    assert "limits.max_messages" in str(raised.value)
+    assert fake_llm.requests == []
+
+
+# --------------------------------------------------------------------------- the wire
+
+
+def test_a_resent_output_reads_as_the_reply_that_was_stored() -> None:
+    """One response's output, resent as input items, is the assistant message the proxy
+    stored for it: the resent history is recognised by content."""
+    output: list[Any] = [
+        {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"},
+        {"type": "message", "role": "assistant", "id": "msg_1", "phase": "commentary",
+         "content": [{"type": "output_text", "text": "Patching.", "annotations": []}]},
+        {"type": "custom_tool_call", "call_id": "c1", "name": "apply_patch",
+         "input": "*** Begin Patch\n*** End Patch"},
+        {"type": "function_call", "call_id": "c2", "name": "shell", "arguments": '{"cmd":"ls"}'},
+        {"type": "web_search_call", "id": "ws_1", "status": "completed"},
+    ]  # fmt: skip
+    reply = response_reply({"id": "resp_1", "status": "completed", "output": output})
+    stored_reply = reply_message(reply.text, reply.calls)
+    results: list[Any] = [
+        {"type": "custom_tool_call_output", "call_id": "c1", "output": "Done."},
+        {"type": "function_call_output", "call_id": "c2", "output": "a.txt"},
+    ]
+    parsed = WIRE.parse(
+        {"instructions": "Be brief.", "input": [{"role": "user", "content": "Fix it."}, *output,
+                                                *results]}
+    )  # fmt: skip
+    system, user, assistant, tool = parsed.messages
+    assert system.role == "system" and user.text() == "Fix it."
+    assert assistant == stored_reply and assistant.tool_use_ids == ("c1", "c2")
+    assert tool.tool_result_ids == ("c1", "c2")
+    assert parsed.sources == [(-1,), (0,), (1, 2, 3, 4, 5), (6, 7)]
+    assert WIRE.unread({"input": output}) == {"web_search_call": 1}

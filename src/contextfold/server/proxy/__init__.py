@@ -2,6 +2,7 @@
 
 - ``session`` — who asks (the principal) and which turn of which branch the request continues;
 - ``wire`` — the provider payloads (OpenAI, Anthropic, Gemini): parse, strip, inject, drop;
+- ``responses`` — the OpenAI Responses API: its items, reply, stream events and response ids;
 - ``recall`` — memory for the request under its deadline: position, recall, history, inject;
 - ``forward`` — the upstream call: URL, headers, the aiohttp client, provider-shaped errors;
 - ``stream`` — the reply relayed to the client (SSE events, the marker's place, synthesized
