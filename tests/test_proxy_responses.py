@@ -5,6 +5,7 @@ app under uvicorn and a fake provider that speaks Responses (``tests/fake_respon
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,24 @@ def test_stream_events_reach_the_client_byte_for_byte(
     assert response.headers["content-type"].startswith("text/event-stream")
     assert response.content == b"".join(upstream.events)
     assert MARK not in response.text
+
+
+def test_stream_events_are_relayed_as_they_arrive(proxy: Served, fake_llm: FakeLLMServer) -> None:
+    fake_llm.reply = "one two three"
+    seen_first = threading.Event()
+    waited: list[bool] = []
+
+    def gate(index: int) -> None:
+        if index == 5:  # hold the second delta until the client has the first
+            waited.append(seen_first.wait(10))
+
+    fake_llm.stream_gate = gate
+    deltas = []
+    for event in oa(proxy).responses.create(model="m", input="Count.", stream=True):
+        if event.type == "response.output_text.delta":
+            deltas.append(event.delta)
+            seen_first.set()
+    assert waited == [True] and deltas == ["one ", "two ", "three"]
 
 
 def test_the_sdk_stream_helper_assembles_the_final_response(
