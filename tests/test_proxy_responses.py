@@ -4,8 +4,10 @@ app under uvicorn and a fake provider that speaks Responses (``tests/fake_respon
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import zstandard
 
 from contextfold.memory.engine import MemoryEngine
 from contextfold.server.config import LimitSettings, ProxySettings, ServerConfig
@@ -497,3 +500,51 @@ def test_a_resent_output_reads_as_the_reply_that_was_stored() -> None:
     assert tool.tool_result_ids == ("c1", "c2")
     assert parsed.sources == [(-1,), (0,), (1, 2, 3, 4, 5), (6, 7)]
     assert WIRE.unread({"input": output}) == {"web_search_call": 1}
+
+
+# --------------------------------------------------------------------------- compressed bodies
+
+
+@pytest.mark.parametrize("coding", ["zstd", "gzip", "deflate"])
+def test_a_compressed_body_is_decoded_read_and_forwarded(
+    proxy: Served, fake_llm: FakeLLMServer, engine: MemoryEngine, coding: str
+) -> None:
+    """Codex CLI sends its bodies zstd-compressed: they are read (and stored) like any."""
+    fake_llm.reply = echo
+    raw = json.dumps({"model": "m", "input": "Capital of France?", "store": False}).encode()
+    packed = {
+        "zstd": zstandard.ZstdCompressor(level=3).compress,
+        "gzip": gzip.compress,
+        "deflate": zlib.compress,
+    }[coding](raw)
+    headers = {"content-encoding": coding, "content-type": "application/json"}
+    response = httpx.post(f"{proxy.url}/v1/responses", content=packed, headers=headers)
+    assert response.status_code == 200
+    assert response.json()["output"][0]["content"][0]["text"] == "Answer to: Capital of France?"
+    assert fake_llm.requests[-1].raw == raw  # decoded, and sent on without the coding
+    assert "content-encoding" not in fake_llm.requests[-1].headers
+    proxy.drain()
+    assert stored(engine, proxy.events.recent()[-1].session_id)[0] == ("user", "Capital of France?")
+    # The pass-through decodes too.
+    httpx.post(f"{proxy.url}/v1/embeddings", content=packed, headers=headers)
+    assert fake_llm.requests[-1].raw == raw
+
+
+@pytest.mark.parametrize(
+    ("packed", "coding", "status", "problem"),
+    [
+        (zstandard.ZstdCompressor().compress(b" " * (9 << 20)), "zstd", 413, "max_body_bytes"),
+        (gzip.compress(b" " * (9 << 20)), "gzip", 413, "max_body_bytes"),
+        (zstandard.ZstdCompressor().compress(b'{"input": "hi"}')[:-4], "zstd", 400, "too early"),
+        (b"not gzip", "gzip", 400, "not valid gzip"),
+        (b"{}", "br", 415, "decodes gzip, deflate and zstd"),
+    ],
+)
+def test_a_body_that_does_not_decode_is_refused(
+    proxy: Served, fake_llm: FakeLLMServer, packed: bytes, coding: str, status: int, problem: str
+) -> None:
+    headers = {"content-encoding": coding, "content-type": "application/json"}
+    response = httpx.post(f"{proxy.url}/v1/responses", content=packed, headers=headers)
+    assert response.status_code == status
+    assert problem in response.json()["error"]["message"]
+    assert fake_llm.requests == []

@@ -20,7 +20,8 @@ The guards (``install`` adds them to an app):
 - **Paths.** A path with a control character (``%00``, CR, LF …) is answered 400
   ``invalid_path`` whatever the route (the proxy's routes check more: ``proxy.forward``).
 - **UTF-8.** A JSON body (``application/json`` or ``*+json``) that is not valid UTF-8 is
-  answered 400 ``invalid_utf8`` with the byte offset, checked incrementally as it streams in.
+  answered 400 ``invalid_utf8`` with the byte offset, checked incrementally as it streams in
+  (a compressed one, with a ``Content-Encoding``, once the proxy has decoded it).
 - **Malformed JSON** → 400 ``invalid_json`` with the position; a body that does not match the
   route's model → 422 ``invalid_request`` with ``details``.
 - **Unknown path** → 404 ``not_found``; wrong method → 405 ``method_not_allowed``.
@@ -230,9 +231,12 @@ class BodyGuard:
             await response(scope, receive, send)
             return
 
+        # A compressed body (``Content-Encoding``) is checked once decoded (the proxy's
+        # ``encoding``), not as the bytes that arrive.
+        coded = headers.get("content-encoding", "").strip().lower() not in ("", "identity")
         decoder = (
             codecs.getincrementaldecoder("utf-8")()
-            if _is_json(headers.get("content-type"))
+            if _is_json(headers.get("content-type")) and not coded
             else None
         )
         received = 0

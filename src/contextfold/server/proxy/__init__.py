@@ -4,6 +4,7 @@
 - ``wire`` — the provider payloads (OpenAI, Anthropic, Gemini): parse, strip, inject, drop;
 - ``responses`` — the OpenAI Responses API: its items, reply, stream events and response ids;
 - ``recall`` — memory for the request under its deadline: position, recall, history, inject;
+- ``encoding`` — request bodies sent compressed (``Content-Encoding``: gzip, deflate, zstd);
 - ``forward`` — the upstream call: URL, headers, the aiohttp client, provider-shaped errors;
 - ``stream`` — the reply relayed to the client (SSE events, the marker's place, synthesized
   streams); ``markers`` — where a marker may go;

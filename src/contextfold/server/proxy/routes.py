@@ -59,6 +59,7 @@ from contextfold.memory.tools import TOOL_NAMES
 from contextfold.server.jobs import JobWorker
 from contextfold.server.proxy import limits, outputs, recall, responses
 from contextfold.server.proxy.commit import commit_exchange
+from contextfold.server.proxy.encoding import BodyError, decode_body
 from contextfold.server.proxy.forward import (
     UPSTREAM_ERRORS,
     Upstream,
@@ -167,6 +168,14 @@ class Proxy:
             time.sleep(0.01)
         return False
 
+    def _body(self, request: Request, raw: bytes) -> bytes:
+        """The request body decoded from its ``Content-Encoding`` (``encoding``: Codex CLI
+        sends zstd); the decoded bytes are what is read and forwarded."""
+        coding = request.headers.get("content-encoding")
+        if not coding:
+            return raw
+        return decode_body(raw, coding, self.state.config.limits.max_body_bytes)
+
     async def _in_pool(self, fn: Callable[..., _T], *args: Any) -> _T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, partial(fn, *args))
 
@@ -210,7 +219,10 @@ class Proxy:
             path = forward_path(request.scope.get("raw_path") or b"", request.url.path)
         except ValueError as exc:
             return error_response(fmt, 400, f"{exc}; not forwarded", "invalid_request_error")
-        raw = await request.body()
+        try:
+            raw = self._body(request, await request.body())
+        except BodyError as exc:
+            return error_response(fmt, exc.status, exc.message, "invalid_request_error")
         body, problem = _decode(raw)
         if body is None:
             return error_response(fmt, 400, problem, "invalid_request_error")
@@ -581,10 +593,14 @@ class Proxy:
             path = forward_path(request.scope.get("raw_path") or b"", request.url.path)
         except ValueError as exc:
             return error_response(fmt, 400, f"{exc}; not forwarded", "invalid_request_error")
+        try:
+            content = self._body(request, await request.body())
+        except BodyError as exc:
+            return error_response(fmt, exc.status, exc.message, "invalid_request_error")
         url = upstream_url(upstream, path, request.url.query)
         headers = forward_headers(request.headers.items())
         try:
-            response = await self.upstream.send(request.method, url, headers, await request.body())
+            response = await self.upstream.send(request.method, url, headers, content)
         except UPSTREAM_ERRORS as exc:
             message = f"upstream {upstream_host(url)} unreachable: {type(exc).__name__}"
             return error_response(fmt, 502, message, "api_error")
