@@ -55,6 +55,7 @@ __all__ = [
     "WINDOWS",
     "Compaction",
     "compact",
+    "limit_for",
     "restore_definitions",
     "window_of",
 ]
@@ -126,6 +127,17 @@ def window_of(model: str | None) -> int | None:
     return WINDOWS[best] if best else None
 
 
+def limit_for(fmt: str, settings: OutputSettings, model: str | None) -> int | None:
+    """The size in tokens above which a ``fmt`` request for ``model`` is compacted, or None
+    when it never is (compaction off, a format it does not read, an unknown model's window)."""
+    if not settings.compact or fmt not in ("openai", "anthropic"):
+        return None
+    if settings.compact_above is not None:
+        return settings.compact_above
+    window = window_of(model)
+    return None if window is None else int(window * 0.75)
+
+
 def _estimate(chars: int) -> int:
     return math.ceil(chars / _CHARS_PER_TOKEN)
 
@@ -193,14 +205,9 @@ def compact(
     sent = body if sent is None else sent
     if model is None and isinstance(body.get("model"), str):
         model = body["model"]
-    if not settings.compact or fmt not in ("openai", "anthropic"):
-        return body, None
-    limit = settings.compact_above
+    limit = limit_for(fmt, settings, model)
     if limit is None:
-        window = window_of(model)
-        if window is None:
-            return body, None
-        limit = int(window * 0.75)
+        return body, None
     client_messages, messages = sent.get("messages"), body.get("messages")
     if not (isinstance(client_messages, list) and isinstance(messages, list)):
         return body, None

@@ -252,7 +252,9 @@ class Proxy:
             plan.wire = None  # nothing is stored either
         else:
             plan = await self._prepared(plan, wire, body, deadline)
-        if self.state.config.proxy.tool_outputs.compact:
+        model = plan.model if plan.model is not None else body.get("model")
+        model = model if isinstance(model, str) else None
+        if outputs.limit_for(fmt, self.state.config.proxy.tool_outputs, model) is not None:
             try:
                 await self._in_pool(self._compact_outputs, plan, body)
             except Exception as exc:  # fail open: the request goes without compaction
