@@ -26,11 +26,12 @@ the main conversation alone.
 **Recorded.** Every request (method, path, query, headers, JSON body, raw bytes, whether it was
 a side call) is kept in ``requests``, in arrival order.
 
-**Prompt cache.** For Anthropic requests the fake keeps the prompts it has seen, as a provider's
-cache does: each ``cache_control`` breakpoint's prefix (tools, system, messages up to the block)
-is hashed, and ``usage.cache_read_input_tokens`` counts the characters/4 of the longest prefix
-seen before (``cache_creation_input_tokens`` the rest up to the last breakpoint). A proxy that
-changes bytes before a breakpoint shows up as fewer cache reads than the control run.
+**Prompt cache.** For Anthropic requests the fake keeps a prompt cache as Anthropic's works:
+each ``cache_control`` breakpoint writes its prefix (tools, system, messages up to the block);
+``usage.cache_read_input_tokens`` is the characters/4 of the longest prefix written before that
+ends at a block boundary up to 20 blocks back from one of the request's breakpoints
+(``cache_creation_input_tokens`` the rest up to the last breakpoint). A proxy that changes
+bytes before a breakpoint shows up as fewer cache reads than the control run.
 """
 
 from __future__ import annotations
@@ -366,19 +367,29 @@ class ScriptedUpstream:
     # Anthropic ------------------------------------------------------------------------------
 
     def _cache_usage(self, body: JSON, raw: bytes) -> tuple[int, int, int]:
-        """(input, cache_creation, cache_read) tokens: characters/4 of the prompt, split at
-        the ``cache_control`` breakpoints as a provider's prompt cache would."""
-        prefixes = _breakpoint_prefixes(body)
+        """(input, cache_creation, cache_read) tokens (characters/4), as Anthropic's prompt
+        cache counts them: each breakpoint writes its prefix (tools, system, messages up to
+        the block); a read is the longest prefix written before that ends at a block boundary
+        up to 20 blocks back from a breakpoint. Where the ``cache_control`` keys sit is not
+        part of a prefix."""
+        prefixes = _block_prefixes(body)  # (hash, characters, is a breakpoint) per block
         total = max(1, len(raw) // 4)
-        read = created = 0
+        read = 0
+        last_breakpoint = 0
         with self._lock:
-            for prefix in prefixes:
-                digest = hashlib.sha256(prefix.encode()).hexdigest()
-                if digest in self._cache:
-                    read = len(prefix) // 4
-                self._cache.add(digest)
-        if prefixes:
-            created = max(0, len(prefixes[-1]) // 4 - read)
+            for i, (_, _, breakpoint) in enumerate(prefixes):
+                if not breakpoint:
+                    continue
+                for j in range(i, max(-1, i - 21), -1):
+                    if prefixes[j][0] in self._cache:
+                        read = max(read, prefixes[j][1])
+                        break
+            for digest, chars, breakpoint in prefixes:
+                if breakpoint:
+                    self._cache.add(digest)
+                    last_breakpoint = chars
+        read //= 4
+        created = max(0, last_breakpoint // 4 - read)
         return max(1, total - read - created), created, read
 
     def _anthropic(self, tag: str, body: JSON, text: str, calls: list[Call], raw: bytes) -> JSON:
@@ -503,16 +514,23 @@ class ScriptedUpstream:
         }
 
 
-def _breakpoint_prefixes(body: JSON) -> list[str]:
-    """The canonical prompt up to and including each ``cache_control`` block, in order
-    (tools, then system, then messages, as Anthropic orders its cache)."""
-    parts: list[Any] = []
-    prefixes: list[str] = []
+def _block_prefixes(body: JSON) -> list[tuple[str, int, bool]]:
+    """For each block of the prompt in Anthropic's cache order (tools, system blocks, message
+    blocks): the hash of the prompt up to and including it (without ``cache_control`` keys),
+    its length in characters, and whether the block is a breakpoint."""
+    running = hashlib.sha256()
+    chars = 0
+    out: list[tuple[str, int, bool]] = []
 
     def visit(kind: str, value: Any) -> None:
-        parts.append([kind, value])
-        if isinstance(value, dict) and "cache_control" in value:
-            prefixes.append(json.dumps(parts, sort_keys=True))
+        nonlocal chars
+        breakpoint = isinstance(value, dict) and "cache_control" in value
+        if breakpoint:
+            value = {k: v for k, v in value.items() if k != "cache_control"}
+        text = json.dumps([kind, value], sort_keys=True)
+        running.update(text.encode())
+        chars += len(text)
+        out.append((running.copy().hexdigest(), chars, breakpoint))
 
     for tool in body.get("tools") or []:
         visit("tool", tool)
@@ -524,12 +542,13 @@ def _breakpoint_prefixes(body: JSON) -> list[str]:
         visit("system", system)
     for i, message in enumerate(body.get("messages") or []):
         content = message.get("content")
+        role = f"m{i}:{message.get('role')}"
         if isinstance(content, list):
             for block in content:
-                visit(f"m{i}:{message.get('role')}", block)
+                visit(role, block)
         else:
-            visit(f"m{i}:{message.get('role')}", content)
-    return prefixes
+            visit(role, content)
+    return out
 
 
 # -- wire: server-sent events ----------------------------------------------------------------
