@@ -261,7 +261,10 @@ def test_readme_starts_with_the_two_setup_commands() -> None:
     main_job, tests = readme_commands()
     assert main_job.startswith("python3 -m venv .venv && .venv/bin/pip install -e . && ")
     assert ".venv/bin/contextfold ingest examples/policies && " in main_job
-    assert tests == 'python3 -m venv .venv && .venv/bin/pip install -e ".[dev]" && scripts/check'
+    assert tests == (
+        'python3 -m venv .venv && .venv/bin/pip install -e ".[dev]" && scripts/install-agents'
+        " && scripts/check"
+    )
 
 
 def test_readme_main_job_runs(monkeypatch: pytest.MonkeyPatch) -> None:
