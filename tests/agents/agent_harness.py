@@ -94,10 +94,12 @@ class ProxyProcess:
         home.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "CONTEXTFOLD_HOME": str(home), "CONTEXTFOLD_SECRET": "agents-test"}
         env.pop("CONTEXTFOLD_PORT", None)
-        # Defaults but the memory deadline: on a loaded machine 50 ms can pass, and a request
-        # forwarded without memory would make the runs differ from one time to the next.
+        # The coding-agent set-up of docs/proxy.md (a new session continues the credential's
+        # latest one: recall_scope principal), and the memory deadline: on a loaded machine
+        # 50 ms can pass, and a request forwarded without memory would make the runs differ
+        # from one time to the next.
         config = home / "server.yaml"
-        config.write_text("proxy:\n  memory_deadline_ms: 10000\n")
+        config.write_text("proxy:\n  memory_deadline_ms: 10000\n  recall_scope: principal\n")
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
             [

@@ -96,9 +96,20 @@ class Recorded:
     cache_read: int = 0  # Anthropic: the prompt-cache read tokens reported
 
 
+#: Where the memory the proxy adds to a request starts (it goes at the end of the request):
+#: the fake answers by what the client itself wrote last.
+_MEMORY_STARTS = ("<context-topics>", "<memory>")
+
+
+def _client_part(text: str) -> str:
+    """``text`` without the memory the proxy appended to it."""
+    cut = min((i for i in (text.find(m) for m in _MEMORY_STARTS) if i >= 0), default=-1)
+    return text if cut < 0 else text[:cut].rstrip()
+
+
 def latest_text(body: Any) -> str:
     """The text of a request's latest message — user prompt or tool result — in any of the
-    three formats (blocks joined with newlines)."""
+    three formats (blocks joined with newlines), without the memory the proxy appended."""
     if not isinstance(body, dict):
         return ""
     messages = body.get("messages")
@@ -106,8 +117,10 @@ def latest_text(body: Any) -> str:
         # the latest user or tool message: Claude Code 2.1 puts a role "system" message last
         for message in reversed(messages):
             if isinstance(message, dict) and message.get("role") in {"user", "tool"}:
-                return _content_text(message.get("content"))
-        return _content_text(messages[-1].get("content"))
+                text = _client_part(_content_text(message.get("content")))
+                if text:
+                    return text
+        return _client_part(_content_text(messages[-1].get("content")))
     items = body.get("input")
     if isinstance(items, str):
         return items
@@ -118,7 +131,9 @@ def latest_text(body: Any) -> str:
             if item.get("type") in {"function_call_output", "custom_tool_call_output"}:
                 return _content_text(item.get("output"))
             if item.get("role") == "user":
-                return _content_text(item.get("content"))
+                text = _client_part(_content_text(item.get("content")))
+                if text:
+                    return text
         return ""
     return ""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -107,6 +107,10 @@ class ProxySettings(_Section):
     # Background threads deriving tags, vectors and summaries from committed turns.
     job_threads: int = Field(1, ge=1, le=16)
     markers: bool = True
+    # What a new conversation may recall: only its own (``conversation``), or, continuing as a
+    # new branch, the latest conversation of the same credential (``principal``: a coding
+    # agent's sessions share one memory).
+    recall_scope: Literal["conversation", "principal"] = "conversation"
     tool_outputs: OutputSettings = Field(default_factory=OutputSettings)
 
     @field_validator("upstream")

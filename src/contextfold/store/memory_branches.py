@@ -139,6 +139,18 @@ class BranchesMixin:
         params.append(limit)
         return [(str(r[0]), int(r[1])) for r in self._conn.execute(sql, params)]
 
+    def latest_session(self, principal: str) -> tuple[str, int] | None:
+        """(session, last seq) of the principal's conversation that stored a turn last, or
+        None when it has none."""
+        row = self._conn.execute(
+            "SELECT t.session_id FROM turns t JOIN sessions s ON s.id = t.session_id"
+            " WHERE s.principal = ? ORDER BY t.id DESC LIMIT 1",
+            (principal,),
+        ).fetchone()
+        if row is None:
+            return None
+        return str(row[0]), self._last_seq(self._conn, str(row[0]))
+
     def turn_keys(self, session_id: str, lo: int, hi: int) -> dict[int, str]:
         """seq -> match key of the session's turns with ``lo <= seq <= hi``."""
         rows = self._conn.execute(

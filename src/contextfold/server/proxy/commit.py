@@ -37,7 +37,13 @@ def commit_exchange(
         stripped, tokens = plan.wire.strip(plan.original)
         parsed = plan.wire.parse(stripped)
         position, _ = locate(
-            store, plan.principal, parsed.messages, tokens, plan.header, proxy.state.secret
+            store,
+            plan.principal,
+            parsed.messages,
+            tokens,
+            plan.header,
+            proxy.state.secret,
+            scope=proxy.state.config.proxy.recall_scope,
         )
     new = [m for m in parsed.messages[position.new_from :] if m.role != "system"]
     messages = [*new, reply]

@@ -55,7 +55,13 @@ def prepare(
     if parsed.query is not None:  # the query's embedding runs while the session is found
         memory.prefetch(parsed.query_text)
     position, forked = locate(
-        memory.store, plan.principal, parsed.messages, tokens, plan.header, state.secret
+        memory.store,
+        plan.principal,
+        parsed.messages,
+        tokens,
+        plan.header,
+        state.secret,
+        scope=state.config.proxy.recall_scope,
     )
     if forked is not None:
         plan.notes.append(f"continues turn {forked[1]} of {forked[0][:8]} on a new branch")

@@ -489,7 +489,13 @@ def prepare(state: ServerState, chains: ResponseChains, plan: Plan, body: JSON) 
     if parsed.query is not None:
         memory.prefetch(parsed.query_text)
     position, forked = locate(
-        memory.store, plan.principal, parsed.messages, [], plan.header, state.secret
+        memory.store,
+        plan.principal,
+        parsed.messages,
+        [],
+        plan.header,
+        state.secret,
+        scope=state.config.proxy.recall_scope,
     )
     if forked is not None:
         plan.notes.append(f"continues turn {forked[1]} of {forked[0][:8]} on a new branch")

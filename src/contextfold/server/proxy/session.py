@@ -135,7 +135,8 @@ class Position:
     exchange is committed); ``anchor``: the seq of the turn it continues after (0: none);
     ``new_from``: the index in the parsed messages of the first new message; ``expect_last``:
     the branch's last seq when it was resolved (the commit forks if it has moved on);
-    ``source``: how it was found — ``marker``, ``header``, ``history`` (by content), ``new``
+    ``source``: how it was found — ``marker``, ``header``, ``history`` (by content), ``new``,
+    ``latest`` (a new conversation continuing the caller's latest one, ``locate``)
     or ``forged`` (a token that did not verify); ``fork``: the (session, seq) a branch must
     be forked from before anything is recalled or stored (``None``: continue in place)."""
 
@@ -222,10 +223,21 @@ def locate(
     tokens: Sequence[str],
     header: str | None,
     secret: bytes,
+    *,
+    scope: str = "conversation",
 ) -> tuple[Position, tuple[str, int] | None]:
     """``resolve``, then fork the branch it asks for: (the position, with ``fork`` done and
-    ``None``; the (session, seq) forked from, or ``None``). Writes only when it forks."""
+    ``None``; the (session, seq) forked from, or ``None``). Writes only when it forks.
+
+    ``scope="principal"`` (``proxy.recall_scope``): a request that starts a new conversation
+    continues, on a new branch, after the last turn of the caller's conversation that stored
+    a turn last, so it recalls what the credential's earlier conversations held (a coding
+    agent's next session remembers the last one). Its messages are all new."""
     position = resolve(store, principal, messages, tokens, header, secret)
+    if position.fork is None and position.source == "new" and scope == "principal":
+        latest = store.latest_session(principal)
+        if latest is not None:
+            position = Position(None, latest[1], 0, "latest", fork=latest)
     if position.fork is None:
         return position, None
     parent, seq = position.fork
