@@ -111,11 +111,12 @@ def test_strip_parse_and_inject_per_format(fmt: str) -> None:
     parsed = wire.parse(stripped)
     assert [m.role for m in parsed.messages] == ["system", "user", "assistant", "user"]
     assert parsed.query_text == "Q2" and parsed.messages[2].text() == "A1"
-    query_raw = parsed.sources[parsed.query][0]  # type: ignore[index]
-    out = wire.inject(stripped, "HINT", "MEMORY", query_raw)
+    out = wire.inject(stripped, "MEMORY")
     text = json.dumps(out)
-    assert text.index("Sys.") < text.index("HINT") < text.index("Q1") < text.index("MEMORY")
-    assert text.index("MEMORY") < text.index("Q2")
+    # Memory goes at the very end: after the last user message's own text.
+    assert text.index("Sys.") < text.index("Q1") < text.index("Q2") < text.index("MEMORY")
+    items = out[wire.key]
+    assert items[:-1] == stripped[wire.key][:-1]  # every message before the last: as sent
     assert json.dumps(body) == original  # the client's dicts are never mutated
 
 
@@ -150,7 +151,7 @@ def test_parse_maps_each_message_to_its_raw_source() -> None:
 
 def test_anthropic_memory_goes_after_tool_results() -> None:
     message = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}
-    out = WIRES["anthropic"].inject({"messages": [message]}, "", "MEM", 0)
+    out = WIRES["anthropic"].inject({"messages": [message]}, "MEM")
     assert [b["type"] for b in out["messages"][0]["content"]] == ["tool_result", "text"]
 
 
@@ -207,8 +208,9 @@ def test_sse_splitter_gives_whole_events_whatever_the_chunking(cuts: list[int]) 
     assert b"".join(events) == stream and len(events) == 12 and splitter.rest() == b""
 
 
+@pytest.mark.parametrize("calls", [False, True])
 @pytest.mark.parametrize("fmt", ["openai", "anthropic"])
-def test_stream_state_accumulates_and_marks_once(fmt: str) -> None:
+def test_stream_state_accumulates_and_marks_once(fmt: str, calls: bool) -> None:
     body: dict[str, Any] = (
         {"id": "x", "model": "m", "choices": [{"index": 0, "finish_reason": "tool_calls",
          "message": {"content": "Hi there", "tool_calls": [
@@ -218,17 +220,23 @@ def test_stream_state_accumulates_and_marks_once(fmt: str) -> None:
             {"type": "text", "text": "Hi there"},
             {"type": "tool_use", "id": "c", "name": "f", "input": {}}]}
     )  # fmt: skip
+    if not calls:
+        if fmt == "openai":
+            del body["choices"][0]["message"]["tool_calls"]
+        else:
+            body["content"] = body["content"][:1]
     state = stream_state(fmt, MARK)
     out = [
         piece for event in SseSplitter().feed(synthesize(fmt, body)) for piece in state.feed(event)
     ]
     out += state.finish()
-    assert state.reply.text == "Hi there" and [c.name for c in state.reply.calls] == ["f"]
+    assert state.reply.text == "Hi there" and len(state.reply.calls) == calls
     marked = stream_state(fmt, None)
     for event in SseSplitter().feed(b"".join(out)):
         marked.feed(event)
     marked.finish()
-    assert marked.reply.text == "Hi there" + MARK
+    # A reply with a tool call gets no marker (the client is in a tool loop).
+    assert marked.reply.text == "Hi there" + ("" if calls else MARK)
 
 
 def test_continuation_answers_only_memory_calls() -> None:
@@ -282,7 +290,8 @@ def test_the_proxy_command_serves_and_stops_cleanly(
             except httpx.ConnectError:
                 assert time.monotonic() < deadline and process.poll() is None
                 time.sleep(0.2)
-        assert response.status_code == 200 and "contextfold:session=" in response.text
+        assert response.status_code == 200 and response.headers["x-contextfold-session"]
+        assert "contextfold:session=" not in response.text  # no marker text by default
     finally:
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=60)

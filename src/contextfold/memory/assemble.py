@@ -4,7 +4,9 @@ Order, most stable first (so provider prompt caches keep hitting): the ``<contex
 hint (changes only at compaction), paged-in topics (change on expand/collapse), then the
 dynamic part — summaries (all tag summaries for a broad question, segment summaries earliest
 first for a temporal one, the matched topics' summaries otherwise) and the recalled raw turns,
-verbatim, in conversation order under date headers. Raw turns come before summaries for a
+verbatim, in conversation order under date headers. A recalled turn that is mostly an older
+version of what the caller's history already holds (``Held``: a file re-sent after an edit) is
+left out. Raw turns come before summaries for a
 specific question (only a raw turn holds a detail verbatim); a broad or temporal question
 gives summaries up to ``summary_share`` of the budget first. The rendered block is counted
 whole and is never over budget.
@@ -28,7 +30,45 @@ from contextfold.memory.tagging import TagResult
 from contextfold.store.memory import MemoryStore, TagSummary, TurnRow
 from contextfold.tokens import TokenCounter
 
-__all__ = ["Assembler", "MemoryBlock", "MemoryBudget"]
+__all__ = ["Assembler", "Held", "MemoryBlock", "MemoryBudget"]
+
+#: Lines shorter than this (stripped) say little about whose text it is (``}``, ``else:``).
+_LINE = 8
+
+
+def _lines(text: str) -> set[str]:
+    """The distinct lines of ``text`` of at least ``_LINE`` characters, whitespace collapsed."""
+    return {" ".join(line.split()) for line in text.splitlines() if len(line.strip()) >= _LINE}
+
+
+class Held:
+    """What the caller's history already holds, to leave out recalled turns that are older
+    versions of it. The rule: a turn with at least 3 lines of 8 or more characters is held
+    when at least half of those lines appear (whitespace collapsed) anywhere in the history.
+    A file re-sent after an edit keeps most of its lines, so its pre-edit copy is not
+    recalled beside it; a turn that merely quotes a line or two of the history still is.
+
+    >>> held = Held(["def area(r):\n    return 3.14159 * r * r\n# area of a circle, in m2"])
+    >>> held.holds("def area(r):\n    return 3.14 * r * r\n# area of a circle, in m2")
+    True
+    >>> held.holds("Unrelated words here.\nAnd another long line.\nThird line of text.")
+    False
+    """
+
+    __slots__ = ("_lines", "_texts", "left_out")
+
+    def __init__(self, texts: Sequence[str]) -> None:
+        self._texts = texts
+        self._lines: set[str] | None = None
+        self.left_out = 0  # turns the assembler left out for it
+
+    def holds(self, text: str) -> bool:
+        mine = _lines(text)
+        if len(mine) < 3:
+            return False
+        if self._lines is None:  # built once, and only when a candidate is long enough
+            self._lines = set().union(*map(_lines, self._texts)) if self._texts else set()
+        return 2 * len(mine & self._lines) >= len(mine)
 
 
 class MemoryBudget(BaseModel):
@@ -44,6 +84,7 @@ class MemoryBudget(BaseModel):
     used: int = 0
     turns_recalled: int = 0
     turns_skipped: int = 0
+    turns_held: int = 0  # older versions of what the history holds (``Held``), left out
 
 
 @dataclass
@@ -191,6 +232,7 @@ class Assembler:
         budget: int,
         tools: bool = False,
         now: datetime | None = None,
+        held: Held | None = None,
     ) -> MemoryBlock:
         now = now or datetime.now(UTC)
         hint_limit = min(
@@ -217,12 +259,15 @@ class Assembler:
         if first_summaries:
             cap = int(room * self.settings.summary_share)
             summary_parts, room = self._take(summaries, min(cap, room), room)
-        turn_parts, skipped, room = self._turns(sid, ranked, room)
+        turn_parts, skipped, room = self._turns(sid, ranked, room, held)
         if not first_summaries and summaries:
             summary_parts, room = self._take(summaries, room, room)
-        return self._render(
+        block = self._render(
             budget, hint, hint_tokens, paged_parts, summary_parts, turn_parts, skipped
         )
+        if held is not None and held.left_out:
+            block.budget = block.budget.model_copy(update={"turns_held": held.left_out})
+        return block
 
     def _take(self, parts: list[_Part], cap: int, room: int) -> tuple[list[_Part], int]:
         taken, used = [], 0
@@ -233,7 +278,7 @@ class Assembler:
         return taken, room - used
 
     def _turns(
-        self, sid: str, ranked: Sequence[RankedTurn], room: int
+        self, sid: str, ranked: Sequence[RankedTurn], room: int, held: Held | None = None
     ) -> tuple[list[_Part], int, int]:
         room -= self.counter.count("<memory>\n") + self.counter.count("\n</memory>")
         if room <= 0 or not ranked:
@@ -245,6 +290,9 @@ class Assembler:
         for hit in ranked:
             row = rows.get(hit.seq)
             if row is None:
+                continue
+            if held is not None and held.holds(row.text):
+                held.left_out += 1
                 continue
             # Each turn and date header is a line: its cost is its text with the newline that
             # ends it (with cl100k the newline nearly always merges into the final

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict
 from contextfold._bounded import SessionLRU, clip
 from contextfold.errors import ConfigError
 from contextfold.items import ContextItem, Message, QueryBundle
-from contextfold.memory.assemble import Assembler, MemoryBudget
+from contextfold.memory.assemble import Assembler, Held, MemoryBudget
 from contextfold.memory.canonical import TagCanonicalizer
 from contextfold.memory.compactor import CompactionReport, Compactor, Level, TokenMonitor
 from contextfold.memory.config import MemoryConfig, load_config
@@ -508,7 +508,8 @@ class MemoryEngine:
         budget: int | None = None,
     ) -> AssembledContext:
         """Memory for ``message`` within ``budget`` tokens (default: assembly.memory_budget).
-        Turns already in ``conversation_history`` are not recalled again."""
+        Turns already in ``conversation_history`` are not recalled again (by content), nor
+        turns that are mostly older versions of it (``assemble.Held``)."""
         text = message if isinstance(message, str) else as_message(message).text()
         history = [as_message(m) for m in conversation_history]
         with self.lock(session_id):
@@ -517,7 +518,8 @@ class MemoryEngine:
             filtered = self._filter(sid, history, tags) if history else None
             # Turns the model will see in its (filtered) history are not recalled again; the
             # ones the filter drops (compacted, off-topic) stay candidates.
-            live = {key_of(history[i]) for i in self._kept_inputs(filtered)}
+            kept = [history[i] for i in self._kept_inputs(filtered)]
+            live = {key_of(m) for m in kept}
             exclude = self._turn_keys.seqs_matching(sid, live) if live else set()
             ranked = (
                 []
@@ -541,6 +543,7 @@ class MemoryEngine:
                 paged=paged,
                 budget=budget if budget is not None else self.config.assembly.memory_budget,
                 tools=self.config.paging.enabled and self.config.paging.mode == "tools",
+                held=Held([m.text() for m in kept]) if kept else None,
             )
         return AssembledContext(
             session_id=sid,

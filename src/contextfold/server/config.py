@@ -94,8 +94,9 @@ class OutputSettings(_Section):
 
 class ProxySettings(_Section):
     """``upstream``: where the main port's proxy forwards; ``instances``: more listeners.
-    ``markers``: append the session marker to assistant replies (off: none ever carries one,
-    and sessions continue by the ``x-contextfold-session`` header alone)."""
+    ``markers``: append the session marker to assistant replies — an opt-in for clients that
+    can send no header (off, the default: no reply carries one; a conversation is found again
+    by the history the client resends, and by the ``x-contextfold-session`` header)."""
 
     upstream: str | None = Field(None, pattern=r"^https?://")
     instances: list[InstanceSettings] = Field(default_factory=list)
@@ -106,7 +107,7 @@ class ProxySettings(_Section):
     memory_deadline_ms: float = Field(50.0, gt=0)
     # Background threads deriving tags, vectors and summaries from committed turns.
     job_threads: int = Field(1, ge=1, le=16)
-    markers: bool = True
+    markers: bool = False
     # What a new conversation may recall: only its own (``conversation``), or, continuing as a
     # new branch, the latest conversation of the same credential (``principal``: a coding
     # agent's sessions share one memory).

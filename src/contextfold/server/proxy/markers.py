@@ -1,5 +1,8 @@
-"""Whether a reply may carry the session marker: it is text added to the model's reply, so it
-goes only where added text cannot break the client.
+"""Whether a reply may carry the session marker. Markers are off by default
+(``proxy.markers: false``): a conversation is found again by the history the client resends
+(``session.resolve``) and by the ``x-contextfold-session`` header every reply carries. With
+``proxy.markers: true`` (for clients that can send no header) the marker is text added to
+the model's reply, so it goes only where added text cannot break the client.
 
 No marker, decided from the request (``withheld`` says why; the reason goes into the record):
 
@@ -11,12 +14,18 @@ No marker, decided from the request (``withheld`` says why; the reason goes into
   ``text/x.enum``) or a ``responseSchema`` / ``responseJsonSchema``;
 - the client forced a tool call (OpenAI ``tool_choice: required`` or a named tool, Anthropic
   ``tool_choice`` ``any`` or ``tool`` — Anthropic's usual way to get JSON — Gemini
-  ``functionCallingConfig.mode: ANY``): the reply is for a program, not for reading.
+  ``functionCallingConfig.mode: ANY``): the reply is for a program, not for reading;
+- a helper call: a request with no assistant turn in its history (a one-shot request — what
+  agents' title, commit-message, summary and warm-up calls look like). Its text goes into
+  titles, commit messages and files; and a real conversation's first reply needs no marker
+  either, since its next request resends the reply and is recognised by it.
 
-No marker, decided from the reply (``stream``: ``Reply.tool_only``, at the end of a stream from
-what was streamed): a reply of only tool calls, whose text the client expects to be empty.
+No marker, decided from the reply (``stream``, at the end of a stream from what was
+streamed): a reply with any tool call (the client is in a tool loop, and OpenAI expects
+``content: null`` beside calls), or with no text.
 
-Such conversations continue by the ``x-contextfold-session`` header every reply carries.
+Where it goes: appended to the reply's last text (Anthropic: to the last text block, never a
+block of its own — some clients print only the last block).
 
 >>> withheld("openai", {"response_format": {"type": "json_object"}})
 'no session marker: the request asks for JSON (response_format json_object)'
@@ -42,7 +51,7 @@ def session_marker(plan: Plan, token: str | None, *, enabled: bool = True) -> st
     body = plan.body if plan.body is not None else plan.original
     if not enabled or token is None or body is None:
         return None
-    reason = withheld(plan.format, body)
+    reason = withheld(plan.format, body) or _helper(plan.format, body)
     if reason is not None:
         plan.notes.append(reason)
         return None
@@ -76,6 +85,17 @@ def withheld(fmt: str, body: Mapping[str, Any]) -> str | None:
         calling = _either(tool_config, "functionCallingConfig", "function_calling_config")
         if str(_either(calling, "mode", "mode") or "").upper() == "ANY":
             return "no session marker: the request forces a function call (mode ANY)"
+    return None
+
+
+def _helper(fmt: str, body: Mapping[str, Any]) -> str | None:
+    """Why a one-shot request (no assistant turn in its history) gets no marker."""
+    items = body.get("contents" if fmt == "gemini" else "messages")
+    role = "model" if fmt == "gemini" else "assistant"
+    if isinstance(items, list) and not any(
+        isinstance(m, Mapping) and m.get("role") == role for m in items
+    ):
+        return "no session marker: a one-shot request (no assistant turn), as helper calls are"
     return None
 
 

@@ -7,13 +7,22 @@ and otherwise forwards the request as the client sent it (the late draft is neve
 
 - **Position** (``session.locate``): the branch and turn the request continues, forked when
   its history diverges; a new conversation gets its session id now and its row at commit.
-- **Recall**: ``MemoryEngine.on_message_inbound`` over the branch, for the last user message.
+- **Recall**: ``MemoryEngine.on_message_inbound`` for the last user message with text, over
+  the branch, with the request's **whole** history — every message it holds, the in-flight
+  tool loop after that user message included. Nothing the request already holds is recalled
+  again: stored turns are compared with the request's messages by content (match keys), not
+  by position, and a turn that is mostly an older version of what the request holds (a file
+  re-sent after an edit: half or more of its lines are in the request) is left out too
+  (``memory.assemble.Held``).
 - **History** (``drop_compacted``): raw messages whose every parsed message the history filter
   removed (compacted into memory) are left out, never splitting a tool call from its result,
-  and Anthropic and Gemini still start with a user turn.
-- **Inject**: the ``<context-topics>`` hint after the stable prefix, the rest of the memory
-  block at the start of the last user message (``split_memory``, ``Wire.inject``). A body
-  memory leaves unchanged goes upstream byte for byte.
+  and Anthropic and Gemini still start with a user turn. The trade-off: leaving messages out
+  changes the request's prefix, so the provider's prompt cache misses once — only at a
+  compaction event (the filter removes nothing new between two compactions).
+- **Inject** (``Wire.inject``): the whole memory block, the ``<context-topics>`` hint
+  included, at the end of the request — after the last ``cache_control`` breakpoint, never in
+  the system prompt or the first message — so every byte before it is what the client sent.
+  A body memory leaves unchanged goes upstream byte for byte.
 """
 
 from __future__ import annotations
@@ -52,6 +61,7 @@ def prepare(
     stripped, tokens = wire.strip(body)
     parsed = wire.parse(stripped)
     plan.parsed = parsed
+    plan.notes.extend(parsed.notes)
     if parsed.query is not None:  # the query's embedding runs while the session is found
         memory.prefetch(parsed.query_text)
     position, forked = locate(
@@ -79,15 +89,24 @@ def prepare(
     elif plan.session_id is None:
         plan.notes.append("a new conversation: nothing stored yet to recall")
     else:
+        # The whole request is the history: the tool loop after the query is in it too.
         assembled = memory.on_message_inbound(
-            parsed.query_text, parsed.messages[: parsed.query], session_id=plan.session_id
+            parsed.query_text, parsed.messages, session_id=plan.session_id
         )
         plan.assembled = assembled
-        forwarded, dropped_raw = drop_compacted(plan, wire, forwarded, parsed, assembled)
+        if assembled.budget.turns_held:
+            plan.notes.append(
+                f"{assembled.budget.turns_held} recalled turn(s) left out: older versions of"
+                " what the request holds"
+            )
+        forwarded, _ = drop_compacted(plan, wire, forwarded, parsed, assembled)
         plan.hint, plan.dynamic = split_memory(assembled)
-        query_raw = parsed.sources[parsed.query][0]
-        query_raw -= sum(1 for d in dropped_raw if d < query_raw)
-        forwarded = wire.inject(forwarded, plan.hint, plan.dynamic, query_raw)
+        if assembled.prepend_text:
+            injected = wire.inject(forwarded, assembled.prepend_text)
+            if injected is forwarded:
+                plan.notes.append("memory not added: the request has no user message to take it")
+                plan.hint = plan.dynamic = ""
+            forwarded = injected
     if tools:
         forwarded = wire.add_tools(forwarded, memory.tool_definitions(wire.name))
     plan.body = forwarded
@@ -136,8 +155,8 @@ def drop_compacted(
 
 
 def split_memory(assembled: AssembledContext) -> tuple[str, str]:
-    """(the ``<context-topics>`` hint, the rest) of the memory block: the hint changes only at
-    compaction and goes with the stable prefix; the rest changes every turn."""
+    """(the ``<context-topics>`` hint, the rest) of the memory block, for the record (both go
+    at the end of the request, the hint first)."""
     text = assembled.prepend_text
     hint = next((i.content for i in assembled.items if i.metadata.get("kind") == "hint"), "")
     if hint and text.startswith(hint):

@@ -230,20 +230,9 @@ class ResponsesWire(Wire):
             return body
         return {**body, "input": [m for i, m in enumerate(self.items(body)) if i not in indices]}
 
-    def inject(self, body: JSON, hint: str, dynamic: str, query_raw: int) -> JSON:
-        """Append the memory (``hint`` and ``dynamic``) as one ``user`` item after the last
-        item; nothing before it changes (``query_raw`` is not used)."""
-        text = "\n\n".join(t for t in (hint, dynamic) if t)
-        if not text:
-            return body
-        memory = {"role": "user", "content": [{"type": "input_text", "text": text}]}
-        return {**body, "input": [*self.items(body), memory]}
-
-    def _prepend(self, msg: JSON, text: str) -> JSON:  # not used: ``inject`` appends
-        return msg
-
-    def _add_system(self, body: JSON, text: str) -> JSON:  # not used: ``inject`` appends
-        return body
+    def _append(self, items: list[Any], text: str) -> list[Any] | None:
+        """The memory as one ``user`` item after the last item: nothing before it changes."""
+        return [*items, {"role": "user", "content": [{"type": "input_text", "text": text}]}]
 
     def unread(self, body: JSON) -> dict[str, int]:
         """The items carried without being read, counted by type."""
@@ -532,7 +521,7 @@ def prepare(state: ServerState, chains: ResponseChains, plan: Plan, body: JSON) 
         else:
             forwarded, _ = drop_compacted(plan, wire, forwarded, parsed, assembled)
         plan.hint, plan.dynamic = split_memory(assembled)
-        forwarded = wire.inject(forwarded, plan.hint, plan.dynamic, -1)
+        forwarded = wire.inject(forwarded, "\n\n".join(t for t in (plan.hint, plan.dynamic) if t))
     plan.body = forwarded
     if forwarded is not body:
         plan.content = dumps(forwarded)

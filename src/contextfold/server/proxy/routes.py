@@ -348,7 +348,7 @@ class Proxy:
     def _marker(self, plan: Plan, reply: Reply, seq: int | None) -> str | None:
         """The marker for this reply (naming its committed turn), or ``None`` where one would
         break the client (``markers.session_marker``) or nothing was stored."""
-        if seq is None or reply.tool_only or not reply.text.strip():
+        if seq is None or reply.has_calls or not reply.text.strip():
             return None
         if plan.format == responses.FORMAT:
             return None  # Responses continue by content, the header and response ids
@@ -390,7 +390,9 @@ class Proxy:
                 headers=response_headers(response, self._token(plan, seq)),
             )
         sse = is_sse or "alt=sse" in url.partition("?")[2]
-        state = stream_state(plan.format, DEFERRED, sse=sse)
+        state = stream_state(
+            plan.format, DEFERRED, sse=sse, may_mark=self.state.config.proxy.markers
+        )
         return StreamingResponse(
             self._relay(plan, response, state, sent),
             status_code=response.status,
@@ -433,8 +435,8 @@ class Proxy:
             done = True
             if response.status < 300:
                 await self._commit(plan, state.reply)  # a stream with no marker place
-            if rest or tail:
-                yield rest or b"".join(tail)
+            if rest or tail:  # a held event first, then bytes after the last whole event
+                yield b"".join(tail) + rest
         except UPSTREAM_ERRORS as exc:
             error = f"upstream stream broke off: {type(exc).__name__}"
             logger.warning("request %s: %s", plan.id, error)

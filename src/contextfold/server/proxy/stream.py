@@ -2,15 +2,18 @@
 
 - ``Reply``: the assistant's text and tool calls, read from a JSON response or accumulated
   from a stream;
-- ``mark_json``: the JSON response with the session marker appended to its reply text (none
-  in a reply of only tool calls: ``Reply.tool_only``; which requests get one: ``markers``);
+- ``mark_json``: the JSON response with the session marker appended to its reply's last text
+  (none in a reply with tool calls or without text; which requests get one: ``markers``);
 - ``SseSplitter``: cuts a byte stream into whole server-sent events, exactly as received
   (an event is forwarded the moment its blank line arrives; nothing waits for more);
 - ``StreamState`` (one per format): accumulates the reply from the events and inserts the
   marker as one extra event where the format allows — OpenAI and Gemini: a text chunk just
   before the finishing chunk (just after it when the finishing chunk itself carries text),
-  Anthropic: one more text content block before ``message_delta`` — decided there, at the end
-  of the reply, from what was streamed (a reply of only tool calls gets none);
+  Anthropic: one more ``text_delta`` into the last text block, just before that block's
+  ``content_block_stop`` (never a block of its own: some clients print only the last block;
+  while markers are on, a text block's stop event waits for the next event, which says
+  whether the reply ends there) — decided at the end of the reply, from what was streamed (a
+  reply with tool calls gets none);
 - ``synthesize``: a complete SSE stream for a finished JSON response (used when the
   in-proxy tool loop ran non-streamed for a streaming client);
 - ``continuation``: the request body that answers memory tool calls and asks again.
@@ -47,6 +50,11 @@ class Reply:
     text: str = ""
     calls: list[ToolUseBlock] = field(default_factory=list)
     stop: str | None = None
+
+    @property
+    def has_calls(self) -> bool:
+        """Any tool call: the client is in a tool loop, so the reply gets no marker."""
+        return bool(self.calls)
 
     @property
     def tool_only(self) -> bool:
@@ -150,10 +158,12 @@ def _gemini_part_into(reply: Reply, part: Any, n: int) -> None:
 
 
 def mark_json(fmt: str, body: Any, marker: str) -> Any:
-    """``body`` with ``marker`` appended to the reply text (a new text block or part when the
-    reply has none). Returns ``body`` unchanged when it has no reply to mark or the reply is
-    only tool calls."""
-    if not isinstance(body, dict) or reply_of(fmt, body).tool_only:
+    """``body`` with ``marker`` appended to the reply's last text (Anthropic: its last text
+    block). Returns ``body`` unchanged when it has no reply to mark, no text, or tool calls."""
+    if not isinstance(body, dict):
+        return body
+    reply = reply_of(fmt, body)
+    if reply.has_calls or not reply.text:
         return body
     if fmt == "openai":
         choices = body.get("choices")
@@ -170,10 +180,23 @@ def mark_json(fmt: str, body: Any, marker: str) -> Any:
         content = body.get("content")
         if not isinstance(content, list):
             return body
-        last = content[-1] if content else None
-        if isinstance(last, dict) and last.get("type") == "text":
-            return {**body, "content": [*content[:-1], {**last, "text": last["text"] + marker}]}
-        return {**body, "content": [*content, {"type": "text", "text": marker.lstrip()}]}
+        at = next(
+            (
+                i
+                for i in range(len(content) - 1, -1, -1)
+                if isinstance(content[i], dict)
+                and content[i].get("type") == "text"
+                and isinstance(content[i].get("text"), str)
+            ),
+            None,
+        )
+        if at is None:
+            return body
+        last = content[at]
+        return {
+            **body,
+            "content": [*content[:at], {**last, "text": last["text"] + marker}, *content[at + 1 :]],
+        }
     candidate = _gemini_candidate(body)
     content = candidate.get("content")
     if not isinstance(content, dict):
@@ -249,6 +272,9 @@ class StreamState(ABC):
         self.marked = marker is None
         self.reply = Reply()
         self.error: str | None = None
+        #: Whether a marker may be rendered at all (``proxy.markers``): a deferred marker
+        #: keeps its slot either way (the commit happens there).
+        self.may_mark = True
 
     def feed(self, raw: bytes) -> list[bytes]:
         """The bytes to send for the event ``raw``: the event itself, with the marker event
@@ -301,7 +327,7 @@ class StreamState(ABC):
         if self.marked:
             return False
         self.collect()
-        if self.reply.tool_only:
+        if self.reply.has_calls:
             self.marked = True
             return False
         return True
@@ -380,6 +406,10 @@ class AnthropicStream(StreamState):
     def __init__(self, marker: str | None) -> None:
         super().__init__(marker)
         self._blocks: dict[int, dict[str, Any]] = {}
+        # The ``content_block_stop`` of the latest text block, held back while the marker may
+        # still go into that block: the next event says whether the reply ends there.
+        self._held: tuple[int, bytes] | None = None
+        self._into: int | None = None  # the text block the marker goes into
 
     def _marker_events(self) -> list[bytes]:
         slot = self._slot()
@@ -390,33 +420,32 @@ class AnthropicStream(StreamState):
 
     def _events(self) -> list[bytes]:
         assert self.marker is not None
-        index = max(self._blocks, default=-1) + 1
         self.marked = True
+        if self._into is None:  # no text block to append to: no marker
+            return []
         return [
             _frame(
                 {
-                    "type": "content_block_start",
-                    "index": index,
-                    "content_block": {"type": "text", "text": ""},
-                },
-                "content_block_start",
-            ),
-            _frame(
-                {
                     "type": "content_block_delta",
-                    "index": index,
+                    "index": self._into,
                     "delta": {"type": "text_delta", "text": self.marker},
                 },
                 "content_block_delta",
-            ),
-            _frame({"type": "content_block_stop", "index": index}, "content_block_stop"),
+            )
         ]
+
+    def _release(self) -> list[bytes]:
+        held, self._held = self._held, None
+        return [held[1]] if held is not None else []
 
     def _feed(self, name: str | None, data: str, payload: Any, raw: bytes) -> list[bytes]:
         if not isinstance(payload, dict):
             return [raw]
         kind = payload.get("type") or name
         index = payload.get("index")
+        before: list[bytes] = []
+        if self._held is not None and kind not in ("ping", "message_delta"):
+            before = self._release()  # another block follows: the held one was not the last
         if kind == "content_block_start" and isinstance(index, int):
             block = payload.get("content_block") or {}
             self._blocks[index] = {
@@ -433,13 +462,24 @@ class AnthropicStream(StreamState):
                 slot["text"] += delta.get("text") or ""
             elif delta.get("type") == "input_json_delta":
                 slot["json"] += delta.get("partial_json") or ""
+        elif kind == "content_block_stop" and isinstance(index, int):
+            block = self._blocks.get(index) or {}
+            if self.may_mark and not self.marked and block.get("type") == "text":
+                self._held = (index, raw)
+                return before
         elif kind == "message_delta":
             self.reply.stop = (payload.get("delta") or {}).get("stop_reason")
             if self._due():
-                return [*self._marker_events(), raw]
+                self._into = self._held[0] if self._held is not None else None
+                return [*before, *self._marker_events(), *self._release(), raw]
+            return [*before, *self._release(), raw]
         elif kind == "error":
             self.error = str(payload.get("error"))[:500]
-        return [raw]
+        return [*before, raw]
+
+    def finish(self) -> list[bytes]:
+        self.collect()
+        return self._release()
 
     def collect(self) -> None:
         texts, calls = [], []
@@ -513,16 +553,24 @@ class GeminiStream(StreamState):
         return []
 
 
-def stream_state(fmt: str, marker: str | None, *, sse: bool = True) -> StreamState:
+def stream_state(
+    fmt: str, marker: str | None, *, sse: bool = True, may_mark: bool = True
+) -> StreamState:
+    """The stream state for format ``fmt``; ``may_mark``: whether a marker can be rendered
+    (``proxy.markers``; a deferred marker keeps its slot either way)."""
+    state: StreamState
     if fmt == "responses":  # the OpenAI Responses API (``responses``)
         from contextfold.server.proxy.responses import ResponsesStream
 
-        return ResponsesStream(marker)
-    if fmt == "openai":
-        return OpenAIStream(marker)
-    if fmt == "anthropic":
-        return AnthropicStream(marker)
-    return GeminiStream(marker, sse)
+        state = ResponsesStream(marker)
+    elif fmt == "openai":
+        state = OpenAIStream(marker)
+    elif fmt == "anthropic":
+        state = AnthropicStream(marker)
+    else:
+        state = GeminiStream(marker, sse)
+    state.may_mark = may_mark
+    return state
 
 
 # --------------------------------------------------------------------------- synthesized streams

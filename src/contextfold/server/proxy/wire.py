@@ -3,17 +3,26 @@
 Each ``Wire`` reads a provider request (OpenAI Chat Completions, Anthropic Messages, Gemini
 ``generateContent``) and edits it copy-on-write — the client's dicts are never mutated, and
 whatever the proxy does not touch keeps its exact keys and order, so serialising it again gives
-the same bytes turn after turn:
+the same values turn after turn:
 
-- ``strip``: remove session markers from assistant messages (returns the tokens found);
+- ``strip``: remove session markers from assistant messages (returns the tokens found). A
+  block left empty is removed, but a ``cache_control`` breakpoint it carried moves to the block
+  before it (else after it) in the same message: every breakpoint survives;
 - ``parse``: the messages as ``Message`` values, each with the raw message(s) it came from.
-  Blocks contextfold does not model (images, documents, thinking) are left out of the parse
-  but stay in the body that is forwarded;
+  Parsing is tolerant — what is known is read, the rest is carried byte for byte and named in
+  ``ParsedRequest.notes`` (the request's record): blocks and parts contextfold does not model
+  (images, documents, thinking, server tools, audio, …), unknown roles, malformed blocks, a
+  message the library parser still refuses. A ``system`` (or ``developer``) message inside
+  Anthropic ``messages`` is read as instructions. A new client feature therefore never turns
+  memory off for a whole conversation;
 - ``drop``: remove whole raw messages (history compacted into memory);
-- ``inject``: add the memory block — the slow-changing ``<context-topics>`` hint after the
-  client's system prompt (its text kept byte for byte, the hint appended after it) and the
-  dynamic recalled memory at the start of the last user message — so the stable prefix
-  (system prompt, history) is byte-identical from one turn to the next;
+- ``inject``: add the memory block (the ``<context-topics>`` hint included) at the **end** of
+  the request: a text block after everything in the last user message (Anthropic: after its
+  ``tool_result`` blocks; Gemini: a text part after its other parts), or, when the request ends
+  with tool results that cannot carry text (an OpenAI ``tool`` message, a Gemini ``function``
+  turn), a new user message after them. Everything before the memory — system prompt, tools,
+  history, every ``cache_control`` breakpoint — is exactly what the client sent, so provider
+  prompt caches keep hitting;
 - ``add_tools``: offer the memory tools next to the client's own.
 
 The response side (reply parsing, markers, streams) lives in ``stream``.
@@ -21,13 +30,13 @@ The response side (reply parsing, markers, streams) lives in ``stream``.
 
 from __future__ import annotations
 
-import itertools
 import json
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from contextfold._bounded import BoundedMemo, text_size
+from contextfold._bounded import BoundedMemo, clip, text_size
 from contextfold.errors import FormatError
 from contextfold.formats import (
     parse_anthropic_messages,
@@ -46,13 +55,21 @@ _SEP = "\n\n"
 class ParsedRequest:
     """The messages of a request. ``sources[i]`` are the raw indices (into the body's
     ``messages`` / ``contents``; ``-1`` is a separate system field) that ``messages[i]`` came
-    from; ``query`` is the index in ``messages`` of the last user message with text."""
+    from; a raw message no parsed message names was not read (it is forwarded as sent).
+    ``query`` is the index in ``messages`` of the last user message with text; ``notes``
+    says what the parse left unread."""
 
-    __slots__ = ("messages", "query", "sources")
+    __slots__ = ("messages", "notes", "query", "sources")
 
-    def __init__(self, messages: list[Message], sources: list[tuple[int, ...]]) -> None:
+    def __init__(
+        self,
+        messages: list[Message],
+        sources: list[tuple[int, ...]],
+        notes: Sequence[str] = (),
+    ) -> None:
         self.messages = messages
         self.sources = sources
+        self.notes = list(notes)
         self.query: int | None = None
         for i in range(len(messages) - 1, -1, -1):
             m = messages[i]
@@ -96,6 +113,43 @@ def _edit_text(text: str, tokens: list[str]) -> str:
     return stripped
 
 
+def _strip_blocks(
+    blocks: list[Any], text_of: Callable[[Any], str | None], tokens: list[str]
+) -> list[Any] | None:
+    """``blocks`` without markers (None: none found). A block that held only a marker is
+    removed; a ``cache_control`` breakpoint on it moves to the block before it, else to the
+    block after it (a block that has none), so the request keeps every breakpoint. Where no
+    block can take it, the block stays as it is (marker and all)."""
+    out: list[Any] = []
+    pending: Any = None  # a breakpoint looking for the next block
+    found = False
+    for block in blocks:
+        text = text_of(block)
+        if text is not None:
+            edited = _edit_text(text, tokens)
+            if edited != text:
+                found = True
+                if edited:
+                    block = {**block, "text": edited}
+                else:
+                    breakpoint_ = block.get("cache_control")
+                    if breakpoint_ is None:
+                        continue
+                    if out and isinstance(out[-1], dict) and "cache_control" not in out[-1]:
+                        out[-1] = {**out[-1], "cache_control": breakpoint_}
+                        continue
+                    if pending is None:
+                        pending = (breakpoint_, block)
+                        continue
+        if pending is not None and isinstance(block, dict) and "cache_control" not in block:
+            block = {**block, "cache_control": pending[0]}
+            pending = None
+        out.append(block)
+    if pending is not None:  # nowhere to move it: keep that block as the client sent it
+        out.append(pending[1])
+    return out if found else None
+
+
 def _simple(role: Any, text: str) -> Message:
     """A plain text message, built once per (role, text)."""
     return _MESSAGES.get(
@@ -103,15 +157,76 @@ def _simple(role: Any, text: str) -> Message:
     )
 
 
+class _Unread:
+    """What a parse left out of the messages (it stays in the forwarded body), for the
+    request's notes: kinds counted, and the first few problems."""
+
+    __slots__ = ("kinds", "problems")
+
+    def __init__(self) -> None:
+        self.kinds: dict[str, int] = {}
+        self.problems: list[str] = []
+
+    def add(self, kind: str) -> None:
+        self.kinds[kind] = self.kinds.get(kind, 0) + 1
+
+    def problem(self, text: str) -> None:
+        if len(self.problems) < 3:
+            self.problems.append(clip(text, 160))
+
+    def notes(self) -> list[str]:
+        notes = []
+        if self.kinds:
+            kinds = sorted(self.kinds.items())
+            listed = ", ".join(f"{k} ×{n}" if n > 1 else k for k, n in kinds[:8])
+            more = f" and {len(kinds) - 8} more kinds" if len(kinds) > 8 else ""
+            notes.append(f"not read, forwarded as sent: {listed}{more}")
+        notes += [f"not read, forwarded as sent: {p}" for p in self.problems]
+        return notes
+
+
+def _label(kind: Any) -> str:
+    return repr(clip(kind, 40)) if isinstance(kind, str) else "untyped"
+
+
+_PATH = re.compile(r"^(?:messages|contents)\[(\d+)\]")
+
+
+def _parse_dropping(
+    parse: Callable[[list[Any]], list[Message]],
+    clean: list[Any],
+    indices: list[int],
+    key: str,
+    unread: _Unread,
+) -> list[Message]:
+    """``parse(clean)``; when it refuses a message (``FormatError`` naming
+    ``messages[k]``/``contents[k]``), that message is left out and noted, and the rest is
+    parsed again. ``clean`` and ``indices`` (the raw index of each) shrink in place."""
+    while True:
+        try:
+            return parse(clean)
+        except FormatError as exc:
+            match = _PATH.match(str(exc))
+            if match is None or int(match.group(1)) >= len(clean):
+                raise
+            k = int(match.group(1))
+            unread.problem(f"{key}[{indices[k]}]{str(exc)[match.end() :]}")
+            del clean[k], indices[k]
+
+
 def _with_simple(
     raw: list[Any],
     simple: Callable[[Any], Message | None],
-    parse_run: Callable[[list[Any], int], tuple[list[Message], list[tuple[int, ...]]]],
+    parse_run: Callable[[list[Any], int, _Unread], tuple[list[Message], list[tuple[int, ...]]]],
+    head: Sequence[Message] = (),
+    unread: _Unread | None = None,
 ) -> ParsedRequest:
-    """Parse ``raw``: plain text messages through the memo, runs of the others with
-    ``parse_run(run, first_index)``."""
-    messages: list[Message] = []
-    sources: list[tuple[int, ...]] = []
+    """Parse ``raw`` after the messages ``head`` (from a separate system field): plain text
+    messages through the memo, runs of the others with ``parse_run(run, first_index,
+    unread)``."""
+    unread = unread or _Unread()
+    messages: list[Message] = list(head)
+    sources: list[tuple[int, ...]] = [(-1,)] * len(head)
     run: list[Any] = []
     start = 0
     for i, msg in enumerate(raw):
@@ -122,17 +237,17 @@ def _with_simple(
             run.append(msg)
             continue
         if run:
-            parsed, mapped = parse_run(run, start)
+            parsed, mapped = parse_run(run, start, unread)
             messages += parsed
             sources += mapped
             run = []
         messages.append(message)
         sources.append((i,))
     if run:
-        parsed, mapped = parse_run(run, start)
+        parsed, mapped = parse_run(run, start, unread)
         messages += parsed
         sources += mapped
-    return ParsedRequest(messages, sources)
+    return ParsedRequest(messages, sources, unread.notes())
 
 
 class Wire(ABC):
@@ -198,23 +313,17 @@ class Wire(ABC):
         role = msg.get("role", "user") if isinstance(msg, dict) else "user"
         return str(role)
 
-    def inject(self, body: JSON, hint: str, dynamic: str, query_raw: int) -> JSON:
-        """Add ``hint`` after the system prompt and ``dynamic`` at the start of the raw message
-        ``query_raw`` (the last user message)."""
-        out = body
-        if dynamic:
-            items = list(self.items(out))
-            items[query_raw] = self._prepend(items[query_raw], dynamic)
-            out = {**out, self.key: items}
-        if hint:
-            out = self._add_system(out, hint)
-        return out
+    def inject(self, body: JSON, text: str) -> JSON:
+        """``body`` with ``text`` (the memory block) at its end, after the last breakpoint:
+        appended to the last user message, or in a new user message after trailing tool
+        results (``_append``). ``body`` itself when there is no place (no user message)."""
+        if not text:
+            return body
+        items = self._append(list(self.items(body)), text)
+        return {**body, self.key: items} if items is not None else body
 
     @abstractmethod
-    def _prepend(self, msg: JSON, text: str) -> JSON: ...
-
-    @abstractmethod
-    def _add_system(self, body: JSON, text: str) -> JSON: ...
+    def _append(self, items: list[Any], text: str) -> list[Any] | None: ...
 
     def add_tools(self, body: JSON, definitions: list[JSON]) -> JSON:
         tools = body.get("tools")
@@ -232,8 +341,29 @@ class Wire(ABC):
         return name if isinstance(name, str) else None
 
 
-def _sources(counts: Sequence[int]) -> list[tuple[int, ...]]:
-    return [(i,) for i, n in enumerate(counts) for _ in range(n)]
+def _append_last(
+    items: list[Any],
+    user: Callable[[Any], bool],
+    tool: Callable[[Any], bool],
+    into: Callable[[JSON, str], JSON | None],
+    after: Callable[[str], JSON],
+    text: str,
+) -> list[Any] | None:
+    """Walking back from the end: the first user message gets ``text`` appended (``into``);
+    a tool-result message that cannot carry text gets a new user message after it
+    (``after``). None when neither is found."""
+    for i in range(len(items) - 1, -1, -1):
+        msg = items[i]
+        if not isinstance(msg, dict):
+            continue
+        if tool(msg):
+            return [*items[: i + 1], after(text), *items[i + 1 :]]
+        if user(msg):
+            edited = into(msg, text)
+            if edited is None:
+                return None
+            return [*items[:i], edited, *items[i + 1 :]]
+    return None
 
 
 def _runs(flags: Sequence[bool]) -> int:
@@ -241,7 +371,7 @@ def _runs(flags: Sequence[bool]) -> int:
     ``flags``."""
     if not flags:
         return 1
-    return 1 + sum(1 for a, b in itertools.pairwise(flags) if a != b)
+    return 1 + sum(1 for a, b in zip(flags, flags[1:], strict=False) if a != b)
 
 
 def _check(parsed: list[Message], sources: list[tuple[int, ...]], where: str) -> None:
@@ -251,18 +381,37 @@ def _check(parsed: list[Message], sources: list[tuple[int, ...]], where: str) ->
         )
 
 
-def _keep_blocks(blocks: list[Any], keep: Callable[[Any], bool]) -> list[Any] | None:
-    """``blocks`` without the unmodelled ones; None when all are kept (no copy needed)."""
-    if all(keep(b) for b in blocks):
-        return None
-    return [b for b in blocks if keep(b)]
+def _text_part(part: Any) -> bool:
+    """An OpenAI text part or Anthropic text block the parsers read."""
+    return isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+
+
+def _text_parts(parts: list[Any], what: str, unread: _Unread) -> list[Any]:
+    """The text parts of ``parts``; the others are counted as unread (``what``: block or
+    part)."""
+    kept = []
+    for part in parts:
+        if _text_part(part):
+            kept.append(part)
+        else:
+            unread.add(f"{_label(part.get('type') if isinstance(part, dict) else None)} {what}")
+    return kept
+
+
+def _is_json_object(arguments: Any) -> bool:
+    if arguments is None:
+        return True
+    if not isinstance(arguments, str):
+        return False
+    if not arguments.strip():
+        return True
+    try:
+        return isinstance(json.loads(arguments), dict)
+    except (json.JSONDecodeError, RecursionError):
+        return False
 
 
 # --------------------------------------------------------------------------- OpenAI
-
-
-def _openai_part(part: Any) -> bool:
-    return isinstance(part, dict) and part.get("type") == "text"
 
 
 _OPENAI_ROLES = {
@@ -281,26 +430,84 @@ def _openai_simple(msg: Any) -> Message | None:
     return None
 
 
-def _openai_run(raw: list[Any], offset: int) -> tuple[list[Message], list[tuple[int, ...]]]:
+def _openai_call(call: Any) -> bool:
+    if not isinstance(call, dict) or call.get("type", "function") != "function":
+        return False
+    fn = call.get("function")
+    return (
+        isinstance(call.get("id"), str)
+        and isinstance(fn, dict)
+        and isinstance(fn.get("name"), str)
+        and _is_json_object(fn.get("arguments"))
+    )
+
+
+def _openai_clean(msg: Any, unread: _Unread) -> JSON | None:
+    """A copy of ``msg`` holding only what the parser reads, in the shapes it accepts; None
+    when there is nothing to read (an unknown role, a tool message without its call id)."""
+    if not isinstance(msg, dict):
+        unread.add("message that is not an object")
+        return None
+    role = msg.get("role")
+    if role not in ("system", "developer", "user", "assistant", "tool"):
+        unread.add(f"role {_label(role)}")  # the legacy "function" role included
+        return None
+    clean: JSON = {"role": role}
+    content = msg.get("content")
+    if isinstance(content, list):
+        content = _text_parts(content, "part", unread)
+    elif content is None:
+        content = None if role == "assistant" else ""
+    elif not isinstance(content, str):
+        unread.add(f"content that is {type(content).__name__}")
+        content = ""
+    clean["content"] = content
+    if isinstance(msg.get("name"), str):
+        clean["name"] = msg["name"]
+    if role == "tool":
+        if not isinstance(msg.get("tool_call_id"), str):
+            unread.add("tool message without a tool_call_id")
+            return None
+        clean["tool_call_id"] = msg["tool_call_id"]
+    if msg.get("function_call") is not None:
+        unread.add("legacy function_call")
+    calls = msg.get("tool_calls")
+    if isinstance(calls, list) and role == "assistant":
+        kept = [c for c in calls if _openai_call(c)]
+        for c in calls:
+            if not _openai_call(c):
+                kind = c.get("type", "function") if isinstance(c, dict) else None
+                unread.add(f"{_label(kind)} tool call")
+        if kept:
+            clean["tool_calls"] = kept
+    elif calls is not None:
+        unread.add(f"tool_calls in a {_label(role)} message")
+    return clean
+
+
+def _openai_run(
+    raw: list[Any], offset: int, unread: _Unread
+) -> tuple[list[Message], list[tuple[int, ...]]]:
     clean: list[Any] = []
-    for msg in raw:
-        content = msg.get("content") if isinstance(msg, dict) else None
-        if isinstance(content, list):
-            kept = _keep_blocks(content, _openai_part)
-            if kept is not None:
-                msg = {**msg, "content": kept}
-        clean.append(msg)
-    parsed = parse_openai_messages(clean)
-    sources: list[tuple[int, ...]] = []
+    indices: list[int] = []
     for i, msg in enumerate(raw):
-        tool = isinstance(msg, dict) and msg.get("role") == "tool"
-        prev_tool = i > 0 and isinstance(raw[i - 1], dict) and raw[i - 1].get("role") == "tool"
-        if tool and prev_tool:
-            sources[-1] = (*sources[-1], offset + i)
+        cleaned = _openai_clean(msg, unread)
+        if cleaned is not None:
+            clean.append(cleaned)
+            indices.append(offset + i)
+    parsed = _parse_dropping(parse_openai_messages, clean, indices, "messages", unread)
+    sources: list[tuple[int, ...]] = []
+    for k, msg in enumerate(clean):  # consecutive tool messages parse as one
+        if msg["role"] == "tool" and k > 0 and clean[k - 1]["role"] == "tool":
+            sources[-1] = (*sources[-1], indices[k])
         else:
-            sources.append((offset + i,))
+            sources.append((indices[k],))
     _check(parsed, sources, "messages")
     return parsed, sources
+
+
+def _openai_text(part: Any) -> str | None:
+    return part["text"] if _text_part(part) else None
 
 
 class OpenAIWire(Wire):
@@ -313,67 +520,33 @@ class OpenAIWire(Wire):
             text = _edit_text(content, tokens)
             return {**msg, "content": text} if text != content else msg
         if isinstance(content, list):
-            parts = []
-            for part in content:
-                if _openai_part(part) and isinstance(part.get("text"), str):
-                    text = _edit_text(part["text"], tokens)
-                    if text != part["text"]:
-                        if not text:
-                            continue
-                        part = {**part, "text": text}
-                parts.append(part)
-            return {**msg, "content": parts} if tokens else msg
+            parts = _strip_blocks(content, _openai_text, tokens)
+            return {**msg, "content": parts} if parts is not None else msg
         return msg
 
     def parse(self, body: JSON) -> ParsedRequest:
         return _with_simple(self.items(body), _openai_simple, _openai_run)
 
-    def _prepend(self, msg: JSON, text: str) -> JSON:
-        content = msg.get("content")
-        if isinstance(content, str):
-            return {**msg, "content": text + _SEP + content}
-        if isinstance(content, list):
-            return {**msg, "content": [{"type": "text", "text": text}, *content]}
-        return msg
-
-    def _add_system(self, body: JSON, text: str) -> JSON:
-        items = list(self.items(body))
-        lead = 0
-        while (
-            lead < len(items)
-            and isinstance(items[lead], dict)
-            and items[lead].get("role") in ("system", "developer")
-        ):
-            lead += 1
-        if lead:
-            last = items[lead - 1]
-            content = last.get("content")
+    def _append(self, items: list[Any], text: str) -> list[Any] | None:
+        def into(msg: JSON, text: str) -> JSON | None:
+            content = msg.get("content")
             if isinstance(content, str):
-                items[lead - 1] = {**last, "content": content + _SEP + text}
-                return {**body, self.key: items}
+                return {**msg, "content": content + _SEP + text}
             if isinstance(content, list):
-                items[lead - 1] = {**last, "content": [*content, {"type": "text", "text": text}]}
-                return {**body, self.key: items}
-        items.insert(lead, {"role": "system", "content": text})
-        return {**body, self.key: items}
+                return {**msg, "content": [*content, {"type": "text", "text": text}]}
+            return None
+
+        return _append_last(
+            items,
+            lambda m: m.get("role") == "user",
+            lambda m: m.get("role") in ("tool", "function"),
+            into,
+            lambda text: {"role": "user", "content": text},
+            text,
+        )
 
 
 # --------------------------------------------------------------------------- Anthropic
-
-_ANTHROPIC_BLOCKS = frozenset({"text", "tool_use", "tool_result"})
-
-
-def _anthropic_block(block: Any) -> bool:
-    return isinstance(block, dict) and block.get("type") in _ANTHROPIC_BLOCKS
-
-
-def _clean_anthropic_block(block: JSON) -> JSON:
-    content = block.get("content")
-    if block.get("type") == "tool_result" and isinstance(content, list):
-        kept = _keep_blocks(content, _openai_part)  # text blocks only
-        if kept is not None:
-            return {**block, "content": kept}
-    return block
 
 
 def _anthropic_simple(msg: Any) -> Message | None:
@@ -397,22 +570,101 @@ def _anthropic_simple(msg: Any) -> Message | None:
     return None
 
 
-def _anthropic_run(raw: list[Any], offset: int) -> tuple[list[Message], list[tuple[int, ...]]]:
-    clean: list[Any] = []
-    counts: list[int] = []
-    for msg in raw:
-        content = msg.get("content") if isinstance(msg, dict) else None
+def _anthropic_clean_block(block: Any, role: str, unread: _Unread) -> JSON | None:
+    """``block`` as the parser reads it (a tool result's content cut to its text blocks), or
+    None when it is not read: another type (image, document, thinking, redacted_thinking,
+    server tools, …), or a known type in the wrong place or shape."""
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind == "text" and isinstance(block.get("text"), str):
+        return block  # type: ignore[no-any-return]
+    if kind == "tool_use" and role == "assistant":
+        if (
+            isinstance(block.get("id"), str)
+            and isinstance(block.get("name"), str)
+            and isinstance(block.get("input", {}), dict)
+        ):
+            return block  # type: ignore[no-any-return]
+    elif kind == "tool_result" and role == "user":
+        if isinstance(block.get("tool_use_id"), str) and isinstance(
+            block.get("is_error", False), (bool, type(None))
+        ):
+            content = block.get("content", "")
+            if isinstance(content, list):
+                kept = [c for c in content if _text_part(c)]
+                for c in content:
+                    if not _text_part(c):
+                        unread.add(f"{_label(c.get('type') if isinstance(c, dict) else None)}"
+                                   " block in a tool_result")  # fmt: skip
+                return {**block, "content": kept} if len(kept) != len(content) else block  # type: ignore[no-any-return]
+            if isinstance(content, str) or content is None:
+                return {**block, "content": ""} if content is None else block  # type: ignore[no-any-return]
+    unread.add(f"{_label(kind)} block")
+    return None
+
+
+def _anthropic_system(content: Any, unread: _Unread) -> Message | None:
+    """A system text (a string, or text blocks) as a system message (None: no text)."""
+    if isinstance(content, str):
+        return Message(role="system", content=content) if content else None
+    if isinstance(content, list):
+        texts = [TextBlock(text=b["text"]) for b in _text_parts(content, "block", unread)]
+        return Message(role="system", content=tuple(texts)) if texts else None
+    if content is not None:
+        unread.add(f"system that is {type(content).__name__}")
+    return None
+
+
+def _anthropic_run(
+    raw: list[Any], offset: int, unread: _Unread
+) -> tuple[list[Message], list[tuple[int, ...]]]:
+    """Each message on its own (Anthropic messages share no state): a ``system`` or
+    ``developer`` message inside ``messages`` is read as instructions, another unknown role
+    is not read, and neither is a block the parser would refuse."""
+    messages: list[Message] = []
+    sources: list[tuple[int, ...]] = []
+    for i, msg in enumerate(raw):
+        index = offset + i
+        if not isinstance(msg, dict):
+            unread.add("message that is not an object")
+            continue
+        role, content = msg.get("role"), msg.get("content")
+        if role in ("system", "developer"):
+            system = _anthropic_system(content, unread)
+            if system is not None:
+                messages.append(system)
+                sources.append((index,))
+            continue
+        if role not in ("user", "assistant"):
+            unread.add(f"role {_label(role)}")
+            continue
         if isinstance(content, list):
-            blocks = [_clean_anthropic_block(b) for b in content if _anthropic_block(b)]
-            msg = {**msg, "content": blocks}
-            counts.append(_runs([b.get("type") == "tool_result" for b in blocks]))
+            blocks = [
+                b for b in (_anthropic_clean_block(b, role, unread) for b in content) if b
+            ]
+            content = blocks
+            count = _runs([b["type"] == "tool_result" for b in blocks])
+        elif isinstance(content, str):
+            count = 1
         else:
-            counts.append(1)
-        clean.append(msg)
-    parsed = parse_anthropic_messages(clean)
-    sources: list[tuple[int, ...]] = [(offset + i,) for i, n in enumerate(counts) for _ in range(n)]
-    _check(parsed, sources, "messages")
-    return parsed, sources
+            unread.add(f"content that is {type(content).__name__}")
+            content, count = [], 1
+        try:
+            parsed = parse_anthropic_messages([{"role": role, "content": content}])
+        except FormatError as exc:  # a shape this module does not know about
+            unread.problem(f"messages[{index}]{str(exc).removeprefix('messages[0]')}")
+            continue
+        if len(parsed) != count:
+            raise FormatError(f"messages[{index}]: {len(parsed)} parsed but {count} mapped")
+        messages += parsed
+        sources += [(index,)] * count
+    return messages, sources
+
+
+def _anthropic_text(block: Any) -> str | None:
+    if isinstance(block, dict) and block.get("type") == "text":
+        text = block.get("text", "")
+        return text if isinstance(text, str) else None
+    return None
 
 
 class AnthropicWire(Wire):
@@ -426,50 +678,32 @@ class AnthropicWire(Wire):
             return {**msg, "content": text} if text != content else msg
         if not isinstance(content, list):
             return msg
-        blocks = []
-        for block in content:
-            if isinstance(block, dict) and block.get("type") == "text":
-                text = _edit_text(str(block.get("text", "")), tokens)
-                if text != block.get("text"):
-                    if not text:  # a block that held only the marker
-                        continue
-                    block = {**block, "text": text}
-            blocks.append(block)
-        return {**msg, "content": blocks} if tokens else msg
+        blocks = _strip_blocks(content, _anthropic_text, tokens)
+        return {**msg, "content": blocks} if blocks is not None else msg
 
     def parse(self, body: JSON) -> ParsedRequest:
-        system = body.get("system")
-        if isinstance(system, list):
-            kept = _keep_blocks(system, _openai_part)
-            system = kept if kept is not None else system
-        head = parse_anthropic_messages([], system)
-        parsed = _with_simple(self.items(body), _anthropic_simple, _anthropic_run)
-        return ParsedRequest([*head, *parsed.messages], [(-1,)] * len(head) + parsed.sources)
+        unread = _Unread()
+        system = _anthropic_system(body.get("system"), unread)
+        head = [system] if system is not None else []
+        return _with_simple(self.items(body), _anthropic_simple, _anthropic_run, head, unread)
 
-    def _prepend(self, msg: JSON, text: str) -> JSON:
-        content = msg.get("content")
-        block = {"type": "text", "text": text}
-        if isinstance(content, str):
-            return {**msg, "content": [block, {"type": "text", "text": content}]}
-        if isinstance(content, list):
-            # Tool results must lead a user message: the memory goes after them.
-            at = 0
-            while (
-                at < len(content)
-                and isinstance(content[at], dict)
-                and content[at].get("type") == "tool_result"
-            ):
-                at += 1
-            return {**msg, "content": [*content[:at], block, *content[at:]]}
-        return msg
+    def _append(self, items: list[Any], text: str) -> list[Any] | None:
+        def into(msg: JSON, text: str) -> JSON | None:
+            content = msg.get("content")
+            if isinstance(content, str):
+                return {**msg, "content": content + _SEP + text}
+            if isinstance(content, list):  # after the tool_result blocks and everything else
+                return {**msg, "content": [*content, {"type": "text", "text": text}]}
+            return None
 
-    def _add_system(self, body: JSON, text: str) -> JSON:
-        system = body.get("system")
-        if isinstance(system, str) and system:
-            return {**body, "system": system + _SEP + text}
-        if isinstance(system, list) and system:
-            return {**body, "system": [*system, {"type": "text", "text": text}]}
-        return {**body, "system": text}
+        return _append_last(
+            items,
+            lambda m: m.get("role") == "user",
+            lambda m: False,  # a user message holds the tool results, and takes text too
+            into,
+            lambda text: {"role": "user", "content": text},
+            text,
+        )
 
 
 # --------------------------------------------------------------------------- Gemini
@@ -477,15 +711,49 @@ class AnthropicWire(Wire):
 _GEMINI_KEYS = frozenset(
     {"text", "functionCall", "function_call", "functionResponse", "function_response"}
 )
+_CALL_KEYS = frozenset({"functionCall", "function_call"})
 _RESPONSE_KEYS = frozenset({"functionResponse", "function_response"})
+_GEMINI_ROLES = {"user": "user", "model": "assistant", "function": "tool"}
 
 
-def _gemini_part(part: Any) -> bool:
-    return (
-        isinstance(part, dict)
-        and part.get("thought") is not True
-        and bool(_GEMINI_KEYS & part.keys())
-    )
+def _gemini_part(part: Any, role: str, unread: _Unread) -> bool:
+    """Whether the parser reads ``part`` in a turn of ``role`` (``user``, ``model`` or
+    ``function``); the others (inlineData, fileData, executableCode, thoughts, …) are counted
+    as unread."""
+    if not isinstance(part, dict):
+        unread.add("part that is not an object")
+        return False
+    keys = _GEMINI_KEYS & part.keys()
+    if part.get("thought") is True:
+        unread.add("thought part")
+        return False
+    if len(keys) != 1:
+        others = sorted(k for k in part if k not in _GEMINI_KEYS)
+        unread.add(f"{_label(others[0] if others and not keys else 'mixed')} part")
+        return False
+    (key,) = keys
+    value = part[key]
+    if key == "text":
+        ok = isinstance(value, str) and role != "function"
+    elif key in _CALL_KEYS:
+        ok = (
+            role == "model"
+            and isinstance(value, dict)
+            and isinstance(value.get("name"), str)
+            and isinstance(value.get("args", {}), dict)
+            and isinstance(value.get("id", ""), str)
+        )
+    else:
+        ok = (
+            role != "model"
+            and isinstance(value, dict)
+            and isinstance(value.get("name"), str)
+            and isinstance(value.get("response"), dict)
+            and isinstance(value.get("id", ""), str)
+        )
+    if not ok:
+        unread.add(f"{_label(key)} part in a {role} turn")
+    return ok
 
 
 class GeminiWire(Wire):
@@ -507,62 +775,74 @@ class GeminiWire(Wire):
         parts = msg.get("parts")
         if not isinstance(parts, list):
             return msg
-        out = []
-        for part in parts:
-            if isinstance(part, dict) and isinstance(part.get("text"), str):
-                text = _edit_text(part["text"], tokens)
-                if text != part["text"]:
-                    if not text:
-                        continue
-                    part = {**part, "text": text}
-            out.append(part)
-        return {**msg, "parts": out} if tokens else msg
+        out = _strip_blocks(
+            parts,
+            lambda p: p["text"] if isinstance(p, dict) and isinstance(p.get("text"), str) else None,
+            tokens,
+        )
+        return {**msg, "parts": out} if out is not None else msg
 
     def parse(self, body: JSON) -> ParsedRequest:
-        raw = self.items(body)
+        unread = _Unread()
         system = body.get(self._system_key(body))
+        instruction: JSON | None = None
         if isinstance(system, dict) and isinstance(system.get("parts"), list):
-            kept = _keep_blocks(system["parts"], lambda p: isinstance(p, dict) and "text" in p)
-            if kept is not None:
-                system = {**system, "parts": kept}
+            texts = [p for p in system["parts"] if isinstance(p, dict) and isinstance(p.get("text"), str)]
+            if len(texts) != len(system["parts"]):
+                unread.add("non-text part in systemInstruction")
+            instruction = {"parts": [{"text": p["text"]} for p in texts]}
+        elif system is not None:
+            unread.add("systemInstruction that is not an object with parts")
         clean: list[Any] = []
-        counts: list[int] = []
-        for turn in raw:
-            parts = turn.get("parts") if isinstance(turn, dict) else None
-            if isinstance(parts, list):
-                kept = _keep_blocks(parts, _gemini_part)
-                if kept is not None:
-                    turn = {**turn, "parts": kept}
-                    parts = kept
-                if turn.get("role") == "function":
-                    counts.append(1)
-                else:
-                    counts.append(_runs([bool(_RESPONSE_KEYS & p.keys()) for p in parts]))
+        indices: list[int] = []
+        for i, turn in enumerate(self.items(body)):
+            if not isinstance(turn, dict):
+                unread.add("content that is not an object")
+                continue
+            role = turn.get("role", "user")
+            if role not in _GEMINI_ROLES:
+                unread.add(f"role {_label(role)}")
+                continue
+            parts = turn.get("parts")
+            if not isinstance(parts, list):
+                unread.add("content without parts")
+                continue
+            kept = [p for p in parts if _gemini_part(p, role, unread)]
+            clean.append({"role": role, "parts": kept})
+            indices.append(i)
+
+        def parse(contents: list[Any]) -> list[Message]:
+            return parse_gemini_contents(contents, instruction)
+
+        parsed = _parse_dropping(parse, clean, indices, "contents", unread)
+        sources: list[tuple[int, ...]] = []
+        for turn, index in zip(clean, indices, strict=True):
+            parts = turn["parts"]
+            if turn["role"] == "function":
+                count = 1
             else:
-                counts.append(1)
-            clean.append(turn)
-        parsed = parse_gemini_contents(clean, system if isinstance(system, dict) else None)
-        sources = _sources(counts)
+                count = _runs([bool(_RESPONSE_KEYS & p.keys()) for p in parts])
+            sources += [(index,)] * count
         if parsed and parsed[0].role == "system" and len(parsed) == len(sources) + 1:
             sources.insert(0, (-1,))
         _check(parsed, sources, "contents")
-        return ParsedRequest(parsed, sources)
+        return ParsedRequest(parsed, sources, unread.notes())
 
-    def _prepend(self, msg: JSON, text: str) -> JSON:
-        parts = msg.get("parts")
-        if not isinstance(parts, list):
-            return msg
-        at = 0
-        while at < len(parts) and isinstance(parts[at], dict) and _RESPONSE_KEYS & parts[at].keys():
-            at += 1
-        return {**msg, "parts": [*parts[:at], {"text": text}, *parts[at:]]}
+    def _append(self, items: list[Any], text: str) -> list[Any] | None:
+        def into(msg: JSON, text: str) -> JSON | None:
+            parts = msg.get("parts")
+            if not isinstance(parts, list):
+                return None
+            return {**msg, "parts": [*parts, {"text": text}]}
 
-    def _add_system(self, body: JSON, text: str) -> JSON:
-        key = self._system_key(body)
-        system = body.get(key)
-        if isinstance(system, dict) and isinstance(system.get("parts"), list):
-            return {**body, key: {**system, "parts": [*system["parts"], {"text": text}]}}
-        return {**body, key: {"parts": [{"text": text}]}}
+        return _append_last(
+            items,
+            lambda m: m.get("role", "user") == "user",
+            lambda m: m.get("role") == "function",
+            into,
+            lambda text: {"role": "user", "parts": [{"text": text}]},
+            text,
+        )
 
     def add_tools(self, body: JSON, definitions: list[JSON]) -> JSON:
         tools = body.get("tools")
