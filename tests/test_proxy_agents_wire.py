@@ -11,7 +11,10 @@ breakpoints), OpenAI and Gemini agents.
   older version of a file it holds;
 - no marker text by default; opted in, the marker goes into the last text block, never into
   tool-call or one-shot (helper) replies.
+
+Request fixtures keep the clients' one-block-per-line shape, so some lines are long.
 """
+# ruff: noqa: E501
 
 from __future__ import annotations
 
@@ -238,7 +241,10 @@ def test_memory_goes_after_the_last_breakpoint_in_each_format() -> None:
     assert out["messages"] == [*openai_body["messages"], {"role": "user", "content": "MEMORY"}]
     # Gemini: a part after the last user turn's parts; after a function turn, a user turn.
     gemini = {"contents": [{"role": "user", "parts": [{"text": "Q"}]}]}
-    assert WIRES["gemini"].inject(gemini, "M")["contents"][0]["parts"] == [{"text": "Q"}, {"text": "M"}]
+    assert WIRES["gemini"].inject(gemini, "M")["contents"][0]["parts"] == [
+        {"text": "Q"},
+        {"text": "M"},
+    ]
     gemini = {"contents": [*gemini["contents"], {"role": "function", "parts": [
         {"functionResponse": {"name": "f", "response": {}}}]}]}  # fmt: skip
     out = WIRES["gemini"].inject(gemini, "M")
@@ -261,7 +267,9 @@ def anthropic_bodies(draw: st.DrawFn) -> dict[str, Any]:
             continue
         content: list[dict[str, Any]] = []
         if role == "user" and n > 0 and draw(st.booleans()):
-            content.append({"type": "tool_result", "tool_use_id": f"t{n - 1}", "content": draw(_TEXT)})
+            content.append(
+                {"type": "tool_result", "tool_use_id": f"t{n - 1}", "content": draw(_TEXT)}
+            )
         for _ in range(draw(st.integers(0 if content else 1, 3))):
             kind = draw(st.sampled_from(["text", "text", "image", "thinking"]))
             if kind == "text":
@@ -279,7 +287,11 @@ def anthropic_bodies(draw: st.DrawFn) -> dict[str, Any]:
             content.append({"type": "text", "text": draw(_TEXT)})
         blocks += [(len(messages), b) for b in content]
         messages.append({"role": role, "content": content})
-    marked = draw(st.lists(st.sampled_from(range(len(blocks))), max_size=4, unique=True)) if blocks else []
+    marked = (
+        draw(st.lists(st.sampled_from(range(len(blocks))), max_size=4, unique=True))
+        if blocks
+        else []
+    )
     for i in marked:
         blocks[i][1]["cache_control"] = {"type": "ephemeral"}
     return {"model": "claude", "max_tokens": 100, "system": [
@@ -433,7 +445,9 @@ def test_recalled_memory_goes_at_the_end_after_the_tool_results(
 ) -> None:
     client = an(proxy)
     fake_llm.reply = "Noted."
-    history: list[Any] = [{"role": "user", "content": "The deploy key lives in vault path kv/ops/deploy."}]
+    history: list[Any] = [
+        {"role": "user", "content": "The deploy key lives in vault path kv/ops/deploy."}
+    ]
     for question in ["Plan the release.", "Where does the deploy key live? Check deploy.sh."]:
         reply = client.messages.create(model="c", max_tokens=64, messages=history)
         history += [{"role": "assistant", "content": reply.content[0].text},

@@ -506,16 +506,20 @@ class MemoryEngine:
         *,
         session_id: str | None = None,
         budget: int | None = None,
+        protected: int = 0,
     ) -> AssembledContext:
         """Memory for ``message`` within ``budget`` tokens (default: assembly.memory_budget).
         Turns already in ``conversation_history`` are not recalled again (by content), nor
-        turns that are mostly older versions of it (``assemble.Held``)."""
+        turns that are mostly older versions of it (``assemble.Held``). The history filter
+        keeps the last ``protected`` messages of the history whatever it decides (beside
+        ``compaction.protected_recent_turns``): a caller that sends the message being answered
+        inside the history, with a tool loop after it, keeps them all."""
         text = message if isinstance(message, str) else as_message(message).text()
         history = [as_message(m) for m in conversation_history]
         with self.lock(session_id):
             sid = self._session(session_id)
             tags = self.tag_message(text, session_id=sid)
-            filtered = self._filter(sid, history, tags) if history else None
+            filtered = self._filter(sid, history, tags, protected) if history else None
             # Turns the model will see in its (filtered) history are not recalled again; the
             # ones the filter drops (compacted, off-topic) stay candidates.
             kept = [history[i] for i in self._kept_inputs(filtered)]
@@ -574,7 +578,9 @@ class MemoryEngine:
             return []
         return [i for indices in filtered.kept_indices for i in indices]
 
-    def _filter(self, sid: str, history: list[Message], tags: TagResult) -> FilteredHistory:
+    def _filter(
+        self, sid: str, history: list[Message], tags: TagResult, protected: int = 0
+    ) -> FilteredHistory:
         watermark = self.store.session(sid).compaction_watermark
         compacted_keys = set(self._turn_keys.keys(sid)[: max(watermark - 1, 0)])
         compacted = 0
@@ -593,7 +599,7 @@ class MemoryEngine:
 
         return filter_history(
             history,
-            protected_recent=self.config.compaction.protected_recent_turns,
+            protected_recent=max(self.config.compaction.protected_recent_turns, protected),
             compacted=compacted,
             keep=keep,
             broad=tags.broad or tags.temporal,

@@ -16,7 +16,8 @@ and otherwise forwards the request as the client sent it (the late draft is neve
   (``memory.assemble.Held``).
 - **History** (``drop_compacted``): raw messages whose every parsed message the history filter
   removed (compacted into memory) are left out, never splitting a tool call from its result,
-  and Anthropic and Gemini still start with a user turn. The trade-off: leaving messages out
+  and Anthropic and Gemini still start with a user turn. The query and everything after it
+  (an agent's in-flight tool loop) are never left out. The trade-off: leaving messages out
   changes the request's prefix, so the provider's prompt cache misses once — only at a
   compaction event (the filter removes nothing new between two compactions).
 - **Inject** (``Wire.inject``): the whole memory block, the ``<context-topics>`` hint
@@ -89,9 +90,13 @@ def prepare(
     elif plan.session_id is None:
         plan.notes.append("a new conversation: nothing stored yet to recall")
     else:
-        # The whole request is the history: the tool loop after the query is in it too.
+        # The whole request is the history: the tool loop after the query is in it too, and
+        # the filter keeps the query and that loop whole (they are never left out).
         assembled = memory.on_message_inbound(
-            parsed.query_text, parsed.messages, session_id=plan.session_id
+            parsed.query_text,
+            parsed.messages,
+            session_id=plan.session_id,
+            protected=len(parsed.messages) - parsed.query,
         )
         plan.assembled = assembled
         if assembled.budget.turns_held:

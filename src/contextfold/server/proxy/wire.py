@@ -30,6 +30,7 @@ The response side (reply parsing, markers, streams) lives in ``stream``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from abc import ABC, abstractmethod
@@ -371,7 +372,7 @@ def _runs(flags: Sequence[bool]) -> int:
     ``flags``."""
     if not flags:
         return 1
-    return 1 + sum(1 for a, b in zip(flags, flags[1:], strict=False) if a != b)
+    return 1 + sum(1 for a, b in itertools.pairwise(flags) if a != b)
 
 
 def _check(parsed: list[Message], sources: list[tuple[int, ...]], where: str) -> None:
@@ -383,7 +384,9 @@ def _check(parsed: list[Message], sources: list[tuple[int, ...]], where: str) ->
 
 def _text_part(part: Any) -> bool:
     """An OpenAI text part or Anthropic text block the parsers read."""
-    return isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+    return (
+        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+    )
 
 
 def _text_parts(parts: list[Any], what: str, unread: _Unread) -> list[Any]:
@@ -570,34 +573,35 @@ def _anthropic_simple(msg: Any) -> Message | None:
     return None
 
 
-def _anthropic_clean_block(block: Any, role: str, unread: _Unread) -> JSON | None:
+def _anthropic_clean_block(block: Any, role: str, unread: _Unread) -> Any:
     """``block`` as the parser reads it (a tool result's content cut to its text blocks), or
     None when it is not read: another type (image, document, thinking, redacted_thinking,
     server tools, …), or a known type in the wrong place or shape."""
     kind = block.get("type") if isinstance(block, dict) else None
     if kind == "text" and isinstance(block.get("text"), str):
-        return block  # type: ignore[no-any-return]
-    if kind == "tool_use" and role == "assistant":
-        if (
-            isinstance(block.get("id"), str)
-            and isinstance(block.get("name"), str)
-            and isinstance(block.get("input", {}), dict)
-        ):
-            return block  # type: ignore[no-any-return]
-    elif kind == "tool_result" and role == "user":
-        if isinstance(block.get("tool_use_id"), str) and isinstance(
-            block.get("is_error", False), (bool, type(None))
-        ):
-            content = block.get("content", "")
-            if isinstance(content, list):
-                kept = [c for c in content if _text_part(c)]
-                for c in content:
-                    if not _text_part(c):
-                        unread.add(f"{_label(c.get('type') if isinstance(c, dict) else None)}"
-                                   " block in a tool_result")  # fmt: skip
-                return {**block, "content": kept} if len(kept) != len(content) else block  # type: ignore[no-any-return]
-            if isinstance(content, str) or content is None:
-                return {**block, "content": ""} if content is None else block  # type: ignore[no-any-return]
+        return block
+    if (
+        kind == "tool_use"
+        and role == "assistant"
+        and isinstance(block.get("id"), str)
+        and isinstance(block.get("name"), str)
+        and isinstance(block.get("input", {}), dict)
+    ):
+        return block
+    if (
+        kind == "tool_result"
+        and role == "user"
+        and isinstance(block.get("tool_use_id"), str)
+        and isinstance(block.get("is_error", False), (bool, type(None)))
+    ):
+        content = block.get("content", "")
+        if isinstance(content, list):
+            kept = _text_parts(content, "block in a tool_result", unread)
+            return {**block, "content": kept} if len(kept) != len(content) else block
+        if content is None:
+            return {**block, "content": ""}
+        if isinstance(content, str):
+            return block
     unread.add(f"{_label(kind)} block")
     return None
 
@@ -638,9 +642,7 @@ def _anthropic_run(
             unread.add(f"role {_label(role)}")
             continue
         if isinstance(content, list):
-            blocks = [
-                b for b in (_anthropic_clean_block(b, role, unread) for b in content) if b
-            ]
+            blocks = [b for b in (_anthropic_clean_block(b, role, unread) for b in content) if b]
             content = blocks
             count = _runs([b["type"] == "tool_result" for b in blocks])
         elif isinstance(content, str):
@@ -787,7 +789,9 @@ class GeminiWire(Wire):
         system = body.get(self._system_key(body))
         instruction: JSON | None = None
         if isinstance(system, dict) and isinstance(system.get("parts"), list):
-            texts = [p for p in system["parts"] if isinstance(p, dict) and isinstance(p.get("text"), str)]
+            texts = [
+                p for p in system["parts"] if isinstance(p, dict) and isinstance(p.get("text"), str)
+            ]
             if len(texts) != len(system["parts"]):
                 unread.add("non-text part in systemInstruction")
             instruction = {"parts": [{"text": p["text"]} for p in texts]}
