@@ -40,6 +40,14 @@ def proxy(fake_llm: FakeLLMServer, engine: MemoryEngine) -> Iterator[Served]:
         yield served
 
 
+@pytest.fixture
+def marking(fake_llm: FakeLLMServer, engine: MemoryEngine) -> Iterator[Served]:
+    """The proxy with session markers opted in (``proxy.markers: true``)."""
+    config = ServerConfig(port=0, proxy=ProxySettings(upstream=fake_llm.url, markers=True))
+    with serve(config, engine) as served:
+        yield served
+
+
 def oa(served: Served) -> openai.OpenAI:
     return closed_after_test(
         openai.OpenAI(base_url=f"{served.url}/v1", api_key="sk-test", max_retries=0)
@@ -62,7 +70,7 @@ def sent(fake: FakeLLMServer, index: int = -1) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_openai_sdk_gets_the_reply_with_a_session_marker(
+def test_openai_sdk_gets_the_reply_as_the_model_wrote_it(
     proxy: Served, fake_llm: FakeLLMServer, engine: MemoryEngine, stream: bool
 ) -> None:
     fake_llm.reply = "Paris is the capital of France."
@@ -73,7 +81,7 @@ def test_openai_sdk_gets_the_reply_with_a_session_marker(
     else:
         reply = oa(proxy).chat.completions.create(model="m", messages=messages)
         text = reply.choices[0].message.content or ""
-    assert text.startswith("Paris is the capital of France.\n\n<!-- contextfold:session=")
+    assert text == "Paris is the capital of France."  # no marker text by default
     assert sent(fake_llm)["messages"][0] == {"role": "system", "content": SYSTEM}
     proxy.drain()
     (sid,) = [s for s in engine.store.sessions() if s != "default"]
@@ -84,18 +92,22 @@ def test_openai_sdk_gets_the_reply_with_a_session_marker(
 
 
 def test_the_marker_is_stripped_and_continues_the_session(
-    proxy: Served, fake_llm: FakeLLMServer
+    marking: Served, fake_llm: FakeLLMServer
 ) -> None:
-    client = oa(proxy)
+    client = oa(marking)
     history: list[Any] = [{"role": "user", "content": "Hello"}]
-    first = client.chat.completions.create(model="m", messages=history).choices[0].message
-    history += [{"role": "assistant", "content": first.content}, {"role": "user", "content": "Hi"}]
+    for question in ["Hi", "Again"]:
+        reply = client.chat.completions.create(model="m", messages=history).choices[0].message
+        history += [{"role": "assistant", "content": reply.content}]
+        history += [{"role": "user", "content": question}]
+    # A one-shot request gets no marker (helper calls look like that); the next reply does.
+    assert "contextfold" not in history[1]["content"] and find_tokens(history[3]["content"])
     client.chat.completions.create(model="m", messages=history)
     assert "contextfold" not in fake_llm.requests[-1].raw.decode()
-    proxy.drain()
-    records = proxy.events.recent()
-    assert records[0].session_id == records[1].session_id
-    assert [r.extra["session_source"] for r in records] == ["new", "marker"]
+    marking.drain()
+    records = marking.events.recent()
+    assert len({r.session_id for r in records}) == 1
+    assert [r.extra["session_source"] for r in records] == ["new", "history", "marker"]
 
 
 def test_a_forged_marker_starts_a_new_session(proxy: Served, fake_llm: FakeLLMServer) -> None:
@@ -109,11 +121,11 @@ def test_a_forged_marker_starts_a_new_session(proxy: Served, fake_llm: FakeLLMSe
         {"role": "assistant", "content": f"Hi.\n\n<!-- contextfold:session={forged} -->"},
         {"role": "user", "content": "What did I say before?"},
     ]
-    reply = client.chat.completions.create(model="m", messages=history)
+    raw = client.chat.completions.with_raw_response.create(model="m", messages=history)
     proxy.drain()
     record = proxy.events.recent()[-1]
     assert record.session_id != victim and record.extra["session_source"] == "forged"
-    assert find_tokens(reply.choices[0].message.content or "")[0].startswith(record.session_id)
+    assert raw.headers[SESSION_HEADER].startswith(record.session_id)
     assert "contextfold" not in fake_llm.requests[-1].raw.decode()
 
 
@@ -147,12 +159,14 @@ def test_a_fact_said_early_is_recalled_later(proxy: Served, fake_llm: FakeLLMSer
         history += [{"role": "assistant", "content": answer.choices[0].message.content}]
         history += [{"role": "user", "content": question}]
     proxy.drain()
-    # The client keeps only its last exchange; the marker in it carries the session.
+    # The client keeps only its last exchange; its content names the stored reply.
     trimmed = [*history[-2:-1], {"role": "user", "content": "What is my locker combination?"}]
     client.chat.completions.create(model="m", messages=trimmed)
     forwarded = sent(fake_llm)["messages"]
+    assert forwarded[:-1] == trimmed[:-1]
+    # The memory goes after the question, at the end of the request.
+    assert forwarded[-1]["content"].startswith("What is my locker combination?\n\n")
     assert "4417" in forwarded[-1]["content"]
-    assert forwarded[-1]["content"].endswith("What is my locker combination?")
     proxy.drain()
     assert "4417" in proxy.events.recent()[-1].context
 
@@ -202,9 +216,9 @@ def test_anthropic_sdk_round_trip(
             model="claude-x", max_tokens=64, system=SYSTEM, messages=messages
         )
     text = "".join(b.text for b in message.content if b.type == "text")
-    assert text.startswith("The Henninger filing is due March 3.\n\n<!-- contextfold:session=")
+    assert text == "The Henninger filing is due March 3."  # no marker text by default
     assert sent(fake_llm)["system"] == SYSTEM
-    # Sent back as the SDK returned it, the reply continues the session without the marker.
+    # Sent back as the SDK returned it, the reply continues the session by its content.
     messages += [{"role": "assistant", "content": message.content}]
     messages += [{"role": "user", "content": "Thanks"}]
     client.messages.create(model="claude-x", max_tokens=64, messages=messages)
@@ -302,11 +316,18 @@ def test_memory_tool_calls_are_run_in_the_proxy(
 
 
 @pytest.mark.parametrize("method", ["generateContent", "streamGenerateContent?alt=sse"])
-def test_gemini_round_trip_with_marker(proxy: Served, fake_llm: FakeLLMServer, method: str) -> None:
+def test_gemini_round_trip_with_marker(
+    marking: Served, fake_llm: FakeLLMServer, method: str
+) -> None:
+    proxy = marking
     fake_llm.reply = "Bonjour."
     body = {
         "systemInstruction": {"parts": [{"text": SYSTEM}]},
-        "contents": [{"role": "user", "parts": [{"text": "Say hello in French."}]}],
+        "contents": [
+            {"role": "user", "parts": [{"text": "Hi."}]},
+            {"role": "model", "parts": [{"text": "Hello."}]},
+            {"role": "user", "parts": [{"text": "Say hello in French."}]},
+        ],
     }
     url = f"{proxy.url}/v1beta/models/gemini-x:{method}"
     response = httpx.post(url, json=body, headers={"x-goog-api-key": "g-key"})
@@ -542,11 +563,12 @@ def test_a_compressed_upstream_reply_reaches_the_client_decoded_and_marked(
         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-encoding: gzip\r\n"
         b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body) + body
     )
-    config = ServerConfig(port=0, proxy=ProxySettings(upstream=upstream.url))
+    config = ServerConfig(port=0, proxy=ProxySettings(upstream=upstream.url, markers=True))
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello."},
+                {"role": "user", "content": "zip it"}]  # fmt: skip
     with serve(config, engine) as served:
         response = httpx.post(
-            f"{served.url}/v1/chat/completions",
-            json={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+            f"{served.url}/v1/chat/completions", json={"model": "m", "messages": messages}
         )
     assert response.status_code == 200 and "content-encoding" not in response.headers
     content = response.json()["choices"][0]["message"]["content"]

@@ -31,7 +31,7 @@ from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
 from contextfold.server.config import ProxySettings, ServerConfig
 from contextfold.server.jobs import JobWorker
-from contextfold.server.proxy.session import SESSION_HEADER, find_tokens, strip_markers
+from contextfold.server.proxy.session import SESSION_HEADER, strip_markers
 from contextfold.testing import HashEmbedder
 from fake_llm import FakeLLMServer
 from proxy_support import Served, closed_after_test, free_port, serve
@@ -59,22 +59,30 @@ def oa(url: str, api_key: str = "sk-test", **kwargs: Any) -> openai.OpenAI:
     )
 
 
-def chat(api: openai.OpenAI, history: list[Any], text: str, *, stream: bool = False) -> str:
+class Said(str):
+    """A reply's text as the client received it, with the session its header named."""
+
+    session: str
+
+
+def chat(api: openai.OpenAI, history: list[Any], text: str, *, stream: bool = False) -> Said:
     """Send ``history`` plus the user message ``text``, append both and the reply as the
-    client received it; returns the reply text."""
+    client received it; returns the reply text (and its session, ``Said.session``)."""
     history.append({"role": "user", "content": text})
+    raw = api.chat.completions.with_raw_response.create(model="m", messages=history, stream=stream)
     if stream:
-        chunks = api.chat.completions.create(model="m", messages=history, stream=True)
-        reply = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        reply = "".join(c.choices[0].delta.content or "" for c in raw.parse() if c.choices)
     else:
-        reply = api.chat.completions.create(model="m", messages=history).choices[0].message.content
+        reply = raw.parse().choices[0].message.content or ""
     assert reply
     history.append({"role": "assistant", "content": reply})
-    return reply
+    said = Said(reply)
+    said.session = str(raw.headers[SESSION_HEADER]).split(".")[0]
+    return said
 
 
-def session_of(reply: str) -> str:
-    return find_tokens(reply)[0].split(".")[0]
+def session_of(reply: Said) -> str:
+    return reply.session
 
 
 def rows(db: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -456,9 +464,9 @@ def test_a_restart_keeps_sessions_and_the_secret(
     fake_llm.reply = "Noted."
     history: list[Any] = []
     process.start()
-    chat(oa(process.url), history, "My flight is on May 4.")
+    said = chat(oa(process.url), history, "My flight is on May 4.")
     (first,) = rows(process.db, "SELECT DISTINCT session_id FROM turns")
-    assert find_tokens(history[-1]["content"])[0].startswith(first[0])
+    assert session_of(said) == first[0]
     assert process.stop(signal.SIGTERM) == 0
     process.start()
     chat(oa(process.url), history, "Which day was my flight?")

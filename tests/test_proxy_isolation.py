@@ -1,6 +1,8 @@
 """What one conversation may recall of another, through the real proxy and the real ``openai``
-SDK: a shared prompt template, an edited message and a marker carried to another credential
-each open only their own branch of the conversation tree, never what was said after it."""
+SDK: a shared prompt template, an edited message and a session token carried to another
+credential each open only their own branch of the conversation tree, never what was said after
+it. With the default configuration (no marker text in replies: conversations are found by the
+history they resend), and the marker test again with markers opted in."""
 
 from __future__ import annotations
 
@@ -40,12 +42,13 @@ def client(served: Served, api_key: str) -> openai.OpenAI:
 
 def chat(api: openai.OpenAI, history: list[Any], text: str) -> str:
     """Send ``history`` plus the user message ``text``; append both and the reply (as the
-    client received it, marker included) to ``history``; return the reply's session."""
+    client received it) to ``history``; return the reply's session (from its header)."""
     history.append({"role": "user", "content": text})
-    reply = api.chat.completions.create(model="m", messages=history).choices[0].message.content
+    raw = api.chat.completions.with_raw_response.create(model="m", messages=history)
+    reply = raw.parse().choices[0].message.content
     assert reply is not None
     history.append({"role": "assistant", "content": reply})
-    return find_tokens(reply)[0].split(".")[0]
+    return str(raw.headers[SESSION_HEADER]).split(".")[0]
 
 
 def upstream_text(fake: FakeLLMServer) -> str:
@@ -99,14 +102,30 @@ def test_an_edited_message_never_recalls_what_it_replaced(
     assert not any("BLUEFALCON" in t.message.text() for t in engine.store.turns(branch))
 
 
-def test_a_marker_minted_for_one_key_opens_nothing_for_another(
-    proxy: Served, fake_llm: FakeLLMServer, engine: MemoryEngine
+@pytest.mark.parametrize("markers", [False, True])
+def test_a_token_minted_for_one_key_opens_nothing_for_another(
+    fake_llm: FakeLLMServer, engine: MemoryEngine, markers: bool
+) -> None:
+    config = ServerConfig(port=0, proxy=ProxySettings(upstream=fake_llm.url, markers=markers))
+    with serve(config, engine) as proxy:
+        _a_token_opens_nothing_for_another(proxy, fake_llm, engine, markers)
+
+
+def _a_token_opens_nothing_for_another(
+    proxy: Served, fake_llm: FakeLLMServer, engine: MemoryEngine, markers: bool
 ) -> None:
     fake_llm.reply = "Okay."
     history: list[Any] = []
     victim = chat(client(proxy, "sk-alice"), history, "My locker code is 4417.")
-    chat(client(proxy, "sk-alice"), history, "I will need it on Monday.")
-    stolen = find_tokens(history[-1]["content"])[0]
+    history.append({"role": "user", "content": "I will need it on Monday."})
+    raw = client(proxy, "sk-alice").chat.completions.with_raw_response.create(
+        model="m", messages=history
+    )
+    history.append({"role": "assistant", "content": raw.parse().choices[0].message.content})
+    # The marker in the reply (opted in), or the session header, sent by someone else.
+    tokens = find_tokens(history[-1]["content"])
+    assert bool(tokens) == markers
+    stolen = tokens[0] if markers else raw.headers[SESSION_HEADER]
     thief = openai.OpenAI(
         base_url=f"{proxy.url}/v1",
         api_key="sk-mallory",

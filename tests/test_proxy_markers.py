@@ -1,8 +1,9 @@
-"""The proxy never breaks the client: no session marker in a reply whose text must stay as the
-model wrote it (JSON mode, structured outputs, forced tool calls, Gemini JSON), none in a reply
-of only tool calls, none at all with ``proxy.markers: false``; and a body nested too deeply is a
-clear 400, not a 500. The real app under uvicorn, the fake provider behind it, the real
-``openai`` and ``anthropic`` SDKs (Gemini over plain httpx)."""
+"""The proxy never breaks the client: markers are off by default, and opted in
+(``proxy.markers: true``, the ``proxy`` fixture here) no session marker goes into a reply whose
+text must stay as the model wrote it (JSON mode, structured outputs, forced tool calls, Gemini
+JSON), none into a reply with tool calls, none at all with ``proxy.markers: false``; and a
+body nested too deeply is a clear 400, not a 500. The real app under uvicorn, the fake provider
+behind it, the real ``openai`` and ``anthropic`` SDKs (Gemini over plain httpx)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def _serve(fake: FakeLLMServer, engine: MemoryEngine, **proxy: Any) -> Any:
 
 @pytest.fixture
 def proxy(fake_llm: FakeLLMServer, engine: MemoryEngine) -> Iterator[Served]:
-    with _serve(fake_llm, engine) as served:
+    with _serve(fake_llm, engine, markers=True) as served:
         yield served
 
 
@@ -300,9 +301,9 @@ def test_a_gemini_function_call_only_reply_gets_no_text_part(
 # --------------------------------------------------------------------------- proxy.markers
 
 
-def test_markers_default_on_and_configurable() -> None:
-    assert ProxySettings().markers is True
-    assert ServerConfig.model_validate({"proxy": {"markers": False}}).proxy.markers is False
+def test_markers_default_off_and_configurable() -> None:
+    assert ProxySettings().markers is False
+    assert ServerConfig.model_validate({"proxy": {"markers": True}}).proxy.markers is True
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -310,7 +311,7 @@ def test_with_markers_off_no_reply_carries_one(
     fake_llm: FakeLLMServer, engine: MemoryEngine, stream: bool
 ) -> None:
     fake_llm.reply = "Plain answer."
-    with _serve(fake_llm, engine, markers=False) as served:
+    with _serve(fake_llm, engine) as served:  # the default
         raw = oa(served).chat.completions.with_raw_response.create(
             model="m", messages=ask("Hi"), stream=stream
         )
