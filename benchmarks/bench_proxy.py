@@ -8,7 +8,7 @@ the reply back and does nothing else, the baseline for "what any proxy costs") a
 Each request goes straight to the fake, through the null proxy and through contextfold,
 interleaved, with the same growing history.
 
-* Added latency: sessions of 100 turns (the client sends its whole history, markers
+* Added latency: sessions of 100 turns (the client sends its whole history, markers (if any)
   included, as chat clients do), non-streaming; per-turn proxied minus direct wall time; p50
   and p99, for contextfold and the null proxy. Bars: p50 <= 5 ms, p99 <= 25 ms.
 * Time to first streamed byte: the same with ``"stream": true``, time until the first body

@@ -14,7 +14,7 @@ whole and is never over budget.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -48,17 +48,17 @@ class Held:
     A file re-sent after an edit keeps most of its lines, so its pre-edit copy is not
     recalled beside it; a turn that merely quotes a line or two of the history still is.
 
-    >>> held = Held(["def area(r):\n    return 3.14159 * r * r\n# area of a circle, in m2"])
-    >>> held.holds("def area(r):\n    return 3.14 * r * r\n# area of a circle, in m2")
+    >>> held = Held(["def area(r):\\n    return 3.14159 * r * r\\n# area of a circle, in m2"])
+    >>> held.holds("def area(r):\\n    return 3.14 * r * r\\n# area of a circle, in m2")
     True
-    >>> held.holds("Unrelated words here.\nAnd another long line.\nThird line of text.")
+    >>> held.holds("Unrelated words here.\\nAnd another long line.\\nThird line of text.")
     False
     """
 
     __slots__ = ("_lines", "_texts", "left_out")
 
-    def __init__(self, texts: Sequence[str]) -> None:
-        self._texts = texts
+    def __init__(self, texts: Iterable[str]) -> None:
+        self._texts = texts  # read once, on the first turn long enough to compare
         self._lines: set[str] | None = None
         self.left_out = 0  # turns the assembler left out for it
 
@@ -67,7 +67,7 @@ class Held:
         if len(mine) < 3:
             return False
         if self._lines is None:  # built once, and only when a candidate is long enough
-            self._lines = set().union(*map(_lines, self._texts)) if self._texts else set()
+            self._lines = set().union(*map(_lines, self._texts))
         return 2 * len(mine & self._lines) >= len(mine)
 
 

@@ -547,7 +547,7 @@ class MemoryEngine:
                 paged=paged,
                 budget=budget if budget is not None else self.config.assembly.memory_budget,
                 tools=self.config.paging.enabled and self.config.paging.mode == "tools",
-                held=Held([m.text() for m in kept]) if kept else None,
+                held=Held(m.text() for m in kept) if kept else None,
             )
         return AssembledContext(
             session_id=sid,

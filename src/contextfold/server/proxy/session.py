@@ -6,8 +6,9 @@
 request without one belongs to the anonymous principal ``""``. Nothing is ever looked up
 across principals.
 
-**Tokens.** The proxy appends ``"\\n\\n<!-- contextfold:session=<token> -->"`` to assistant
-replies (see ``markers``) and returns the token in the ``x-contextfold-session`` header. A
+**Tokens.** Every reply carries a token in the ``x-contextfold-session`` header; with
+``proxy.markers: true`` (an opt-in, see ``markers``) the proxy also appends
+``"\\n\\n<!-- contextfold:session=<token> -->"`` to assistant replies. A
 token ``<session>.<seq>.<mac>`` names one stored turn; ``<mac>`` is the first 32 hex digits of
 HMAC-SHA256(secret, principal, session, seq). A token minted for one credential verifies for no
 other, and an edited or forged one verifies for none: it opens nothing. Every marker is removed
