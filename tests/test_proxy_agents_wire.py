@@ -579,3 +579,36 @@ def test_an_older_version_of_a_file_the_request_holds_is_not_recalled(tmp_path: 
         recalled = memory.on_message_inbound(question, edited, session_id="s")
         assert "return a - b" not in recalled.prepend_text
         assert recalled.budget.turns_held == 1
+
+
+def test_a_pre_edit_copy_of_a_file_is_not_injected_beside_the_new_one(
+    proxy: Served, fake_llm: FakeLLMServer
+) -> None:
+    """aider resends the files in the chat with every request; after an edit, the stored
+    pre-edit copy must not come back as memory beside the new one."""
+    fake_llm.reply = "Understood."
+    client = oa(proxy)
+    history: list[Any] = [{"role": "user", "content": "I added calc.py to the chat:\n" + CALC_V1}]
+    for text in ["Explain the divide function.", "What is the weather like?"]:
+        reply = client.chat.completions.create(model="m", messages=history)
+        history += [{"role": "assistant", "content": reply.choices[0].message.content},
+                    {"role": "user", "content": text}]  # fmt: skip
+        proxy.drain()
+    client.chat.completions.create(model="m", messages=history)
+    proxy.drain()
+    last = {"role": "assistant", "content": "Understood."}
+    question = "What does the add function in calc.py return?"
+    # Control: the client trims its history to the last reply; the stored file comes back.
+    client.chat.completions.create(
+        model="m", messages=[last, {"role": "user", "content": question}]
+    )
+    assert "return a - b" in json.dumps(fake_llm.requests[-1].body)
+    # With the edited file in the request, its pre-edit copy is not recalled beside it.
+    edited = {"role": "user", "content": "The true contents of calc.py now:\n" + CALC_V2}
+    client.chat.completions.create(
+        model="m", messages=[last, edited, {"role": "user", "content": question}]
+    )
+    body = json.dumps(fake_llm.requests[-1].body)
+    assert "return a + b" in body and "return a - b" not in body
+    proxy.drain()
+    assert "older versions" in " ".join(proxy.events.recent()[-1].extra["notes"])
