@@ -220,6 +220,15 @@ def test_a_stripped_marker_block_hands_its_breakpoint_to_the_block_before() -> N
     assert stripped["messages"][0]["content"] == [
         {"type": "tool_use", "id": "t", "name": "f", "input": {}, "cache_control": CACHE}
     ]
+    # Neither neighbour can take it (each has its own): the block stays where it was.
+    crowded = [
+        {"type": "text", "text": "A.", "cache_control": CACHE},
+        {"type": "text", "text": MARK.lstrip(), "cache_control": CACHE},
+        {"type": "tool_use", "id": "t", "name": "f", "input": {}, "cache_control": CACHE},
+    ]
+    body = {"messages": [{"role": "assistant", "content": crowded}]}
+    stripped, _ = WIRES["anthropic"].strip(body)
+    assert stripped["messages"][0]["content"] == crowded and breakpoints(stripped) == 3
 
 
 def test_memory_goes_after_the_last_breakpoint_in_each_format() -> None:

@@ -119,34 +119,39 @@ def _strip_blocks(
 ) -> list[Any] | None:
     """``blocks`` without markers (None: none found). A block that held only a marker is
     removed; a ``cache_control`` breakpoint on it moves to the block before it, else to the
-    block after it (a block that has none), so the request keeps every breakpoint. Where no
-    block can take it, the block stays as it is (marker and all)."""
+    block after it (when that block has none of its own), so the request keeps every
+    breakpoint. Where neither can take it, the block stays where it was (marker and all): the
+    breakpoint wins."""
     out: list[Any] = []
-    pending: Any = None  # a breakpoint looking for the next block
+    pending: tuple[Any, Any] | None = None  # (a breakpoint, its block) for the next block
     found = False
     for block in blocks:
         text = text_of(block)
-        if text is not None:
-            edited = _edit_text(text, tokens)
-            if edited != text:
-                found = True
-                if edited:
-                    block = {**block, "text": edited}
+        edited = _edit_text(text, tokens) if text is not None else None
+        if edited is not None and edited != text:
+            found = True
+            if edited:
+                block = {**block, "text": edited}
+            else:  # the block held only a marker
+                breakpoint_ = block.get("cache_control")
+                if breakpoint_ is None:
+                    continue
+                if pending is not None:  # this block has its own: the pending one stays
+                    out.append(pending[1])
+                    pending = None
+                if out and isinstance(out[-1], dict) and "cache_control" not in out[-1]:
+                    out[-1] = {**out[-1], "cache_control": breakpoint_}
                 else:
-                    breakpoint_ = block.get("cache_control")
-                    if breakpoint_ is None:
-                        continue
-                    if out and isinstance(out[-1], dict) and "cache_control" not in out[-1]:
-                        out[-1] = {**out[-1], "cache_control": breakpoint_}
-                        continue
-                    if pending is None:
-                        pending = (breakpoint_, block)
-                        continue
-        if pending is not None and isinstance(block, dict) and "cache_control" not in block:
-            block = {**block, "cache_control": pending[0]}
+                    pending = (breakpoint_, block)
+                continue
+        if pending is not None:
+            if isinstance(block, dict) and "cache_control" not in block:
+                block = {**block, "cache_control": pending[0]}
+            else:  # the next block has its own breakpoint: the marker block stays
+                out.append(pending[1])
             pending = None
         out.append(block)
-    if pending is not None:  # nowhere to move it: keep that block as the client sent it
+    if pending is not None:
         out.append(pending[1])
     return out if found else None
 
