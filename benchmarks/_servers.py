@@ -6,7 +6,8 @@ with plain ``sqlite3`` from its store file. Nothing here imports contextfold, so
 benchmarks keep working whatever happens inside the proxy (in-process queue, jobs in the store).
 
 * ``start_fake`` — ``tests/fake_llm.py`` in its own process; it answers
-  ``"Answer to: <the last line of the last message> - noted, with details."``, after
+  ``"Answer to: <the last line of the last message> - noted, with details."`` (the client's
+  last line: a memory block the proxy appended after it is not read), after
   ``fake_delay_ms`` milliseconds when the request body asks for them (a model's think time;
   both proxies forward the field unchanged);
 * ``start_null_proxy`` — ``null_proxy.py``, the pass-through baseline;
@@ -55,6 +56,8 @@ def reply(body):
         time.sleep(body["fake_delay_ms"] / 1000)
     last = body["messages"][-1]["content"]
     text = last if isinstance(last, str) else str(last)
+    for block in ("\\n\\n<context-topics>", "\\n\\n<memory"):  # the proxy's, after the client's
+        text = text.split(block)[0]
     return "Answer to: " + text.split("\\n")[-1][:200] + " - noted, with details."
 server = FakeLLMServer(reply=reply).start()
 print(server.url, flush=True)
