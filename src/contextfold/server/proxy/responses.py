@@ -511,7 +511,10 @@ def prepare(state: ServerState, chains: ResponseChains, plan: Plan, body: JSON) 
         # The whole request is history: the in-flight tool loop after the query included,
         # so nothing the request (or the provider's chain) holds is recalled again.
         assembled = memory.on_message_inbound(
-            parsed.query_text, parsed.messages, session_id=plan.session_id
+            parsed.query_text,
+            parsed.messages,
+            session_id=plan.session_id,
+            protected=len(parsed.messages) - parsed.query,
         )
         plan.assembled = assembled
         if unread:
