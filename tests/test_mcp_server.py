@@ -428,7 +428,10 @@ def test_embed_serves_dense_and_hybrid_search_with_the_offline_model(tmp_path: P
     index.save()
     index.store.close()
     with serve(home, embed=True) as server:
-        dense = server.ok("search_documents", {"query": "money back", "mode": "dense", "k": 1})
+        dense = server.ok(
+            "search_documents",
+            {"query": "how long until I get my money back", "mode": "dense", "k": 1},
+        )
         assert [h["metadata"]["source"] for h in dense["hits"]] == ["refunds.md"]
         assert dense["hits"][0]["match_source"] == "vector"
         hybrid = server.ok("search_documents", {"query": "refunds", "k": 1})
