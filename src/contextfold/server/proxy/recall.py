@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from contextfold.items import Message
 from contextfold.server.proxy.record import Plan
-from contextfold.server.proxy.session import Position, locate
+from contextfold.server.proxy.session import Position, locate, side_call
 from contextfold.server.proxy.wire import ParsedRequest, Wire, dumps
 
 if TYPE_CHECKING:
@@ -63,6 +63,14 @@ def prepare(
     parsed = wire.parse(stripped)
     plan.parsed = parsed
     plan.notes.extend(parsed.notes)
+    if state.config.proxy.recall_scope == "principal" and plan.header is None:
+        reason = side_call(parsed.messages, body)
+        if reason is not None:
+            # An agent's helper call beside its conversation: it neither continues the
+            # credential's latest conversation nor is stored as one; it goes as it came.
+            plan.notes.append(f"helper call ({reason}): no memory, not stored")
+            plan.wire = None
+            return
     if parsed.query is not None:  # the query's embedding runs while the session is found
         memory.prefetch(parsed.query_text)
     position, forked = locate(

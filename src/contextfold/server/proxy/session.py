@@ -55,6 +55,7 @@ __all__ = [
     "marker_text",
     "principal_of",
     "resolve",
+    "side_call",
     "strip_markers",
     "verify_token",
 ]
@@ -247,6 +248,27 @@ def locate(
         parent,
         seq,
     )
+
+
+def side_call(messages: Sequence[Message], body: Mapping[str, object]) -> str | None:
+    """Why a request looks like an agent's helper call beside its conversation (a title or
+    topic, a warm-up, a quota probe, a commit message), or None. Only a one-shot request (no
+    reply in its history) can be one, and then when it offers no tools (an agent's main loop
+    always does; aider's main conversation is no one-shot: it opens with example exchanges),
+    asks for at most one token, or says one word ("Warmup"). Used with
+    ``proxy.recall_scope: principal``, where a new conversation would otherwise continue the
+    credential's latest one."""
+    if any(m.role == "assistant" for m in messages):
+        return None
+    if not body.get("tools"):
+        return "a one-shot request without tools"
+    limit = body.get("max_tokens", body.get("max_output_tokens"))
+    if isinstance(limit, int) and limit <= 1:
+        return "a one-shot request for one token"
+    users = [m.text().strip() for m in messages if m.role == "user"]
+    if len(users) == 1 and users[0] and len(users[0].split()) == 1 and len(users[0]) <= 32:
+        return f"a one-shot request saying {users[0]!r}"
+    return None
 
 
 def _continue(store: MemoryStore, sid: str, seq: int, new_from: int, source: str) -> Position:
