@@ -127,13 +127,17 @@ def test_claude_code_2_1_body_is_parsed_not_refused() -> None:
     wire = WIRES["anthropic"]
     parsed = wire.parse(claude_code_body())
     roles = [m.role for m in parsed.messages]
-    assert roles == ["system", "user", "system", "assistant", "tool", "assistant", "tool", "user"]
+    assert roles == ["system", "user", "system", "assistant", "tool", "assistant", "tool"]
     assert parsed.messages[2].text() == "Plan mode is off. Tools may edit files."
     assert parsed.sources[2] == (1,)  # the system message inside messages, at its own index
-    assert parsed.query_text == "<system-reminder>Todo list is empty.</system-reminder>"
+    # Claude Code's <system-reminder> blocks are its own context, not what the user said:
+    # the query is the user's prompt, and the reminders are neither stored nor compared
+    assert parsed.query_text == "Fix the failing test in calc.py"
+    assert parsed.messages[1].text() == "Fix the failing test in calc.py"
     (note,) = parsed.notes
     for kind in ("'image' block,", "'image' block in a tool_result", "'thinking' block", "'redacted_thinking' block",
-                 "'document' block", "'server_tool_use' block", "'web_search_tool_result'"):  # fmt: skip
+                 "'document' block", "'server_tool_use' block", "'web_search_tool_result'",
+                 "system-reminder text block ×2"):  # fmt: skip
         assert kind in note
 
 

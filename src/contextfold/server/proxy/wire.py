@@ -573,9 +573,18 @@ def _anthropic_simple(msg: Any) -> Message | None:
         and isinstance(block.get("text"), str)
         and set(block) <= {"type", "text", "citations"}
         and not block.get("citations")
+        and not _client_context(block["text"])
     ):
         return _simple(role, block["text"])
     return None
+
+
+def _client_context(text: str) -> bool:
+    """A text block the client adds to the user's turn as context of its own (Claude Code's
+    ``<system-reminder>`` blocks: CLAUDE.md, the environment, todo lists), re-sent with every
+    request: not part of what the user said, so neither stored, nor the query, nor compared
+    when a later request is recognised."""
+    return text.lstrip().startswith("<system-reminder>")
 
 
 def _anthropic_clean_block(block: Any, role: str, unread: _Unread) -> Any:
@@ -584,6 +593,9 @@ def _anthropic_clean_block(block: Any, role: str, unread: _Unread) -> Any:
     server tools, …), or a known type in the wrong place or shape."""
     kind = block.get("type") if isinstance(block, dict) else None
     if kind == "text" and isinstance(block.get("text"), str):
+        if _client_context(block["text"]):
+            unread.add("system-reminder text block")
+            return None
         return block
     if (
         kind == "tool_use"
