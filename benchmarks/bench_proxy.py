@@ -30,8 +30,9 @@ interleaved, with the same growing history.
   (``/dashboard/api/records``, the last 500), how many requests got a memory block, went
   without one, or were forwarded unmodified because the memory path failed.
 * Load: 50 concurrent sessions for 60 s (streaming and not, alternating), then the proxy is
-  stopped (it writes pending turns on the way out) and every session's turns are counted in
-  the store. Bars: 0 errors, 0 lost turns.
+  stopped (it writes pending turns on the way out) and every user message the client saw
+  answered is looked up in the store by its text (each is unique: no reply needs to name its
+  session). Bars: 0 errors, 0 lost turns.
 
 The proxy's own CPU time per request (from /proc) is reported too: on a shared machine the
 wall clock also counts time other processes held the cores. Bars are reported, never fatal.
@@ -46,12 +47,12 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import socket
 import sqlite3
 import statistics
 import tempfile
 import time
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,6 @@ import httpx
 import _common as common
 import _servers as servers
 
-HEADER = servers.HEADER
-MARKER = re.compile(r"<!-- contextfold:session=([^ ]+) -->")
 # Small writes go out at once on the client's connections too (as anyio's do in the proxy).
 NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
 user_text = servers.user_text
@@ -283,7 +282,9 @@ async def concurrent(
 async def load(procs: Processes, sessions: int, seconds: float, max_turns: int) -> dict[str, Any]:
     url = f"{procs.url}/v1/chat/completions"
     errors: list[str] = []
-    completed: dict[str, int] = {}  # session id -> turns the client saw answered
+    # conversation -> the user messages the client saw answered (each text is unique, so the
+    # store is checked by content: a reply need not name its session, markers are opt-in)
+    completed: dict[str, list[str]] = {}
     deadline = time.monotonic() + seconds
     latencies: list[float] = []
 
@@ -291,7 +292,6 @@ async def load(procs: Processes, sessions: int, seconds: float, max_turns: int) 
         round_ = 0
         while time.monotonic() < deadline:
             history: list[dict[str, Any]] = []
-            sid = None
             for t in range(max_turns):
                 if time.monotonic() >= deadline:
                     break
@@ -314,13 +314,10 @@ async def load(procs: Processes, sessions: int, seconds: float, max_turns: int) 
                     if stream
                     else response.json()["choices"][0]["message"]["content"]
                 )
-                # The session: the header, or the reply's marker when the header could not
-                # name it (a streamed reply whose memory step missed its deadline).
-                marker = MARKER.search(reply or "")
-                token = response.headers.get(HEADER) or (marker.group(1) if marker else "")
-                sid = token.split(".")[0] or f"unnamed-{n}-{round_}"
                 history.append({"role": "assistant", "content": reply})
-                completed[sid] = t + 1
+                completed.setdefault(f"conversation-{n}-{round_}", []).append(
+                    history[-2]["content"]
+                )
             round_ += 1
 
     limits = httpx.Limits(max_connections=sessions + 10)
@@ -338,10 +335,10 @@ async def load(procs: Processes, sessions: int, seconds: float, max_turns: int) 
     }
 
 
-def stored_turns(store: Path) -> dict[str, int]:
-    with sqlite3.connect(store) as conn:
-        rows = conn.execute("SELECT session_id, COUNT(*) FROM turns GROUP BY session_id")
-        return dict(rows)
+def stored_user_texts(store: Path) -> set[str]:
+    """The text of every user turn in the store."""
+    with closing(sqlite3.connect(store)) as conn:
+        return {r[0] for r in conn.execute("SELECT content_text FROM turns WHERE role = 'user'")}
 
 
 def _paced_label(upstream_ms: float) -> str:
@@ -439,7 +436,7 @@ def main() -> None:
             )
         loaded = asyncio.run(load(procs, args.load_sessions, args.load_seconds, args.turns))
         exit_code = procs.stop_proxy()
-        stored = stored_turns(procs.store)
+        stored = stored_user_texts(procs.store)
         if not args.skip_embedder:
             procs.start_proxy("embedder", embedder=True)
             asyncio.run(concurrent(procs, "warm-up", 1, 3, embedder=True))  # loads the model
@@ -470,9 +467,9 @@ def main() -> None:
     for run in runs:
         run["bars"] = concurrent_bars(run)
     lost = {
-        sid: {"answered_turns": n, "stored_messages": stored.get(sid, 0)}
-        for sid, n in loaded["completed"].items()
-        if stored.get(sid, 0) != 2 * n
+        name: {"answered_turns": len(texts), "stored_user_turns": sum(t in stored for t in texts)}
+        for name, texts in loaded["completed"].items()
+        if not all(t in stored for t in texts)
     }
     result["configs"] = [plain, streamed]
     result["concurrent"] = runs
@@ -485,7 +482,7 @@ def main() -> None:
         "errors": len(loaded["errors"]),
         "error_samples": loaded["errors"][:5],
         "sessions_checked": len(loaded["completed"]),
-        "turns_answered": sum(loaded["completed"].values()),
+        "turns_answered": sum(len(t) for t in loaded["completed"].values()),
         "lost_turn_sessions": lost,
         "proxy_exit_code": exit_code,
     }
