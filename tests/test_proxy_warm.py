@@ -4,6 +4,7 @@ before the server answers at all."""
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -12,8 +13,10 @@ from typing import Any
 import fastapi.routing
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 
 from contextfold.memory.engine import MemoryEngine
+from contextfold.server.app import create_app
 from contextfold.server.config import ProxySettings, ServerConfig
 from contextfold.testing import HashEmbedder
 from fake_llm import FakeLLMServer
@@ -74,3 +77,21 @@ def test_the_first_request_builds_no_routes(
         assert response.status_code == 200
         assert httpx.get(f"{served.url}/healthz", timeout=30).status_code == 200
         assert len(built) == at_start  # ... and no request built any again
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_start_up_objects_are_frozen_before_the_server_answers_when_asked(
+    fake_llm: FakeLLMServer, tmp_path: Path, freeze: bool
+) -> None:
+    """``contextfold serve`` / ``proxy`` set ``freeze_gc``: what start-up loaded leaves the
+    collector's generations once the models are warm and before any request (a full collection
+    then would stall the first requests); an app embedded in another process freezes nothing."""
+    gc.unfreeze()
+    try:
+        with MemoryEngine(store=tmp_path / "m.db", embedder=None) as engine:
+            app = create_app(_config(fake_llm), memory=engine)
+            app.state.contextfold.freeze_gc = freeze
+            with TestClient(app):
+                assert (gc.get_freeze_count() > 0) is freeze
+    finally:
+        gc.unfreeze()

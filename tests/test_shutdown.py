@@ -4,8 +4,6 @@ get their whole reply, a stuck one cannot hang the stop, and a second Ctrl-C exi
 
 from __future__ import annotations
 
-import asyncio
-import gc
 import os
 import signal
 import subprocess
@@ -20,7 +18,6 @@ from typing import Any
 import httpx
 import pytest
 
-from contextfold.cli.serve import freeze_after_start
 from fake_llm import FakeLLMServer
 from proxy_support import free_port
 
@@ -191,25 +188,3 @@ def test_a_second_ctrl_c_exits_at_once(start: Any, fake_llm: FakeLLMServer) -> N
     assert took < 1, f"took {took:.1f} s to exit:\n{proxy.stderr()}"
     assert proxy.process.returncode == 128 + signal.SIGINT
     assert "forced" in proxy.stderr()
-
-
-async def test_objects_alive_at_start_up_are_frozen_once_the_servers_run() -> None:
-    """``contextfold serve`` / ``proxy`` move what start-up loaded out of the collector's
-    generations only after the servers have started (the models and routes are warm by then),
-    so later full collections scan only what requests made."""
-
-    class _Runner:
-        started = False
-
-    runner = _Runner()
-    gc.unfreeze()
-    try:
-        task = asyncio.create_task(freeze_after_start(runner))  # type: ignore[arg-type]
-        await asyncio.sleep(0.2)
-        assert not task.done() and gc.get_freeze_count() == 0  # not before the start
-        loaded = [object() for _ in range(10)]  # alive at start-up
-        runner.started = True
-        await asyncio.wait_for(task, 5)
-        assert gc.get_freeze_count() > len(loaded)
-    finally:
-        gc.unfreeze()

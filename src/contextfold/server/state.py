@@ -51,6 +51,9 @@ class ServerState:
     events: EventBus = field(default_factory=EventBus)
     secret: bytes = b""
     memory_error: str | None = None  # why memory is down (the proxy forwards without it)
+    # Freeze what start-up loaded out of the garbage collector once the models are warm, before
+    # the server answers (``contextfold serve`` / ``proxy`` set it: it is process-wide).
+    freeze_gc: bool = False
 
     def __post_init__(self) -> None:
         if not self.secret:
