@@ -110,3 +110,69 @@ def test_jobs_of_a_dead_process_are_given_back(store: MemoryStore) -> None:
     assert store.claim_job(owner) is not None
     assert store.release_jobs_of_dead(alive=lambda pid: pid != 4242) == 1
     assert store.job_counts() == {"pending": 1}
+
+
+def test_turn_keys_follow_appends_deletes_and_other_connections(tmp_path: Path) -> None:
+    """``turn_keys`` is served from a per-session chain read incrementally; it must see turns
+    appended here or by another process, and a session deleted and written again."""
+    from contextfold.store.memory_schema import match_key
+
+    path = tmp_path / "m.db"
+    store, other = (
+        MemoryStore(path, counter=CharCounter()),
+        MemoryStore(path, counter=CharCounter()),
+    )
+    sid = store.create_session("a")
+    exchange(store, sid, 0)
+    assert store.turn_keys(sid, 1, 9) == {
+        1: match_key("user", "question 0"),
+        2: match_key("assistant", "ok"),
+    }
+    exchange(other, sid, 1)  # another connection (process) appends
+    assert store.turn_keys(sid, 3, 3) == {3: match_key("user", "question 1")}
+    assert store.turn_keys(sid, 2, 4) == {
+        2: match_key("assistant", "ok"),
+        3: match_key("user", "question 1"),
+        4: match_key("assistant", "ok"),
+    }
+    other.delete_session(sid)
+    other.create_session("a")
+    other.commit_exchange(
+        sid, [Message(role="user", content="new"), Message(role="assistant", content="start")]
+    )
+    assert store.turn_keys(sid, 1, 9) == {
+        1: match_key("user", "new"),
+        2: match_key("assistant", "start"),
+    }
+    other.delete_session(sid)
+    assert store.turn_keys(sid, 1, 9) == {}
+
+
+def test_background_work_waits_for_a_quiet_moment_but_not_forever() -> None:
+    """``Foreground``: derived work waits while requests do their memory work (so it does not
+    take the interpreter from them), and runs anyway once the wait limit has passed."""
+    import threading
+    import time
+
+    from contextfold.server.jobs import Foreground
+
+    foreground = Foreground()
+    assert foreground.wait_quiet(0.0)  # nothing running: no wait
+    waited: list[float] = []
+
+    def background() -> None:
+        start = time.monotonic()
+        foreground.wait_quiet(5.0)
+        waited.append(time.monotonic() - start)
+
+    with foreground:
+        thread = threading.Thread(target=background)
+        thread.start()
+        time.sleep(0.3)
+        assert not waited  # still waiting while a request works
+    thread.join(5)
+    assert waited and 0.25 <= waited[0] < 4.0
+    with foreground:
+        start = time.monotonic()
+        assert not foreground.wait_quiet(0.2)  # the limit passed: go on anyway
+        assert time.monotonic() - start < 2.0

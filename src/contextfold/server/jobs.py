@@ -24,9 +24,43 @@ from contextfold.store.memory_branches import owner_id
 if TYPE_CHECKING:
     from contextfold.memory.engine import MemoryEngine
 
-__all__ = ["JobWorker"]
+__all__ = ["Foreground", "JobWorker"]
 
 logger = logging.getLogger("contextfold.server.jobs")
+
+
+class Foreground:
+    """How many requests are doing their memory work right now; background work waits for
+    a quiet moment (``wait_quiet``) so it does not compete with them for the interpreter.
+
+    Requests arrive in bursts (clients paced by the same model answer together): derived
+    work started in the middle of a burst takes the GIL from the requests of that burst and
+    shows up in their tail latency, while it could run a few milliseconds later at no cost."""
+
+    def __init__(self) -> None:
+        self._active = 0
+        self._cond = threading.Condition()
+
+    def __enter__(self) -> Foreground:
+        with self._cond:
+            self._active += 1
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._cond:
+            self._active -= 1
+            if self._active == 0:
+                self._cond.notify_all()
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    def wait_quiet(self, limit: float) -> bool:
+        """Wait until no request is doing memory work, at most ``limit`` seconds (under
+        steady load the background work must still advance); whether it is quiet."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._active == 0, limit)
 
 
 class JobWorker:
@@ -47,6 +81,8 @@ class JobWorker:
         self._lock = threading.Lock()
         #: Called with a session id after its job is done (the dashboard's reply tags).
         self.on_done: Callable[[str], None] | None = None
+        #: Called before each job is claimed; it may wait (``Foreground.wait_quiet``).
+        self.gate: Callable[[], object] | None = None
 
     def start(self) -> None:
         """Give back the jobs of dead processes, then start the threads."""
@@ -75,6 +111,8 @@ class JobWorker:
     def _run(self) -> None:
         store = self.engine.store
         while not self._stop.is_set():
+            if self.gate is not None:
+                self.gate()
             try:
                 with self._lock:
                     job = store.claim_job(self.owner, skip=frozenset(self._busy))

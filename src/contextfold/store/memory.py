@@ -50,9 +50,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from contextfold._bounded import SessionLRU
 from contextfold.errors import ConfigError
 from contextfold.items import Message
-from contextfold.store.memory_branches import BranchesMixin, Job
+from contextfold.store.memory_branches import KEY_CHAIN_SESSIONS, BranchesMixin, Job, _KeyChain
 from contextfold.store.memory_fts import QUESTION_STOPWORDS as QUESTION_STOPWORDS
 from contextfold.store.memory_fts import _fts_query
 from contextfold.store.memory_models import (
@@ -132,6 +133,8 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
         self._guard = threading.RLock()
         self._writer = FairLock()  # this process's writers, one at a time, in order (``_tx``)
         self._shared = self.path == ":memory:"
+        # Match keys of recently used sessions (``turn_keys``).
+        self._key_chains: SessionLRU[_KeyChain] = SessionLRU(KEY_CHAIN_SESSIONS)
         first = connect(self.path)
         self._local.conn = first
         self._connections.append(first)

@@ -43,6 +43,7 @@ import json
 import os
 import socket
 import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -59,10 +60,49 @@ from contextfold.store.memory_models import _iso, _now
 
 __all__ = ["BranchMoved", "BranchesMixin", "Job", "owner_id"]
 
+
+class _KeyChain:
+    """One session's turn match keys in seq order (``keys[i]`` is seq ``i + 1``) and the
+    content hash of the last of them, extended from the store as turns are appended."""
+
+    __slots__ = ("keys", "last_hash", "lock")
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.last_hash: str | None = None
+        self.lock = threading.Lock()
+
+    def extend(self, conn: sqlite3.Connection, session_id: str) -> bool:
+        """Read the turns stored since the last call (from the last known one, whose hash
+        must not have changed, else from the start); False when the seqs are not 1, 2, …
+        without gaps (the chain is then dropped and the caller reads the store itself)."""
+        known = len(self.keys)
+        rows = conn.execute(
+            "SELECT seq, match_key, content_hash FROM turns WHERE session_id = ? AND seq >= ?"
+            " ORDER BY seq",
+            (session_id, max(known, 1)),
+        ).fetchall()
+        if known:
+            if rows and rows[0][0] == known and rows[0][2] == self.last_hash:
+                rows = rows[1:]
+            else:  # deleted and written again: start over
+                self.keys, self.last_hash = [], None
+                return self.extend(conn, session_id)
+        for seq, key, content_hash in rows:
+            if seq != len(self.keys) + 1:
+                self.keys, self.last_hash = [], None
+                return False
+            self.keys.append(str(key))
+            self.last_hash = str(content_hash)
+        return True
+
+
 #: How long a claimed job is its worker's before another may take it (seconds).
 LEASE_SECONDS = 60.0
 #: Attempts before a job is marked failed (it stays in the table, with its error).
 MAX_ATTEMPTS = 5
+#: Sessions whose turn match keys are kept in memory (``turn_keys``).
+KEY_CHAIN_SESSIONS = 256
 #: Turns per write transaction of a long history (``commit_exchange``), and of its tags.
 WRITE_CHUNK = 256
 
@@ -152,12 +192,22 @@ class BranchesMixin:
         return str(row[0]), self._last_seq(self._conn, str(row[0]))
 
     def turn_keys(self, session_id: str, lo: int, hi: int) -> dict[int, str]:
-        """seq -> match key of the session's turns with ``lo <= seq <= hi``."""
-        rows = self._conn.execute(
-            "SELECT seq, match_key FROM turns WHERE session_id = ? AND seq BETWEEN ? AND ?",
-            (session_id, lo, hi),
-        )
-        return {int(r[0]): str(r[1]) for r in rows}
+        """seq -> match key of the session's turns with ``lo <= seq <= hi``.
+
+        Served from the session's key chain (``_KeyChain``): turns are append-only, so each
+        call reads only the turns stored since the last one, plus the last known turn to check
+        that the session was not deleted and written again meanwhile (then it is read over).
+        Recognising a resent history then costs one short query, not one row per turn."""
+        chain = self._key_chains.get(session_id, _KeyChain)
+        with chain.lock:
+            if not chain.extend(self._conn, session_id):
+                rows = self._conn.execute(
+                    "SELECT seq, match_key FROM turns WHERE session_id = ? AND seq BETWEEN ? AND ?",
+                    (session_id, lo, hi),
+                )
+                return {int(r[0]): str(r[1]) for r in rows}
+            keys = chain.keys
+            return {seq: keys[seq - 1] for seq in range(max(lo, 1), min(hi, len(keys)) + 1)}
 
     # -- branches -------------------------------------------------------------------------------
 

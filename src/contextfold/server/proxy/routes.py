@@ -57,7 +57,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from contextfold._bounded import clip
 from contextfold.memory.tools import TOOL_NAMES
-from contextfold.server.jobs import JobWorker
+from contextfold.server.jobs import Foreground, JobWorker
 from contextfold.server.proxy import limits, outputs, recall, responses
 from contextfold.server.proxy.commit import commit_exchange
 from contextfold.server.proxy.encoding import BodyError, decode_body
@@ -125,6 +125,8 @@ class Proxy:
         self.tags = ReplyTags(state.memory.store, state.events)
         self.chains = responses.ResponseChains()  # Responses API ids -> stored turns
         self.jobs.on_done = self.tags.derived
+        self.foreground = Foreground()
+        self.jobs.gate = self.writer.gate = partial(self.foreground.wait_quiet, 0.5)
 
     # -- plumbing --------------------------------------------------------------------------------
 
@@ -180,7 +182,8 @@ class Proxy:
         return decode_body(raw, coding, self.state.config.limits.max_body_bytes)
 
     async def _in_pool(self, fn: Callable[..., _T], *args: Any) -> _T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, partial(fn, *args))
+        with self.foreground:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, partial(fn, *args))
 
     def upstream_for(self, request: Request) -> tuple[str | None, str | None]:
         """(upstream base URL, instance name) for the port the request came in on."""
@@ -207,6 +210,23 @@ class Proxy:
     # -- requests --------------------------------------------------------------------------------
 
     async def handle(self, request: Request, fmt: str) -> Response:
+        with self.foreground:  # until the request goes upstream
+            prepared = await self._prepare_request(request, fmt)
+        if isinstance(prepared, Response):
+            return prepared
+        plan, url, headers, raw = prepared
+        # The Responses API has no in-proxy memory tool loop (``responses``).
+        memory_tools = self.tools_mode and plan.format != responses.FORMAT
+        if (memory_tools or plan.compaction is not None) and plan.body is not None:
+            return await self._tool_loop(plan, url, headers, raw)
+        return await self._forward(plan, url, headers)
+
+    async def _prepare_request(
+        self, request: Request, fmt: str
+    ) -> Response | tuple[Plan, str, dict[str, str], bytes]:
+        """Everything before the request goes upstream: read, check, locate, recall, inject,
+        compact; an error response, or (the plan, the upstream URL, the headers to send, the
+        body as the client sent it, decoded)."""
         started = time.perf_counter()
         wire = responses.WIRE if fmt == responses.FORMAT else WIRES[fmt]
         upstream, instance = self.upstream_for(request)
@@ -266,11 +286,7 @@ class Proxy:
         url = upstream_url(upstream, path, request.url.query)
         headers = forward_headers(request.headers.items())
         plan.overhead_ms = (time.perf_counter() - started) * 1000
-        # The Responses API has no in-proxy memory tool loop (``responses``).
-        memory_tools = self.tools_mode and fmt != responses.FORMAT
-        if (memory_tools or plan.compaction is not None) and plan.body is not None:
-            return await self._tool_loop(plan, url, headers, raw)
-        return await self._forward(plan, url, headers)
+        return plan, url, headers, raw
 
     def _compact_outputs(self, plan: Plan, body: dict[str, Any]) -> None:
         """Stub the request's oldest tool outputs when it is over its limit (``outputs``),

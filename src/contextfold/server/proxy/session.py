@@ -40,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from contextfold._bounded import BoundedMemo, text_size
 from contextfold.store.memory_schema import match_key
 
 if TYPE_CHECKING:
@@ -150,6 +151,16 @@ class Position:
     fork: tuple[str, int] | None = None
 
 
+# The match keys of recently seen messages: a chat resends its whole history every request.
+_MATCH_KEYS: BoundedMemo[tuple[str, str], str] = BoundedMemo(entries=100_000, max_bytes=32 << 20)
+
+
+def _match_key(role: str, text: str) -> str:
+    """``match_key``, remembered for the texts seen lately (looking a text up costs a hash
+    and a compare; its key costs a normalisation and a SHA-256)."""
+    return _MATCH_KEYS.get((role, text), lambda: match_key(role, text), size=text_size(text))
+
+
 def resolve(
     store: MemoryStore,
     principal: str,
@@ -162,7 +173,7 @@ def resolve(
     are the marker tokens found in them (the latest message's first), ``header`` the session
     header. Reads the store; writes nothing."""
     turns = [i for i, m in enumerate(messages) if m.role != "system"]
-    keys = [match_key(messages[i].role, messages[i].text()) for i in turns]
+    keys = [_match_key(messages[i].role, messages[i].text()) for i in turns]
     last = next(
         (k for k in range(len(turns) - 1, -1, -1) if messages[turns[k]].role == "assistant"), None
     )

@@ -44,6 +44,8 @@ class TurnWriter:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._open = 0  # streams still running, whose jobs are yet to come
+        #: Called before each job runs; it may wait (``Foreground.wait_quiet``).
+        self.gate: Callable[[], object] | None = None
 
     def opened(self) -> None:
         """A stream has started; its job will be submitted when it ends (``closed``)."""
@@ -75,6 +77,8 @@ class TurnWriter:
             try:
                 if job is None:
                     return
+                if self.gate is not None:
+                    self.gate()
                 self._attempt(job)
             finally:
                 self._queue.task_done()
