@@ -90,8 +90,9 @@ def test_floors_resolve_per_embedder() -> None:
         bm25=BM25_FLOOR, dense=-1.0, hybrid=-1.0
     )
     assert resolve_floor({"dense": 0.5}, default_embedder().name) == RelevanceFloor(
-        bm25=BM25_FLOOR, dense=0.5, hybrid=calibrated.hybrid
+        bm25=BM25_FLOOR, dense=0.5, hybrid=calibrated.hybrid, dense_margin=calibrated.dense_margin
     )
+    assert calibrated.dense_margin > 0  # the dense floor judges the query, not each hit
     with pytest.raises(ConfigError, match="bm25, dense and hybrid"):
         DocumentIndex(embedder=False, relevance_floor={"sparse": 0.1})
 

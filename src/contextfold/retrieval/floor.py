@@ -115,7 +115,9 @@ class RelevanceFloor:
 BM25_FLOOR = 0.13
 #: Floors per embedder name, calibrated on SciFact train with the default BM25 settings.
 CALIBRATED_FLOORS: dict[str, RelevanceFloor] = {
-    "all-MiniLM-L6-v2-int8": RelevanceFloor(bm25=BM25_FLOOR, dense=0.34, hybrid=0.385),
+    "all-MiniLM-L6-v2-int8": RelevanceFloor(
+        bm25=BM25_FLOOR, dense=0.345, hybrid=0.385, dense_margin=0.065
+    ),
 }
 
 
@@ -124,7 +126,7 @@ def default_floor(embedder: str | None) -> RelevanceFloor:
     floors were never calibrated.
 
     >>> default_floor("all-MiniLM-L6-v2-int8").dense, default_floor("my-embedder").dense
-    (0.34, -1.0)
+    (0.345, -1.0)
     """
     found = CALIBRATED_FLOORS.get(embedder or "")
     return found if found is not None else RelevanceFloor(bm25=BM25_FLOOR, dense=-1.0, hybrid=-1.0)
