@@ -537,9 +537,11 @@ def _floor_rows(split: str, rows: dict[str, Any], floors: dict[str, float]) -> l
     lines = []
     for mode in ("bm25", "dense", "hybrid"):
         r = rows[mode]
-        floor = (
-            floors[mode] if mode != "hybrid" else f"{floors['hybrid']} (or BM25 {floors['bm25']})"
-        )
+        floor: object = floors[mode]
+        if mode == "hybrid":
+            floor = f"{floors['hybrid']} (or BM25 {floors['bm25']})"
+        elif mode == "dense" and "dense_margin" in floors:
+            floor = f"{floors['dense']} (margin {floors['dense_margin']})"
         lines.append(
             f"| {split} ({rows['queries']}) | {mode} | {floor} | {r['ndcg10_floor_off']:.4f} | "
             f"{r['ndcg10_floor_on']:.4f} | {r['loss']:+.4f} | {r['loss_se']:.4f} | "
@@ -573,13 +575,34 @@ def _render_floor_calibration(path: Path, data: dict[str, Any]) -> list[str]:
     for c in data["candidates"]:
         f, tune, dev = c["floors"], c["tune"], c["dev"]
         modes = ("bm25", "dense", "hybrid")
+        dense = f"{f['dense']} (margin {f['dense_margin']})" if "dense_margin" in f else f["dense"]
         lines.append(
-            f"| {c['tolerance_tune']} | {f['bm25']} / {f['dense']} / {f['hybrid']} | "
+            f"| {c['tolerance_tune']} | {f['bm25']} / {dense} / {f['hybrid']} | "
             + " / ".join(f"{tune[m]['loss']:+.4f}" for m in modes)
             + " | "
             + " / ".join(f"{dev[m]['loss']:+.4f}" for m in modes)
             + f" | {max(dev[m]['loss_upper95'] for m in modes):+.4f} | "
             f"{'yes' if c['accepted'] else 'no'} |"
+        )
+    return lines + _off_topic_rows(data)
+
+
+def _off_topic_rows(data: dict[str, Any]) -> list[str]:
+    """The off-topic probes' table (results written before it existed have none)."""
+    if not data.get("off_topic"):
+        return []
+    lines = [
+        "",
+        "Off-topic probes over the same corpus with these floors (each should get 0 hits):",
+        "",
+        "| query | best cosine | hits bm25 / dense / hybrid |",
+        "|---|---:|---|",
+    ]
+    for row in data["off_topic"]:
+        hits = row["hits"]
+        lines.append(
+            f"| {row['query']} | {row['best_cosine']} | "
+            f"{hits['bm25']} / {hits['dense']} / {hits['hybrid']} |"
         )
     return lines
 
@@ -603,6 +626,7 @@ def _render_floor(path: Path, data: dict[str, Any]) -> list[str]:
         *_floor_rows("train: tune", cal["tune"], shipped),
         *_floor_rows("train: dev", cal["dev"], shipped),
         *_floor_rows("**test**", data["test"], shipped),
+        *_off_topic_rows(data),
     ]
     return lines
 

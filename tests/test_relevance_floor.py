@@ -9,6 +9,7 @@ behaviour before the floor (dense search always answers ``k`` hits).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -89,8 +90,9 @@ def test_floors_resolve_per_embedder() -> None:
         bm25=BM25_FLOOR, dense=-1.0, hybrid=-1.0
     )
     assert resolve_floor({"dense": 0.5}, default_embedder().name) == RelevanceFloor(
-        bm25=BM25_FLOOR, dense=0.5, hybrid=calibrated.hybrid
+        bm25=BM25_FLOOR, dense=0.5, hybrid=calibrated.hybrid, dense_margin=calibrated.dense_margin
     )
+    assert calibrated.dense_margin > 0  # the dense floor judges the query, not each hit
     with pytest.raises(ConfigError, match="bm25, dense and hybrid"):
         DocumentIndex(embedder=False, relevance_floor={"sparse": 0.1})
 
@@ -154,3 +156,78 @@ def test_api_context_ignores_function_words(graph: KnowledgeGraph) -> None:
     assert graph_context(graph, request, embedder=None).entry_points == []
     related = request.model_copy(update={"query": "what about uber rides"})
     assert graph_context(graph, related, embedder=None).entry_points
+
+
+# --------------------------------------------------------------------------- the dense margin
+
+ABSOLUTE = RelevanceFloor(bm25=BM25_FLOOR, dense=0.34, hybrid=0.385)  # the floor before margins
+MARGIN = RelevanceFloor(bm25=BM25_FLOOR, dense=0.34, hybrid=0.385, dense_margin=0.2)
+
+
+def test_the_dense_margin_keeps_an_on_topic_tail(index: DocumentIndex) -> None:
+    # "receipts" is on topic (its best chunk, the meals policy, is at cosine 0.49), but the
+    # lodging policy's receipt rule sits at 0.31: under the absolute floor (0.34), kept within
+    # the margin of the best hit.
+    query = "receipts"
+    absolute = index.search(query, 10, mode="dense", relevance_floor=ABSOLUTE)
+    relative = index.search(query, 10, mode="dense", relevance_floor=MARGIN)
+    assert "lodging.md" not in {h.metadata["source"] for h in absolute}
+    lodging = [h for h in relative if h.metadata["source"] == "lodging.md"]
+    assert lodging and "receipt" in lodging[0].text.lower()
+    assert lodging[0].scores["vector"] < ABSOLUTE.dense
+    best = relative[0].scores["vector"]
+    assert all(h.scores["vector"] >= best - MARGIN.dense_margin for h in relative)
+    assert [h.id for h in absolute] == [h.id for h in relative][: len(absolute)]
+    every = index.search(query, 10, mode="dense", relevance_floor=False)
+    assert len(relative) < len(every)  # the margin still trims the far tail
+    docs = index.search_documents(query, 10, mode="dense", relevance_floor=MARGIN)
+    fewer = index.search_documents(query, 10, mode="dense", relevance_floor=ABSOLUTE)
+    assert len(docs) > len(fewer)
+
+
+@pytest.mark.parametrize("margin", [0.2, 1.0, 2.0])
+def test_the_dense_margin_never_lets_an_off_topic_query_through(
+    index: DocumentIndex, margin: float
+) -> None:
+    # The margin applies only below a best hit that reaches the floor: a query whose nearest
+    # chunk is far (cosine 0.13 for "weather on Mars") still gets nothing, however wide it is.
+    floor = {"dense": 0.34, "dense_margin": margin}
+    assert index.search(UNRELATED, 5, mode="dense", relevance_floor=floor) == []
+    assert index.search_documents(UNRELATED, 5, mode="dense", relevance_floor=floor) == []
+
+
+def test_the_margin_is_per_query() -> None:
+    floor = RelevanceFloor(bm25=0.2, dense=0.34, hybrid=0.385, dense_margin=0.1)
+    assert floor.keeps("dense", None, 0.30, best_cosine=0.36)  # within 0.1 of an on-topic best
+    assert not floor.keeps("dense", None, 0.25, best_cosine=0.36)  # beyond the margin
+    assert not floor.keeps("dense", None, 0.30, best_cosine=0.33)  # the query is off topic
+    assert not floor.keeps("dense", None, 0.30)  # no best known: the absolute floor alone
+    assert floor.keeps("dense", None, 0.40, best_cosine=0.60)  # reaching the floor is enough
+    # BM25 and hybrid ignore the margin and the best cosine.
+    assert not floor.keeps("hybrid", 0.1, 0.30, best_cosine=0.36)
+    assert floor.keeps("bm25", 0.2, None, best_cosine=0.0) == ABSOLUTE.keeps("bm25", 0.2, None)
+    assert RelevanceFloor(0.2, 0.34, 0.385).dense_margin == 0.0  # no margin: the absolute rule
+
+
+@pytest.mark.parametrize("bad", [-0.1, math.nan, "0.1", True, None])
+def test_a_bad_dense_margin_is_a_config_error(bad: object) -> None:
+    with pytest.raises(ConfigError, match="dense_margin"):
+        RelevanceFloor(bm25=0.1, dense=0.3, hybrid=0.3, dense_margin=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="dense_margin"):
+        DocumentIndex(embedder=False, relevance_floor={"dense_margin": bad})  # type: ignore[dict-item]
+
+
+def test_the_dense_margin_is_a_mapping_key() -> None:
+    from pydantic import ValidationError
+
+    from contextfold.server.config import ContextApiSettings
+
+    name = default_embedder().name
+    assert resolve_floor({"dense_margin": 0.05}, name) == RelevanceFloor(
+        **{**default_floor(name).as_dict(), "dense_margin": 0.05}
+    )
+    assert ContextApiSettings(relevance_floor={"dense_margin": 0.1}).relevance_floor == {
+        "dense_margin": 0.1
+    }
+    with pytest.raises(ValidationError, match="dense_margin"):
+        ContextApiSettings(relevance_floor={"dense_margin": -0.1})

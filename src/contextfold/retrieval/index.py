@@ -587,7 +587,10 @@ class DocumentIndex:
         if floor is None:
             return hits
         cosine = found.scores.get("vector", {})
-        return [h for h in hits if floor.keeps(mode, found.shares.get(h.id), cosine.get(h.id))]
+        best = max(cosine.values(), default=None)
+        return [
+            h for h in hits if floor.keeps(mode, found.shares.get(h.id), cosine.get(h.id), best)
+        ]
 
     def _fuse(self, found: _Signals, weights: Mapping[str, float] | None) -> list[FusedHit]:
         ranks = {s: {i: n for n, (i, _) in enumerate(r, 1)} for s, r in found.rankings.items()}
@@ -633,13 +636,14 @@ class DocumentIndex:
         if len(found.rankings) > 1 and self.fusion == "rrf":
             floor = self._floor(relevance_floor)
             cosine = found.scores.get("vector", {})
+            nearest = max(cosine.values(), default=None)
             doc_rankings = {
                 signal: list(
                     dict.fromkeys(
                         doc_id
                         for cid, _ in ranked
                         if floor is None
-                        or floor.keeps(mode, found.shares.get(cid), cosine.get(cid))
+                        or floor.keeps(mode, found.shares.get(cid), cosine.get(cid), nearest)
                         for doc_id in doc_of[cid]
                     )
                 )

@@ -25,6 +25,7 @@ from pydantic import (
 
 from contextfold._envnames import ENV_NAME, check_env_name, looks_like_a_key
 from contextfold.errors import ConfigError
+from contextfold.retrieval.floor import FLOOR_KEYS, RelevanceFloor, default_floor
 
 __all__ = [
     "ID_PATTERN",
@@ -135,8 +136,8 @@ class ContextApiSettings(_Section):
     documents (default ``<home>/graph.db``). ``hybrid``: rank entry points with the memory
     engine's embedder as well as BM25 (when the engine has one). ``relevance_floor``: entry
     points must clear the calibrated relevance floor (``true``, the default), none (``false``),
-    or the floors given per mode (``{bm25: 0.1, dense: 0.3, hybrid: 0.35}``; modes left out
-    keep their default); see docs/retrieval.md.
+    or the floors given per mode (``{bm25: 0.1, dense: 0.3, hybrid: 0.35}``, and
+    ``dense_margin``; keys left out keep their default); see docs/retrieval.md.
 
     >>> ContextApiSettings(api_keys={"SUPPORT_KEY": ["support", "shared"]}).api_keys
     {'SUPPORT_KEY': ['support', 'shared']}
@@ -150,11 +151,17 @@ class ContextApiSettings(_Section):
     @field_validator("relevance_floor")
     @classmethod
     def _floor_modes(cls, value: bool | dict[str, float]) -> bool | dict[str, float]:
-        unknown = (
-            sorted(set(value) - {"bm25", "dense", "hybrid"}) if isinstance(value, dict) else []
-        )
+        unknown = sorted(set(value) - set(FLOOR_KEYS)) if isinstance(value, dict) else []
         if unknown:
-            raise ValueError(f"relevance_floor modes are bm25, dense and hybrid; got {unknown}")
+            raise ValueError(
+                "relevance_floor modes are bm25, dense and hybrid (and dense_margin); "
+                f"got {unknown}"
+            )
+        if isinstance(value, dict):
+            try:
+                RelevanceFloor(**{**default_floor(None).as_dict(), **value})
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from None
         return value
 
     @field_validator("api_keys")
