@@ -29,7 +29,9 @@ and otherwise forwards the request as the client sent it (the late draft is neve
 from __future__ import annotations
 
 import copy
+import dataclasses
 import uuid
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from contextfold.items import Message
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
     from contextfold.memory.engine import AssembledContext
     from contextfold.server.state import ServerState
 
-__all__ = ["draft", "drop_compacted", "prepare", "split_memory"]
+__all__ = ["draft", "drop_compacted", "place", "prepare", "recall", "split_memory"]
 
 
 def draft(plan: Plan) -> Plan:
@@ -71,47 +73,10 @@ def prepare(
             plan.notes.append(f"helper call ({reason}): no memory, not stored")
             plan.wire = None
             return
-    if parsed.query is not None:  # the query's embedding runs while the session is found
-        memory.prefetch(parsed.query_text)
-    position, forked = locate(
-        memory.store,
-        plan.principal,
-        parsed.messages,
-        tokens,
-        plan.header,
-        state.secret,
-        scope=state.config.proxy.recall_scope,
-    )
-    if forked is not None:
-        plan.notes.append(f"continues turn {forked[1]} of {forked[0][:8]} on a new branch")
-    if tools and position.session_id is None:  # the memory tools need a session now
-        sid = memory.store.create_session(principal=plan.principal)
-        position = Position(sid, 0, position.new_from, position.source, expect_last=0)
-    plan.position = position
-    plan.session_id = position.session_id
-    plan.session_source = position.source
-    if position.session_id is None:  # created with this id when the exchange commits
-        plan.new_session = uuid.uuid4().hex
+    place(state, plan, parsed, tokens, create=tools)
     forwarded = stripped
-    if parsed.query is None:
-        plan.notes.append("no user message with text: nothing recalled")
-    elif plan.session_id is None:
-        plan.notes.append("a new conversation: nothing stored yet to recall")
-    else:
-        # The whole request is the history: the tool loop after the query is in it too, and
-        # the filter keeps the query and that loop whole (they are never left out).
-        assembled = memory.on_message_inbound(
-            parsed.query_text,
-            parsed.messages,
-            session_id=plan.session_id,
-            protected=len(parsed.messages) - parsed.query,
-        )
-        plan.assembled = assembled
-        if assembled.budget.turns_held:
-            plan.notes.append(
-                f"{assembled.budget.turns_held} recalled turn(s) left out: older versions of"
-                " what the request holds"
-            )
+    assembled = recall(state, plan, parsed)
+    if assembled is not None:
         forwarded, _ = drop_compacted(plan, wire, forwarded, parsed, assembled)
         plan.hint, plan.dynamic = split_memory(assembled)
         if assembled.prepend_text:
@@ -125,6 +90,73 @@ def prepare(
     plan.body = forwarded
     if forwarded is not body:  # unchanged: the client's own bytes go upstream
         plan.content = dumps(forwarded)
+
+
+def place(
+    state: ServerState,
+    plan: Plan,
+    parsed: ParsedRequest,
+    tokens: Sequence[str],
+    *,
+    create: bool = False,
+    header_source: str | None = None,
+) -> None:
+    """Where the request stands (``session.locate``: found by content, marker or header,
+    forked when its history diverges), recorded in ``plan``; the query's embedding starts
+    first, so it runs while the session is found. ``create``: a new conversation gets its
+    session now (the memory tools need one), else its id is minted for the commit.
+    ``header_source``: how to name a position the header found (the Responses API's
+    ``previous_response_id``)."""
+    memory = state.memory
+    if parsed.query is not None:
+        memory.prefetch(parsed.query_text)
+    position, forked = locate(
+        memory.store,
+        plan.principal,
+        parsed.messages,
+        tokens,
+        plan.header,
+        state.secret,
+        scope=state.config.proxy.recall_scope,
+    )
+    if forked is not None:
+        plan.notes.append(f"continues turn {forked[1]} of {forked[0][:8]} on a new branch")
+    if header_source is not None and position.source == "header":
+        position = dataclasses.replace(position, source=header_source)
+    if create and position.session_id is None:
+        sid = memory.store.create_session(principal=plan.principal)
+        position = Position(sid, 0, position.new_from, position.source, expect_last=0)
+    plan.position = position
+    plan.session_id = position.session_id
+    plan.session_source = position.source
+    if position.session_id is None:  # created with this id when the exchange commits
+        plan.new_session = uuid.uuid4().hex
+
+
+def recall(state: ServerState, plan: Plan, parsed: ParsedRequest) -> AssembledContext | None:
+    """The memory for the request's query over its branch (``None``, with the reason in the
+    notes, when there is no query or nothing stored yet). The whole request is the history:
+    the in-flight tool loop after the query is in it too, and the filter keeps the query and
+    that loop whole, so nothing the request holds is recalled again."""
+    if parsed.query is None:
+        plan.notes.append("no user message with text: nothing recalled")
+        return None
+    if plan.session_id is None:
+        plan.notes.append("a new conversation: nothing stored yet to recall")
+        return None
+    assembled = state.memory.on_message_inbound(
+        parsed.query_text,
+        parsed.messages,
+        session_id=plan.session_id,
+        protected=len(parsed.messages) - parsed.query,
+    )
+    plan.assembled = assembled
+    if assembled.budget.turns_held:
+        plan.notes.append(
+            f"{assembled.budget.turns_held} recalled turn(s) left out: older versions of"
+            " what the request holds"
+        )
+    return assembled
 
 
 def drop_compacted(

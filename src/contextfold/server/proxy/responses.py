@@ -39,7 +39,6 @@ The in-proxy memory tool loop (``paging.mode: tools``) is not run on this route.
 from __future__ import annotations
 
 import threading
-import uuid
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,8 +46,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from contextfold.errors import FormatError
 from contextfold.items import Message, ToolResultBlock, ToolUseBlock
-from contextfold.server.proxy.recall import drop_compacted, split_memory
-from contextfold.server.proxy.session import Position, locate, make_token
+from contextfold.server.proxy.recall import drop_compacted, place, recall, split_memory
+from contextfold.server.proxy.session import make_token
 from contextfold.server.proxy.stream import Reply, StreamState, _args
 from contextfold.server.proxy.wire import JSON, ParsedRequest, Wire, dumps, reply_message
 
@@ -475,48 +474,10 @@ def prepare(state: ServerState, chains: ResponseChains, plan: Plan, body: JSON) 
         [*chain, *input_parsed.messages], [()] * len(chain) + input_parsed.sources
     )
     plan.parsed = parsed
-    if parsed.query is not None:
-        memory.prefetch(parsed.query_text)
-    position, forked = locate(
-        memory.store,
-        plan.principal,
-        parsed.messages,
-        [],
-        plan.header,
-        state.secret,
-        scope=state.config.proxy.recall_scope,
-    )
-    if forked is not None:
-        plan.notes.append(f"continues turn {forked[1]} of {forked[0][:8]} on a new branch")
-    if link is not None and position.source == "header":
-        position = Position(
-            position.session_id,
-            position.anchor,
-            position.new_from,
-            "previous_response_id",
-            position.expect_last,
-            position.fork,
-        )
-    plan.position = position
-    plan.session_id = position.session_id
-    plan.session_source = position.source
-    if position.session_id is None:
-        plan.new_session = uuid.uuid4().hex
+    place(state, plan, parsed, [], header_source="previous_response_id" if link else None)
     forwarded = body
-    if parsed.query is None:
-        plan.notes.append("no user message with text: nothing recalled")
-    elif plan.session_id is None:
-        plan.notes.append("a new conversation: nothing stored yet to recall")
-    else:
-        # The whole request is history: the in-flight tool loop after the query included,
-        # so nothing the request (or the provider's chain) holds is recalled again.
-        assembled = memory.on_message_inbound(
-            parsed.query_text,
-            parsed.messages,
-            session_id=plan.session_id,
-            protected=len(parsed.messages) - parsed.query,
-        )
-        plan.assembled = assembled
+    assembled = recall(state, plan, parsed)
+    if assembled is not None:
         if unread:
             note = "history filter skipped: the input has items contextfold does not read"
             if assembled.history is not None and assembled.history.removed:

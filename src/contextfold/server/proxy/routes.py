@@ -105,6 +105,8 @@ _T = TypeVar("_T")
 
 _GEMINI = re.compile(r"(?:tuned)?[mM]odels/[^/:]+:(?:generateContent|streamGenerateContent)")
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+#: The longest a background job waits for the requests in flight to finish their memory work.
+QUIET_WAIT = 0.05
 
 
 class Proxy:
@@ -126,7 +128,9 @@ class Proxy:
         self.chains = responses.ResponseChains()  # Responses API ids -> stored turns
         self.jobs.on_done = self.tags.derived
         self.foreground = Foreground()
-        self.jobs.gate = self.writer.gate = partial(self.foreground.wait_quiet, 0.5)
+        # Background work yields to requests in a burst, for at most 50 ms a job (a batch of
+        # records), so under steady load it still advances.
+        self.jobs.gate = self.writer.gate = partial(self.foreground.wait_quiet, QUIET_WAIT)
 
     # -- plumbing --------------------------------------------------------------------------------
 
@@ -185,6 +189,31 @@ class Proxy:
         with self.foreground:
             return await asyncio.get_running_loop().run_in_executor(self._pool, partial(fn, *args))
 
+    async def _target(
+        self, request: Request, fmt: str
+    ) -> Response | tuple[str, str | None, str, bytes]:
+        """(upstream base URL, instance name, path to forward, decoded body) of a request, or
+        the provider-shaped error that answers it: no upstream for its port, a path that must
+        not be forwarded, a body that cannot be decoded."""
+        upstream, instance = self.upstream_for(request)
+        if upstream is None:
+            return error_response(
+                fmt,
+                503,
+                "no upstream is configured for this port: set proxy.upstream or run "
+                "`contextfold proxy --upstream URL`",
+                "api_error",
+            )
+        try:
+            path = forward_path(request.scope.get("raw_path") or b"", request.url.path)
+        except ValueError as exc:
+            return error_response(fmt, 400, f"{exc}; not forwarded", "invalid_request_error")
+        try:
+            raw = self._body(request, await request.body())
+        except BodyError as exc:
+            return error_response(fmt, exc.status, exc.message, "invalid_request_error")
+        return upstream, instance, path, raw
+
     def upstream_for(self, request: Request) -> tuple[str | None, str | None]:
         """(upstream base URL, instance name) for the port the request came in on."""
         server = request.scope.get("server")
@@ -229,23 +258,10 @@ class Proxy:
         body as the client sent it, decoded)."""
         started = time.perf_counter()
         wire = responses.WIRE if fmt == responses.FORMAT else WIRES[fmt]
-        upstream, instance = self.upstream_for(request)
-        if upstream is None:
-            return error_response(
-                fmt,
-                503,
-                "no upstream is configured for this port: set proxy.upstream or run "
-                "`contextfold proxy --upstream URL`",
-                "api_error",
-            )
-        try:
-            path = forward_path(request.scope.get("raw_path") or b"", request.url.path)
-        except ValueError as exc:
-            return error_response(fmt, 400, f"{exc}; not forwarded", "invalid_request_error")
-        try:
-            raw = self._body(request, await request.body())
-        except BodyError as exc:
-            return error_response(fmt, exc.status, exc.message, "invalid_request_error")
+        target = await self._target(request, fmt)
+        if isinstance(target, Response):
+            return target
+        upstream, instance, path, raw = target
         body, problem = _decode(raw)
         if body is None:
             return error_response(fmt, 400, problem, "invalid_request_error")
@@ -609,17 +625,10 @@ class Proxy:
     async def passthrough(self, request: Request) -> Response:
         """Any other provider route, forwarded untouched and streamed back as it arrives."""
         fmt = _format_of(request.url.path)
-        upstream, _ = self.upstream_for(request)
-        if upstream is None:
-            return error_response(fmt, 503, "no upstream is configured for this port", "api_error")
-        try:
-            path = forward_path(request.scope.get("raw_path") or b"", request.url.path)
-        except ValueError as exc:
-            return error_response(fmt, 400, f"{exc}; not forwarded", "invalid_request_error")
-        try:
-            content = self._body(request, await request.body())
-        except BodyError as exc:
-            return error_response(fmt, exc.status, exc.message, "invalid_request_error")
+        target = await self._target(request, fmt)
+        if isinstance(target, Response):
+            return target
+        upstream, _, path, content = target
         url = upstream_url(upstream, path, request.url.query)
         headers = forward_headers(request.headers.items())
         try:

@@ -33,6 +33,10 @@ logger = logging.getLogger("contextfold.server.proxy")
 Job = Callable[[], None]
 
 
+#: Jobs run after one wait for a quiet moment (``gate``).
+BATCH = 256
+
+
 class TurnWriter:
     def __init__(self, *, attempts: int = 3, pause: float = 0.05) -> None:
         self.attempts = attempts
@@ -74,14 +78,22 @@ class TurnWriter:
     def _run(self) -> None:
         while True:
             job = self._queue.get()
-            try:
-                if job is None:
-                    return
-                if self.gate is not None:
-                    self.gate()
-                self._attempt(job)
-            finally:
-                self._queue.task_done()
+            if job is not None and self.gate is not None:
+                self.gate()  # once per batch: under steady load the queue still drains
+            batch = [job]
+            while job is not None and len(batch) < BATCH:
+                try:
+                    job = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                batch.append(job)
+            for job in batch:
+                try:
+                    if job is None:
+                        return  # ``close``: every job queued before it has run
+                    self._attempt(job)
+                finally:
+                    self._queue.task_done()
 
     def _attempt(self, job: Job) -> None:
         for attempt in range(1, self.attempts + 1):
