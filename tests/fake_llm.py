@@ -205,11 +205,17 @@ class FakeLLMServer:
         self.route("POST", r"/v1/chat/completions", self._openai_chat)
         self.route("POST", r"/v1/embeddings", self._openai_embeddings)
         self.route("POST", r"/v1/messages", self._anthropic_messages)
-        self.route(
+        self.route(  # Gemini: v1beta, and v1 (google-genai's default with a base URL)
             "POST",
-            r"/v1beta/(?P<model>(?:tuned)?[mM]odels/[^/:]+):(?P<method>generateContent|"
+            r"/v1(?:beta)?/(?P<model>(?:tuned)?[mM]odels/[^/:]+):(?P<method>generateContent|"
             r"streamGenerateContent)",
             self._gemini,
+        )
+        # Azure OpenAI: a deployment's chat completions, and the v1 API's.
+        self.route(
+            "POST",
+            r"/openai/(?:deployments/[^/]+|v1)/chat/completions",
+            self._openai_chat,
         )
 
     # -- lifecycle ---------------------------------------------------------------------------

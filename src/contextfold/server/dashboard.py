@@ -39,7 +39,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 
 from contextfold.server.dashboard_ask import AskRequest, AskService
 from contextfold.server.dashboard_guard import DashboardGuard, static_guard
-from contextfold.server.events import RequestRecord
+from contextfold.server.events import PassThroughCounts, RequestRecord
 from contextfold.server.state import ServerState
 
 __all__ = ["STATIC_FILES", "router", "static_dir", "stats"]
@@ -73,8 +73,11 @@ def static_dir() -> Path:
     return Path(str(resources.files("contextfold.server") / "static"))
 
 
-def stats(records: Sequence[RequestRecord], started: float) -> dict[str, Any]:
-    """Counts, tokens and mean latencies over ``records`` (the bus keeps the recent ones)."""
+def stats(
+    records: Sequence[RequestRecord], started: float, passed: PassThroughCounts | None = None
+) -> dict[str, Any]:
+    """Counts, tokens and mean latencies over ``records`` (the bus keeps the recent ones),
+    and the requests passed through without memory since the start, per route."""
     upstream = [r.upstream_ms for r in records if r.upstream_ms is not None]
     overhead = [r.overhead_ms for r in records]
     return {
@@ -91,6 +94,7 @@ def stats(records: Sequence[RequestRecord], started: float) -> dict[str, Any]:
         "memory_tokens": sum(r.memory_tokens for r in records),
         "avg_overhead_ms": round(sum(overhead) / len(overhead), 2) if overhead else None,
         "avg_upstream_ms": round(sum(upstream) / len(upstream), 2) if upstream else None,
+        "passed_through": (passed or PassThroughCounts()).snapshot(),
     }
 
 
@@ -180,7 +184,7 @@ def router(state: ServerState) -> APIRouter:
 
     @api.get("/api/stats")
     def stats_route() -> dict[str, Any]:
-        return stats(state.events.recent(), started)
+        return stats(state.events.recent(), started, state.passed)
 
     @api.get("/api/sessions")
     def sessions() -> list[dict[str, Any]]:
@@ -200,7 +204,7 @@ def router(state: ServerState) -> APIRouter:
             "session_id": session_id,
             "memory": memory,
             "requests": len(seen),
-            "stats": stats(seen, started),
+            "stats": stats(seen, started, state.passed),
         }
 
     @api.get("/api/export")
@@ -210,7 +214,7 @@ def router(state: ServerState) -> APIRouter:
         now = datetime.now(UTC)
         body = {
             "exported_at": now.isoformat(),
-            "stats": stats(recent, started),
+            "stats": stats(recent, started, state.passed),
             "sessions": {
                 sid: _memory_status(state, sid) for sid in sorted({r.session_id for r in recent})
             },

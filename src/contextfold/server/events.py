@@ -28,7 +28,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["MAX_PREVIEW", "BudgetRow", "EventBus", "InspectedMessage", "RequestRecord", "preview"]
+__all__ = [
+    "MAX_PREVIEW",
+    "BudgetRow",
+    "EventBus",
+    "InspectedMessage",
+    "PassThroughCounts",
+    "RequestRecord",
+    "preview",
+]
 
 #: The characters of a text (the injected context, a result) a record keeps.
 MAX_PREVIEW = 8000
@@ -186,3 +194,45 @@ class EventBus:
         finally:
             with self._lock:
                 self._subscribers.discard(entry)
+
+
+class PassThroughCounts:
+    """Requests the proxy forwarded without memory because their route is not a conversation
+    it reads (model lists, embeddings, files, token counts, …), counted per route label
+    (``label``) so the dashboard and the log show what got no memory. At most ``routes``
+    labels are kept; the rest count under ``other``. Thread-safe."""
+
+    OTHER = "other"
+
+    def __init__(self, routes: int = 50) -> None:
+        self.routes = routes
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def label(method: str, path: str) -> str:
+        """The method and the route's first two path segments (ids and model names past them
+        are one route): ``GET /v1/models/…``.
+
+        >>> PassThroughCounts.label("get", "/v1/files/file-123/content")
+        'GET /v1/files/…'
+        """
+        parts = [p for p in path.split("?", 1)[0].split("/") if p]
+        route = "/" + "/".join(parts[:2]) + ("/…" if len(parts) > 2 else "")
+        return f"{method.upper()} {route}"
+
+    def count(self, method: str, path: str) -> bool:
+        """Count one request; whether its route was seen for the first time."""
+        key = self.label(method, path)
+        with self._lock:
+            if key not in self._counts and len(self._counts) >= self.routes:
+                key = self.OTHER
+            first = key not in self._counts
+            self._counts[key] = self._counts.get(key, 0) + 1
+            return first
+
+    def snapshot(self) -> dict[str, Any]:
+        """``{"total": n, "routes": {label: n, …}}``, the busiest route first."""
+        with self._lock:
+            routes = dict(sorted(self._counts.items(), key=lambda kv: (-kv[1], kv[0])))
+        return {"total": sum(routes.values()), "routes": routes}

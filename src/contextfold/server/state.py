@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from contextfold.errors import ConfigError
 from contextfold.server.config import ServerConfig
-from contextfold.server.events import EventBus
+from contextfold.server.events import EventBus, PassThroughCounts
 from contextfold.store.sqlite import home_dir
 
 if TYPE_CHECKING:
@@ -49,6 +49,8 @@ class ServerState:
     config: ServerConfig
     memory: MemoryEngine
     events: EventBus = field(default_factory=EventBus)
+    # Requests forwarded without memory because of their route (``PassThroughCounts``).
+    passed: PassThroughCounts = field(default_factory=PassThroughCounts)
     secret: bytes = b""
     memory_error: str | None = None  # why memory is down (the proxy forwards without it)
     # Freeze what start-up loaded out of the garbage collector once the models are warm, before

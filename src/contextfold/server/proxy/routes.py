@@ -4,10 +4,13 @@ Routes (kept out of the OpenAPI schema: they are the providers' own APIs):
 
 - ``POST /v1/chat/completions`` (OpenAI), ``POST /v1/responses`` (OpenAI Responses API:
   ``responses``), ``POST /v1/messages`` (Anthropic),
-  ``POST /v1beta/models/{model}:generateContent`` and ``:streamGenerateContent`` (Gemini) go
-  through memory;
-- every other ``/v1/…`` and ``/v1beta/…`` request (``/v1/models``, ``/v1/embeddings``,
-  ``GET /v1/responses/{id}`` …) is passed through untouched.
+  ``POST /v1beta/models/{model}:generateContent`` and ``:streamGenerateContent`` (Gemini; the
+  same under ``/v1/models/…``, the stable API version) go through memory, and so do Azure
+  OpenAI's ``/openai/deployments/{name}/chat/completions`` (the deployment is the model when
+  the body names none), ``/openai/v1/chat/completions`` and ``/openai/v1/responses``;
+- every other ``/v1/…``, ``/v1beta/…`` and ``/openai/…`` request (``/v1/models``,
+  ``/v1/embeddings``, ``GET /v1/responses/{id}`` …) is passed through untouched, counted per
+  route (``PassThroughCounts``: the dashboard's stats and one log line per new route).
 
 Per memory request, each step in its module: the caller's principal and the turn its history
 continues (``session``) → memory for it under ``proxy.memory_deadline_ms`` (``recall``:
@@ -104,6 +107,8 @@ logger = logging.getLogger("contextfold.server.proxy")
 _T = TypeVar("_T")
 
 _GEMINI = re.compile(r"(?:tuned)?[mM]odels/[^/:]+:(?:generateContent|streamGenerateContent)")
+# Azure OpenAI: a deployment's chat completions, and the v1 API's.
+_AZURE_CHAT = re.compile(r"deployments/[^/]+/chat/completions|v1/chat/completions")
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 #: The longest a background job waits for the requests in flight to finish their memory work.
 QUIET_WAIT = 0.05
@@ -629,6 +634,11 @@ class Proxy:
         if isinstance(target, Response):
             return target
         upstream, _, path, content = target
+        if self.state.passed.count(request.method, path):
+            logger.info(
+                "passed through without memory: %s (counted in the dashboard's stats)",
+                self.state.passed.label(request.method, path),
+            )
         url = upstream_url(upstream, path, request.url.query)
         headers = forward_headers(request.headers.items())
         try:
@@ -686,7 +696,7 @@ def _decode(raw: bytes) -> tuple[dict[str, Any] | None, str]:
 
 
 def _format_of(path: str) -> str:
-    if path.startswith("/v1beta/"):
+    if path.startswith("/v1beta/") or _GEMINI.search(path):
         return "gemini"
     return "anthropic" if path.startswith("/v1/messages") else "openai"
 
@@ -745,13 +755,19 @@ def router(state: ServerState) -> ProxyRouter:
         return await proxy.handle(request, "anthropic")
 
     @routes.api_route("/v1beta/{rest:path}", methods=_METHODS, include_in_schema=False)
-    async def gemini(request: Request, rest: str) -> Response:
+    @routes.api_route("/v1/{rest:path}", methods=_METHODS, include_in_schema=False)
+    async def other(request: Request, rest: str) -> Response:
         if request.method == "POST" and _GEMINI.fullmatch(rest):
             return await proxy.handle(request, "gemini")
         return await proxy.passthrough(request)
 
-    @routes.api_route("/v1/{rest:path}", methods=_METHODS, include_in_schema=False)
-    async def openai_other(request: Request, rest: str) -> Response:
+    @routes.api_route("/openai/{rest:path}", methods=_METHODS, include_in_schema=False)
+    async def azure(request: Request, rest: str) -> Response:
+        if request.method == "POST":
+            if _AZURE_CHAT.fullmatch(rest):
+                return await proxy.handle(request, "openai")
+            if rest == "v1/responses":
+                return await proxy.handle(request, responses.FORMAT)
         return await proxy.passthrough(request)
 
     return routes

@@ -273,8 +273,12 @@ class Wire(ABC):
         return body.get("stream") is True
 
     def model(self, body: JSON, path: str) -> str | None:
+        """The body's ``model``, else an Azure deployment's name from the path."""
         value = body.get("model")
-        return value if isinstance(value, str) else None
+        if isinstance(value, str):
+            return value
+        _, found, rest = path.partition("/deployments/")
+        return rest.split("/", 1)[0] or None if found else None
 
     # -- markers ---------------------------------------------------------------------------------
 

@@ -104,6 +104,13 @@
     return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
   }
 
+  // Requests forwarded without memory because of their route; the routes in the tooltip.
+  function passedTile(passed) {
+    const t = tile("passed through, no memory", fmt(passed.total), "passed");
+    t.title = Object.entries(passed.routes).map(([route, n]) => `${route}: ${n}`).join("\n");
+    return t;
+  }
+
   async function refreshStats() {
     try {
       const s = await api("/dashboard/api/stats");
@@ -116,6 +123,7 @@
         tile("tokens in → fwd", `${fmt(s.tokens_in)} → ${fmt(s.tokens_forwarded)}`, "tokens"),
         tile("dropped turns", fmt(s.dropped_turns), "dropped"),
         tile("errors", fmt(s.errors), "errors"),
+        passedTile(s.passed_through),
         tile("uptime", uptime(s.uptime_s), "uptime"),
       );
     } catch (err) {
