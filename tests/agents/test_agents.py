@@ -59,11 +59,6 @@ def _known(reason: str, *open_for: str) -> list[Any]:
     return [pytest.param(c, marks=mark) if c in open_for else c for c in CLIENTS]
 
 
-AIDER_RESTORED = (
-    "aider --restore-chat-history resends its history rewritten from .aider.chat.history.md "
-    "(whitespace and message boundaries differ from what was stored), so it is neither "
-    "recognised by content nor compared as held"
-)
 AIDER_EXAMPLES = (
     "every aider session opens with the same example exchanges, so a new session is "
     "recognised as a fork of the last one after those examples, not as a new conversation "
@@ -181,7 +176,7 @@ def test_proxy_understood_every_request(agent_runs: AgentRuns, client_id: str) -
     )
 
 
-@pytest.mark.parametrize("client_id", _known(AIDER_RESTORED, "aider"))
+@pytest.mark.parametrize("client_id", CLIENTS)
 def test_resumed_session_continues(agent_runs: AgentRuns, client_id: str) -> None:
     """The task's second invocation resumes the first session (``claude --continue``,
     ``codex exec resume --last``, ``aider --restore-chat-history``): the proxy continues the
@@ -212,7 +207,7 @@ def test_resumed_session_continues(agent_runs: AgentRuns, client_id: str) -> Non
     )
 
 
-@pytest.mark.parametrize("client_id", _known(AIDER_RESTORED, "aider"))
+@pytest.mark.parametrize("client_id", CLIENTS)
 def test_nothing_injected_twice(agent_runs: AgentRuns, client_id: str) -> None:
     """Memory never repeats what the request already holds: the prompts and tool calls of
     the session (an agent's in-flight tool loop is history), nor an older version of a file
