@@ -1,11 +1,16 @@
-"""Clients that rebuild the history they resend (issue 20, aider), through the real proxy
-with a plain HTTP client:
+"""Clients that rebuild the history they resend, and clients that open every conversation
+with the same messages (issue 20, aider), through the real proxy with a plain HTTP client:
 
 - a history resent with other whitespace (trailing spaces, blank lines around a reply) holds
   its stored turns: none of them is recalled into the request again;
 - a history resent in another order, with a file listing re-sent with the file's new
   contents, continues its stored conversation (aider's ``--restore-chat-history`` puts the
   listing after the chat), while one that holds an unrelated message instead does not;
+- under ``proxy.recall_scope: principal``, a new conversation that shares only the opening
+  its client sends every conversation (example exchanges, before any reply) continues the
+  credential's latest conversation, as a new conversation does — the third session as well
+  as the second; a fork after a reply (an edit) still recalls nothing it replaced, and the
+  default scope recalls nothing either way.
 """
 
 from __future__ import annotations
@@ -117,3 +122,44 @@ def test_a_history_resent_in_another_order_continues_its_conversation(
         if continued:  # only the new exchange is stored after the first one's 6 turns
             assert engine.store.last_seq(first) == 8
             assert len(engine.store.sessions()) == 1
+
+
+@pytest.mark.parametrize(("scope", "recalled"), [("principal", True), ("conversation", False)])
+def test_a_new_conversation_sharing_only_the_clients_opening(
+    fake_llm: FakeLLMServer, tmp_path: Path, scope: str, recalled: bool
+) -> None:
+    with proxy(fake_llm, tmp_path, scope) as (served, engine):
+        first = post(served, [*OPENING, user("The deploy password hint is blue-heron-42.")])
+        second = post(served, [*OPENING, user("What is the deploy password hint?")])
+        forwarded = fake_llm.requests[-1].raw.decode()
+        assert ("blue-heron-42" in forwarded) is recalled
+        assert second != first
+        # either way the first conversation was not continued in place
+        assert engine.store.last_seq(first) == 4
+
+
+def test_a_fork_after_a_reply_still_recalls_nothing_it_replaced_under_principal_scope(
+    fake_llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    with proxy(fake_llm, tmp_path, "principal") as (served, engine):
+        start = [*OPENING, user("Let us plan the product launch.")]
+        first = post(served, start)
+        history = [*start, assistant("Noted.")]
+        post(served, [*history, user("The launch codename is BLUEFALCON, keep it secret.")])
+        edited = post(served, [*history, user("What is the launch codename?")])
+        assert "BLUEFALCON" not in fake_llm.requests[-1].raw.decode()
+        branch = engine.store.session(edited)
+        assert (branch.parent_id, branch.fork_seq) == (first, 4)
+
+
+def test_every_new_session_continues_the_latest_one_under_principal_scope(
+    fake_llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    """The third session shares the opening with the second one's branch too (which holds
+    the first session's turns, then the second's): it continues that branch's end, not a
+    fork of it after the second session's opening."""
+    with proxy(fake_llm, tmp_path, "principal") as (served, _):
+        post(served, [*OPENING, user("The deploy password hint is blue-heron-42.")])
+        post(served, [*OPENING, user("The staging server listens on port 8471.")])
+        post(served, [*OPENING, user("Which port does the staging server listen on?")])
+        assert "8471" in fake_llm.requests[-1].raw.decode()

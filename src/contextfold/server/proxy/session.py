@@ -25,7 +25,10 @@ else continued it) is forked too, so a request never recalls what another contin
 A client that rebuilds the history it resends in another order (aider moves its file listing
 after the chat, with the file's new contents) continues the branch whose last turns are its
 messages in any order — each the same, or for at most a quarter of them a version of one
-(``_reordered``) — before a partial agreement is taken for a fork.
+(``_reordered``) — before a partial agreement is taken for a fork. Under
+``proxy.recall_scope: principal``, a request that would fork short of a reply — agreeing
+only with messages its client wrote, like the fixed example exchanges that open every
+conversation of a client — is a new conversation (``locate``).
 
 >>> token = make_token("p", "abc", 4, b"secret")
 >>> verify_token(token, "p", b"secret"), verify_token(token, "q", b"secret")
@@ -244,8 +247,17 @@ def locate(
     ``scope="principal"`` (``proxy.recall_scope``): a request that starts a new conversation
     continues, on a new branch, after the last turn of the caller's conversation that stored
     a turn last, so it recalls what the credential's earlier conversations held (a coding
-    agent's next session remembers the last one). Its messages are all new."""
+    agent's next session remembers the last one). Its messages are all new. So is, under that
+    scope, a request found by its history that would fork its branch short of a reply
+    (``_agrees_short_of_a_reply``): it shares only messages its client wrote itself, like the
+    fixed example exchanges that open every aider session, and a fork there would cut it off
+    from what the credential's conversations said. A fork after a reply (an edit) stays a
+    fork, under either scope."""
     position = resolve(store, principal, messages, tokens, header, secret)
+    if scope == "principal" and _agrees_short_of_a_reply(store, position):
+        # It shares only what its client wrote (the opening it sends every conversation),
+        # not a reply: a new conversation, not a fork of that one.
+        position = Position(None, 0, 0, "new")
     if position.fork is None and position.source == "new" and scope == "principal":
         latest = store.latest_session(principal)
         if latest is not None:
@@ -381,3 +393,17 @@ def _versions(
             return False
         free.remove(pair)
     return not free
+
+
+def _agrees_short_of_a_reply(store: MemoryStore, position: Position) -> bool:
+    """Whether a request found by its history forks its branch after a turn that is no
+    reply: that turn and the next were stored by one exchange (they share its time; a reply
+    is the last turn its exchange stored). The request then agrees with the branch only as
+    far as messages a client wrote into one request itself — the opening every conversation
+    of that client begins with (aider's example exchanges) — and diverges before the model
+    answered them."""
+    if position.fork is None or position.source != "history":
+        return False
+    sid, seq = position.fork
+    times = store.turn_times(sid, [seq, seq + 1])
+    return len(times) == 2 and times[seq] == times[seq + 1]
