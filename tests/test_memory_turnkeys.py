@@ -37,6 +37,23 @@ def test_keys_follow_appends_and_match_by_role_and_text() -> None:
     assert len(keys.keys("s")) == 4
 
 
+def test_a_history_resent_with_other_whitespace_holds_its_turns() -> None:
+    """A client that re-renders the history it resends (trailing spaces, blank lines around
+    a reply, re-indented lines) still holds the stored turns; role and words still count."""
+    store = MemoryStore()
+    stored(store, "s", "Create hello.py.", "hello.py\n```python\nprint(1)\n```\n", "Run it.")
+    keys = TurnKeys(store)
+    resent = [
+        msg("user", "Create hello.py.  \n"),
+        msg("assistant", "\nhello.py\n```python\nprint(1)\n```\n\n"),
+        msg("assistant", "Run it."),  # another role
+    ]
+    assert keys.seqs_held("s", resent) == {1, 2}
+    assert keys.seqs_held("s", [msg("user", "Create  hello.py!")]) == set()
+    stored(store, "s", "Done.")  # appended turns (a user one here) get both keys too
+    assert keys.seqs_held("s", [msg("user", " Done. ")]) == {4}
+
+
 def test_a_session_deleted_and_written_again_is_read_afresh() -> None:
     store = MemoryStore()
     stored(store, "s", "old one", "old two", "old three")

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -50,25 +49,6 @@ from agent_scenarios import (
 from agent_upstream import ScriptedUpstream, all_text, latest_text
 
 pytestmark = pytest.mark.agents
-
-
-def _known(reason: str, *open_for: str) -> list[Any]:
-    """``CLIENTS`` with the clients for which a bar of issue 20 is still open marked as
-    expected to fail (strict: the day it passes, the mark must go)."""
-    mark = pytest.mark.xfail(strict=True, reason=f"issue 20, still open: {reason}")
-    return [pytest.param(c, marks=mark) if c in open_for else c for c in CLIENTS]
-
-
-AIDER_RESTORED = (
-    "aider --restore-chat-history resends its history rewritten from .aider.chat.history.md "
-    "(whitespace and message boundaries differ from what was stored), so it is neither "
-    "recognised by content nor compared as held"
-)
-AIDER_EXAMPLES = (
-    "every aider session opens with the same example exchanges, so a new session is "
-    "recognised as a fork of the last one after those examples, not as a new conversation "
-    "continuing the credential's latest one (recall_scope: principal)"
-)
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +161,7 @@ def test_proxy_understood_every_request(agent_runs: AgentRuns, client_id: str) -
     )
 
 
-@pytest.mark.parametrize("client_id", _known(AIDER_RESTORED, "aider"))
+@pytest.mark.parametrize("client_id", CLIENTS)
 def test_resumed_session_continues(agent_runs: AgentRuns, client_id: str) -> None:
     """The task's second invocation resumes the first session (``claude --continue``,
     ``codex exec resume --last``, ``aider --restore-chat-history``): the proxy continues the
@@ -212,7 +192,7 @@ def test_resumed_session_continues(agent_runs: AgentRuns, client_id: str) -> Non
     )
 
 
-@pytest.mark.parametrize("client_id", _known(AIDER_RESTORED, "aider"))
+@pytest.mark.parametrize("client_id", CLIENTS)
 def test_nothing_injected_twice(agent_runs: AgentRuns, client_id: str) -> None:
     """Memory never repeats what the request already holds: the prompts and tool calls of
     the session (an agent's in-flight tool loop is history), nor an older version of a file
@@ -261,7 +241,7 @@ def test_prompt_cache_reads_not_fewer(agent_runs: AgentRuns, client_id: str) -> 
     assert not fewer, "fewer prompt-cache reads through the proxy:\n" + "\n".join(fewer)
 
 
-@pytest.mark.parametrize("client_id", _known(AIDER_EXAMPLES, "aider"))
+@pytest.mark.parametrize("client_id", CLIENTS)
 def test_fact_recalled_in_a_new_session(agent_runs: AgentRuns, client_id: str) -> None:
     memory = agent_runs.memory(client_id)
     assert memory.first.rcs == [0] and memory.second.rcs == [0], _explain(memory.second)

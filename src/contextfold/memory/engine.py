@@ -509,11 +509,12 @@ class MemoryEngine:
         protected: int = 0,
     ) -> AssembledContext:
         """Memory for ``message`` within ``budget`` tokens (default: assembly.memory_budget).
-        Turns already in ``conversation_history`` are not recalled again (by content), nor
-        turns that are mostly older versions of it (``assemble.Held``). The history filter
-        keeps the last ``protected`` messages of the history whatever it decides (beside
-        ``compaction.protected_recent_turns``): a caller that sends the message being answered
-        inside the history, with a tool loop after it, keeps them all."""
+        Turns already in ``conversation_history`` are not recalled again (by content, runs of
+        whitespace aside: ``TurnKeys.seqs_held``), nor turns that are mostly older versions
+        of it (``assemble.Held``). The history filter keeps the last ``protected`` messages
+        of the history whatever it decides (beside ``compaction.protected_recent_turns``): a
+        caller that sends the message being answered inside the history, with a tool loop
+        after it, keeps them all."""
         text = message if isinstance(message, str) else as_message(message).text()
         history = [as_message(m) for m in conversation_history]
         with self.lock(session_id):
@@ -523,8 +524,7 @@ class MemoryEngine:
             # Turns the model will see in its (filtered) history are not recalled again; the
             # ones the filter drops (compacted, off-topic) stay candidates.
             kept = [history[i] for i in self._kept_inputs(filtered)]
-            live = {key_of(m) for m in kept}
-            exclude = self._turn_keys.seqs_matching(sid, live) if live else set()
+            exclude = self._turn_keys.seqs_held(sid, kept) if kept else set()
             ranked = (
                 []
                 if self._holds_everything(sid, exclude)

@@ -5,10 +5,11 @@ The proxy hands the engine the whole history on each request; the engine must te
 those messages are stored turns (they are not recalled again, and the compacted ones may be
 left out of the forwarded history). A message matches a turn by ``(role, text)``. Reading
 every stored turn's text back for that is O(session) per request, so this index keeps, per
-session, the hash of each stored turn's ``(role, text)`` and reads only the turns stored since
-its last look — turns are append-only. Before it extends a session's keys it checks that the
-last turn it knows still has the same content hash, and starts the session over when not (the
-session was deleted and written again, by this process or another).
+session, the hash of each stored turn's ``(role, text)`` — as stored, and with runs of
+whitespace made one space — and reads only the turns stored since its last look — turns are
+append-only. Before it extends a session's keys it checks that the last turn it knows still
+has the same content hash, and starts the session over when not (the session was deleted
+and written again, by this process or another).
 
 Only a bounded number of sessions is kept (least recently used first out); a session that
 falls out is read again in full the next time it is asked for.
@@ -21,17 +22,24 @@ falls out is read again in full the next time it is asked for.
 >>> keys = TurnKeys(store)
 >>> keys.seqs_matching("s", {key_of(Message(role="user", content="hello"))})
 {1}
+
+A client that re-renders the history it resends (aider restores it from its Markdown
+transcript: trailing spaces, blank lines around a reply) still holds the turn
+(``seqs_held``):
+
+>>> keys.seqs_held("s", [Message(role="user", content="hello  \\n")])
+{1}
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 from contextfold.items import Message
 from contextfold.store.memory import MemoryStore
 
-__all__ = ["TurnKeys", "key_of"]
+__all__ = ["TurnKeys", "key_of", "loose_key_of"]
 
 
 def key_of(message: Message) -> int:
@@ -40,11 +48,23 @@ def key_of(message: Message) -> int:
     return hash((message.role, message.text()))
 
 
+def _loose(role: str, text: str) -> int:
+    return hash((role, " ".join(text.split())))
+
+
+def loose_key_of(message: Message) -> int:
+    """The key of a message with runs of whitespace in its text made one space (the
+    comparison of ``store.memory_schema.match_key``, by which the proxy recognises a
+    history)."""
+    return _loose(message.role, message.text())
+
+
 class _Session:
-    __slots__ = ("keys", "last_hash")
+    __slots__ = ("keys", "last_hash", "loose")
 
     def __init__(self) -> None:
         self.keys: list[int] = []  # keys[i] is turn seq i + 1
+        self.loose: list[int] = []  # the same, whitespace collapsed
         self.last_hash: str | None = None
 
 
@@ -69,16 +89,37 @@ class TurnKeys:
             self._sessions.popitem(last=False)
         rows = self.store.turn_texts_after(session_id, len(state.keys))
         if rows and rows[0][0] != len(state.keys) + 1:  # seqs always start at 1, no gaps
-            state.keys = []
+            state.keys, state.loose = [], []
             rows = self.store.turn_texts_after(session_id, 0)
         for _, role, text, content_hash in rows:
             state.keys.append(hash((role, text)))
+            state.loose.append(_loose(role, text))
             state.last_hash = content_hash
         return state.keys
 
     def seqs_matching(self, session_id: str, keys: Collection[int]) -> set[int]:
         """The seqs of the stored turns whose key is in ``keys``."""
         return {i + 1 for i, key in enumerate(self.keys(session_id)) if key in keys}
+
+    def seqs_held(self, session_id: str, messages: Sequence[Message]) -> set[int]:
+        """The seqs of the stored turns that ``messages`` hold: the same role and text, or
+        the same once runs of whitespace are made one space (a client that re-renders its
+        history). Only the messages that match no turn as they are, and only while some turn
+        is unmatched, have their whitespace collapsed: a history resent byte for byte costs
+        what ``seqs_matching`` does."""
+        keys = self.keys(session_id)
+        exact = {key_of(m) for m in messages}
+        held = {i + 1 for i, key in enumerate(keys) if key in exact}
+        if len(held) == len(keys):
+            return held
+        known = set(keys)
+        loose = {loose_key_of(m) for m in messages if key_of(m) not in known}
+        if loose:
+            state = self._sessions[session_id]
+            held.update(
+                i + 1 for i, key in enumerate(state.loose) if key in loose and i + 1 not in held
+            )
+        return held
 
     def forget(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
+from contextfold._bounded import SessionLRU
 from contextfold.errors import ConfigError
 from contextfold.items import Message
 from contextfold.store.memory_models import _iso, _now
@@ -134,6 +135,7 @@ class BranchesMixin:
     """Principals, branches, exchanges and jobs, for ``MemoryStore``."""
 
     if TYPE_CHECKING:
+        _key_chains: SessionLRU[_KeyChain]
 
         @property
         def _conn(self) -> sqlite3.Connection: ...

@@ -10,8 +10,9 @@ and otherwise forwards the request as the client sent it (the late draft is neve
 - **Recall**: ``MemoryEngine.on_message_inbound`` for the last user message with text, over
   the branch, with the request's **whole** history — every message it holds, the in-flight
   tool loop after that user message included. Nothing the request already holds is recalled
-  again: stored turns are compared with the request's messages by content (match keys), not
-  by position, and a turn that is mostly an older version of what the request holds (a file
+  again: stored turns are compared with the request's messages by content (match keys, runs
+  of whitespace aside: a client may re-render the history it resends), not by position, and
+  a turn that is mostly an older version of what the request holds (a file
   re-sent after an edit: half or more of its lines are in the request) is left out too
   (``memory.assemble.Held``).
 - **History** (``drop_compacted``): raw messages whose every parsed message the history filter

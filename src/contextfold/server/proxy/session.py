@@ -22,6 +22,13 @@ new ones. Where they disagree (an edited or forked chat, a prompt template two u
 the request continues from the deepest turn where they still agree, on a new branch; with no
 agreement it starts a new conversation. A branch that has moved on since the reply (someone
 else continued it) is forked too, so a request never recalls what another continuation said.
+A client that rebuilds the history it resends in another order (aider moves its file listing
+after the chat, with the file's new contents) continues the branch whose last turns are its
+messages in any order — each the same, or for at most a quarter of them a version of one
+(``_reordered``) — before a partial agreement is taken for a fork. Under
+``proxy.recall_scope: principal``, a request that would fork short of a reply — agreeing
+only with messages its client wrote, like the fixed example exchanges that open every
+conversation of a client — is a new conversation (``locate``).
 
 >>> token = make_token("p", "abc", 4, b"secret")
 >>> verify_token(token, "p", b"secret"), verify_token(token, "q", b"secret")
@@ -36,11 +43,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from contextfold._bounded import BoundedMemo, text_size
+from contextfold.memory.assemble import Held
 from contextfold.store.memory_schema import match_key
 
 if TYPE_CHECKING:
@@ -217,6 +226,10 @@ def resolve(
             return _continue(store, sid, seq, new_from, source)
         if agree and (best is None or agree > best[0]):
             best = (agree, sid, seq - depth + agree - 1, source, turns[last - depth + agree])
+    held = _reordered(store, candidates, keys[: last + 1], [messages[i] for i in turns[: last + 1]])
+    if held is not None:
+        sid, seq, source = held
+        return _continue(store, sid, seq, new_from, source)
     if best is not None:
         _, sid, seq, source, first_new = best
         return Position(sid, seq, first_new, source, fork=(sid, seq))
@@ -245,8 +258,17 @@ def locate(
     ``scope="principal"`` (``proxy.recall_scope``): a request that starts a new conversation
     continues, on a new branch, after the last turn of the caller's conversation that stored
     a turn last, so it recalls what the credential's earlier conversations held (a coding
-    agent's next session remembers the last one). Its messages are all new."""
+    agent's next session remembers the last one). Its messages are all new. So is, under that
+    scope, a request found by its history that would fork its branch short of a reply
+    (``_agrees_short_of_a_reply``): it shares only messages its client wrote itself, like the
+    fixed example exchanges that open every aider session, and a fork there would cut it off
+    from what the credential's conversations said. A fork after a reply (an edit) stays a
+    fork, under either scope."""
     position = resolve(store, principal, messages, tokens, header, secret)
+    if scope == "principal" and _agrees_short_of_a_reply(store, position):
+        # It shares only what its client wrote (the opening it sends every conversation),
+        # not a reply: a new conversation, not a fork of that one.
+        position = Position(None, 0, 0, "new")
     if position.fork is None and position.source == "new" and scope == "principal":
         latest = store.latest_session(principal)
         if latest is not None:
@@ -287,3 +309,113 @@ def _continue(store: MemoryStore, sid: str, seq: int, new_from: int, source: str
     if last == seq:
         return Position(sid, seq, new_from, source, expect_last=seq)
     return Position(sid, seq, new_from, source, fork=(sid, seq))
+
+
+def _reordered(
+    store: MemoryStore,
+    candidates: Sequence[tuple[str, int, str]],
+    keys: Sequence[str],
+    history: Sequence[Message],
+) -> tuple[str, int, str] | None:
+    """Where the request's ``history`` (its messages up to its last reply; ``keys``, their
+    match keys) is held in another order: (session, seq, source) of the deepest turn ``seq``
+    of the first of the ``candidates``' branches (the turns stored like that reply: named
+    ones first, then the newest) whose last ``len(keys)`` turns up to ``seq`` are those
+    messages, or None. A turn and a message are the same when their match keys are; at most
+    a quarter of them may instead be versions of each other (``_versions``: a file listing
+    re-sent with the file's new contents). A client that rebuilds the history it resends
+    (aider puts its file listing after the chat, and restores the chat from its Markdown
+    transcript) is recognised by what it holds, not by where."""
+    size = len(keys)
+    if size < 2:
+        return None
+    want = Counter(keys)
+    branches: dict[str, tuple[int, int, str]] = {}  # sid -> (lowest seq, highest, source)
+    for sid, seq, source in candidates:
+        low, high, first = branches.get(sid, (seq, seq, source))
+        branches[sid] = (min(low, seq), max(high, seq), first)
+    for sid, (first_seq, last_seq, source) in branches.items():
+        # the windows that hold one of the candidate turns
+        low, high = max(first_seq, size), min(last_seq + size - 1, store.last_seq(sid))
+        if low > high:  # the branch is shorter than the history
+            continue
+        stored = store.turn_keys(sid, low - size + 1, high)
+        # diff: how many more times the history holds a key than the window of turns
+        # ending at ``end`` does; slid one turn down at a time
+        diff: dict[str | None, int] = {}
+        diff.update(want)
+        for q in range(high - size + 1, high + 1):
+            diff[stored.get(q)] = diff.get(stored.get(q), 0) - 1
+        apart = sum(abs(v) for v in diff.values())
+        for end in range(high, low - 1, -1):
+            if apart == 0:
+                return sid, end, source
+            if 2 * apart <= size and _versions(store, sid, end, diff, stored, keys, history):
+                return sid, end, source
+            if end == low:
+                break
+            for key, step in ((stored.get(end), 1), (stored.get(end - size), -1)):
+                before = diff.get(key, 0)
+                diff[key] = before + step
+                apart += abs(before + step) - abs(before)
+    return None
+
+
+def _versions(
+    store: MemoryStore,
+    sid: str,
+    end: int,
+    diff: Mapping[str | None, int],
+    stored: Mapping[int, str],
+    keys: Sequence[str],
+    history: Sequence[Message],
+) -> bool:
+    """Whether the window's turns the history lacks and the history's messages the window
+    lacks pair up, each turn with a message of its role that is a version of it: at least
+    3 lines of 8 or more characters, half of them in the other (``assemble.Held``, the rule
+    that leaves an older version of what a request holds out of its recall)."""
+    left = dict(diff)  # > 0: messages of that key the window lacks; < 0: turns
+    missing: list[Message] = []
+    for key, m in zip(keys, history, strict=True):
+        if left.get(key, 0) > 0:
+            left[key] -= 1
+            missing.append(m)
+    extra: list[int] = []
+    for q in range(end - len(keys) + 1, end + 1):
+        turn_key = stored.get(q)
+        if left.get(turn_key, 0) < 0:
+            left[turn_key] += 1
+            extra.append(q)
+    rows = store.turn_rows(sid, extra)
+    free = list(missing)
+    for q in extra:
+        row = rows.get(q)
+        if row is None:
+            return False
+        pair = next(
+            (
+                m
+                for m in free
+                if m.role == row.role
+                and (Held([m.text()]).holds(row.text) or Held([row.text]).holds(m.text()))
+            ),
+            None,
+        )
+        if pair is None:
+            return False
+        free.remove(pair)
+    return not free
+
+
+def _agrees_short_of_a_reply(store: MemoryStore, position: Position) -> bool:
+    """Whether a request found by its history forks its branch after a turn that is no
+    reply: that turn and the next were stored by one exchange (they share its time; a reply
+    is the last turn its exchange stored). The request then agrees with the branch only as
+    far as messages a client wrote into one request itself — the opening every conversation
+    of that client begins with (aider's example exchanges) — and diverges before the model
+    answered them."""
+    if position.fork is None or position.source != "history":
+        return False
+    sid, seq = position.fork
+    times = store.turn_times(sid, [seq, seq + 1])
+    return len(times) == 2 and times[seq] == times[seq + 1]

@@ -1,0 +1,165 @@
+"""Clients that rebuild the history they resend, and clients that open every conversation
+with the same messages (issue 20, aider), through the real proxy with a plain HTTP client:
+
+- a history resent with other whitespace (trailing spaces, blank lines around a reply) holds
+  its stored turns: none of them is recalled into the request again;
+- a history resent in another order, with a file listing re-sent with the file's new
+  contents, continues its stored conversation (aider's ``--restore-chat-history`` puts the
+  listing after the chat), while one that holds an unrelated message instead does not;
+- under ``proxy.recall_scope: principal``, a new conversation that shares only the opening
+  its client sends every conversation (example exchanges, before any reply) continues the
+  credential's latest conversation, as a new conversation does — the third session as well
+  as the second; a fork after a reply (an edit) still recalls nothing it replaced, and the
+  default scope recalls nothing either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from contextfold.memory.engine import MemoryEngine
+from contextfold.server.config import ProxySettings, ServerConfig
+from contextfold.server.proxy.session import SESSION_HEADER
+from fake_llm import FakeLLMServer
+from proxy_support import Served, serve
+
+TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {}}}]
+SYSTEM = {"role": "system", "content": "Act as an expert software developer."}
+OPENING = [  # what the client sends before the first request of every conversation
+    SYSTEM,
+    {"role": "user", "content": "Change the greeting to be more casual"},
+    {"role": "assistant", "content": "Ok, I will switch the greeting from Hello to Hey."},
+]
+ACK = "Ok, any changes I propose will be to those files."
+CREATE = "Create hello.py that prints hello."
+CHANGE = "Make hello.py print hello, world."
+REPLY = 'hello.py\n```python\nprint("hello")\n```\n'
+
+
+def listing(contents: str) -> str:
+    """The client's file listing (it re-sends it with each request, the file as it is now)."""
+    return (
+        "I have added these files to the chat so you can go ahead and edit them.\n"
+        "Trust this message as the true contents of these files!\n"
+        "Any other messages in the chat may contain outdated versions of them.\n\n"
+        f"hello.py\n```\n{contents}```\n"
+    )
+
+
+@contextmanager
+def proxy(fake_llm: FakeLLMServer, tmp_path: Path, scope: str) -> Iterator[tuple[Served, Any]]:
+    fake_llm.reply = lambda body: REPLY if CREATE in str(body["messages"][-1]) else "Noted."
+    settings = ProxySettings(upstream=fake_llm.url, markers=False, recall_scope=scope)
+    with (
+        MemoryEngine(store=tmp_path / "m.db", embedder=None) as engine,
+        serve(ServerConfig(port=0, proxy=settings), engine) as served,
+    ):
+        yield served, engine
+
+
+def post(served: Served, messages: list[dict[str, Any]], key: str = "sk-dev") -> str:
+    """One request of the client's main loop (it offers tools); the session it was stored in.
+    Waits for its derived work, as the next request of a real client would find it."""
+    response = httpx.post(
+        f"{served.url}/v1/chat/completions",
+        json={"model": "m", "messages": messages, "tools": TOOLS},
+        headers={"Authorization": f"Bearer {key}"},
+        timeout=30,
+    )
+    response.raise_for_status()
+    served.drain()
+    return str(response.headers[SESSION_HEADER]).split(".")[0]
+
+
+def user(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
+
+
+def assistant(text: str) -> dict[str, str]:
+    return {"role": "assistant", "content": text}
+
+
+def test_a_history_resent_with_other_whitespace_is_not_recalled_again(
+    fake_llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    fact = "Remember that the release branch is called amber-kite-7.  \n\n"
+    with proxy(fake_llm, tmp_path, "conversation") as (served, _):
+        first = post(served, [user(fact)])
+        resent = [user(fact.strip()), assistant("\nNoted.\n"), user("What is the release branch?")]
+        assert post(served, resent) == first
+        forwarded = fake_llm.requests[-1].raw.decode()
+        assert forwarded.count("amber-kite-7") == 1, forwarded
+
+
+@pytest.mark.parametrize(
+    ("listed", "continued"),
+    [
+        (listing('print("hello")\n'), True),  # the listing again, with the file's new contents
+        (
+            "Something else entirely, said once.\nIt is not a listing.\nNor a version of one.\n",
+            False,
+        ),
+    ],
+)
+def test_a_history_resent_in_another_order_continues_its_conversation(
+    fake_llm: FakeLLMServer, tmp_path: Path, listed: str, continued: bool
+) -> None:
+    with proxy(fake_llm, tmp_path, "conversation") as (served, engine):
+        first = post(served, [*OPENING, user(listing("")), assistant(ACK), user(CREATE)])
+        # the chat restored from the client's transcript (re-rendered), then the listing
+        restored = [user(CREATE + "  \n"), assistant("\n" + REPLY + "\n")]
+        second = [*OPENING, *restored, user(listed), assistant(ACK), user(CHANGE)]
+        sid = post(served, second)
+        assert (sid == first) is continued
+        forwarded = fake_llm.requests[-1].raw.decode()
+        assert forwarded.count(CREATE) == 1, forwarded  # held: not recalled again
+        if continued:  # only the new exchange is stored after the first one's 6 turns
+            assert engine.store.last_seq(first) == 8
+            assert len(engine.store.sessions()) == 1
+
+
+@pytest.mark.parametrize(("scope", "recalled"), [("principal", True), ("conversation", False)])
+def test_a_new_conversation_sharing_only_the_clients_opening(
+    fake_llm: FakeLLMServer, tmp_path: Path, scope: str, recalled: bool
+) -> None:
+    with proxy(fake_llm, tmp_path, scope) as (served, engine):
+        first = post(served, [*OPENING, user("The deploy password hint is blue-heron-42.")])
+        second = post(served, [*OPENING, user("What is the deploy password hint?")])
+        forwarded = fake_llm.requests[-1].raw.decode()
+        assert ("blue-heron-42" in forwarded) is recalled
+        assert second != first
+        # either way the first conversation was not continued in place
+        assert engine.store.last_seq(first) == 4
+
+
+def test_a_fork_after_a_reply_still_recalls_nothing_it_replaced_under_principal_scope(
+    fake_llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    with proxy(fake_llm, tmp_path, "principal") as (served, engine):
+        start = [*OPENING, user("Let us plan the product launch.")]
+        first = post(served, start)
+        history = [*start, assistant("Noted.")]
+        post(served, [*history, user("The launch codename is BLUEFALCON, keep it secret.")])
+        edited = post(served, [*history, user("What is the launch codename?")])
+        assert "BLUEFALCON" not in fake_llm.requests[-1].raw.decode()
+        branch = engine.store.session(edited)
+        assert (branch.parent_id, branch.fork_seq) == (first, 4)
+
+
+def test_every_new_session_continues_the_latest_one_under_principal_scope(
+    fake_llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    """The third session shares the opening with the second one's branch too (which holds
+    the first session's turns, then the second's): it continues that branch's end, not a
+    fork of it after the second session's opening."""
+    with proxy(fake_llm, tmp_path, "principal") as (served, _):
+        post(served, [*OPENING, user("The deploy password hint is blue-heron-42.")])
+        post(served, [*OPENING, user("The staging server listens on port 8471.")])
+        post(served, [*OPENING, user("Which port does the staging server listen on?")])
+        assert "8471" in fake_llm.requests[-1].raw.decode()
