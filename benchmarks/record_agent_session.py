@@ -88,7 +88,7 @@ def read_recording(path: Path) -> tuple[JSON, list[JSON]]:
     return meta, bodies
 
 
-def _harness() -> None:
+def harness() -> None:
     """Make ``tests/agents``'s modules importable (they import each other by name)."""
     if str(AGENTS) not in sys.path:
         sys.path.insert(0, str(AGENTS))
@@ -96,7 +96,7 @@ def _harness() -> None:
 
 def installed(client_id: str = "claude-latest") -> bool:
     """Whether the pinned client is installed (recording needs it)."""
-    _harness()
+    harness()
     from agent_harness import AGENTS_DIR, pins
 
     _, package, version = pins()[client_id]
@@ -107,7 +107,7 @@ def installed(client_id: str = "claude-latest") -> bool:
 def record(out: Path, calls: int, seed: int = 7, client_id: str = "claude-latest") -> JSON:
     """Record a session of about ``calls`` tool calls to ``out``; its header. Raises
     ``RuntimeError`` when the client failed or did not follow the script to its end."""
-    _harness()
+    harness()
     from long_session import record_session
 
     out.parent.mkdir(parents=True, exist_ok=True)
