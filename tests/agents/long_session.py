@@ -1,7 +1,8 @@
 """A long agent session from the real Claude Code: the scripted model walks a copy of a real
 repository with hundreds of tool calls (Read, Edit, and Bash: ``grep``, ``find``, ``ls``,
-``wc``, ``git log``; this Claude Code offers no Grep or Glob tool without ripgrep), the client
-runs each of them for real, and every request body it sends is seen as the upstream got it.
+``wc``, ``git log``; Claude Code 2.1 answered Grep and Glob calls here with "not available in
+this session, use grep / find via Bash"), the client runs each of them for real, and every
+request body it sends is seen as the upstream got it.
 
 - ``prepare_repository(ws, source)``: ``source`` copied into the workspace's git repository,
   committed folder by folder (fixed author and dates, so ``git log`` has a history to show);
@@ -131,7 +132,7 @@ def long_task(ws: Workspace, files: list[Path], calls: int, seed: int = 7) -> li
             path = unread.pop()
             read.append(path)
             return Call("Read", {"file_path": str(path)})
-        if kind == "Grep":  # Claude Code 2.1 has no Grep tool without ripgrep: grep in Bash
+        if kind == "Grep":  # Grep is "not available in this session": grep in Bash
             pattern = rng.choice(_PATTERNS)
             folder = rng.choice(folders)
             if rng.random() < 0.3:
