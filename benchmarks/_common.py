@@ -803,30 +803,67 @@ def _render_warm_start(path: Path, data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _count(value: Any, fmt: str = ",") -> str:
+    return "—" if value is None else format(value, fmt)
+
+
 def _render_tool_outputs(path: Path, data: dict[str, Any]) -> list[str]:
     p, r = data["parameters"], data["ratios"]
+    recorded = data["name"] == "tool_outputs_recorded"
+    what = "a recorded Claude Code session" if recorded else "a synthesized session"
+    window = f"; model window {p['window_tokens']:,} tokens" if "window_tokens" in p else ""
+    session = p["session"] if "session_kind" in p else f"{p['session']}, {p['calls']} tool calls"
     lines = [
-        "## Tool-output compaction (`bench_tool_outputs.py`)",
+        f"## Tool-output compaction: {what} (`bench_tool_outputs.py`)",
         "",
         data["description"],
         "",
         f"- Command: `{data['command']}` → `{_relative(str(path))}`",
         f"- Machine: {_machine_line(data)}",
-        f"- Session: {p['session']}, {p['calls']} tool calls; limit {p['limit_tokens']:,} "
-        f"tokens, newest {p['keep_recent']} outputs kept; counts: {p['counter']}.",
+        f"- Session: {session}; limit {p['limit_tokens']:,} tokens{window}, newest "
+        f"{p['keep_recent']} outputs kept; counts: {p['counter']}.",
         "",
         "| strategy | total input tokens | not served by the prompt cache | largest request | "
-        "last request | over the limit | prefix kept | invalid |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "last request | over the limit | over the window | prefix kept | events | "
+        "prefix kept between events | invalid |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, s in data["strategies"].items():
         lines.append(
             f"| {name} | {s['total_tokens']:,} | {s['uncached_tokens']:,} | "
             f"{s['largest_request_tokens']:,} | {s['last_request_tokens']:,} | "
-            f"{s['requests_over_limit']} | {s['prefix_kept_share']:.1%} | {s['invalid_count']} |"
+            f"{s['requests_over_limit']} | {_count(s.get('requests_over_window'))} | "
+            f"{s['prefix_kept_share']:.1%} | {_count(s.get('events'))} | "
+            f"{s.get('prefix_kept_between_events', '—')} | {s['invalid_count']} |"
+        )
+    lines.append("")
+    c = data.get("compaction")
+    if c:
+        samples = "; ".join(
+            f"request {x['request']}: {x['before']:,} → {x['after']:,} "
+            f"({x['before'] / x['after']:.2f}×)"
+            for x in c["samples"]
+        )
+        lines.append(
+            f"- Compaction per request (contextfold, tokens before → after): {samples}. "
+            f"{c['compacted_requests']} of {p['calls']} requests compacted (the first: request "
+            f"{c['first_compacted_request']}); ratio median {c['ratio_median_compacted']}×, "
+            f"last {c['ratio_last']}×, largest {c['ratio_max']}×; "
+            f"{c.get('bucket_events', '—')} of the events are size-bucket crossings, the others "
+            "stub the output that just left the newest ones while a bucket's savings are not "
+            "reached."
+        )
+    x = data.get("through_proxy")
+    if x:
+        lines.append(
+            f"- Through a real `contextfold proxy` (memory on) to the scripted upstream, "
+            f"{len(x['requests'])} of the requests (evenly spaced): {x['answered']} answered, "
+            f"{x['valid']} valid as forwarded, {x['stubbed_as_offline']} stubbed exactly as "
+            f"offline, the restore tool on {x['restore_tool_on_compacted']} of "
+            f"{x['compacted']} compacted; {x['seconds_median']} s median, {x['seconds_max']} s "
+            "max per request."
         )
     lines += [
-        "",
         "- Ratios: " + ", ".join(f"{k} {v}×" for k, v in r.items()) + ".",
         f"- Correctness flags: {_flags(data['correctness'])}.",
     ]
@@ -843,6 +880,7 @@ _RENDERERS = {
     "retrieval_floor": _render_floor,
     "warm_start": _render_warm_start,
     "tool_outputs": _render_tool_outputs,
+    "tool_outputs_recorded": _render_tool_outputs,
     "retrieval_floor_calibration": _render_floor_calibration,
 }
 
@@ -866,7 +904,8 @@ def render_results(results_dir: Path) -> str:
         "`python benchmarks/bench_history_trim.py`, `python benchmarks/bench_retrieval.py`, "
         "`python benchmarks/bench_memory.py`, `python benchmarks/bench_proxy.py`, "
         "`python benchmarks/bench_durability.py`, `python benchmarks/bench_warm_start.py` and "
-        "`python benchmarks/bench_tool_outputs.py`.",
+        "`python benchmarks/bench_tool_outputs.py` (`--synthesized` for the synthesized "
+        "session).",
         "",
     ]
     for name, (path, data) in latest_results(results_dir).items():

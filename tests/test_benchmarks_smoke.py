@@ -179,4 +179,53 @@ def test_tool_outputs_benchmark_quick_run(tmp_path: Path) -> None:
     assert result["ratios"]["total_none_over_contextfold"] == round(
         none["total_tokens"] / ours["total_tokens"], 2
     )
+    assert ours["prefix_kept_between_events_share"] == 1.0 and none["events"] == 0
+    assert len(ours["per_request_tokens"]) == 60
+    assert result["compaction"]["compacted_requests"] > 0
     assert "## Tool-output compaction" in md.read_text(encoding="utf-8")
+
+
+def test_tool_outputs_benchmark_replays_a_recording(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recording in ``record_agent_session.py``'s delta-coded format (here the synthesized
+    session written through its writer) reads back body for body, and the benchmark replays
+    it as a recorded session."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import bench_tool_outputs
+    import record_agent_session
+
+    bodies = bench_tool_outputs.synthesized_session(12, seed=3)
+    bodies[5] = {**bodies[5], "max_tokens": 100}  # a top-level field that changes
+    path = tmp_path / "session.jsonl.gz"
+    with path.open("wb") as raw:
+        writer = record_agent_session.DeltaWriter(raw)
+        writer.line({"recording": {"client": "test", "version": "0", "tool_calls": 12}})
+        for body in bodies:
+            writer.write(body)
+        writer.close()
+    meta, back = record_agent_session.read_recording(path)
+    assert back == bodies and [list(b) for b in back] == [list(b) for b in bodies]
+    assert meta["client"] == "test"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "bench_tool_outputs.py"),
+            "--quick",
+            "--session",
+            str(path),
+            "--results-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "error"},
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (result_path,) = tmp_path.glob("tool_outputs_recorded-*-quick.json")
+    result = json.loads(result_path.read_text(encoding="utf-8"))
+    assert result["parameters"]["session_kind"] == "recorded"
+    assert result["strategies"]["none"]["requests"] == 12
+    assert "a recorded Claude Code session" in (tmp_path / "RESULTS.md").read_text()

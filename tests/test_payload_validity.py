@@ -1,19 +1,22 @@
 """Every formatter's payload is one its provider accepts, whatever the history and the budget.
 
-Anthropic and Gemini: the first turn is the user's, roles alternate, each tool result answers a
-call of the turn right before it (results first in their turn) and every call is answered
-there. OpenAI: each ``tool`` message answers a call of the assistant message before the run of
-tool messages it belongs to, and every call is answered by that run. The conversations are
+The rules are ``contextfold.testing.payload_problem``'s (the tool-output benchmark checks the
+proxy's compacted requests against the same): Anthropic and Gemini: the first turn is the
+user's, roles alternate, each tool result answers a call of the turn right before it (results
+first in their turn) and every call is answered there. OpenAI: each ``tool`` message answers a
+call of the assistant message before the run of tool messages it belongs to, and every call is
+answered by that run. The conversations are
 well-formed (each call answered right after it) and packed under random budgets, so the window
 may start anywhere in them; ``trim_history`` and ``MemoryManager`` keep whole exchanges.
 """
 
 from __future__ import annotations
 
-import itertools
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -22,6 +25,7 @@ from contextfold.conversation import MemoryManager, trim_history
 from contextfold.formats import BaseFormatter
 from contextfold.formats.base import item_message
 from contextfold.items import ContextItem, Message, QueryBundle, SourceType
+from contextfold.testing import payload_problem
 from contextfold.tokens import TokenCounter
 from strategies import (
     EPOCH,
@@ -81,55 +85,15 @@ def windows(draw: st.DrawFn) -> list[ContextItem]:
     return items
 
 
-def check_anthropic(payload: dict[str, Any]) -> None:
-    messages = payload["messages"]
-    assert not messages or messages[0]["role"] == "user"
-    assert all(a["role"] != b["role"] for a, b in itertools.pairwise(messages))
-    for before, message in itertools.pairwise([None, *messages]):
-        kinds = [b["type"] for b in message["content"]]
-        assert message["content"], "an empty turn"
-        results = [b["tool_use_id"] for b in message["content"] if b["type"] == "tool_result"]
-        assert kinds[: len(results)] == ["tool_result"] * len(results), "results come first"
-        calls = [b["id"] for b in (before or {}).get("content", []) if b["type"] == "tool_use"]
-        if message["role"] == "user":
-            assert sorted(results) == sorted(calls), "each call answered in the next turn"
-        else:
-            assert not results
-    if messages and messages[-1]["role"] == "assistant":
-        assert not any(b["type"] == "tool_use" for b in messages[-1]["content"])
+def _check(fmt: str) -> Callable[[dict[str, Any]], None]:
+    def check(payload: dict[str, Any]) -> None:
+        problem = payload_problem(fmt, payload)
+        assert problem is None, problem
+
+    return check
 
 
-def check_gemini(payload: dict[str, Any]) -> None:
-    contents = payload["contents"]
-    assert not contents or contents[0]["role"] == "user"
-    assert all(a["role"] != b["role"] for a, b in itertools.pairwise(contents))
-    for before, turn in itertools.pairwise([None, *contents]):
-        assert turn["parts"], "an empty turn"
-        responses = [p["functionResponse"]["id"] for p in turn["parts"] if "functionResponse" in p]
-        assert all("functionResponse" in p for p in turn["parts"][: len(responses)])
-        calls = [
-            p["functionCall"]["id"] for p in (before or {}).get("parts", []) if "functionCall" in p
-        ]
-        if turn["role"] == "user":
-            assert sorted(responses) == sorted(calls), "each call answered in the next turn"
-        else:
-            assert not responses
-
-
-def check_openai(payload: dict[str, Any]) -> None:
-    pending: list[str] = []
-    for message in payload["messages"]:
-        if message["role"] == "tool":
-            assert message["tool_call_id"] in pending, "a result without its call before it"
-            pending.remove(message["tool_call_id"])
-            continue
-        assert not pending, "a call left unanswered before the next message"
-        if message["role"] == "assistant":
-            pending = [c["id"] for c in message.get("tool_calls", [])]
-    assert not pending
-
-
-CHECKS = {"anthropic": check_anthropic, "gemini": check_gemini, "openai": check_openai}
+CHECKS = {fmt: _check(fmt) for fmt in ("anthropic", "gemini", "openai")}
 
 
 @given(items=windows(), budget=budgets(), formatter=st.sampled_from(FORMATTERS))
@@ -199,3 +163,53 @@ def test_the_lazy_walk_finds_the_same_exchanges(history: list[Message]) -> None:
     bad = {i for idxs in tool_units(history) if not _complete(history, idxs) for i in idxs}
     eager = [(group, bad.intersection(group)) for group in reversed(exchanges(history))]
     assert list(_newest_exchanges(history)) == eager
+
+
+_USE = {"type": "tool_use", "id": "t1", "name": "Read", "input": {}}
+_RESULT = {"type": "tool_result", "tool_use_id": "t1", "content": "text"}
+
+
+@pytest.mark.parametrize(
+    ("messages", "inline_system", "problem"),
+    [
+        ([{"role": "assistant", "content": "hi"}], False, "first turn is the assistant's"),
+        ([{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], False, "in a row"),
+        ([{"role": "user", "content": ""}], False, "an empty turn"),
+        (
+            [{"role": "user", "content": "a"}, {"role": "assistant", "content": [_USE]}],
+            False,
+            "never answered",
+        ),
+        (
+            [
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": [_USE]},
+                {"role": "user", "content": [{"type": "text", "text": "b"}, _RESULT]},
+            ],
+            False,
+            "do not come first",
+        ),
+        ([{"role": "user", "content": [_RESULT]}], False, "answer the calls []"),
+        (
+            [{"role": "user", "content": "a"}, {"role": "system", "content": "s"}],
+            False,
+            "role 'system'",
+        ),
+        (
+            [
+                {"role": "user", "content": "a"},
+                {"role": "system", "content": "s"},
+                {"role": "assistant", "content": [_USE]},
+                {"role": "user", "content": [_RESULT]},
+                {"role": "system", "content": "s"},
+            ],
+            True,
+            None,
+        ),
+    ],
+)
+def test_payload_problem_names_what_the_provider_refuses(
+    messages: list[dict[str, Any]], inline_system: bool, problem: str | None
+) -> None:
+    found = payload_problem("anthropic", {"messages": messages}, inline_system=inline_system)
+    assert found == problem if problem is None else problem in (found or ""), found

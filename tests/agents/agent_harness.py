@@ -85,9 +85,12 @@ def free_port() -> int:
 
 
 class ProxyProcess:
-    """``contextfold proxy --upstream URL`` in its own process and ``CONTEXTFOLD_HOME``."""
+    """``contextfold proxy --upstream URL`` in its own process and ``CONTEXTFOLD_HOME``;
+    ``tool_outputs``: its ``proxy.tool_outputs`` settings (tool-output compaction)."""
 
-    def __init__(self, upstream: str, home: Path) -> None:
+    def __init__(
+        self, upstream: str, home: Path, tool_outputs: dict[str, Any] | None = None
+    ) -> None:
         self.home = home
         self.port = free_port()
         self.log_path = home / "proxy.log"
@@ -99,7 +102,10 @@ class ProxyProcess:
         # 50 ms can pass, and a request forwarded without memory would make the runs differ
         # from one time to the next.
         config = home / "server.yaml"
-        config.write_text("proxy:\n  memory_deadline_ms: 10000\n  recall_scope: principal\n")
+        text = "proxy:\n  memory_deadline_ms: 10000\n  recall_scope: principal\n"
+        if tool_outputs is not None:
+            text += f"  tool_outputs: {json.dumps(tool_outputs)}\n"
+        config.write_text(text)
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
             [
