@@ -163,3 +163,30 @@ def test_every_new_session_continues_the_latest_one_under_principal_scope(
         post(served, [*OPENING, user("The staging server listens on port 8471.")])
         post(served, [*OPENING, user("Which port does the staging server listen on?")])
         assert "8471" in fake_llm.requests[-1].raw.decode()
+
+
+def test_a_client_that_rewrites_each_reply_stores_only_what_is_new(
+    fake_llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    """A client that resends the model's replies rewritten (here: with a prefix it adds) no
+    longer matches the latest stored reply; an earlier reply still names the branch, so each
+    request forks from there and stores only what follows it — not its whole history as a new
+    conversation (issue 13: "a client that rewrites assistant text re-stores its whole
+    history every turn"; issue 20: a replayed agent session re-stored 500 turns a request)."""
+    with proxy(fake_llm, tmp_path, "conversation") as (served, engine):
+        history = [SYSTEM]
+        sessions = []
+        for n in range(4):
+            history.append(user(f"Step {n}: note the value {n * 7}."))
+            sessions.append(post(served, history))
+            history.append(
+                assistant(f"(edited) {engine.store.turns(sessions[-1])[-1].message.text()}")
+            )
+        history.append(user("Step 4: and now?"))
+        latest = post(served, history)
+        record = served.events.recent()[-1]
+        assert record.extra["session_source"] == "rewritten"  # found, not a new conversation
+        assert any("on a new branch" in note for note in record.extra["notes"])
+        assert engine.store.session(latest).parent_id == sessions[-1]
+        texts = [t.message.text() for t in engine.store.turns(latest)]
+        assert texts[:-1] == [m["content"] for m in history[1:]]  # each message once, in order

@@ -148,9 +148,11 @@ class Position:
     ``new_from``: the index in the parsed messages of the first new message; ``expect_last``:
     the branch's last seq when it was resolved (the commit forks if it has moved on);
     ``source``: how it was found — ``marker``, ``header``, ``history`` (by content), ``new``,
-    ``latest`` (a new conversation continuing the caller's latest one, ``locate``)
-    or ``forged`` (a token that did not verify); ``fork``: the (session, seq) a branch must
-    be forked from before anything is recalled or stored (``None``: continue in place)."""
+    ``latest`` (a new conversation continuing the caller's latest one, ``locate``),
+    ``rewritten`` (by content, from an earlier reply: no branch holds the latest one as the
+    client resent it, ``_earlier_reply``) or ``forged`` (a token that did not verify);
+    ``fork``: the (session, seq) a branch must be forked from before anything is recalled or
+    stored (``None``: continue in place)."""
 
     session_id: str | None
     anchor: int
@@ -239,7 +241,33 @@ def resolve(
         before = store.turn_keys(sid, seq - 1, seq - 1).get(seq - 1)
         if last == 0 or before == keys[last - 1]:
             return _continue(store, sid, seq, new_from, source)
+    earlier = _earlier_reply(store, principal, messages, turns, keys, last)
+    if earlier is not None:
+        return earlier
     return Position(None, 0, 0, "forged" if offered and not named else "new")
+
+
+def _earlier_reply(
+    store: MemoryStore,
+    principal: str,
+    messages: Sequence[Message],
+    turns: Sequence[int],
+    keys: Sequence[str],
+    last: int,
+) -> Position | None:
+    """No stored branch holds the request's latest reply: the client rewrote it (it drops
+    or re-renders what the model said), or what was stored of it differs (a reply cut off).
+    One of its earlier replies (the newest ``_EARLIER_REPLIES``) still names the branch: when
+    the request agrees with the branch up to that reply, it continues from there, on a new
+    branch, and only what follows that reply is new — not the whole history again."""
+    earlier = [k for k in range(last - 1, -1, -1) if messages[turns[k]].role == "assistant"]
+    for k in earlier[:_EARLIER_REPLIES]:
+        for sid, seq in store.turns_with_key(principal, keys[k]):
+            depth = min(k, seq - 1)
+            stored = store.turn_keys(sid, seq - depth, seq)
+            if all(stored.get(seq - depth + j) == keys[k - depth + j] for j in range(depth + 1)):
+                return _continue(store, sid, seq, turns[k + 1], "rewritten")
+    return None
 
 
 def locate(
@@ -311,6 +339,12 @@ def _continue(store: MemoryStore, sid: str, seq: int, new_from: int, source: str
     return Position(sid, seq, new_from, source, fork=(sid, seq))
 
 
+#: How many replies before the latest ``resolve`` looks up when no branch holds the latest.
+_EARLIER_REPLIES = 4
+#: How many of a branch's closest windows ``_reordered`` compares by content (``_versions``).
+_VERSION_WINDOWS = 2
+
+
 def _reordered(
     store: MemoryStore,
     candidates: Sequence[tuple[str, int, str]],
@@ -347,17 +381,28 @@ def _reordered(
         for q in range(high - size + 1, high + 1):
             diff[stored.get(q)] = diff.get(stored.get(q), 0) - 1
         apart = sum(abs(v) for v in diff.values())
+        near: list[tuple[int, int]] = []  # (apart, -end) of windows versions might explain
         for end in range(high, low - 1, -1):
             if apart == 0:
                 return sid, end, source
-            if 2 * apart <= size and _versions(store, sid, end, diff, stored, keys, history):
-                return sid, end, source
+            if 2 * apart <= size:
+                near.append((apart, -end))
             if end == low:
                 break
             for key, step in ((stored.get(end), 1), (stored.get(end - size), -1)):
                 before = diff.get(key, 0)
                 diff[key] = before + step
                 apart += abs(before + step) - abs(before)
+        # Comparing versions reads the texts: only the closest windows are worth it (a long
+        # history slid by a few turns is near by count alone, and comparing every such window
+        # cost seconds on a megabyte of history).
+        for _, end in sorted(near)[:_VERSION_WINDOWS]:
+            window: dict[str | None, int] = {}
+            window.update(want)
+            for q in range(-end - size + 1, -end + 1):
+                window[stored.get(q)] = window.get(stored.get(q), 0) - 1
+            if _versions(store, sid, -end, window, stored, keys, history):
+                return sid, -end, source
     return None
 
 
