@@ -855,13 +855,20 @@ def _render_tool_outputs(path: Path, data: dict[str, Any]) -> list[str]:
         )
     x = data.get("through_proxy")
     if x:
+        timing = (
+            f"after the first ({x['first_seconds']} s: the whole history, new to the proxy), "
+            f"{x['seconds_median']} s median per request through the proxy against "
+            f"{x['direct_seconds_median']} s straight: {x['added_ms_median']} ms added "
+            f"(median; at most {x['added_ms_max']} ms)"
+            if "added_ms_median" in x
+            else f"{x['seconds_median']} s median, {x['seconds_max']} s max per request"
+        )
         lines.append(
-            f"- Through a real `contextfold proxy` (memory on) to the scripted upstream, "
-            f"{len(x['requests'])} of the requests (evenly spaced): {x['answered']} answered, "
-            f"{x['valid']} valid as forwarded, {x['stubbed_as_offline']} stubbed exactly as "
-            f"offline, the restore tool on {x['restore_tool_on_compacted']} of "
-            f"{x['compacted']} compacted; {x['seconds_median']} s median, {x['seconds_max']} s "
-            "max per request."
+            f"- Through a real `contextfold proxy` (memory on) to the scripted upstream, the "
+            f"last {len(x['requests'])} requests in order, answered as recorded: "
+            f"{x['answered']} answered, {x['valid']} valid as forwarded, "
+            f"{x['stubbed_as_offline']} stubbed exactly as offline, the restore tool on "
+            f"{x['restore_tool_on_compacted']} of {x['compacted']} compacted; {timing}."
         )
     lines += [
         "- Ratios: " + ", ".join(f"{k} {v}×" for k, v in r.items()) + ".",

@@ -340,15 +340,34 @@ def _stubbed(body: dict[str, Any]) -> frozenset[str]:
     )
 
 
+def _recorded_reply(bodies: list[dict[str, Any]], i: int) -> Any:
+    """The scripted upstream's step answering request ``i`` as the recorded model did: the
+    assistant message request ``i + 1`` carries right after request ``i``'s messages (its
+    text and tool calls, which the upstream renders with the ids it had when recording)."""
+    from agent_upstream import Call, Step
+
+    if i + 1 >= len(bodies):
+        return Step(text="Done.")
+    msg = bodies[i + 1]["messages"][len(bodies[i]["messages"])]
+    content = msg.get("content")
+    blocks = content if isinstance(content, list) else [{"type": "text", "text": content}]
+    text = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
+    calls = [Call(b["name"], b.get("input") or {}) for b in blocks if b.get("type") == "tool_use"]
+    return Step(text=text, calls=calls)
+
+
 def through_proxy(
     bodies: list[dict[str, Any]], settings: OutputSettings, sample: int
 ) -> dict[str, Any]:
-    """Send ``sample`` of the requests (evenly spaced, the first and the last included)
-    through a real ``contextfold proxy`` (memory on, ``tool_outputs`` as ``settings``) to the
-    scripted upstream of ``tests/agents``, and check what the upstream received: valid for
-    the provider, stubbed as ``compact`` does offline, with the ``contextfold_restore`` tool
-    on every compacted request. (All of them would take minutes: the proxy spends seconds
-    on each request of a megabyte or more.)"""
+    """Replay the session's last ``sample`` requests, in order, through a real
+    ``contextfold proxy`` (memory on, ``tool_outputs`` as ``settings``) to the scripted
+    upstream of ``tests/agents``, which answers each as the recorded model did — so each
+    request continues the conversation the proxy stored, as the client's next request does —
+    and, for the baseline, the same requests straight to a second such upstream. Checks what
+    the upstream received: valid for the provider, stubbed as ``compact`` does offline, with
+    the ``contextfold_restore`` tool on every compacted request; and times both paths (the
+    first proxied request carries the whole history the proxy has not seen: it is reported
+    apart)."""
     import httpx
 
     recorder.harness()
@@ -357,7 +376,7 @@ def through_proxy(
     from long_session import RecordingUpstream
 
     n = len(bodies)
-    picks = sorted({round(k * (n - 1) / max(1, sample - 1)) for k in range(sample)})
+    picks = list(range(max(0, n - sample), n))
     offline = [_stubbed(compact("anthropic", bodies[i], settings)[0]) for i in picks]
     seen: list[tuple[frozenset[str], str | None, bool]] = []
 
@@ -366,29 +385,40 @@ def through_proxy(
         problem = payload_problem("anthropic", body, inline_system=True)
         seen.append((_stubbed(body), problem, "contextfold_restore" in tools))
 
-    answered, seconds = 0, []
+    def steps() -> list[Any]:  # a step's index is its place in the recording: ids match
+        return [Step(used=True) for _ in range(picks[0])] + [
+            _recorded_reply(bodies, i) for i in picks
+        ]
+
+    def replay(url: str) -> tuple[int, list[float]]:
+        answered, seconds = 0, []
+        with httpx.Client(timeout=300) as client:
+            for i in picks:
+                start = time.perf_counter()
+                reply = client.post(
+                    url + "/v1/messages",
+                    content=json.dumps(bodies[i], ensure_ascii=False).encode(),
+                    headers={
+                        "content-type": "application/json",
+                        "x-api-key": "sk-bench-tool-outputs",
+                        "anthropic-version": "2023-06-01",
+                    },
+                )
+                seconds.append(time.perf_counter() - start)
+                answered += reply.status_code == 200
+        return answered, seconds
+
+    with RecordingUpstream(steps(), lambda body: None) as upstream:
+        _, direct = replay(upstream.url)
     config = {"compact_above": settings.compact_above, "keep_recent": settings.keep_recent}
-    steps = [Step(text="OK") for _ in picks]
-    with RecordingUpstream(steps, check) as upstream, tempfile.TemporaryDirectory() as home:
+    with RecordingUpstream(steps(), check) as upstream, tempfile.TemporaryDirectory() as home:
         proxy = ProxyProcess(upstream.url, Path(home), tool_outputs=config)
         try:
-            with httpx.Client(timeout=300) as client:
-                for i in picks:
-                    start = time.perf_counter()
-                    reply = client.post(
-                        proxy.url + "/v1/messages",
-                        content=json.dumps(bodies[i], ensure_ascii=False).encode(),
-                        headers={
-                            "content-type": "application/json",
-                            "x-api-key": "sk-bench-tool-outputs",
-                            "anthropic-version": "2023-06-01",
-                        },
-                    )
-                    seconds.append(time.perf_counter() - start)
-                    answered += reply.status_code == 200
+            answered, seconds = replay(proxy.url)
         finally:
             proxy.stop()
     compacted = [k for k, want in enumerate(offline) if want]
+    added = [p - d for p, d in zip(seconds[1:], direct[1:], strict=True)]
     return {
         "requests": picks,
         "answered": answered,
@@ -400,8 +430,12 @@ def through_proxy(
         ),
         "compacted": len(compacted),
         "restore_tool_on_compacted": sum(1 for k in compacted if k < len(seen) and seen[k][2]),
-        "seconds_median": round(statistics.median(seconds), 2),
-        "seconds_max": round(max(seconds), 2),
+        "first_seconds": round(seconds[0], 2),
+        "direct_seconds_median": round(statistics.median(direct[1:] or direct), 3),
+        "seconds_median": round(statistics.median(seconds[1:] or seconds), 3),
+        "seconds_max": round(max(seconds[1:] or seconds), 3),
+        "added_ms_median": round(statistics.median(added) * 1000, 1) if added else None,
+        "added_ms_max": round(max(added) * 1000, 1) if added else None,
     }
 
 
@@ -423,8 +457,8 @@ def main() -> None:
         type=int,
         default=0,
         metavar="N",
-        help="also send N of the requests through a real contextfold proxy to the scripted "
-        "upstream (needs tests/agents; 0: none)",
+        help="also replay the last N requests, in order, straight and through a real "
+        "contextfold proxy to the scripted upstream (needs tests/agents; 0: none)",
     )
     args = parser.parse_args()
     if args.quick:

@@ -25,8 +25,22 @@ LIMIT = 4000
 SETTINGS = OutputSettings(compact_above=LIMIT, keep_recent=2, min_tokens=50)
 
 
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [*value.keys(), *(s for v in value.values() for s in _strings(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
 def _size(body: dict[str, Any]) -> int:
-    return -(-len(json.dumps(body, ensure_ascii=False)) // 3)
+    """The rule's size in tokens: the body as JSON (``json.dumps``), its strings' escapes not
+    counted (a newline is one character of the text, not two), a token per 3 characters."""
+    text = json.dumps(body, ensure_ascii=False)
+    escapes = sum(len(json.dumps(s, ensure_ascii=False)) - len(s) - 2 for s in _strings(body))
+    return -(-(len(text) - escapes) // 3)
 
 
 def _session(fmt: str, outputs: list[int]) -> list[dict[str, Any]]:
