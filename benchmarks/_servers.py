@@ -38,6 +38,7 @@ import aiohttp
 import httpx
 
 import _common as common
+from contextfold.testing import proxy_command
 
 TESTS = common.ROOT / "tests"
 BENCH = common.ROOT / "benchmarks"
@@ -205,20 +206,9 @@ class ContextfoldProxy:
         home.mkdir(parents=True, exist_ok=True)
         self._log_file: IO[bytes] = log.open("ab")
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "contextfold",
-                "proxy",
-                "--upstream",
-                upstream,
-                "--port",
-                str(self.port),
-                "--memory-config",
-                str(memory_yaml),
-                "--log-level",
-                "warning",
-            ],
+            proxy_command(
+                upstream, self.port, "--memory-config", str(memory_yaml), "--log-level", "warning"
+            ),
             env={**os.environ, "CONTEXTFOLD_HOME": str(home)},
             stdout=self._log_file,
             stderr=self._log_file,

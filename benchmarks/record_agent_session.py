@@ -89,9 +89,11 @@ def read_recording(path: Path) -> tuple[JSON, list[JSON]]:
 
 
 def harness() -> None:
-    """Make ``tests/agents``'s modules importable (they import each other by name)."""
-    if str(AGENTS) not in sys.path:
-        sys.path.insert(0, str(AGENTS))
+    """Make ``tests/agents``'s modules importable (they import each other, and
+    ``tests/fake_llm``, by name)."""
+    for folder in (AGENTS.parent, AGENTS):
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
 
 
 def installed(client_id: str = "claude-latest") -> bool:

@@ -467,7 +467,7 @@ class FakeLLMServer:
             "usage": {"input_tokens": input_tokens, "output_tokens": len(turn.text.split())},
         }
         if body.get("stream"):
-            return self._sse(_anthropic_events(message))
+            return self._sse(anthropic_events(message))
         return Reply(200, message)
 
     # -- Gemini ------------------------------------------------------------------------------
@@ -537,7 +537,7 @@ class FakeLLMServer:
         pieces[-1]["usageMetadata"] = response["usageMetadata"]
         pieces[-1]["modelVersion"] = response["modelVersion"]
         if sse:
-            return self._sse([_event(piece) for piece in pieces])
+            return self._sse([sse_event(piece) for piece in pieces])
         chunks = [
             ("[" if i == 0 else ",\r\n").encode() + json.dumps(piece).encode()
             for i, piece in enumerate(pieces)
@@ -549,22 +549,29 @@ class FakeLLMServer:
 # --------------------------------------------------------------------------- SSE builders
 
 
-def _words_of(text: str) -> list[str]:
+def words_of(text: str) -> list[str]:
     """``text`` as stream pieces: each word with the whitespace that follows it."""
     return re.findall(r"\S+\s*|\s+", text) or [""]
+
+
+def halves(text: str) -> list[str]:
+    """``text`` in two pieces (tool arguments streamed as partial JSON)."""
+    half = len(text) // 2
+    return [p for p in (text[:half], text[half:]) if p]
 
 
 def _split_parts(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for part in parts:
         if "text" in part:
-            out += [{"text": piece} for piece in _words_of(part["text"])]
+            out += [{"text": piece} for piece in words_of(part["text"])]
         else:
             out.append(part)
     return out
 
 
-def _event(data: Any, name: str | None = None) -> bytes:
+def sse_event(data: Any, name: str | None = None) -> bytes:
+    """One server-sent event: ``event: name`` (when given) and ``data:`` the JSON."""
     head = f"event: {name}\n" if name else ""
     return f"{head}data: {json.dumps(data)}\n\n".encode()
 
@@ -587,11 +594,11 @@ def _openai_events(
             "model": model,
             "choices": [choice],
         }
-        return _event(body)
+        return sse_event(body)
 
     events = [chunk({"role": "assistant", "content": ""})]
     if text:
-        events += [chunk({"content": piece}) for piece in _words_of(text)]
+        events += [chunk({"content": piece}) for piece in words_of(text)]
     for i, call in enumerate(calls):
         head = {
             "index": i,
@@ -607,7 +614,7 @@ def _openai_events(
     events.append(chunk({}, finish))
     if include_usage:
         events.append(
-            _event(
+            sse_event(
                 {
                     "id": cid,
                     "object": "chat.completion.chunk",
@@ -622,43 +629,47 @@ def _openai_events(
     return events
 
 
-def _anthropic_events(message: dict[str, Any]) -> list[bytes]:
+def anthropic_events(message: dict[str, Any], *, start_tokens: int = 0) -> list[bytes]:
+    """The Anthropic Messages stream of the finished ``message``: text in word pieces, tool
+    input in two JSON halves, a ping after the first block's start. ``start_tokens``: the
+    ``output_tokens`` ``message_start`` reports (the real API says 1). Also the scripted
+    upstream's of the coding-agent tests (``tests/agents``)."""
     start = {
         **message,
         "content": [],
         "stop_reason": None,
-        "usage": {**message["usage"], "output_tokens": 0},
+        "usage": {**message["usage"], "output_tokens": start_tokens},
     }
-    events = [_event({"type": "message_start", "message": start}, "message_start")]
+    events = [sse_event({"type": "message_start", "message": start}, "message_start")]
     for index, block in enumerate(message["content"]):
         if block["type"] == "text":
             empty: dict[str, Any] = {"type": "text", "text": ""}
-            deltas = [{"type": "text_delta", "text": piece} for piece in _words_of(block["text"])]
+            deltas = [{"type": "text_delta", "text": piece} for piece in words_of(block["text"])]
         else:
             empty = {**block, "input": {}}
-            arguments = json.dumps(block["input"])
-            half = len(arguments) // 2
             deltas = [
                 {"type": "input_json_delta", "partial_json": piece}
-                for piece in (arguments[:half], arguments[half:])
+                for piece in halves(json.dumps(block["input"]))
             ]
         events.append(
-            _event(
+            sse_event(
                 {"type": "content_block_start", "index": index, "content_block": empty},
                 "content_block_start",
             )
         )
         if index == 0:
-            events.append(_event({"type": "ping"}, "ping"))
+            events.append(sse_event({"type": "ping"}, "ping"))
         events += [
-            _event(
+            sse_event(
                 {"type": "content_block_delta", "index": index, "delta": d}, "content_block_delta"
             )
             for d in deltas
         ]
-        events.append(_event({"type": "content_block_stop", "index": index}, "content_block_stop"))
+        events.append(
+            sse_event({"type": "content_block_stop", "index": index}, "content_block_stop")
+        )
     events.append(
-        _event(
+        sse_event(
             {
                 "type": "message_delta",
                 "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
@@ -667,7 +678,7 @@ def _anthropic_events(message: dict[str, Any]) -> list[bytes]:
             "message_delta",
         )
     )
-    events.append(_event({"type": "message_stop"}, "message_stop"))
+    events.append(sse_event({"type": "message_stop"}, "message_stop"))
     return events
 
 

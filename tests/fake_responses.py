@@ -24,7 +24,7 @@ import re
 import time
 from typing import Any
 
-from fake_llm import FakeLLMServer, RecordedRequest, Reply, _words_of, error_body
+from fake_llm import FakeLLMServer, RecordedRequest, Reply, error_body, words_of
 
 
 class ResponsesFake:
@@ -166,7 +166,7 @@ class ResponsesFake:
                 part = {"type": "output_text", "text": "", "annotations": []}
                 ids = {"item_id": item["id"], **at, "content_index": 0}
                 event("response.content_part.added", **ids, part=part)
-                for piece in _words_of(text):
+                for piece in words_of(text):
                     event("response.output_text.delta", **ids, delta=piece, logprobs=[])
                 event("response.output_text.done", **ids, text=text, logprobs=[])
                 event("response.content_part.done", **ids, part={**part, "text": text})

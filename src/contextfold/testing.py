@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -29,7 +30,7 @@ import numpy.typing as npt
 
 from contextfold.retrieval.sparse import analyze
 
-__all__ = ["HashEmbedder", "payload_problem"]
+__all__ = ["HashEmbedder", "payload_problem", "proxy_command"]
 
 
 class HashEmbedder:
@@ -156,3 +157,24 @@ _CHECKS: dict[str, Callable[[dict[str, Any], bool], str | None]] = {
     "gemini": _gemini,
     "openai": _openai,
 }
+
+
+def proxy_command(upstream: str, port: int, *options: str) -> list[str]:
+    """The command that runs ``contextfold proxy`` with this interpreter in front of
+    ``upstream`` on ``port``, ``options`` after (the benchmarks' and the agent tests' proxy
+    processes).
+
+    >>> " ".join(proxy_command("http://127.0.0.1:9", 5757, "--log-level", "warning")[2:])
+    'contextfold proxy --upstream http://127.0.0.1:9 --port 5757 --log-level warning'
+    """
+    return [
+        sys.executable,
+        "-m",
+        "contextfold",
+        "proxy",
+        "--upstream",
+        upstream,
+        "--port",
+        str(port),
+        *options,
+    ]

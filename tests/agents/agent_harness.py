@@ -23,7 +23,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ import httpx
 import pytest
 
 from agent_upstream import Recorded, ScriptedUpstream, Step
+from contextfold.testing import proxy_command
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("CONTEXTFOLD_TEST_ARTIFACTS") or ROOT / "test-artifacts") / "agents"
@@ -108,20 +108,7 @@ class ProxyProcess:
         config.write_text(text)
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "contextfold",
-                "proxy",
-                "--upstream",
-                upstream,
-                "--port",
-                str(self.port),
-                "--config",
-                str(config),
-                "--log-level",
-                "info",
-            ],
+            proxy_command(upstream, self.port, "--config", str(config), "--log-level", "info"),
             cwd=home,
             env=env,
             stdout=self._log,

@@ -39,13 +39,14 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
+
+from fake_llm import anthropic_events, halves, sse_event, words_of
 
 __all__ = [
     "UNSCRIPTED",
@@ -346,7 +347,7 @@ class ScriptedUpstream:
             message = self._anthropic(tag, body, text, calls, request.raw)
             request.cache_read = message["usage"]["cache_read_input_tokens"]
             if stream:
-                return 200, _SSE, iter(_anthropic_events(message))
+                return 200, _SSE, iter(anthropic_events(message, start_tokens=1))
             return 200, {}, json.dumps(message).encode()
         if path == "/v1/responses":
             response = self._responses(tag, body, text, calls, request.raw)
@@ -571,73 +572,11 @@ def _block_prefixes(body: JSON) -> list[tuple[str, int, bool]]:
 _SSE = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
-def _event(data: Any, name: str | None = None) -> bytes:
-    head = f"event: {name}\n" if name else ""
-    return f"{head}data: {json.dumps(data)}\n\n".encode()
-
-
-def _pieces(text: str) -> list[str]:
-    """``text`` in a few pieces (words with their spaces), as a model streams it."""
-    return re.findall(r"\S+\s*|\s+", text) or [""]
-
-
-def _halves(text: str) -> list[str]:
-    half = len(text) // 2
-    return [p for p in (text[:half], text[half:]) if p]
-
-
-def _anthropic_events(message: JSON) -> list[bytes]:
-    start = {
-        **message,
-        "content": [],
-        "stop_reason": None,
-        "usage": {**message["usage"], "output_tokens": 1},
-    }
-    events = [_event({"type": "message_start", "message": start}, "message_start")]
-    for index, block in enumerate(message["content"]):
-        if block["type"] == "text":
-            empty: JSON = {"type": "text", "text": ""}
-            deltas = [{"type": "text_delta", "text": p} for p in _pieces(block["text"])]
-        else:
-            empty = {**block, "input": {}}
-            deltas = [
-                {"type": "input_json_delta", "partial_json": p}
-                for p in _halves(json.dumps(block["input"]))
-            ]
-        events.append(
-            _event(
-                {"type": "content_block_start", "index": index, "content_block": empty},
-                "content_block_start",
-            )
-        )
-        if index == 0:
-            events.append(_event({"type": "ping"}, "ping"))
-        events += [
-            _event(
-                {"type": "content_block_delta", "index": index, "delta": d}, "content_block_delta"
-            )
-            for d in deltas
-        ]
-        events.append(_event({"type": "content_block_stop", "index": index}, "content_block_stop"))
-    events.append(
-        _event(
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
-                "usage": {"output_tokens": message["usage"]["output_tokens"]},
-            },
-            "message_delta",
-        )
-    )
-    events.append(_event({"type": "message_stop"}, "message_stop"))
-    return events
-
-
 def _responses_events(response: JSON) -> list[bytes]:
     seq = itertools.count()
 
     def ev(kind: str, **data: Any) -> bytes:
-        return _event({"type": kind, "sequence_number": next(seq), **data}, kind)
+        return sse_event({"type": kind, "sequence_number": next(seq), **data}, kind)
 
     shell = {**response, "status": "in_progress", "output": [], "usage": None}
     events = [ev("response.created", response=shell), ev("response.in_progress", response=shell)]
@@ -661,7 +600,7 @@ def _responses_events(response: JSON) -> list[bytes]:
                     part=part,
                 )
             )
-            for piece in _pieces(text):
+            for piece in words_of(text):
                 events.append(
                     ev(
                         "response.output_text.delta",
@@ -697,7 +636,7 @@ def _responses_events(response: JSON) -> list[bytes]:
                     item={**item, "status": "in_progress", "arguments": ""},
                 )
             )
-            for piece in _halves(item["arguments"]):
+            for piece in halves(item["arguments"]):
                 events.append(
                     ev(
                         "response.function_call_arguments.delta",
@@ -732,7 +671,7 @@ def _chat_events(completion: JSON, include_usage: bool) -> list[bytes]:
     message = choice["message"]
 
     def chunk(delta: JSON, finish: str | None = None) -> bytes:
-        return _event(
+        return sse_event(
             {
                 "id": completion["id"],
                 "object": "chat.completion.chunk",
@@ -746,7 +685,7 @@ def _chat_events(completion: JSON, include_usage: bool) -> list[bytes]:
 
     events = [chunk({"role": "assistant", "content": ""})]
     if message.get("content"):
-        events += [chunk({"content": p}) for p in _pieces(message["content"])]
+        events += [chunk({"content": p}) for p in words_of(message["content"])]
     for i, call in enumerate(message.get("tool_calls") or []):
         head = {
             "index": i,
@@ -755,12 +694,12 @@ def _chat_events(completion: JSON, include_usage: bool) -> list[bytes]:
             "function": {"name": call["function"]["name"], "arguments": ""},
         }
         events.append(chunk({"tool_calls": [head]}))
-        for piece in _halves(call["function"]["arguments"]):
+        for piece in halves(call["function"]["arguments"]):
             events.append(chunk({"tool_calls": [{"index": i, "function": {"arguments": piece}}]}))
     events.append(chunk({}, choice["finish_reason"]))
     if include_usage:
         events.append(
-            _event(
+            sse_event(
                 {
                     "id": completion["id"],
                     "object": "chat.completion.chunk",
