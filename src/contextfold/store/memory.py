@@ -474,15 +474,29 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
 
     # -- turn vectors ---------------------------------------------------------------------------
 
-    def turns_without_vectors(self, session_id: str, model: str) -> list[tuple[int, str]]:
-        """(seq, text) of the session's turns with no vector from ``model`` yet, in order."""
+    def turns_without_vectors(
+        self, session_id: str, model: str, *, after: int = 0
+    ) -> list[tuple[int, str]]:
+        """(seq, text) of the session's turns after seq ``after`` with no vector from ``model``
+        yet, in order (``after=last_vector_seq(...)``: only the turns stored since the last
+        vector, read through the primary key instead of a scan of the whole session)."""
         rows = self._conn.execute(
-            "SELECT t.seq, t.content_text FROM turns t WHERE t.session_id = ? AND NOT EXISTS"
-            " (SELECT 1 FROM turn_vectors v WHERE v.session_id = t.session_id AND v.model = ?"
-            " AND v.seq = t.seq) ORDER BY t.seq",
-            (session_id, model),
+            "SELECT t.seq, t.content_text FROM turns t WHERE t.session_id = ? AND t.seq > ?"
+            " AND NOT EXISTS (SELECT 1 FROM turn_vectors v WHERE v.session_id = t.session_id"
+            " AND v.model = ? AND v.seq = t.seq) ORDER BY t.seq",
+            (session_id, after, model),
         )
         return [(int(r[0]), r[1]) for r in rows]
+
+    def last_vector_seq(self, session_id: str, model: str) -> int:
+        """The highest seq of the session with a vector from ``model`` (0 when none): one
+        look-up in the vectors' primary key. Vectors are written in seq order (``Recaller.
+        ensure_vectors``, a branch's copy of its parent's), so every turn up to it has one."""
+        row = self._conn.execute(
+            "SELECT MAX(seq) FROM turn_vectors WHERE session_id = ? AND model = ?",
+            (session_id, model),
+        ).fetchone()
+        return int(row[0] or 0)
 
     def add_turn_vectors(
         self, session_id: str, model: str, seqs: Sequence[int], vectors: npt.NDArray[Any]
