@@ -101,3 +101,58 @@ def test_the_vector_cache_holds_its_limit_and_recalls_as_an_unbounded_one() -> N
     tiny = _engine(store, vector_cache_mb=1 / 1024)
     assert tiny.on_message_inbound("walnut dock 3", session_id="s0").recalled
     assert tiny.recaller.vector_cache_bytes() == 0
+
+
+def _count_calls(store: MemoryStore, name: str) -> list[dict[str, Any]]:
+    calls: list[dict[str, Any]] = []
+    original = getattr(store, name)
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return original(*args, **kwargs)
+
+    setattr(store, name, spy)
+    return calls
+
+
+def _compacting(**cfg: object) -> MemoryEngine:
+    config = MemoryConfig.model_validate(
+        {"context_window": 512, "compaction": {"protected_recent_turns": 4}, **cfg}
+    )
+    store = MemoryStore(counter=CharCounter())
+    return MemoryEngine(config, store=store, embedder=None, counter=CharCounter())
+
+
+def test_topics_after_a_compaction_read_only_the_newly_compacted_turns() -> None:
+    engine = _compacting()
+    fresh = _compacting()
+    for start in range(0, 60, 4):
+        engine.on_turn_complete(_pairs(start, 4))
+        fresh.on_turn_complete(_pairs(start, 4))
+        engine.on_message_inbound("walnut veneer")
+    counts = _count_calls(engine.store, "tag_counts")
+    last_seen = _count_calls(engine.store, "tag_last_seen")
+    before = engine.store.session("default").compaction_watermark
+    engine.on_turn_complete(_pairs(60, 30))
+    fresh.on_turn_complete(_pairs(60, 30))
+    after = engine.store.session("default").compaction_watermark
+    assert after > before > 0
+    a = engine.on_message_inbound("walnut veneer dock 4")
+    # no tag has a TTL rule: when a tag was last seen is never read; and the compacted
+    # turns' tag counts are read for the newly compacted turns only
+    assert last_seen == []
+    assert [c for c in counts if c.get("before") is not None] == [
+        {"before": after, "since": before}
+    ]
+    b = fresh.on_message_inbound("walnut veneer dock 4")  # its topics built in one read
+    assert a.prepend_text == b.prepend_text
+
+
+def test_ttl_rules_read_when_only_their_tags_were_last_seen() -> None:
+    engine = _compacting(tag_rules=[{"match": "shipment*", "ttl_days": 30}])
+    last_seen = _count_calls(engine.store, "tag_last_seen")
+    engine.on_turn_complete(_pairs(0, 40))
+    engine.on_message_inbound("walnut veneer")
+    assert last_seen and all(
+        all(t.startswith("shipment") for t in call["tags"]) for call in last_seen
+    )

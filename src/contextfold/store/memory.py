@@ -403,13 +403,16 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
             missing = ", ".join(str(seq) for seq in seqs if seq not in known)
             raise ConfigError(f"session {session_id!r} has no turn {missing}") from exc
 
-    def tag_counts(self, session_id: str, *, before: int | None = None) -> dict[str, int]:
+    def tag_counts(
+        self, session_id: str, *, before: int | None = None, since: int | None = None
+    ) -> dict[str, int]:
         """How many turns of the session carry each tag (related tags not counted); only the
-        turns with seq < ``before`` when given (``before=watermark``: the compacted turns)."""
+        turns with seq < ``before`` when given (``before=watermark``: the compacted turns) and
+        seq >= ``since`` when given (``since=old_watermark``: the turns a compaction added)."""
         rows = self._conn.execute(
             "SELECT tag, COUNT(*) FROM turn_tags WHERE session_id = ? AND related = 0"
-            " AND seq < ? GROUP BY tag ORDER BY tag",
-            (session_id, before if before is not None else 2**62),
+            " AND seq < ? AND seq >= ? GROUP BY tag ORDER BY tag",
+            (session_id, before if before is not None else 2**62, since or 0),
         )
         return {r[0]: int(r[1]) for r in rows}
 
@@ -453,14 +456,26 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
                 scores[seq] = scores.get(seq, 0.0) + score
         return scores
 
-    def tag_last_seen(self, session_id: str) -> dict[str, datetime]:
-        """When each tag of the session was last on a turn."""
-        rows = self._conn.execute(
+    def tag_last_seen(
+        self, session_id: str, tags: Sequence[str] | None = None
+    ) -> dict[str, datetime]:
+        """When each tag of the session (each of ``tags`` when given: a read of their turns
+        only) was last on a turn."""
+        query = (
             "SELECT tt.tag, MAX(t.created_at) FROM turn_tags tt JOIN turns t"
             " ON t.session_id = tt.session_id AND t.seq = tt.seq"
-            " WHERE tt.session_id = ? AND tt.related = 0 GROUP BY tt.tag",
-            (session_id,),
+            " WHERE tt.session_id = ? AND tt.related = 0{} GROUP BY tt.tag"
         )
+        if tags is None:
+            rows = self._conn.execute(query.format(""), (session_id,)).fetchall()
+        else:
+            rows = []
+            for start in range(0, len(tags), 500):
+                chunk = list(tags[start : start + 500])
+                marks = ",".join("?" * len(chunk))
+                rows += self._conn.execute(
+                    query.format(f" AND tt.tag IN ({marks})"), (session_id, *chunk)
+                ).fetchall()
         return {r[0]: datetime.fromisoformat(r[1]) for r in rows}
 
     def active_tokens(self, session_id: str) -> int:
