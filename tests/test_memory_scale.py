@@ -156,3 +156,25 @@ def test_ttl_rules_read_when_only_their_tags_were_last_seen() -> None:
     assert last_seen and all(
         all(t.startswith("shipment") for t in call["tags"]) for call in last_seen
     )
+
+
+def test_tag_candidates_are_capped_and_the_kept_ones_ranked_as_uncapped() -> None:
+    capped = _compacting(recall={"tag_limit": 10})
+    whole = _compacting(recall={"tag_limit": None})
+    for engine in (capped, whole):
+        engine.on_turn_complete(_pairs(0, 30))
+        engine.on_turn_complete([{"role": "user", "content": "Shipment 7 walnut dock 3 late."}])
+    query = "walnut veneer shipment dock"
+    tags = capped.tag_message(query)
+    assert tags.tags
+    a = capped.recaller.rank("default", query, tags=tags.tags, related=tags.related_tags)
+    b = whole.recaller.rank("default", query, tags=tags.tags, related=tags.related_tags)
+    tag_ranked_a = {r.seq: r.ranks["tags"] for r in a if "tags" in r.ranks}
+    tag_ranked_b = {r.seq: r.ranks["tags"] for r in b if "tags" in r.ranks}
+    assert len(tag_ranked_a) == 10 < len(tag_ranked_b)
+    assert all(tag_ranked_b[seq] == rank for seq, rank in tag_ranked_a.items())
+    # the kept candidates are the uncapped list's head, scaled against the same lowest score
+    counts = capped.vocabulary()
+    hits_a, low_a = capped.recaller._tag_scores("default", tags.tags, tags.related_tags, counts)
+    hits_b, low_b = whole.recaller._tag_scores("default", tags.tags, tags.related_tags, counts)
+    assert hits_a == hits_b[:10] and low_a == low_b

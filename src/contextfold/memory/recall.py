@@ -148,6 +148,7 @@ class Recaller:
         date_weight: float = 0.0,
         date_slack_days: int = 14,
         vector_cache_bytes: int = 512 * 2**20,
+        tag_limit: int | None = None,
     ) -> None:
         if fusion not in ("score", "rrf"):
             raise ValueError(f"fusion must be 'score' or 'rrf', not {fusion!r}")
@@ -155,6 +156,7 @@ class Recaller:
         self.embedder = embedder
         self.k = k
         self.fts_limit = fts_limit
+        self.tag_limit = tag_limit
         self.related_weight = related_weight
         self.weights = {"tags": 1.0, "fts": 1.0, "dense": 1.0, **(weights or {})}
         self.embed_batch = embed_batch
@@ -304,10 +306,12 @@ class Recaller:
         tags: Sequence[str],
         related: Sequence[str],
         counts: Mapping[str, int] | None,
-    ) -> dict[int, float]:
+    ) -> tuple[list[tuple[int, float]], float | None]:
+        """The best ``tag_limit`` turns by tag overlap, best first, and the lowest overlap score
+        of every turn that matched (``None`` when none did)."""
         wanted = list(dict.fromkeys([*tags, *related]))
         if not wanted:
-            return {}
+            return [], None
         if counts is None:
             counts = self.store.tag_counts(session_id)
         total = max(1, self.store.last_seq(session_id))
@@ -317,7 +321,12 @@ class Recaller:
             idf = math.log(1 + total / max(1, counts.get(tag, 1)))
             half = idf * self.related_weight
             weights[tag] = (idf if tag in primary else half, half)
-        return self.store.tag_overlap_scores(session_id, weights)
+        if self.tag_limit is None:
+            scores = self.store.tag_overlap_scores(session_id, weights)
+            hits = sorted(scores.items(), key=lambda kv: (-kv[1], -kv[0]))
+            return hits, hits[-1][1] if hits else None
+        hits, low = self.store.tag_overlap_top(session_id, weights, self.tag_limit)
+        return hits, low if hits else None
 
     # -- fusion ---------------------------------------------------------------------------------
 
@@ -335,20 +344,25 @@ class Recaller:
         """The session's turns for ``text``, best first (at most ``limit``), skipping the seqs
         in ``exclude`` (e.g. turns the live history already holds). ``tag_counts`` (turns per
         tag) saves a query when the caller keeps them."""
-        tag_scores = self._tag_scores(session_id, tags, related, tag_counts)
+        tag_hits, tag_low = self._tag_scores(session_id, tags, related, tag_counts)
         signals = {
-            "tags": sorted(tag_scores.items(), key=lambda kv: (-kv[1], -kv[0])),
+            "tags": tag_hits,
             "fts": self.store.search_turn_seqs(session_id, text, limit=self.fts_limit),
             "dense": self._dense(session_id, text, self.fts_limit),
         }
         fused: dict[int, float] = {}
         ranks: dict[int, dict[str, int]] = {}
         for name, hits in signals.items():
+            capped = name == "tags" and len(hits) == self.tag_limit
             hits = [(seq, score) for seq, score in hits if seq not in exclude]
             if not hits:
                 continue
             weight = self.weights.get(name, 1.0)
             high, low = hits[0][1], hits[-1][1]
+            if capped and tag_low is not None:
+                # The tag candidates were cut at ``tag_limit``: the kept ones are scaled
+                # against the lowest score of all of them, as they would have been uncut.
+                low = min(low, tag_low)
             for position, (seq, score) in enumerate(hits, 1):
                 if self.fusion == "rrf":
                     share = 1 / (self.k + position)

@@ -456,6 +456,32 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
                 scores[seq] = scores.get(seq, 0.0) + score
         return scores
 
+    def tag_overlap_top(
+        self, session_id: str, weights: Mapping[str, tuple[float, float]], limit: int
+    ) -> tuple[list[tuple[int, float]], float]:
+        """The ``limit`` best turns of ``tag_overlap_scores`` as (seq, score), best first (ties:
+        the later turn first), and the lowest score of all the turns that matched (so a caller
+        scales the kept scores as it would have scaled them all). One query when ``weights``
+        fit one (up to 300 tags): only the kept rows leave SQLite."""
+        items = list(weights.items())
+        if len(items) > 300:
+            scores = self.tag_overlap_scores(session_id, weights)
+            ordered = sorted(scores.items(), key=lambda kv: (-kv[1], -kv[0]))
+            return ordered[:limit], min(scores.values(), default=0.0)
+        values = ",".join("(?, ?, ?)" for _ in items)
+        params = [v for tag, (direct, related) in items for v in (tag, direct, related)]
+        rows = self._conn.execute(
+            f"WITH w(tag, direct, rel) AS (VALUES {values}),"
+            " s(seq, score) AS (SELECT t.seq, SUM(CASE WHEN t.related THEN w.rel ELSE w.direct"
+            " END) FROM turn_tags t JOIN w ON w.tag = t.tag WHERE t.session_id = ?"
+            " GROUP BY t.seq)"
+            " SELECT seq, score, MIN(score) OVER () FROM s ORDER BY score DESC, seq DESC LIMIT ?",
+            (*params, session_id, limit),
+        ).fetchall()
+        if not rows:
+            return [], 0.0
+        return [(int(r[0]), float(r[1])) for r in rows], float(rows[0][2])
+
     def tag_last_seen(
         self, session_id: str, tags: Sequence[str] | None = None
     ) -> dict[str, datetime]:
