@@ -670,22 +670,31 @@ def _render_memory_scale(path: Path, data: dict[str, Any]) -> list[str]:
         "first after restart ms | RSS MB (vectors MB) |",
         "|---|---:|---|---:|---:|---:|---:|",
     ]
-    for r in data["runs"]:
-        rss = f"{r['rss_mb']['end']:,.0f} ({r['vectors_mb']:,.0f})"
-        for kind in ("keyword", "dense"):
-            m = r.get(kind)
-            if not m:
+    baseline = data.get("baseline")
+    tables = [("", data["runs"])]
+    if baseline:
+        tables.append((f"before, commit {baseline['commit'][:7]} ", baseline["runs"]))
+    for name, runs in tables:
+        for r in runs:
+            rss = f"{r['rss_mb']['end']:,.0f} ({r['vectors_mb']:,.0f})"
+            for kind in ("keyword", "dense"):
+                m = r.get(kind)
+                if not m:
+                    lines.append(
+                        f"| {name}{r['label']} | | default embedder | not run: "
+                        f"{r.get('dense_skipped', '')} | | | |"
+                    )
+                    continue
+                cpu = m["steady"].get("cpu_median_ms")
                 lines.append(
-                    f"| {r['label']} | | default embedder | not run: "
-                    f"{r.get('dense_skipped', '')} | | | |"
+                    f"| {name}{r['label']} | {r['write']['turns_per_s']:,.0f} | "
+                    f"{'keyword only' if kind == 'keyword' else 'default embedder'} | "
+                    f"{_ms(m['steady'], 'median_ms')} / {_ms(m['steady'], 'p95_ms')}"
+                    + (f" (CPU p50 {cpu:,.1f})" if cpu is not None else "")
+                    + f" | {m['after_compaction_ms']:,.1f} | {m['after_restart_ms']:,.1f} | {rss} |"
                 )
-                continue
-            lines.append(
-                f"| {r['label']} | {r['write']['turns_per_s']:,.0f} | "
-                f"{'keyword only' if kind == 'keyword' else 'default embedder'} | "
-                f"{_ms(m['steady'], 'median_ms')} / {_ms(m['steady'], 'p95_ms')} | "
-                f"{m['after_compaction_ms']:,.1f} | {m['after_restart_ms']:,.1f} | {rss} |"
-            )
+    if baseline:
+        lines += ["", f"- Before: {baseline['note']}"]
     lines += ["", f"- Correctness flags: {_flags(data['correctness'])}."]
     return lines
 

@@ -90,12 +90,14 @@ def steady(engine: MemoryEngine, asks: list[tuple[str, str]]) -> dict[str, Any]:
     return samples.stats()
 
 
-def grow_and_compact(engine: MemoryEngine, sid: str, turns: list[common.Turn], at: int) -> int:
-    """Append a chunk of turns to ``sid``, derive them, and force a compaction."""
-    engine.store_turns(sid, messages(turns, at, CHUNK))
+def grow_and_compact(
+    engine: MemoryEngine, sid: str, turns: list[common.Turn], at: int, count: int
+) -> int:
+    """Append ``count`` turns to ``sid``, derive them, and force a compaction."""
+    engine.store_turns(sid, messages(turns, at, count))
     engine.derive(sid)
     engine.compact(session_id=sid)
-    return at + CHUNK
+    return at + count
 
 
 def run_config(spec: dict[str, Any], data_dir: Path) -> dict[str, Any]:
@@ -132,7 +134,7 @@ def run_config(spec: dict[str, Any], data_dir: Path) -> dict[str, Any]:
         # keyword only
         engine.on_message_inbound(questions[-1], session_id=target, budget=2048)  # warm
         kw: dict[str, Any] = {"steady": steady(engine, asks[:n_q])}
-        position = grow_and_compact(engine, target, turns, position)
+        position = grow_and_compact(engine, target, turns, position, spec["grow"])
         kw["after_compaction_ms"] = timed(
             lambda: engine.on_message_inbound(asks[n_q][1], session_id=target, budget=2048)
         )
@@ -164,7 +166,7 @@ def run_config(spec: dict[str, Any], data_dir: Path) -> dict[str, Any]:
             engine.on_message_inbound(questions[-2], session_id=target, budget=2048)  # warm
             dense["steady"] = steady(engine, asks[:n_q])
             out["rss_mb"]["after_dense"] = rss_mb()
-            position = grow_and_compact(engine, target, turns, position)
+            position = grow_and_compact(engine, target, turns, position, spec["grow"])
             dense["after_compaction_ms"] = timed(
                 lambda: engine.on_message_inbound(asks[n_q + 2][1], session_id=target, budget=2048)
             )
@@ -209,6 +211,7 @@ def configs(quick: bool, embedder: bool, embed_max: int, questions: int) -> list
             "questions": questions,
             "embedder": embedder,
             "embed_max": embed_max,
+            "grow": 100 if quick else CHUNK,  # turns appended before the forced compaction
         }
         for label, sessions, per in shapes
     ]
