@@ -653,6 +653,52 @@ def _render_memory(path: Path, data: dict[str, Any]) -> list[str]:
     ]
 
 
+def _render_memory_scale(path: Path, data: dict[str, Any]) -> list[str]:
+    p = data["parameters"]
+    lines = [
+        "## Memory as it grows (`bench_memory_scale.py`)",
+        "",
+        data["description"],
+        "",
+        f"- Command: `{data['command']}` → `{_relative(str(path))}`",
+        f"- Machine: {_machine_line(data)}",
+        f"- {p['questions']} LoCoMo questions per run at a {p['budget']:,}-token budget; turns "
+        f"stored {p['chunk']} at a time and derived after each chunk; "
+        f"{p['context_window']:,}-token window.",
+        "",
+        "| run | write turns/s | recall | p50 / p95 ms | first after compaction ms | "
+        "first after restart ms | RSS MB (vectors MB) |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    baseline = data.get("baseline")
+    tables = [("", data["runs"])]
+    if baseline:
+        tables.append((f"before, commit {baseline['commit'][:7]} ", baseline["runs"]))
+    for name, runs in tables:
+        for r in runs:
+            rss = f"{r['rss_mb']['end']:,.0f} ({r['vectors_mb']:,.0f})"
+            for kind in ("keyword", "dense"):
+                m = r.get(kind)
+                if not m:
+                    lines.append(
+                        f"| {name}{r['label']} | | default embedder | not run: "
+                        f"{r.get('dense_skipped', '')} | | | |"
+                    )
+                    continue
+                cpu = m["steady"].get("cpu_median_ms")
+                lines.append(
+                    f"| {name}{r['label']} | {r['write']['turns_per_s']:,.0f} | "
+                    f"{'keyword only' if kind == 'keyword' else 'default embedder'} | "
+                    f"{_ms(m['steady'], 'median_ms')} / {_ms(m['steady'], 'p95_ms')}"
+                    + (f" (CPU p50 {cpu:,.1f})" if cpu is not None else "")
+                    + f" | {m['after_compaction_ms']:,.1f} | {m['after_restart_ms']:,.1f} | {rss} |"
+                )
+    if baseline:
+        lines += ["", f"- Before: {baseline['note']}"]
+    lines += ["", f"- Correctness flags: {_flags(data['correctness'])}."]
+    return lines
+
+
 def _render_proxy(path: Path, data: dict[str, Any]) -> list[str]:
     p, load, goals = data["parameters"], data["load"], data["goals"]
     lines = [
@@ -879,6 +925,7 @@ def _render_tool_outputs(path: Path, data: dict[str, Any]) -> list[str]:
 
 _RENDERERS = {
     "memory": _render_memory,
+    "memory_scale": _render_memory_scale,
     "proxy": _render_proxy,
     "durability": _render_durability,
     "window": _render_window,
@@ -909,7 +956,8 @@ def render_results(results_dir: Path) -> str:
         "other processes on a shared machine do not inflate. Peak RSS is the whole benchmark "
         "process, data loading included. Re-run with `python benchmarks/bench_window.py`, "
         "`python benchmarks/bench_history_trim.py`, `python benchmarks/bench_retrieval.py`, "
-        "`python benchmarks/bench_memory.py`, `python benchmarks/bench_proxy.py`, "
+        "`python benchmarks/bench_memory.py`, `python benchmarks/bench_memory_scale.py`, "
+        "`python benchmarks/bench_proxy.py`, "
         "`python benchmarks/bench_durability.py`, `python benchmarks/bench_warm_start.py` and "
         "`python benchmarks/bench_tool_outputs.py` (`--synthesized` for the synthesized "
         "session).",

@@ -229,3 +229,21 @@ def test_tool_outputs_benchmark_replays_a_recording(
     assert result["parameters"]["session_kind"] == "recorded"
     assert result["strategies"]["none"]["requests"] == 12
     assert "a recorded Claude Code session" in (tmp_path / "RESULTS.md").read_text()
+
+
+@needs_data
+def test_memory_scale_benchmark_quick_run(tmp_path: Path) -> None:
+    """``bench_memory_scale.py`` grows a session and many sessions through the engine's own
+    API and times recall, keyword-only and with the default embedder."""
+    result, md = run_quick(tmp_path, "bench_memory_scale.py", "memory_scale")
+    assert result.keys() >= (COMMON_KEYS - {"configs", "goals"}) | {"runs", "parameters"}
+    assert len(result["runs"]) == 2
+    for run in result["runs"]:
+        assert run["write"]["turns"] == run["sessions"] * run["turns_per_session"]
+        assert run["write"]["turns_per_s"] > 0 and run["rss_mb"]["end"] > 0
+        for kind in ("keyword", "dense"):
+            timings = run[kind]["steady"]
+            assert timings.keys() >= TIMING_KEYS and timings["n"] == 5
+            assert run[kind]["after_compaction_ms"] > 0 and run[kind]["after_restart_ms"] > 0
+    assert result["correctness"] and all(v is True for v in result["correctness"].values())
+    assert "## Memory as it grows" in md.read_text(encoding="utf-8")

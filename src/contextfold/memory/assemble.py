@@ -126,6 +126,7 @@ class Assembler:
             sessions
         )
         self._summary_cache: SessionLRU[tuple[int, dict[str, TagSummary]]] = SessionLRU(sessions)
+        self._compacted_cache: SessionLRU[tuple[int, dict[str, int]]] = SessionLRU(sessions)
 
     def _topics(self, sid: str, now: datetime, tools: bool, limit: int) -> tuple[list[str], str]:
         """The live stored topics (summarised or segmented, TTL not run out), best first by
@@ -144,10 +145,12 @@ class Assembler:
         in_segments = {tag for seg in self.store.segments(sid) for tag in seg.tags}
         counts = {
             tag: n
-            for tag, n in self.store.tag_counts(sid, before=watermark).items()
+            for tag, n in self._compacted_counts(sid, watermark).items()
             if tag in in_segments
         }
-        last_seen = self.store.tag_last_seen(sid)
+        # When a tag was last seen matters only to the tags with a TTL rule: only theirs is read.
+        ttl = [tag for tag in counts if self.rules.for_tag(tag).ttl_days is not None]
+        last_seen = self.store.tag_last_seen(sid, tags=ttl) if ttl else {}
         live = [
             tag
             for tag in counts
@@ -157,6 +160,23 @@ class Assembler:
         hint = self._hint(live, counts, max(watermark - 1, 0), tools, limit)
         self._topic_cache.put(sid, (key, live, hint))
         return live, hint
+
+    def _compacted_counts(self, sid: str, watermark: int) -> dict[str, int]:
+        """The compacted turns' tag counts, kept per session: a compaction adds the counts of
+        the turns it compacted (``since`` the previous watermark) instead of a recount of all
+        the compacted turns; a start-up reads them all once."""
+        cached = self._compacted_cache.peek(sid)
+        if cached is not None and cached[0] == watermark:
+            return cached[1]
+        if cached is not None and cached[0] < watermark:
+            counts = dict(cached[1])
+            added = self.store.tag_counts(sid, before=watermark, since=cached[0])
+            for tag, n in added.items():
+                counts[tag] = counts.get(tag, 0) + n
+        else:
+            counts = self.store.tag_counts(sid, before=watermark)
+        self._compacted_cache.put(sid, (watermark, counts))
+        return counts
 
     def _cached_summaries(self, sid: str) -> dict[str, TagSummary]:
         """Tag summaries change only at compaction: cached per watermark."""

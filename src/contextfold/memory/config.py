@@ -128,7 +128,11 @@ class RecallSettings(_Section):
     score of a turn stored in the period the message names ("in January 2022") or up to
     ``date_slack_days`` after it (what happened is told soon after). The defaults are the
     values measured best on LoCoMo (docs/eval-locomo.md); the date ones were set before
-    measuring and not tuned."""
+    measuring and not tuned. ``vector_cache_mb`` bounds the turn vectors kept in memory for
+    dense recall, all sessions together (the least recently used session's are dropped
+    first, and read back from the store when it is asked again). ``tag_limit`` caps the tag
+    signal's candidates (the best by tag overlap; ``None``: every turn carrying a tag of the
+    message), as ``fts_limit`` caps the full-text and dense ones."""
 
     embedder: Literal["minilm", "none"] = "minilm"
     fusion: Literal["score", "rrf"] = "score"
@@ -142,6 +146,8 @@ class RecallSettings(_Section):
     date_slack_days: int = Field(14, ge=0)
     related_weight: float = Field(0.5, ge=0, le=1)
     fts_limit: int = Field(300, ge=10)
+    vector_cache_mb: float = Field(512, gt=0)
+    tag_limit: int | None = Field(1000, ge=10)
 
 
 class PagingSettings(_Section):

@@ -197,6 +197,8 @@ class MemoryEngine:
             length_prior=cfg.recall.length_prior,
             date_weight=cfg.recall.date_weight,
             date_slack_days=cfg.recall.date_slack_days,
+            vector_cache_bytes=int(cfg.recall.vector_cache_mb * 2**20),
+            tag_limit=cfg.recall.tag_limit,
         )
         self.pager = Pager(self.store, budget=cfg.paging.budget)
         self.assembler = Assembler(

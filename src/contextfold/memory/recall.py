@@ -89,6 +89,41 @@ _PREFETCHED = 256  # queries started and not yet ranked, kept at most
 _PREFETCHED_CHARS = 4 * 1024 * 1024  # and at most this many characters of them
 
 
+class _SessionVectors:
+    """One session's cached vectors: rows appended in place, in a buffer that grows by a
+    quarter when full (amortised: a new vector copies no old one, and the buffer holds at
+    most a quarter more than the vectors)."""
+
+    __slots__ = ("_buffer", "_count", "_seqs")
+
+    def __init__(self) -> None:
+        self._seqs: list[int] = []
+        self._buffer: npt.NDArray[np.float32] = np.zeros((0, 0), np.float32)
+        self._count = 0
+
+    @property
+    def last(self) -> int:
+        return self._seqs[-1] if self._seqs else 0
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._buffer.nbytes) + 8 * len(self._seqs)
+
+    def append(self, seqs: list[int], rows: npt.NDArray[np.float32]) -> None:
+        need = self._count + len(rows)
+        if need > len(self._buffer) or self._buffer.shape[1] != rows.shape[1]:
+            grown = np.empty((max(need, len(self._buffer) * 5 // 4), rows.shape[1]), np.float32)
+            if self._count:
+                grown[: self._count] = self._buffer[: self._count]
+            self._buffer = grown
+        self._buffer[self._count : need] = rows
+        self._count = need
+        self._seqs.extend(seqs)
+
+    def view(self) -> tuple[list[int], npt.NDArray[np.float32]]:
+        return self._seqs, self._buffer[: self._count]
+
+
 class Recaller:
     """Ranks a session's stored turns for a message (see the module docstring).
 
@@ -112,6 +147,8 @@ class Recaller:
         length_prior: float = 0.0,
         date_weight: float = 0.0,
         date_slack_days: int = 14,
+        vector_cache_bytes: int = 512 * 2**20,
+        tag_limit: int | None = None,
     ) -> None:
         if fusion not in ("score", "rrf"):
             raise ValueError(f"fusion must be 'score' or 'rrf', not {fusion!r}")
@@ -119,6 +156,7 @@ class Recaller:
         self.embedder = embedder
         self.k = k
         self.fts_limit = fts_limit
+        self.tag_limit = tag_limit
         self.related_weight = related_weight
         self.weights = {"tags": 1.0, "fts": 1.0, "dense": 1.0, **(weights or {})}
         self.embed_batch = embed_batch
@@ -127,9 +165,12 @@ class Recaller:
         self.length_prior = length_prior
         self.date_weight = date_weight
         self.date_slack = timedelta(days=date_slack_days)
-        # Per session (the most recently used ``cached_sessions``; read back from the store).
-        self._vectors: OrderedDict[str, tuple[list[int], npt.NDArray[np.float32]]] = OrderedDict()
+        # Per session (the most recently used ``cached_sessions``, and at most
+        # ``vector_cache_bytes`` in all; read back from the store).
+        self._vectors: OrderedDict[str, _SessionVectors] = OrderedDict()
+        self._vector_bytes = 0
         self.cached_sessions = 1000
+        self.vector_cache_limit = vector_cache_bytes
         self._lock = threading.Lock()
         # Query vectors: concurrent recalls' queries are embedded in one batch, and a query
         # can be started early (``prefetch``) and collected by ``rank``.
@@ -151,10 +192,15 @@ class Recaller:
     # -- dense ----------------------------------------------------------------------------------
 
     def ensure_vectors(self, session_id: str) -> int:
-        """Embed the session's turns that have no vector yet; returns how many were embedded."""
+        """Embed the session's turns that have no vector yet; returns how many were embedded.
+        Vectors are written in seq order, so only the turns after the last vector are read
+        (nothing is read when the session is embedded up to its last turn)."""
         if self.embedder is None:
             return 0
-        todo = self.store.turns_without_vectors(session_id, self._model)
+        done = self.store.last_vector_seq(session_id, self._model)
+        if done >= self.store.last_seq(session_id):
+            return 0
+        todo = self.store.turns_without_vectors(session_id, self._model, after=done)
         for start in range(0, len(todo), self.embed_batch):
             batch = todo[start : start + self.embed_batch]
             vectors = self.embedder.embed([text for _, text in batch])
@@ -162,26 +208,45 @@ class Recaller:
         return len(todo)
 
     def _session_vectors(self, session_id: str) -> tuple[list[int], npt.NDArray[np.float32]]:
+        """The session's seqs with a vector and their matrix: the cached ones plus those stored
+        since (by this or another process), appended in place; a session whose vectors alone
+        pass the cache's byte limit is read from the store and not kept."""
         if self.catch_up:
             self.ensure_vectors(session_id)
         with self._lock:
-            seqs, matrix = self._vectors.get(session_id, ([], np.zeros((0, 0), np.float32)))
-            after = seqs[-1] if seqs else 0
-            new_seqs, new = self.store.turn_vectors(session_id, self._model, after=after)
-            if new_seqs:
-                matrix = new if not seqs else np.vstack([matrix, new])
-                seqs = seqs + new_seqs
-                self._vectors[session_id] = (seqs, matrix)
-            if session_id in self._vectors:
-                self._vectors.move_to_end(session_id)
-                while len(self._vectors) > self.cached_sessions:
-                    self._vectors.popitem(last=False)
-            return seqs, matrix
+            entry = self._vectors.pop(session_id, None)
+            if entry is not None:
+                self._vector_bytes -= entry.nbytes
+        entry = entry or _SessionVectors()
+        new_seqs, new = self.store.turn_vectors(session_id, self._model, after=entry.last)
+        if new_seqs:
+            entry.append(new_seqs, new)
+        seqs, matrix = entry.view()
+        with self._lock:
+            if 0 < entry.nbytes <= self.vector_cache_limit:
+                other = self._vectors.pop(session_id, None)  # another thread's read of it
+                if other is not None:
+                    self._vector_bytes -= other.nbytes
+                self._vectors[session_id] = entry
+                self._vector_bytes += entry.nbytes
+                while len(self._vectors) > self.cached_sessions or (
+                    self._vector_bytes > self.vector_cache_limit
+                ):
+                    _, dropped = self._vectors.popitem(last=False)
+                    self._vector_bytes -= dropped.nbytes
+        return seqs, matrix
+
+    def vector_cache_bytes(self) -> int:
+        """The bytes the cached session vectors hold (never above ``vector_cache_limit``)."""
+        with self._lock:
+            return self._vector_bytes
 
     def forget(self, session_id: str) -> None:
         """Drop the cached vectors of a session (after it was deleted)."""
         with self._lock:
-            self._vectors.pop(session_id, None)
+            entry = self._vectors.pop(session_id, None)
+            if entry is not None:
+                self._vector_bytes -= entry.nbytes
 
     def _queue(self, embedder: Embedder) -> EmbeddingQueue:
         with self._lock:
@@ -223,7 +288,14 @@ class Recaller:
             return []
         query = self._query_vector(self.embedder, text)
         scores = matrix @ query
-        top = np.argsort(-scores, kind="stable")[:limit]
+        if len(scores) > limit:
+            # The top ``limit`` only, then ordered (no sort of them all); every turn tied with
+            # the last one kept is a candidate, so the ties fall as a stable sort orders them.
+            kth = np.partition(scores, len(scores) - limit)[len(scores) - limit]
+            part = np.flatnonzero(scores >= kth)
+            top = part[np.lexsort((part, -scores[part]))][:limit]
+        else:
+            top = np.argsort(-scores, kind="stable")
         return [(seqs[i], float(scores[i])) for i in top]
 
     # -- tags -----------------------------------------------------------------------------------
@@ -234,10 +306,12 @@ class Recaller:
         tags: Sequence[str],
         related: Sequence[str],
         counts: Mapping[str, int] | None,
-    ) -> dict[int, float]:
+    ) -> tuple[list[tuple[int, float]], float | None]:
+        """The best ``tag_limit`` turns by tag overlap, best first, and the lowest overlap score
+        of every turn that matched (``None`` when none did)."""
         wanted = list(dict.fromkeys([*tags, *related]))
         if not wanted:
-            return {}
+            return [], None
         if counts is None:
             counts = self.store.tag_counts(session_id)
         total = max(1, self.store.last_seq(session_id))
@@ -247,7 +321,12 @@ class Recaller:
             idf = math.log(1 + total / max(1, counts.get(tag, 1)))
             half = idf * self.related_weight
             weights[tag] = (idf if tag in primary else half, half)
-        return self.store.tag_overlap_scores(session_id, weights)
+        if self.tag_limit is None:
+            scores = self.store.tag_overlap_scores(session_id, weights)
+            hits = sorted(scores.items(), key=lambda kv: (-kv[1], -kv[0]))
+            return hits, hits[-1][1] if hits else None
+        hits, low = self.store.tag_overlap_top(session_id, weights, self.tag_limit)
+        return hits, low if hits else None
 
     # -- fusion ---------------------------------------------------------------------------------
 
@@ -265,20 +344,25 @@ class Recaller:
         """The session's turns for ``text``, best first (at most ``limit``), skipping the seqs
         in ``exclude`` (e.g. turns the live history already holds). ``tag_counts`` (turns per
         tag) saves a query when the caller keeps them."""
-        tag_scores = self._tag_scores(session_id, tags, related, tag_counts)
+        tag_hits, tag_low = self._tag_scores(session_id, tags, related, tag_counts)
         signals = {
-            "tags": sorted(tag_scores.items(), key=lambda kv: (-kv[1], -kv[0])),
+            "tags": tag_hits,
             "fts": self.store.search_turn_seqs(session_id, text, limit=self.fts_limit),
             "dense": self._dense(session_id, text, self.fts_limit),
         }
         fused: dict[int, float] = {}
         ranks: dict[int, dict[str, int]] = {}
         for name, hits in signals.items():
+            capped = name == "tags" and len(hits) == self.tag_limit
             hits = [(seq, score) for seq, score in hits if seq not in exclude]
             if not hits:
                 continue
             weight = self.weights.get(name, 1.0)
             high, low = hits[0][1], hits[-1][1]
+            if capped and tag_low is not None:
+                # The tag candidates were cut at ``tag_limit``: the kept ones are scaled
+                # against the lowest score of all of them, as they would have been uncut.
+                low = min(low, tag_low)
             for position, (seq, score) in enumerate(hits, 1):
                 if self.fusion == "rrf":
                     share = 1 / (self.k + position)

@@ -403,13 +403,16 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
             missing = ", ".join(str(seq) for seq in seqs if seq not in known)
             raise ConfigError(f"session {session_id!r} has no turn {missing}") from exc
 
-    def tag_counts(self, session_id: str, *, before: int | None = None) -> dict[str, int]:
+    def tag_counts(
+        self, session_id: str, *, before: int | None = None, since: int | None = None
+    ) -> dict[str, int]:
         """How many turns of the session carry each tag (related tags not counted); only the
-        turns with seq < ``before`` when given (``before=watermark``: the compacted turns)."""
+        turns with seq < ``before`` when given (``before=watermark``: the compacted turns) and
+        seq >= ``since`` when given (``since=old_watermark``: the turns a compaction added)."""
         rows = self._conn.execute(
             "SELECT tag, COUNT(*) FROM turn_tags WHERE session_id = ? AND related = 0"
-            " AND seq < ? GROUP BY tag ORDER BY tag",
-            (session_id, before if before is not None else 2**62),
+            " AND seq < ? AND seq >= ? GROUP BY tag ORDER BY tag",
+            (session_id, before if before is not None else 2**62, since or 0),
         )
         return {r[0]: int(r[1]) for r in rows}
 
@@ -453,14 +456,52 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
                 scores[seq] = scores.get(seq, 0.0) + score
         return scores
 
-    def tag_last_seen(self, session_id: str) -> dict[str, datetime]:
-        """When each tag of the session was last on a turn."""
+    def tag_overlap_top(
+        self, session_id: str, weights: Mapping[str, tuple[float, float]], limit: int
+    ) -> tuple[list[tuple[int, float]], float]:
+        """The ``limit`` best turns of ``tag_overlap_scores`` as (seq, score), best first (ties:
+        the later turn first), and the lowest score of all the turns that matched (so a caller
+        scales the kept scores as it would have scaled them all). One query when ``weights``
+        fit one (up to 300 tags): only the kept rows leave SQLite."""
+        items = list(weights.items())
+        if len(items) > 300:
+            scores = self.tag_overlap_scores(session_id, weights)
+            ordered = sorted(scores.items(), key=lambda kv: (-kv[1], -kv[0]))
+            return ordered[:limit], min(scores.values(), default=0.0)
+        values = ",".join("(?, ?, ?)" for _ in items)
+        params = [v for tag, (direct, related) in items for v in (tag, direct, related)]
         rows = self._conn.execute(
+            f"WITH w(tag, direct, rel) AS (VALUES {values}),"
+            " s(seq, score) AS (SELECT t.seq, SUM(CASE WHEN t.related THEN w.rel ELSE w.direct"
+            " END) FROM turn_tags t JOIN w ON w.tag = t.tag WHERE t.session_id = ?"
+            " GROUP BY t.seq)"
+            " SELECT seq, score, MIN(score) OVER () FROM s ORDER BY score DESC, seq DESC LIMIT ?",
+            (*params, session_id, limit),
+        ).fetchall()
+        if not rows:
+            return [], 0.0
+        return [(int(r[0]), float(r[1])) for r in rows], float(rows[0][2])
+
+    def tag_last_seen(
+        self, session_id: str, tags: Sequence[str] | None = None
+    ) -> dict[str, datetime]:
+        """When each tag of the session (each of ``tags`` when given: a read of their turns
+        only) was last on a turn."""
+        query = (
             "SELECT tt.tag, MAX(t.created_at) FROM turn_tags tt JOIN turns t"
             " ON t.session_id = tt.session_id AND t.seq = tt.seq"
-            " WHERE tt.session_id = ? AND tt.related = 0 GROUP BY tt.tag",
-            (session_id,),
+            " WHERE tt.session_id = ? AND tt.related = 0{} GROUP BY tt.tag"
         )
+        if tags is None:
+            rows = self._conn.execute(query.format(""), (session_id,)).fetchall()
+        else:
+            rows = []
+            for start in range(0, len(tags), 500):
+                chunk = list(tags[start : start + 500])
+                marks = ",".join("?" * len(chunk))
+                rows += self._conn.execute(
+                    query.format(f" AND tt.tag IN ({marks})"), (session_id, *chunk)
+                ).fetchall()
         return {r[0]: datetime.fromisoformat(r[1]) for r in rows}
 
     def active_tokens(self, session_id: str) -> int:
@@ -474,15 +515,29 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
 
     # -- turn vectors ---------------------------------------------------------------------------
 
-    def turns_without_vectors(self, session_id: str, model: str) -> list[tuple[int, str]]:
-        """(seq, text) of the session's turns with no vector from ``model`` yet, in order."""
+    def turns_without_vectors(
+        self, session_id: str, model: str, *, after: int = 0
+    ) -> list[tuple[int, str]]:
+        """(seq, text) of the session's turns after seq ``after`` with no vector from ``model``
+        yet, in order (``after=last_vector_seq(...)``: only the turns stored since the last
+        vector, read through the primary key instead of a scan of the whole session)."""
         rows = self._conn.execute(
-            "SELECT t.seq, t.content_text FROM turns t WHERE t.session_id = ? AND NOT EXISTS"
-            " (SELECT 1 FROM turn_vectors v WHERE v.session_id = t.session_id AND v.model = ?"
-            " AND v.seq = t.seq) ORDER BY t.seq",
-            (session_id, model),
+            "SELECT t.seq, t.content_text FROM turns t WHERE t.session_id = ? AND t.seq > ?"
+            " AND NOT EXISTS (SELECT 1 FROM turn_vectors v WHERE v.session_id = t.session_id"
+            " AND v.model = ? AND v.seq = t.seq) ORDER BY t.seq",
+            (session_id, after, model),
         )
         return [(int(r[0]), r[1]) for r in rows]
+
+    def last_vector_seq(self, session_id: str, model: str) -> int:
+        """The highest seq of the session with a vector from ``model`` (0 when none): one
+        look-up in the vectors' primary key. Vectors are written in seq order (``Recaller.
+        ensure_vectors``, a branch's copy of its parent's), so every turn up to it has one."""
+        row = self._conn.execute(
+            "SELECT MAX(seq) FROM turn_vectors WHERE session_id = ? AND model = ?",
+            (session_id, model),
+        ).fetchone()
+        return int(row[0] or 0)
 
     def add_turn_vectors(
         self, session_id: str, model: str, seqs: Sequence[int], vectors: npt.NDArray[Any]

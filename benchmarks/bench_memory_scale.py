@@ -1,0 +1,283 @@
+"""Memory as it grows: one session at 1k, 10k and 100k turns, and 1,000 sessions x 100 turns.
+
+Each configuration runs in a fresh child process (so its RSS is its own) on a SQLite file
+(WAL), through the engine's own API: the LoCoMo dialogue turns, cycled with renamed speakers,
+are stored raw with ``MemoryEngine.store_turns`` in chunks of 500 and derived after each chunk
+with ``MemoryEngine.derive`` (tags and compaction, as the background worker does; an 8k-token
+window so compaction fires). Reported per configuration:
+
+* write rate (store + derive, turns/s) and, with the default embedder, the embedding catch-up;
+* recall (``on_message_inbound``, LoCoMo questions, 2,048-token budget) p50/p95, keyword-only
+  (``embedder=None``) and with the default embedder (MiniLM; vectors embedded before timing);
+* the first recall after a compaction (turns appended and derived, then ``compact``) and after
+  a restart (a fresh engine on the same store; the embedder's model stays loaded), each beside
+  the steady p50;
+* the process RSS after each phase and the vectors' own size (turns x 384 x 4 bytes).
+
+The embedder runs only where the configuration's embedded turns are at most ``--embed-max``
+(default 10,000: embedding 100k turns on a shared 2-core machine takes longer than the rest of
+the run); the 1,000-session run embeds the sessions its questions ask (every session is
+embedded only with ``--embed-max`` >= 100,000).
+
+Run: ``python benchmarks/bench_memory_scale.py`` (``--quick`` for the smoke test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import _common as common
+from contextfold.items import Message
+from contextfold.memory.config import MemoryConfig
+from contextfold.memory.engine import MemoryEngine
+from contextfold.retrieval.embedders import default_embedder
+from contextfold.store.memory import MemoryStore
+
+CHUNK = 500  # turns stored per store_turns call, derived after each
+NAMES = [
+    "Avery", "Blake", "Camille", "Dmitri", "Elena", "Farid", "Greta", "Hiro", "Imani", "Jonas",
+    "Keiko", "Lars", "Mateo", "Nadia", "Oskar", "Priya", "Quinn", "Rosa", "Soren", "Tala",
+]  # fmt: skip
+DIM = 384
+
+
+def rss_mb() -> float:
+    """This process's resident set size now (Linux; peak RSS elsewhere)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return common.peak_rss_mb()
+
+
+def messages(turns: list[common.Turn], start: int, count: int) -> list[Message]:
+    """``count`` dialogue messages from position ``start`` of the endless cycle of LoCoMo
+    turns; each cycle renames the two speakers of every conversation."""
+    out = []
+    for i in range(start, start + count):
+        cycle, turn = divmod(i, len(turns))
+        t = turns[turn]
+        base = (cycle * 7 + t.conversation * 3) % len(NAMES)
+        speaker = NAMES[base] if t.first_speaker else NAMES[(base + 1) % len(NAMES)]
+        role = "user" if t.first_speaker else "assistant"
+        out.append(Message(role=role, content=f"{speaker}: {t.text}"))
+    return out
+
+
+def timed(fn: Any) -> float:
+    return common.time_call(fn).wall * 1000
+
+
+def steady(engine: MemoryEngine, asks: list[tuple[str, str]]) -> dict[str, Any]:
+    samples = common.Samples()
+    for sid, question in asks:
+        samples.add(
+            common.time_call(
+                lambda s=sid, q=question: engine.on_message_inbound(q, session_id=s, budget=2048)
+            )
+        )
+    return samples.stats()
+
+
+def grow_and_compact(
+    engine: MemoryEngine, sid: str, turns: list[common.Turn], at: int, count: int
+) -> int:
+    """Append ``count`` turns to ``sid``, derive them, and force a compaction."""
+    engine.store_turns(sid, messages(turns, at, count))
+    engine.derive(sid)
+    engine.compact(session_id=sid)
+    return at + count
+
+
+def run_config(spec: dict[str, Any], data_dir: Path) -> dict[str, Any]:
+    sessions, per_session = spec["sessions"], spec["turns_per_session"]
+    turns = common.locomo_turns(data_dir)
+    with (data_dir / "locomo/locomo10.json").open(encoding="utf-8") as f:
+        questions = [qa["question"] for s in json.load(f) for qa in s["qa"]]
+    rng = random.Random(22)
+    rng.shuffle(questions)
+    folder = Path(tempfile.mkdtemp(prefix="cf-bench-scale-"))
+    path = folder / "memory.db"
+    config = MemoryConfig.model_validate({"context_window": 8192})
+    out: dict[str, Any] = {**spec, "rss_mb": {"start": rss_mb()}}
+    try:
+        engine = MemoryEngine(config, store=MemoryStore(path), embedder=None)
+        engine.counter.count("warm up")
+        sids = [f"s{n:04d}" for n in range(sessions)]
+        position = 0
+        started = time.perf_counter()
+        for sid in sids:
+            for at in range(0, per_session, CHUNK):
+                n = min(CHUNK, per_session - at)
+                engine.store_turns(sid, messages(turns, position, n))
+                engine.derive(sid)
+                position += n
+        wall = time.perf_counter() - started
+        total = sessions * per_session
+        out["write"] = {"turns": total, "seconds": round(wall, 2), "turns_per_s": total / wall}
+        out["rss_mb"]["after_write"] = rss_mb()
+        n_q = spec["questions"]
+        asked = [rng.choice(sids) for _ in range(n_q + 4)]
+        asks = list(zip(asked, questions[: n_q + 4], strict=True))
+        target = asked[0]
+        # keyword only
+        engine.on_message_inbound(questions[-1], session_id=target, budget=2048)  # warm
+        kw: dict[str, Any] = {"steady": steady(engine, asks[:n_q])}
+        position = grow_and_compact(engine, target, turns, position, spec["grow"])
+        kw["after_compaction_ms"] = timed(
+            lambda: engine.on_message_inbound(asks[n_q][1], session_id=target, budget=2048)
+        )
+        engine.close()
+        started = time.perf_counter()
+        engine = MemoryEngine(config, store=MemoryStore(path), embedder=None)
+        kw["restart_open_ms"] = (time.perf_counter() - started) * 1000
+        kw["after_restart_ms"] = timed(
+            lambda: engine.on_message_inbound(asks[n_q + 1][1], session_id=target, budget=2048)
+        )
+        engine.close()
+        out["keyword"] = kw
+        out["rss_mb"]["after_keyword"] = rss_mb()
+        embedded = (sessions if total <= spec["embed_max"] else len(set(asked))) * per_session
+        if spec["embedder"] and embedded <= spec["embed_max"]:
+            embedder = default_embedder()
+            embedder.embed(["warm up"])
+            engine = MemoryEngine(config, store=MemoryStore(path), embedder=embedder)
+            todo = sids if total <= spec["embed_max"] else sorted(set(asked))
+            started = time.perf_counter()
+            for sid in todo:
+                engine.derive(sid)
+                engine.recaller.ensure_vectors(sid)
+            wall = time.perf_counter() - started
+            dense: dict[str, Any] = {
+                "embedded_turns": embedded,
+                "embed_turns_per_s": embedded / wall,
+            }
+            engine.on_message_inbound(questions[-2], session_id=target, budget=2048)  # warm
+            dense["steady"] = steady(engine, asks[:n_q])
+            out["rss_mb"]["after_dense"] = rss_mb()
+            position = grow_and_compact(engine, target, turns, position, spec["grow"])
+            dense["after_compaction_ms"] = timed(
+                lambda: engine.on_message_inbound(asks[n_q + 2][1], session_id=target, budget=2048)
+            )
+            engine.close()
+            started = time.perf_counter()
+            engine = MemoryEngine(config, store=MemoryStore(path), embedder=embedder)
+            dense["restart_open_ms"] = (time.perf_counter() - started) * 1000
+            dense["after_restart_ms"] = timed(
+                lambda: engine.on_message_inbound(asks[n_q + 3][1], session_id=target, budget=2048)
+            )
+            engine.close()
+            out["dense"] = dense
+        else:
+            out["dense"] = None
+            out["dense_skipped"] = (
+                f"{embedded:,} turns to embed > --embed-max {spec['embed_max']:,}"
+            )
+        out["vectors_mb"] = round(embedded * DIM * 4 / 2**20, 1) if out["dense"] else 0.0
+        out["db_mb"] = round(sum(p.stat().st_size for p in folder.iterdir()) / 2**20, 1)
+        out["rss_mb"]["end"] = rss_mb()
+        out["peak_rss_mb"] = common.peak_rss_mb()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return out
+
+
+def configs(quick: bool, embedder: bool, embed_max: int, questions: int) -> list[dict[str, Any]]:
+    if quick:
+        shapes = [("one session, 300 turns", 1, 300), ("5 sessions x 60 turns", 5, 60)]
+    else:
+        shapes = [
+            ("one session, 1k turns", 1, 1_000),
+            ("one session, 10k turns", 1, 10_000),
+            ("one session, 100k turns", 1, 100_000),
+            ("1,000 sessions x 100 turns", 1_000, 100),
+        ]
+    return [
+        {
+            "label": label,
+            "sessions": sessions,
+            "turns_per_session": per,
+            "questions": questions,
+            "embedder": embedder,
+            "embed_max": embed_max,
+            "grow": 100 if quick else CHUNK,  # turns appended before the forced compaction
+        }
+        for label, sessions, per in shapes
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    common.common_arguments(parser)
+    parser.add_argument("--no-embedder", action="store_true", help="keyword-only recall")
+    parser.add_argument("--embed-max", type=int, default=10_000, help="most turns to embed")
+    parser.add_argument("--questions", type=int, default=None, help="recalls timed per run")
+    parser.add_argument("--only", default=None, help="run only the configurations labelled so")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    data_dir = args.data_dir or common.default_data_dir()
+    common.check_data(data_dir)
+    if args.child is not None:
+        print(json.dumps(run_config(json.loads(args.child), data_dir)))
+        return
+    n_q = args.questions or (5 if args.quick else 60)
+    runs = []
+    for spec in configs(args.quick, not args.no_embedder, args.embed_max, n_q):
+        if args.only and args.only not in spec["label"]:
+            continue
+        done = subprocess.run(
+            [sys.executable, __file__, "--data-dir", str(data_dir), "--child", json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise SystemExit(f"{spec['label']} failed:\n{done.stderr}")
+        run = json.loads(done.stdout.strip().splitlines()[-1])
+        runs.append(run)
+        print(summary(run), flush=True)
+    result = common.base_result("memory_scale", __doc__.splitlines()[0], args.quick)
+    result["parameters"] = {
+        "chunk": CHUNK,
+        "budget": 2048,
+        "context_window": 8192,
+        "questions": n_q,
+    }
+    result["runs"] = runs
+    result["correctness"] = {
+        "every run recalled": all(r["keyword"]["steady"]["n"] == n_q for r in runs),
+    }
+    result["peak_rss_mb"] = max(r["peak_rss_mb"] for r in runs)
+    path = common.write_result(result, args.results_dir, args.results_md)
+    print(f"wrote {Path(path).name}")
+
+
+def summary(run: dict[str, Any]) -> str:
+    kw, dense = run["keyword"], run["dense"]
+    line = (
+        f"{run['label']}: write {run['write']['turns_per_s']:.0f} turns/s; keyword p50 "
+        f"{kw['steady']['median_ms']:.1f} p95 {kw['steady']['p95_ms']:.1f} ms, after compaction "
+        f"{kw['after_compaction_ms']:.1f}, after restart {kw['after_restart_ms']:.1f} ms"
+    )
+    if dense:
+        line += (
+            f"; dense p50 {dense['steady']['median_ms']:.1f} p95 {dense['steady']['p95_ms']:.1f}"
+            f" ms, after compaction {dense['after_compaction_ms']:.1f}, after restart "
+            f"{dense['after_restart_ms']:.1f} ms"
+        )
+    return line + f"; RSS end {run['rss_mb']['end']} MB"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""Recall work bounded by what changed, not by the conversation's length (issue 22): what a
+recall reads, and the bounds of its caches. Speed itself is measured by
+benchmarks/bench_memory_scale.py, not here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from contextfold.memory.config import MemoryConfig
+from contextfold.memory.engine import MemoryEngine
+from contextfold.store.memory import MemoryStore
+from contextfold.testing import HashEmbedder
+from contextfold.tokens import CharCounter
+
+
+def _engine(store: MemoryStore | Path | None = None, **recall: object) -> MemoryEngine:
+    cfg = MemoryConfig.model_validate({"recall": recall} if recall else {})
+    if store is None or isinstance(store, Path):
+        store = MemoryStore(store or ":memory:", counter=CharCounter())
+    return MemoryEngine(cfg, store=store, embedder=HashEmbedder(dim=64), counter=CharCounter())
+
+
+def _pairs(start: int, count: int) -> list[dict[str, str]]:
+    out = []
+    for i in range(start, start + count):
+        out += [
+            {"role": "user", "content": f"Shipment {i} of walnut veneer arrives at dock {i % 7}."},
+            {"role": "assistant", "content": f"Logged shipment {i} for dock {i % 7}."},
+        ]
+    return out
+
+
+def _spy(store: MemoryStore) -> list[int]:
+    calls: list[int] = []
+    original = store.turns_without_vectors
+
+    def spy(session_id: str, model: str, *, after: int = 0) -> list[tuple[int, str]]:
+        calls.append(after)
+        return original(session_id, model, after=after)
+
+    store.turns_without_vectors = spy  # type: ignore[method-assign]
+    return calls
+
+
+def test_recall_on_an_embedded_session_reads_no_turn_for_missing_vectors() -> None:
+    engine = _engine()
+    engine.on_turn_complete(_pairs(0, 20))  # derived: tagged and embedded
+    calls = _spy(engine.store)
+    assert engine.on_message_inbound("Which dock took the walnut veneer?").recalled
+    assert calls == []  # nothing to embed: the scan over the session's turns is not run
+
+
+def test_turns_stored_without_derive_are_embedded_from_the_last_vector_on() -> None:
+    engine = _engine()
+    engine.on_turn_complete(_pairs(0, 20))
+    last = engine.store.last_seq("default")
+    engine.store_turns("default", [engine_message("Shipment 99 of teak arrives at dock 3.")])
+    calls = _spy(engine.store)
+    recalled = engine.on_message_inbound("teak shipment 99").recalled
+    assert calls == [last]  # only the turns after the last vector are read
+    assert any(r.seq == last + 1 and "dense" in r.ranks for r in recalled)
+
+
+def engine_message(text: str) -> Any:
+    from contextfold.items import Message
+
+    return Message(role="user", content=text)
+
+
+def test_an_engine_sees_the_vectors_another_engine_wrote_to_the_same_store(
+    tmp_path: Path,
+) -> None:
+    reader = _engine(tmp_path / "m.db")
+    reader.recaller.catch_up = False  # it ranks by the vectors stored, as the proxy does
+    writer = _engine(tmp_path / "m.db")
+    writer.on_turn_complete(_pairs(0, 10))
+    assert reader.on_message_inbound("walnut veneer").recalled  # its cache now holds 20 turns
+    writer.on_turn_complete(_pairs(10, 5))
+    recalled = reader.on_message_inbound("Shipment 12 walnut dock 5").recalled
+    dense = {r.seq for r in recalled if "dense" in r.ranks}
+    assert dense and max(dense) > 20  # the new turns' vectors were read
+
+
+def test_the_vector_cache_holds_its_limit_and_recalls_as_an_unbounded_one() -> None:
+    store = MemoryStore(counter=CharCounter())
+    # 64 floats x 4 bytes a turn: each session's 40 turns are 10 KiB; the cache holds 24 KiB.
+    small = _engine(store, vector_cache_mb=24 / 1024)
+    big = _engine(store)
+    sessions = [f"s{n}" for n in range(5)]
+    for sid in sessions:
+        small.on_turn_complete(_pairs(0, 20), session_id=sid)
+    for _ in range(2):
+        for sid in sessions:
+            a = small.on_message_inbound("walnut dock 3", session_id=sid)
+            b = big.on_message_inbound("walnut dock 3", session_id=sid)
+            assert a.recalled == b.recalled and a.prepend_text == b.prepend_text
+            assert small.recaller.vector_cache_bytes() <= 24 * 1024
+    assert small.recaller.vector_cache_bytes() > 0
+    # A session larger than the whole cache is served from the store and not cached.
+    tiny = _engine(store, vector_cache_mb=1 / 1024)
+    assert tiny.on_message_inbound("walnut dock 3", session_id="s0").recalled
+    assert tiny.recaller.vector_cache_bytes() == 0
+
+
+def _count_calls(store: MemoryStore, name: str) -> list[dict[str, Any]]:
+    calls: list[dict[str, Any]] = []
+    original = getattr(store, name)
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(kwargs)
+        return original(*args, **kwargs)
+
+    setattr(store, name, spy)
+    return calls
+
+
+def _compacting(**cfg: object) -> MemoryEngine:
+    config = MemoryConfig.model_validate(
+        {"context_window": 512, "compaction": {"protected_recent_turns": 4}, **cfg}
+    )
+    store = MemoryStore(counter=CharCounter())
+    return MemoryEngine(config, store=store, embedder=None, counter=CharCounter())
+
+
+def test_topics_after_a_compaction_read_only_the_newly_compacted_turns() -> None:
+    engine = _compacting()
+    fresh = _compacting()
+    for start in range(0, 60, 4):
+        engine.on_turn_complete(_pairs(start, 4))
+        fresh.on_turn_complete(_pairs(start, 4))
+        engine.on_message_inbound("walnut veneer")
+    counts = _count_calls(engine.store, "tag_counts")
+    last_seen = _count_calls(engine.store, "tag_last_seen")
+    before = engine.store.session("default").compaction_watermark
+    engine.on_turn_complete(_pairs(60, 30))
+    fresh.on_turn_complete(_pairs(60, 30))
+    after = engine.store.session("default").compaction_watermark
+    assert after > before > 0
+    a = engine.on_message_inbound("walnut veneer dock 4")
+    # no tag has a TTL rule: when a tag was last seen is never read; and the compacted
+    # turns' tag counts are read for the newly compacted turns only
+    assert last_seen == []
+    assert [c for c in counts if c.get("before") is not None] == [
+        {"before": after, "since": before}
+    ]
+    b = fresh.on_message_inbound("walnut veneer dock 4")  # its topics built in one read
+    assert a.prepend_text == b.prepend_text
+
+
+def test_ttl_rules_read_when_only_their_tags_were_last_seen() -> None:
+    engine = _compacting(tag_rules=[{"match": "shipment*", "ttl_days": 30}])
+    last_seen = _count_calls(engine.store, "tag_last_seen")
+    engine.on_turn_complete(_pairs(0, 40))
+    engine.on_message_inbound("walnut veneer")
+    assert last_seen and all(
+        all(t.startswith("shipment") for t in call["tags"]) for call in last_seen
+    )
+
+
+def test_tag_candidates_are_capped_and_the_kept_ones_ranked_as_uncapped() -> None:
+    capped = _compacting(recall={"tag_limit": 10})
+    whole = _compacting(recall={"tag_limit": None})
+    for engine in (capped, whole):
+        engine.on_turn_complete(_pairs(0, 30))
+        engine.on_turn_complete([{"role": "user", "content": "Shipment 7 walnut dock 3 late."}])
+    query = "walnut veneer shipment dock"
+    tags = capped.tag_message(query)
+    assert tags.tags
+    a = capped.recaller.rank("default", query, tags=tags.tags, related=tags.related_tags)
+    b = whole.recaller.rank("default", query, tags=tags.tags, related=tags.related_tags)
+    tag_ranked_a = {r.seq: r.ranks["tags"] for r in a if "tags" in r.ranks}
+    tag_ranked_b = {r.seq: r.ranks["tags"] for r in b if "tags" in r.ranks}
+    assert len(tag_ranked_a) == 10 < len(tag_ranked_b)
+    assert all(tag_ranked_b[seq] == rank for seq, rank in tag_ranked_a.items())
+    # the kept candidates are the uncapped list's head, scaled against the same lowest score
+    counts = capped.vocabulary()
+    hits_a, low_a = capped.recaller._tag_scores("default", tags.tags, tags.related_tags, counts)
+    hits_b, low_b = whole.recaller._tag_scores("default", tags.tags, tags.related_tags, counts)
+    assert hits_a == hits_b[:10] and low_a == low_b
