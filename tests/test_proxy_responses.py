@@ -18,7 +18,7 @@ import pytest
 import zstandard
 
 from contextfold.memory.engine import MemoryEngine
-from contextfold.server.config import LimitSettings, ProxySettings, ServerConfig
+from contextfold.server.config import LimitSettings, OutputSettings, ProxySettings, ServerConfig
 from contextfold.server.proxy.responses import WIRE, response_reply
 from contextfold.server.proxy.session import SESSION_HEADER
 from contextfold.server.proxy.wire import reply_message
@@ -548,3 +548,33 @@ def test_a_body_that_does_not_decode_is_refused(
     assert response.status_code == status
     assert problem in response.json()["error"]["message"]
     assert fake_llm.requests == []
+
+
+def test_a_long_responses_tool_session_is_compacted_without_a_restore_tool(
+    fake_llm: FakeLLMServer, upstream: ResponsesFake, engine: MemoryEngine
+) -> None:
+    """Codex CLI's long sessions: old ``function_call_output`` items are stubbed once the
+    request is over ``proxy.tool_outputs.compact_above`` (issue 20, point 5). The Responses
+    route has no in-proxy tool loop, so the stub asks for the call again and no
+    ``contextfold_restore`` tool is added; every call keeps its output item."""
+    outputs = OutputSettings(compact_above=3000, keep_recent=2, min_tokens=50)
+    config = ServerConfig(port=0, proxy=ProxySettings(upstream=fake_llm.url, tool_outputs=outputs))
+    items: list[Any] = [{"role": "user", "content": "Review the repository."}]
+    for i in range(8):
+        items.append(
+            {"type": "function_call", "call_id": f"c{i}", "name": "shell", "arguments": "{}"}
+        )
+        text = f"file {i}\n" + "".join(f"line {j} of file {i}\n" for j in range(120))
+        items.append({"type": "function_call_output", "call_id": f"c{i}", "output": text})
+    fake_llm.reply = "Reviewed."
+    with serve(config, engine) as served:
+        reply = oa(served).responses.create(model="gpt-4o", input=items, tools=[WEATHER])
+    assert reply.output_text == "Reviewed."
+    body = sent(fake_llm)
+    forwarded = [i for i in body["input"] if i.get("type") == "function_call_output"]
+    assert [i["call_id"] for i in forwarded] == [f"c{i}" for i in range(8)]  # all still paired
+    stubbed = [i["call_id"] for i in forwarded if i["output"].startswith("[contextfold:")]
+    assert stubbed and "c6" not in stubbed and "c7" not in stubbed  # the newest 2 kept
+    assert all("Make the call again" in i["output"] for i in forwarded if i["call_id"] in stubbed)
+    assert [t.get("name") for t in body["tools"]] == ["get_weather"]  # no restore tool
+    assert len(json.dumps(body)) < len(json.dumps(items)) * 3 // 4

@@ -23,8 +23,10 @@ between. The newest ``keep_recent`` outputs and outputs under ``min_tokens`` are
 
 Sizes are estimated from characters (``_CHARS_PER_TOKEN``): exact counting of a 900K-token
 request costs more than the request path may spend, and the rule only has to be
-deterministic. Anthropic ``tool_result`` blocks and OpenAI ``tool`` messages are compacted;
-outputs holding images or documents, and Gemini and Responses requests, are left as they are.
+deterministic. Anthropic ``tool_result`` blocks, OpenAI ``tool`` messages and the Responses
+API's ``function_call_output`` / ``custom_tool_call_output`` items (Codex CLI) are compacted;
+a Responses stub asks for the call to be made again, since the proxy runs no tool loop for that
+API. Outputs holding images or documents, and Gemini requests, are left as they are.
 
 >>> body = {"model": "m", "messages": [
 ...     {"role": "user", "content": "go"},
@@ -62,6 +64,8 @@ __all__ = [
 ]
 
 RESTORE_TOOL = "contextfold_restore"
+RESPONSES = "responses"  # the OpenAI Responses API's format name (``responses.FORMAT``)
+_RESPONSES_OUTPUTS = ("function_call_output", "custom_tool_call_output")
 _CHARS_PER_TOKEN = 3.0
 _HEAD = 160
 
@@ -131,7 +135,7 @@ def window_of(model: str | None) -> int | None:
 def limit_for(fmt: str, settings: OutputSettings, model: str | None) -> int | None:
     """The size in tokens above which a ``fmt`` request for ``model`` is compacted, or None
     when it never is (compaction off, a format it does not read, an unknown model's window)."""
-    if not settings.compact or fmt not in ("openai", "anthropic"):
+    if not settings.compact or fmt not in ("openai", "anthropic", RESPONSES):
         return None
     if settings.compact_above is not None:
         return settings.compact_above
@@ -195,6 +199,11 @@ def _outputs(fmt: str, messages: list[Any]) -> list[_Output]:
             ref, text = msg.get("tool_call_id"), _text_of(msg.get("content"))
             if msg.get("role") == "tool" and isinstance(ref, str) and text is not None:
                 found.append(_Output(i, None, ref, text))
+        elif fmt == RESPONSES:  # input items: a call's output is its own item
+            ref, text = msg.get("call_id"), _text_of(msg.get("output"))
+            kind = msg.get("type")
+            if kind in _RESPONSES_OUTPUTS and isinstance(ref, str) and text is not None:
+                found.append(_Output(i, None, ref, text))
         elif fmt == "anthropic" and isinstance(msg.get("content"), list):
             for j, block in enumerate(msg["content"]):
                 if not (isinstance(block, dict) and block.get("type") == "tool_result"):
@@ -205,14 +214,26 @@ def _outputs(fmt: str, messages: list[Any]) -> list[_Output]:
     return found
 
 
-def stub_text(ref: str, text: str) -> str:
-    """The stub that replaces output ``ref``: the same for the same output, every time."""
+def stub_text(ref: str, text: str, fmt: str = "openai") -> str:
+    """The stub that replaces output ``ref``: the same for the same output, every time. It
+    names the restore tool, which the proxy answers in its tool loop; a Responses request has
+    no such loop (``routes``), so its stubs ask for the call to be made again."""
     first = text.strip().split("\n", 1)[0][:_HEAD]
+    how = (
+        "Make the call again to see it in full (the output may have changed since)."
+        if fmt == RESPONSES
+        else f'Call {RESTORE_TOOL} with {{"ref": "{ref}"}} to read it in full.'
+    )
     return (
         f"[contextfold: tool output {ref} compacted, about {_estimate(len(text)):,} tokens "
-        f"({len(text):,} characters). It began: {json.dumps(first)}. Call {RESTORE_TOOL} "
-        f'with {{"ref": "{ref}"}} to read it in full.]'
+        f"({len(text):,} characters). It began: {json.dumps(first)}. {how}]"
     )
+
+
+def restores(fmt: str) -> bool:
+    """Whether a compacted ``fmt`` request is offered ``contextfold_restore`` (answered in the
+    proxy's tool loop, which the Responses API does not have)."""
+    return fmt != RESPONSES
 
 
 def compact(
@@ -235,7 +256,8 @@ def compact(
     limit = limit_for(fmt, settings, model)
     if limit is None:
         return body, None
-    client_messages, messages = sent.get("messages"), body.get("messages")
+    key = "input" if fmt == RESPONSES else "messages"
+    client_messages, messages = sent.get(key), body.get(key)
     if not (isinstance(client_messages, list) and isinstance(messages, list)):
         return body, None
     total = _estimate(json_chars(sent))
@@ -253,7 +275,7 @@ def compact(
         size = _estimate(len(output.text))
         if size < settings.min_tokens or output.ref in chosen:
             continue
-        gain = size - _estimate(len(stub_text(output.ref, output.text)))
+        gain = size - _estimate(len(stub_text(output.ref, output.text, fmt)))
         if gain > 0:
             chosen[output.ref] = output.text
             saved += gain
@@ -264,9 +286,11 @@ def compact(
     for output in _outputs(fmt, messages):
         if chosen.get(output.ref) != output.text:
             continue
-        stub = stub_text(output.ref, output.text)
+        stub = stub_text(output.ref, output.text, fmt)
         msg = dict(out_messages[output.message])
-        if output.block is None:
+        if fmt == RESPONSES:
+            msg["output"] = stub
+        elif output.block is None:
             msg["content"] = stub
         else:
             blocks = list(msg["content"])
@@ -276,7 +300,7 @@ def compact(
         stubbed.append(output.ref)
     if not stubbed:
         return body, None
-    out = {**body, "messages": out_messages}
+    out = {**body, key: out_messages}
     done = Compaction(
         limit=limit,
         tokens_before=_estimate(json_chars(body)),

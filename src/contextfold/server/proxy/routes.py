@@ -251,7 +251,8 @@ class Proxy:
         plan, url, headers, raw = prepared
         # The Responses API has no in-proxy memory tool loop (``responses``).
         memory_tools = self.tools_mode and plan.format != responses.FORMAT
-        if (memory_tools or plan.compaction is not None) and plan.body is not None:
+        restore = plan.compaction is not None and outputs.restores(plan.format)
+        if (memory_tools or restore) and plan.body is not None:
             return await self._tool_loop(plan, url, headers, raw)
         return await self._forward(plan, url, headers)
 
@@ -317,7 +318,8 @@ class Proxy:
         out, done = outputs.compact(plan.format, forwarded, settings, plan.model, sent=body)
         if done is None:
             return
-        out = WIRES[plan.format].add_tools(out, outputs.restore_definitions(plan.format))
+        if outputs.restores(plan.format):
+            out = WIRES[plan.format].add_tools(out, outputs.restore_definitions(plan.format))
         plan.body, plan.content, plan.compaction = out, dumps(out), done
         plan.notes.append(done.note())
 
