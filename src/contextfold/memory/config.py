@@ -118,6 +118,13 @@ class AssemblySettings(_Section):
     summary_share: float = Field(0.6, ge=0, le=1)
 
 
+RELEVANCE_FLOOR = 0.41
+"""The default ``recall.relevance_floor`` (``true`` in a config file means this value): the
+highest cosine floor whose recall loss at 2,048 tokens was at most half a point on LoCoMo's
+tune split (conversations 1–5), with the default MiniLM embedder
+(``benchmarks/calibrate_memory_floor.py``)."""
+
+
 class RecallSettings(_Section):
     """How stored turns are ranked: the tag, full-text and dense signals, each scaled by its
     ``*_weight``, fused by ``fusion`` (``score``: min-max scaled scores summed; ``rrf``:
@@ -128,7 +135,12 @@ class RecallSettings(_Section):
     score of a turn stored in the period the message names ("in January 2022") or up to
     ``date_slack_days`` after it (what happened is told soon after). The defaults are the
     values measured best on LoCoMo (docs/eval-locomo.md); the date ones were set before
-    measuring and not tuned."""
+    measuring and not tuned.
+
+    ``relevance_floor``: memory is injected only when the message's best cosine similarity
+    with a stored turn it could recall reaches this floor; below it the message gets no memory
+    at all (no turns, summaries, paged topics or topic hint). ``null`` or ``false`` turns it
+    off; it needs the dense signal (with ``embedder: none`` it is off)."""
 
     embedder: Literal["minilm", "none"] = "minilm"
     fusion: Literal["score", "rrf"] = "score"
@@ -142,6 +154,14 @@ class RecallSettings(_Section):
     date_slack_days: int = Field(14, ge=0)
     related_weight: float = Field(0.5, ge=0, le=1)
     fts_limit: int = Field(300, ge=10)
+    relevance_floor: float | None = Field(RELEVANCE_FLOOR, ge=-1, le=1)
+
+    @field_validator("relevance_floor", mode="before")
+    @classmethod
+    def _floor_off(cls, value: object) -> object:
+        if value is True:
+            return RELEVANCE_FLOOR
+        return None if value is False else value
 
 
 class PagingSettings(_Section):
