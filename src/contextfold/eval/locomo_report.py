@@ -103,13 +103,13 @@ class LocomoReport(BaseModel):
 
     model_config = ConfigDict(frozen=True)
     created: str
-    split: str
     partial: bool
     note: str
     config: dict[str, Any]
     machine: dict[str, Any]
     dataset: dict[str, Any]
     results: list[SystemResult]
+    split: str = "all"  # reports from before the split was stated ran on all 10
 
     def system(self, name: str) -> SystemResult:
         """The result of the system called ``name`` (``KeyError`` when it was not run)."""
