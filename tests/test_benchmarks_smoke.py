@@ -229,3 +229,14 @@ def test_tool_outputs_benchmark_replays_a_recording(
     assert result["parameters"]["session_kind"] == "recorded"
     assert result["strategies"]["none"]["requests"] == 12
     assert "a recorded Claude Code session" in (tmp_path / "RESULTS.md").read_text()
+
+
+@needs_data
+def test_memory_floor_calibration_quick_run(tmp_path: Path) -> None:
+    result, md = run_quick(tmp_path, "calibrate_memory_floor.py", "memory_floor_calibration")
+    assert result["split"] == "tune" and result["quick"] is True
+    assert result["questions"]["real"] > 0 and result["questions"]["negative"] > 0
+    conversations = {row["conversation"] for row in result["rows"]["real"]}
+    assert conversations <= {"conv-26", "conv-30", "conv-41", "conv-42", "conv-43"}
+    assert result["chosen"]["recall"] >= result["off"]["recall"] - result["tolerance"]
+    assert "Memory relevance floor on LoCoMo tune" in md.read_text(encoding="utf-8")
