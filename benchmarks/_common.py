@@ -631,6 +631,58 @@ def _render_floor(path: Path, data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _memory_floor_row(c: dict[str, Any], off: dict[str, Any]) -> str:
+    floor = "off" if c["floor"] is None else f"{c['floor']:.2f}"
+    return (
+        f"| {floor} | {c['recall']:.4f} | {off['recall'] - c['recall']:+.4f} "
+        f"| {c['real_withheld']} | {c['negative_mean_tokens']:,.1f} "
+        f"| {c['negative_p95_tokens']:,.0f} | {c['negative_empty_share']:.3f} |"
+    )
+
+
+def _render_memory_floor(path: Path, data: dict[str, Any]) -> list[str]:
+    """``calibrate_memory_floor.py``: the tune curve, or the held-out measurement."""
+    q, off = data["questions"], data["off"]
+    calibration = "curve" in data
+    lines = [
+        "## Memory relevance floor on LoCoMo "
+        + (
+            "tune (`calibrate_memory_floor.py`)"
+            if calibration
+            else "held-out (`calibrate_memory_floor.py --held-out`)"
+        ),
+        "",
+        data["description"],
+        "",
+        f"- Command: `{data['command']}` → `{_relative(str(path))}`",
+        f"- Split {data['split']}, budget {data['budget']:,} tokens; {q['real']:,} real questions "
+        f"(categories 1–4 with evidence), {q['negative']:,} negative-set questions.",
+    ]
+    if calibration:
+        chosen = data["chosen"]
+        lines.append(
+            f"- Chosen: {chosen['floor']:.2f}, the highest floor with tune loss ≤ "
+            f"{data['tolerance']}."
+        )
+    lines += [
+        "",
+        "| floor | recall 1–4 | loss | real withheld | negative mean tokens | negative p95 "
+        "| negative share empty |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+        _memory_floor_row(off, off),
+    ]
+    if calibration:
+        lines += [
+            _memory_floor_row(c, off)
+            for c in data["curve"]
+            if c["floor"] >= 0.25
+            and (round(c["floor"] * 100) % 5 == 0 or c["floor"] == chosen["floor"])
+        ]
+    else:
+        lines.append(_memory_floor_row(data["on"], off))
+    return lines
+
+
 def _render_memory(path: Path, data: dict[str, Any]) -> list[str]:
     write, recall = data["write"], data["recall"]
     rate, median = write["turns_per_second"], recall["median_ms"]
@@ -936,6 +988,8 @@ _RENDERERS = {
     "tool_outputs": _render_tool_outputs,
     "tool_outputs_recorded": _render_tool_outputs,
     "retrieval_floor_calibration": _render_floor_calibration,
+    "memory_floor_calibration": _render_memory_floor,
+    "memory_floor": _render_memory_floor,
 }
 
 
@@ -958,9 +1012,9 @@ def render_results(results_dir: Path) -> str:
         "`python benchmarks/bench_history_trim.py`, `python benchmarks/bench_retrieval.py`, "
         "`python benchmarks/bench_memory.py`, `python benchmarks/bench_memory_scale.py`, "
         "`python benchmarks/bench_proxy.py`, "
-        "`python benchmarks/bench_durability.py`, `python benchmarks/bench_warm_start.py` and "
+        "`python benchmarks/bench_durability.py`, `python benchmarks/bench_warm_start.py`, "
         "`python benchmarks/bench_tool_outputs.py` (`--synthesized` for the synthesized "
-        "session).",
+        "session) and `python benchmarks/calibrate_memory_floor.py`.",
         "",
     ]
     for name, (path, data) in latest_results(results_dir).items():

@@ -247,3 +247,13 @@ def test_memory_scale_benchmark_quick_run(tmp_path: Path) -> None:
             assert run[kind]["after_compaction_ms"] > 0 and run[kind]["after_restart_ms"] > 0
     assert result["correctness"] and all(v is True for v in result["correctness"].values())
     assert "## Memory as it grows" in md.read_text(encoding="utf-8")
+
+
+def test_memory_floor_calibration_quick_run(tmp_path: Path) -> None:
+    result, md = run_quick(tmp_path, "calibrate_memory_floor.py", "memory_floor_calibration")
+    assert result["split"] == "tune" and result["quick"] is True
+    assert result["questions"]["real"] > 0 and result["questions"]["negative"] > 0
+    conversations = {row["conversation"] for row in result["rows"]["real"]}
+    assert conversations <= {"conv-26", "conv-30", "conv-41", "conv-42", "conv-43"}
+    assert result["chosen"]["recall"] >= result["off"]["recall"] - result["tolerance"]
+    assert "Memory relevance floor on LoCoMo tune" in md.read_text(encoding="utf-8")

@@ -17,7 +17,13 @@ from typer.testing import CliRunner, Result
 
 from contextfold.cli import app
 from contextfold.errors import BudgetError, ConfigError
-from contextfold.eval.locomo import LocomoConversation, load_locomo, parse_session_time
+from contextfold.eval.locomo import (
+    LocomoConversation,
+    load_locomo,
+    negative_questions,
+    parse_session_time,
+    split_conversations,
+)
 from contextfold.eval.locomo_report import write_plot
 from contextfold.eval.locomo_run import (
     answer_contained,
@@ -382,6 +388,84 @@ def test_report_scores_hand_built_contexts(convs: list[LocomoConversation]) -> N
     assert "PARTIAL" not in report.to_markdown()
 
 
+# --------------------------------------------------------------------------- protocol
+
+
+def _renamed(sample: dict[str, Any], a: str, b: str) -> dict[str, Any]:
+    """``sample`` with its speakers Ann and Bo called ``a`` and ``b`` everywhere."""
+    text = json.dumps(sample).replace("Ann", a).replace("Bo", b)
+    return dict(json.loads(text))
+
+
+def test_splits_are_conversations_1_to_5_and_6_to_10_in_file_order(tmp_path: Path) -> None:
+    convs = load_locomo(write_locomo(tmp_path / "locomo", n=10))
+    assert [c.sample_id for c in split_conversations(convs, "tune")] == [
+        f"conv-{i}" for i in range(5)
+    ]
+    assert [c.sample_id for c in split_conversations(convs, "held-out")] == [
+        f"conv-{i}" for i in range(5, 10)
+    ]
+    assert len(split_conversations(convs, "all")) == 10
+    with pytest.raises(ConfigError, match="held-out"):
+        split_conversations(convs[:3], "held-out")
+    with pytest.raises(ConfigError, match="unknown split"):
+        split_conversations(convs, "test")
+
+
+def test_negative_questions_name_people_the_conversation_never_mentions(tmp_path: Path) -> None:
+    path = tmp_path / "locomo10.json"
+    samples = [
+        _sample("ab"),
+        _renamed(_sample("cd"), "Cy", "Di"),
+        _renamed(_sample("ae"), "Ann", "Ed"),
+    ]
+    path.write_text(json.dumps(samples), encoding="utf-8")
+    ab, cd, ae = load_locomo(path)
+    negatives = negative_questions(ab, [ab, cd, ae])
+    # cd's questions name Cy or Di, never said in ab, but ab tells the same story: its answers
+    # "a grey cat", "2022" and "salmon" are said in ab, so only "Probably" is kept; ae's name
+    # Ann, who is in ab, or have an answer ab says; ab's own and category 5 are never asked.
+    assert {qa.question_id for qa in negatives} == {"locomo_1_qa3"}
+    assert negatives[0].question == "Would Cy like dogs?"
+    assert negative_questions(ab, [ab, cd, ae], per_conversation=0) == []
+
+
+class _Padder:
+    """Returns a fixed filler whatever is asked: the negative set must see it."""
+
+    name = "padder"
+
+    def __init__(self, ctx: SystemContext) -> None:
+        pass
+
+    def ingest(self, conversation: LocomoConversation) -> None:
+        pass
+
+    def contexts(self, question: str, budgets: Sequence[int]) -> dict[int, str]:
+        return dict.fromkeys(budgets, "filler " * 10)
+
+
+def test_negative_set_reports_injected_tokens(tmp_path: Path) -> None:
+    path = tmp_path / "locomo10.json"
+    samples = [_sample("ab"), _renamed(_sample("cd"), "Cy", "Di")]
+    path.write_text(json.dumps(samples), encoding="utf-8")
+    convs = load_locomo(path)
+    ctx = SystemContext(embedder=HashEmbedder())
+    systems = {"padder": _Padder, "oracle": SYSTEMS["oracle"]}
+    report = run_locomo(
+        convs, systems, [64], progress=False, context=ctx, negative_per_conversation=5,
+        split="tune",
+    )  # fmt: skip
+    padder = (report.system("padder").negative or [])[0]
+    filler = ctx.counter.count("filler " * 10)
+    assert padder.n == 2 and padder.mean_tokens == padder.p95_tokens == filler
+    assert padder.empty_share == 0.0
+    assert (report.system("oracle").negative or [])[0].mean_tokens == 0
+    assert report.split == "tune" and report.config["split"] == "tune"
+    markdown = report.to_markdown()
+    assert "Split: **tune**" in markdown and "Negative set" in markdown
+
+
 class _Greedy:
     name = "greedy"
 
@@ -479,6 +563,23 @@ def test_cli_writes_json_markdown_and_plot(tmp_path: Path) -> None:
     assert report["dataset"]["evidence_entries_dropped"] == 2
     assert "**PARTIAL RUN**" in (out / "locomo.md").read_text()
     assert (out / "locomo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report["split"] == "all"
+
+
+@pytest.mark.integration
+def test_cli_split_held_out_is_conversations_6_to_10(tmp_path: Path) -> None:
+    data = write_locomo(tmp_path / "locomo", n=10).parent
+    out = tmp_path / "out"
+    result = invoke(
+        "--data", str(data), "--budget", "64", "--systems", "oracle", "--out", str(out),
+        "--no-progress", "--split", "held-out",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "locomo.json").read_text())
+    assert report["split"] == "held-out" and report["config"]["split"] == "held-out"
+    assert report["config"]["conversations"] == [f"conv-{i}" for i in range(5, 10)]
+    assert report["partial"] is False
+    assert "Split: **held-out**" in (out / "locomo.md").read_text()
 
 
 @pytest.mark.integration
@@ -489,6 +590,7 @@ def test_cli_writes_json_markdown_and_plot(tmp_path: Path) -> None:
         (["--budget", "512,zero"], "--budget takes"),
         (["--budget", "0"], "--budget takes"),
         (["--data", "/nonexistent/locomo10.json"], "no such file"),
+        (["--split", "test"], "--split"),
     ],
 )
 def test_cli_bad_input_is_one_error_line(tmp_path: Path, args: list[str], message: str) -> None:

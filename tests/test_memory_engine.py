@@ -456,9 +456,13 @@ class _CountingEmbedder(HashEmbedder):
         return super().embed(texts)
 
 
+# The hash embedder's cosines are not the MiniLM ones the relevance floor is calibrated for.
+_NO_FLOOR = MemoryConfig.model_validate({"recall": {"relevance_floor": False}})
+
+
 def test_a_prefetched_query_is_embedded_once_and_ranks_the_recall() -> None:
     embedder = _CountingEmbedder()
-    engine = MemoryEngine(store=MemoryStore(), embedder=embedder)
+    engine = MemoryEngine(_NO_FLOOR, store=MemoryStore(), embedder=embedder)
     engine.on_turn_complete(
         [
             {"role": "user", "content": "The billing service migrates to Postgres in March."},
@@ -490,7 +494,7 @@ def _exchanges(engine: MemoryEngine, count: int) -> list[dict[str, str]]:
 def test_a_history_that_holds_every_stored_turn_recalls_without_ranking() -> None:
     """Nothing stored lies outside the request: no full-text search, no query embedding."""
     embedder = _CountingEmbedder()
-    engine = MemoryEngine(store=MemoryStore(), embedder=embedder)
+    engine = MemoryEngine(_NO_FLOOR, store=MemoryStore(), embedder=embedder)
     history = _exchanges(engine, 4)
     query = "How much does the kitchen cost?"
     full = engine.on_message_inbound(query, history)

@@ -181,10 +181,27 @@ def locomo_command(
     per_question: Annotated[
         bool, typer.Option("--per-question", help="Keep every question's scores in the JSON.")
     ] = False,
+    split: Annotated[
+        str,
+        typer.Option(
+            metavar="SPLIT",
+            help="tune (conversations 1–5 in file order), held-out (6–10) or all. Defaults "
+            "are tuned on tune only; held-out is reported, never tuned on.",
+        ),
+    ] = "all",
+    negative: Annotated[
+        int,
+        typer.Option(
+            metavar="N",
+            min=0,
+            help="Also ask each conversation up to N questions of the split's other "
+            "conversations it cannot answer, and report the tokens injected (0: off).",
+        ),
+    ] = 0,
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
 ) -> None:
     """Evidence recall and answer containment on LoCoMo, per system and token budget."""
-    from contextfold.eval.locomo import load_locomo
+    from contextfold.eval.locomo import SPLITS, load_locomo, split_conversations
     from contextfold.eval.locomo_report import PLOT_HINT, plot_available, write_report
     from contextfold.eval.locomo_run import run_locomo
     from contextfold.eval.locomo_systems import SYSTEMS, SystemContext
@@ -201,6 +218,8 @@ def locomo_command(
                 f"--systems: unknown {', '.join(map(repr, unknown)) or 'empty list'}; "
                 f"choose from {', '.join(SYSTEMS)}"
             )
+        if split not in SPLITS:
+            raise InputError(f"--split: {split!r}; choose from {', '.join(SPLITS)}")
         if not data.exists():
             raise InputError(f"{data}: no such file or folder (expected locomo10.json)")
         if not plot_available():  # said before the run, not after it
@@ -208,7 +227,7 @@ def locomo_command(
                 f"warning: {PLOT_HINT}; locomo.json and locomo.md will be written without it",
                 err=True,
             )
-        loaded = load_locomo(data, audit_path=audit)
+        loaded = split_conversations(load_locomo(data, audit_path=audit), split)
         chosen = loaded[:conversations] if conversations else loaded
         ctx = SystemContext(embedding_cache=home_dir() / "embedding-cache.db")
         try:
@@ -220,6 +239,8 @@ def locomo_command(
                 context=ctx,
                 partial_of=len(loaded),
                 per_question=per_question,
+                split=split,
+                negative_per_conversation=negative,
             )
         finally:
             ctx.close()

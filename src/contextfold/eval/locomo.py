@@ -43,13 +43,16 @@ from contextfold.errors import ConfigError
 
 __all__ = [
     "CATEGORIES",
+    "SPLITS",
     "EvidenceFix",
     "LocomoConversation",
     "LocomoQA",
     "LocomoTurn",
     "dataset_counts",
     "load_locomo",
+    "negative_questions",
     "parse_session_time",
+    "split_conversations",
 ]
 
 CATEGORIES: dict[int, str] = {
@@ -397,3 +400,80 @@ def dataset_counts(conversations: Sequence[LocomoConversation]) -> dict[str, Any
         "evidence_fixes": fixes,
         "qa_with_corrected_evidence": sum(qa.corrected_evidence is not None for qa in qas),
     }
+
+
+# --------------------------------------------------------------------------- protocol
+
+SPLITS: dict[str, tuple[int, int | None]] = {
+    "tune": (0, 5),
+    "held-out": (5, 10),
+    "all": (0, None),
+}
+"""The honest protocol's halves, by position in the file (``LocomoConversation.index``, 0-based;
+conversations 1–5 and 6–10 counted from 1 in file order, i.e. ``conv-26`` … ``conv-44`` and
+``conv-47`` … ``conv-50`` in ``locomo10.json``). Defaults are tuned on ``tune`` only; ``held-out``
+is reported, never tuned on; ``all`` is kept for continuity with earlier runs."""
+
+
+def split_conversations(
+    conversations: Sequence[LocomoConversation], split: str
+) -> list[LocomoConversation]:
+    """The conversations of ``split`` (a key of :data:`SPLITS`), chosen by file position.
+
+    >>> convs = [LocomoConversation(f"c{i}", i, ("A", "B"), (), ()) for i in range(10)]
+    >>> [c.sample_id for c in split_conversations(convs, "held-out")]
+    ['c5', 'c6', 'c7', 'c8', 'c9']
+    """
+    if split not in SPLITS:
+        raise ConfigError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
+    start, stop = SPLITS[split]
+    chosen = [c for c in conversations if c.index >= start and (stop is None or c.index < stop)]
+    if not chosen:
+        raise ConfigError(
+            f"split {split!r} holds conversations {start + 1}–{stop or 'end'} in file order, "
+            f"and the file has {len(conversations)}"
+        )
+    return chosen
+
+
+_NAME = re.compile(r"\b[A-Z][a-z]+\b")
+
+
+def _normalized(text: str) -> str:
+    return " " + " ".join(re.findall(r"[a-z0-9]+", text.lower())) + " "
+
+
+def negative_questions(
+    target: LocomoConversation,
+    others: Sequence[LocomoConversation],
+    *,
+    per_conversation: int = 100,
+) -> list[LocomoQA]:
+    """Questions ``target`` cannot answer: questions of the ``others`` conversations that name
+    one of their own speakers, where no speaker they name occurs in ``target``'s turns and
+    their answer (lower case, punctuation dropped) never occurs there as whole words.
+    Category 5 (adversarial) is left out. At most ``per_conversation`` in all, spread evenly
+    over the kept ones in file order (deterministic).
+    """
+    if per_conversation <= 0:
+        return []
+    said = _normalized(" ".join(t.turn_text for t in target.turns))
+    kept: list[LocomoQA] = []
+    for other in others:
+        if other.sample_id == target.sample_id:
+            continue
+        speakers = {s.lower() for s in other.speakers}
+        for qa in other.qa:
+            if qa.category == 5:
+                continue
+            named = {n.lower() for n in _NAME.findall(qa.question)} & speakers
+            answer = _normalized(qa.answer)
+            if not named or any(f" {n} " in said for n in named):
+                continue
+            if answer.strip() and answer in said:
+                continue
+            kept.append(qa)
+    if len(kept) <= per_conversation:
+        return kept
+    step = len(kept) / per_conversation
+    return [kept[int(i * step)] for i in range(per_conversation)]

@@ -17,6 +17,7 @@ __all__ = [
     "GROUPS",
     "BudgetResult",
     "LocomoReport",
+    "NegativeResult",
     "QuestionResult",
     "Score",
     "SystemResult",
@@ -62,6 +63,20 @@ class QuestionResult(BaseModel):
     tokens: list[int]
 
 
+class NegativeResult(BaseModel):
+    """Memory a system injected for questions its conversation cannot answer (the negative
+    set, :func:`contextfold.eval.locomo.negative_questions`) at one budget: tokens per
+    question (mean, 95th percentile, max) and the share of questions that got nothing."""
+
+    model_config = ConfigDict(frozen=True)
+    budget: int
+    n: int
+    mean_tokens: float
+    p95_tokens: float
+    max_tokens: int
+    empty_share: float
+
+
 class SystemResult(BaseModel):
     """One system over the run: a result per budget, latency and ingest time."""
 
@@ -73,6 +88,7 @@ class SystemResult(BaseModel):
     ingest_s: dict[str, float]  # per conversation sample_id
     ingest_mean_s: float
     questions: list[QuestionResult] | None = None
+    negative: list[NegativeResult] | None = None
 
     def at(self, budget: int) -> BudgetResult:
         """The result at ``budget`` (``KeyError`` when it was not run)."""
@@ -93,6 +109,7 @@ class LocomoReport(BaseModel):
     machine: dict[str, Any]
     dataset: dict[str, Any]
     results: list[SystemResult]
+    split: str = "all"  # reports from before the split was stated ran on all 10
 
     def system(self, name: str) -> SystemResult:
         """The result of the system called ``name`` (``KeyError`` when it was not run)."""
@@ -110,7 +127,8 @@ class LocomoReport(BaseModel):
         lines = [
             f"LoCoMo: {d['conversations']} conversations, {d['turns']:,} turns, {d['qa']:,} "
             f"questions ({d['qa_scored_1_4']:,} with evidence in categories 1–4); tokens "
-            f"counted with {self.config['tokenizer']}.",
+            f"counted with {self.config['tokenizer']}. Split: **{self.split}** "
+            f"({', '.join(self.config['conversations'])}).",
         ]
         if self.partial:
             lines.append(f"**PARTIAL RUN**: {self.note}")
@@ -142,6 +160,24 @@ class LocomoReport(BaseModel):
             for b in s.budgets:
                 cells = " | ".join(_fmt(b.evidence_recall[g]) for g in GROUPS[1:])
                 lines.append(f"| {s.system} | {b.budget:,} | {cells} |")
+        negatives = [s for s in self.results if s.negative]
+        if negatives:
+            lines += [
+                "",
+                "Negative set (questions of the split's other conversations that this one "
+                f"cannot answer, {self.config.get('negative_per_conversation')} at most per "
+                "conversation): tokens injected per question.",
+                "",
+                "| system | budget | questions | mean tokens | p95 tokens | max tokens "
+                "| share empty |",
+                "|---|---:|---:|---:|---:|---:|---:|",
+            ]
+            for s in negatives:
+                for n in s.negative or []:
+                    lines.append(
+                        f"| {s.system} | {n.budget:,} | {n.n:,} | {n.mean_tokens:,.1f} "
+                        f"| {n.p95_tokens:,.0f} | {n.max_tokens:,} | {n.empty_share:.3f} |"
+                    )
         lines += ["", "| system | mean ingest s per conversation |", "|---|---:|"]
         lines += [f"| {s.system} | {s.ingest_mean_s:.3f} |" for s in self.results]
         lines += [

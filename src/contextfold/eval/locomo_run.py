@@ -17,6 +17,12 @@ the system, the question and the numbers. The metrics, per system and budget:
   it is not scored).
 - mean / max context tokens, median and p95 latency of ``contexts`` (one call serves every
   budget), ingest seconds per conversation.
+- with ``negative_per_conversation``: the **negative set**, each conversation asked questions
+  of the run's other conversations that it cannot answer
+  (:func:`~contextfold.eval.locomo.negative_questions`), and the tokens each system injected
+  for them per budget (mean, p95, max, share empty): memory that never pads should give ~0.
+
+The report states its ``split`` (:data:`~contextfold.eval.locomo.SPLITS`).
 """
 
 from __future__ import annotations
@@ -36,11 +42,17 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from contextfold.errors import BudgetError, ConfigError
-from contextfold.eval.locomo import LocomoConversation, LocomoQA, dataset_counts
+from contextfold.eval.locomo import (
+    LocomoConversation,
+    LocomoQA,
+    dataset_counts,
+    negative_questions,
+)
 from contextfold.eval.locomo_report import (
     GROUPS,
     BudgetResult,
     LocomoReport,
+    NegativeResult,
     QuestionResult,
     Score,
     SystemResult,
@@ -156,6 +168,7 @@ class _Tally:
         self.questions: list[QuestionResult] = []
         self.latencies: list[float] = []
         self.ingest: dict[str, float] = {}
+        self.negative: list[list[int]] = []  # tokens per budget, one list per question
 
     def add(
         self, conv: LocomoConversation, qa: LocomoQA, contexts: Mapping[int, str], tokens: list[int]
@@ -200,6 +213,20 @@ class _Tally:
             ingest_s=self.ingest,
             ingest_mean_s=statistics.fmean(self.ingest.values()) if self.ingest else 0.0,
             questions=self.questions if per_question else None,
+            negative=[self._negative(i, b) for i, b in enumerate(self.budgets)]
+            if self.negative
+            else None,
+        )
+
+    def _negative(self, i: int, budget: int) -> NegativeResult:
+        tokens = [q[i] for q in self.negative]
+        return NegativeResult(
+            budget=budget,
+            n=len(tokens),
+            mean_tokens=statistics.fmean(tokens),
+            p95_tokens=_percentile(tokens, 95),
+            max_tokens=max(tokens),
+            empty_share=sum(t == 0 for t in tokens) / len(tokens),
         )
 
 
@@ -245,6 +272,8 @@ def run_locomo(
     context: SystemContext | None = None,
     partial_of: int | None = None,
     per_question: bool = False,
+    split: str = "all",
+    negative_per_conversation: int = 0,
 ) -> LocomoReport:
     """Evaluate ``systems`` (registered names, or ``{name: factory}``) on ``conversations``
     at every budget (tokens), in the given system order.
@@ -252,8 +281,12 @@ def run_locomo(
     ``context`` is the shared :class:`SystemContext` (default: cl100k_base, MiniLM, in-memory
     vector cache). ``partial_of`` is the number of conversations the dataset has when
     ``conversations`` is only the first few: the report then says its numbers are partial.
-    ``per_question`` keeps every question's scores in the report. A rich progress bar over
-    the questions goes to stderr when ``progress``.
+    ``per_question`` keeps every question's scores in the report. ``split`` names the
+    conversations' split in the report (the caller chose them). With
+    ``negative_per_conversation`` > 0 each conversation is also asked that many questions (at
+    most) of the other ``conversations`` it cannot answer, and the tokens injected for them are
+    reported (``SystemResult.negative``). A rich progress bar over the questions goes to stderr
+    when ``progress``.
     """
     if not conversations:
         raise ConfigError("run_locomo needs at least one conversation")
@@ -262,7 +295,15 @@ def run_locomo(
     ctx = context if context is not None else SystemContext()
     ctx.counter.count("warm up")  # load the encoding before anything is timed
     tallies = {name: _Tally(wanted) for name in factories}
-    total = sum(len(c.qa) for c in conversations) * len(factories)
+    negatives = {
+        c.sample_id: negative_questions(
+            c, conversations, per_conversation=negative_per_conversation
+        )
+        if negative_per_conversation > 0
+        else []
+        for c in conversations
+    }
+    total = sum(len(c.qa) + len(negatives[c.sample_id]) for c in conversations) * len(factories)
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -285,6 +326,10 @@ def run_locomo(
                     tally.latencies.append((time.perf_counter() - start) * 1000)
                     tally.add(conv, qa, contexts, _checked(name, qa, contexts, wanted, ctx))
                     bar.advance(task)
+                for qa in negatives[conv.sample_id]:
+                    contexts = system.contexts(qa.question, wanted)
+                    tally.negative.append(_checked(name, qa, contexts, wanted, ctx))
+                    bar.advance(task)
     counts = dataset_counts(conversations)
     counts["qa_scored_1_4"] = sum(
         bool(qa.evidence) and qa.category != 5 for c in conversations for qa in c.qa
@@ -298,6 +343,7 @@ def run_locomo(
     )
     return LocomoReport(
         created=datetime.now(UTC).isoformat(timespec="seconds"),
+        split=split,
         partial=partial,
         note=note,
         config={
@@ -306,6 +352,8 @@ def run_locomo(
             "tokenizer": ctx.counter.name,
             "embedding_cache": ctx.embedding_cache,
             "conversations": [c.sample_id for c in conversations],
+            "split": split,
+            "negative_per_conversation": negative_per_conversation,
             "context_order": "conversation order (baselines)",
             "fill": "rank order, skipping a turn that does not fit (baselines)",
         },

@@ -118,6 +118,13 @@ class AssemblySettings(_Section):
     summary_share: float = Field(0.6, ge=0, le=1)
 
 
+RELEVANCE_FLOOR = 0.41
+"""The default ``recall.relevance_floor`` (``true`` in a config file means this value): the
+highest cosine floor whose recall loss at 2,048 tokens was at most half a point on LoCoMo's
+tune split (conversations 1–5), with the default MiniLM embedder
+(``benchmarks/calibrate_memory_floor.py``)."""
+
+
 class RecallSettings(_Section):
     """How stored turns are ranked: the tag, full-text and dense signals, each scaled by its
     ``*_weight``, fused by ``fusion`` (``score``: min-max scaled scores summed; ``rrf``:
@@ -132,7 +139,12 @@ class RecallSettings(_Section):
     dense recall, all sessions together (the least recently used session's are dropped
     first, and read back from the store when it is asked again). ``tag_limit`` caps the tag
     signal's candidates (the best by tag overlap; ``None``: every turn carrying a tag of the
-    message), as ``fts_limit`` caps the full-text and dense ones."""
+    message), as ``fts_limit`` caps the full-text and dense ones.
+
+    ``relevance_floor``: memory is injected only when the message's best cosine similarity
+    with a stored turn it could recall reaches this floor; below it the message gets no memory
+    at all (no turns, summaries, paged topics or topic hint). ``null`` or ``false`` turns it
+    off; it needs the dense signal (with ``embedder: none`` it is off)."""
 
     embedder: Literal["minilm", "none"] = "minilm"
     fusion: Literal["score", "rrf"] = "score"
@@ -148,6 +160,14 @@ class RecallSettings(_Section):
     fts_limit: int = Field(300, ge=10)
     vector_cache_mb: float = Field(512, gt=0)
     tag_limit: int | None = Field(1000, ge=10)
+    relevance_floor: float | None = Field(RELEVANCE_FLOOR, ge=-1, le=1)
+
+    @field_validator("relevance_floor", mode="before")
+    @classmethod
+    def _floor_off(cls, value: object) -> object:
+        if value is True:
+            return RELEVANCE_FLOOR
+        return None if value is False else value
 
 
 class PagingSettings(_Section):

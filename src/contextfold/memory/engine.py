@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict
 from contextfold._bounded import SessionLRU, clip
 from contextfold.errors import ConfigError
 from contextfold.items import ContextItem, Message, QueryBundle
-from contextfold.memory.assemble import Assembler, Held, MemoryBudget
+from contextfold.memory.assemble import Assembler, Held, MemoryBlock, MemoryBudget
 from contextfold.memory.canonical import TagCanonicalizer
 from contextfold.memory.compactor import CompactionReport, Compactor, Level, TokenMonitor
 from contextfold.memory.config import MemoryConfig, load_config
@@ -539,18 +539,24 @@ class MemoryEngine:
                     tag_counts=self._counts(sid),
                 )
             )
-            if self.config.paging.enabled and self.config.paging.mode == "auto":
-                self.pager.touch(sid, list(tags.tags))
-            paged = self.pager.loaded(sid) if self.config.paging.enabled else []
-            block = self.assembler.assemble(
-                sid,
-                ranked,
-                tags=tags,
-                paged=paged,
-                budget=budget if budget is not None else self.config.assembly.memory_budget,
-                tools=self.config.paging.enabled and self.config.paging.mode == "tools",
-                held=Held(m.text() for m in kept) if kept else None,
-            )
+            limit = budget if budget is not None else self.config.assembly.memory_budget
+            if self._below_floor(ranked):
+                # Nothing stored is close enough to the message: no memory at all.
+                ranked = []
+                block = MemoryBlock(text="", items=[], budget=MemoryBudget(budget=limit))
+            else:
+                if self.config.paging.enabled and self.config.paging.mode == "auto":
+                    self.pager.touch(sid, list(tags.tags))
+                paged = self.pager.loaded(sid) if self.config.paging.enabled else []
+                block = self.assembler.assemble(
+                    sid,
+                    ranked,
+                    tags=tags,
+                    paged=paged,
+                    budget=limit,
+                    tools=self.config.paging.enabled and self.config.paging.mode == "tools",
+                    held=Held(m.text() for m in kept) if kept else None,
+                )
         return AssembledContext(
             session_id=sid,
             prepend_text=block.text,
@@ -564,6 +570,17 @@ class MemoryEngine:
             history=filtered,
             tagger=tags.source,
         )
+
+    def _below_floor(self, ranked: Sequence[RankedTurn]) -> bool:
+        """Whether the relevance floor (``recall.relevance_floor``) withholds memory: it is on,
+        the dense signal scored the candidates, and the best cosine similarity among them is
+        under it. A recall that ranked nothing (the history holds every turn), or whose
+        candidates have no vector yet (``Recaller.catch_up`` off), is not judged."""
+        floor = self.config.recall.relevance_floor
+        if floor is None or self.recaller.embedder is None or not ranked:
+            return False
+        scored = [r.similarity for r in ranked if r.similarity is not None]
+        return bool(scored) and max(scored) < floor
 
     def _holds_everything(self, sid: str, exclude: set[int]) -> bool:
         """Whether the history the caller sends holds every stored turn of the session, with

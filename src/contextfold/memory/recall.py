@@ -50,13 +50,16 @@ __all__ = ["Quote", "RankedTurn", "Recaller"]
 
 
 class RankedTurn(BaseModel):
-    """A stored turn's place in a recall: its fused ``score`` and the rank (1 = best) each
-    signal gave it (``tags``, ``fts``, ``dense``; absent when the signal did not find it)."""
+    """A stored turn's place in a recall: its fused ``score``, the rank (1 = best) each
+    signal gave it (``tags``, ``fts``, ``dense``; absent when the signal did not find it) and
+    its cosine ``similarity`` with the message (``None`` when the dense signal did not score
+    it): the absolute evidence the relevance floor (``recall.relevance_floor``) judges."""
 
     model_config = ConfigDict(frozen=True)
     seq: int
     score: float
     ranks: dict[str, int]
+    similarity: float | None = None
 
 
 class Quote(BaseModel):
@@ -352,6 +355,7 @@ class Recaller:
         }
         fused: dict[int, float] = {}
         ranks: dict[int, dict[str, int]] = {}
+        similarity = {seq: score for seq, score in signals["dense"] if seq not in exclude}
         for name, hits in signals.items():
             capped = name == "tags" and len(hits) == self.tag_limit
             hits = [(seq, score) for seq, score in hits if seq not in exclude]
@@ -389,7 +393,10 @@ class Recaller:
         if period is not None:
             self._prefer_period(session_id, fused, period)
         order = sorted(fused, key=lambda s: (-fused[s], s))[:limit]
-        return [RankedTurn(seq=s, score=fused[s], ranks=ranks[s]) for s in order]
+        return [
+            RankedTurn(seq=s, score=fused[s], ranks=ranks[s], similarity=similarity.get(s))
+            for s in order
+        ]
 
     def _prefer_period(self, session_id: str, fused: dict[int, float], period: Period) -> None:
         window = Period(period.start, period.end + self.date_slack)

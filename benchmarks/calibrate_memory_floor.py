@@ -1,0 +1,222 @@
+"""Calibrate memory's relevance floor on LoCoMo's *tune* split; measure it on *held-out* once.
+
+The floor (``recall.relevance_floor``) withholds all memory from a message whose best cosine
+similarity with a stored turn is under it. Every question is asked once at ``BUDGET`` tokens
+with the floor off, through the same ``contextfold`` system as ``contextfold eval locomo``
+(the real ``MemoryEngine``); the answer keeps its evidence recall (real questions, categories
+1–4 with evidence), its injected tokens (the negative set:
+:func:`contextfold.eval.locomo.negative_questions`, ``NEGATIVES`` per conversation from the
+split's other conversations) and its best similarity (``RankedTurn.similarity``). Since the
+floor is all or nothing, a floor ``f`` gives exactly: recall 0 and tokens 0 for a question
+whose best similarity is under ``f``, the floor-off values otherwise — every candidate is
+scored without asking again.
+
+1. ``python benchmarks/calibrate_memory_floor.py`` reads conversations 1–5 only and reports
+   the trade-off curve (recall at ``BUDGET`` and negative-set tokens, mean and p95, per
+   candidate). The floor chosen is the highest whose tune recall loss is at most
+   ``TOLERANCE`` (half the issue's 1-point bar, a margin for the held-out half).
+2. Ship it (``contextfold.memory.config.RELEVANCE_FLOOR``), then
+   ``python benchmarks/calibrate_memory_floor.py --held-out`` scores conversations 6–10 with
+   the floor off and at the shipped floor. Nothing is chosen from it.
+
+Result: ``memory_floor_calibration-*.json`` / ``memory_floor-*.json`` and a ``.md`` beside each.
+Point ``CONTEXTFOLD_HOME`` at a folder whose ``embedding-cache.db`` holds the LoCoMo turns'
+vectors (``contextfold eval locomo`` writes it) to skip embedding them again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import _common as common
+from contextfold.eval.locomo import load_locomo, negative_questions, split_conversations
+from contextfold.eval.locomo_memory import MemoryEngineSystem, eval_config
+from contextfold.eval.locomo_run import evidence_recall
+from contextfold.eval.locomo_systems import SystemContext
+from contextfold.memory.config import RELEVANCE_FLOOR, MemoryConfig
+from contextfold.store.sqlite import home_dir
+
+BUDGET = 2048
+NEGATIVES = 100
+TOLERANCE = 0.005
+CANDIDATES = [round(0.01 * i, 2) for i in range(0, 71)]
+CALIBRATION = "memory_floor_calibration"
+MEASURE = "memory_floor"
+
+
+def observe(split: str, data: Path, limit: int | None) -> dict[str, list[dict[str, Any]]]:
+    """Every question of ``split`` asked once with the floor off: recall or tokens, and best
+    similarity."""
+    convs = split_conversations(load_locomo(data), split)[:limit]
+    settings = eval_config().model_dump()
+    settings["recall"]["relevance_floor"] = None
+    cfg = MemoryConfig.model_validate(settings)
+    ctx = SystemContext(embedding_cache=home_dir() / "embedding-cache.db")
+    real: list[dict[str, Any]] = []
+    negative: list[dict[str, Any]] = []
+    try:
+        for conv in convs:
+            system = MemoryEngineSystem(ctx, cfg)
+            system.ingest(conv)
+            assert system.engine is not None
+            asks = [(qa, True) for qa in conv.qa if qa.category != 5 and qa.evidence]
+            asks += [
+                (qa, False) for qa in negative_questions(conv, convs, per_conversation=NEGATIVES)
+            ]
+            for qa, is_real in asks:
+                got = system.engine.on_message_inbound(qa.question, budget=BUDGET)
+                sims = [r.similarity for r in got.recalled if r.similarity is not None]
+                row = {
+                    "conversation": conv.sample_id,
+                    "question_id": qa.question_id,
+                    "category": qa.category,
+                    "best_similarity": round(max(sims), 4) if sims else None,
+                }
+                if is_real:
+                    gold = [conv.turn(d).turn_text for d in qa.evidence]
+                    row["recall"] = evidence_recall(gold, got.prepend_text)
+                    real.append(row)
+                else:
+                    row["tokens"] = ctx.counter.count(got.prepend_text)
+                    negative.append(row)
+            print(f"{split} {conv.sample_id}: {len(asks)} questions", file=sys.stderr)
+    finally:
+        ctx.close()
+    return {"real": real, "negative": negative}
+
+
+def _passes(row: dict[str, Any], floor: float | None) -> bool:
+    best = row["best_similarity"]
+    return floor is None or best is None or best >= floor
+
+
+def score(rows: dict[str, list[dict[str, Any]]], floor: float | None) -> dict[str, Any]:
+    real, negative = rows["real"], rows["negative"]
+    recall = [r["recall"] if _passes(r, floor) else 0.0 for r in real]
+    by_cat = {
+        str(c): round(statistics.fmean(v), 4)
+        for c in (1, 2, 3, 4)
+        if (v := [r["recall"] if _passes(r, floor) else 0.0 for r in real if r["category"] == c])
+    }
+    tokens = [r["tokens"] if _passes(r, floor) else 0 for r in negative]
+    return {
+        "floor": floor,
+        "recall": round(statistics.fmean(recall), 4),
+        "recall_by_category": by_cat,
+        "real_withheld": sum(not _passes(r, floor) for r in real),
+        "negative_mean_tokens": round(statistics.fmean(tokens), 1),
+        "negative_p95_tokens": round(common.percentile(tokens, 95), 1),
+        "negative_empty_share": round(sum(t == 0 for t in tokens) / len(tokens), 3),
+    }
+
+
+def calibrate(data: Path, limit: int | None) -> dict[str, Any]:
+    rows = observe("tune", data, limit)
+    off = score(rows, None)
+    curve = [score(rows, f) for f in CANDIDATES]
+    ok = [c for c in curve if off["recall"] - c["recall"] <= TOLERANCE]
+    chosen = max(ok, key=lambda c: c["floor"])
+    return {
+        "split": "tune",
+        "budget": BUDGET,
+        "tolerance": TOLERANCE,
+        "questions": {"real": len(rows["real"]), "negative": len(rows["negative"])},
+        "off": off,
+        "curve": curve,
+        "chosen": chosen,
+        "rows": rows,
+    }
+
+
+def measure(data: Path, limit: int | None) -> dict[str, Any]:
+    rows = observe("held-out", data, limit)
+    return {
+        "split": "held-out",
+        "budget": BUDGET,
+        "shipped_floor": RELEVANCE_FLOOR,
+        "questions": {"real": len(rows["real"]), "negative": len(rows["negative"])},
+        "off": score(rows, None),
+        "on": score(rows, RELEVANCE_FLOOR),
+        "rows": rows,
+    }
+
+
+def _row(c: dict[str, Any], off: dict[str, Any]) -> str:
+    floor = "off" if c["floor"] is None else f"{c['floor']:.2f}"
+    return (
+        f"| {floor} | {c['recall']:.4f} | {off['recall'] - c['recall']:+.4f} "
+        f"| {c['recall_by_category'].get('1', 0):.3f} | {c['real_withheld']} "
+        f"| {c['negative_mean_tokens']:,.1f} | {c['negative_p95_tokens']:,.0f} "
+        f"| {c['negative_empty_share']:.3f} |"
+    )
+
+
+def markdown(result: dict[str, Any], path: Path) -> str:
+    head = (
+        "| floor | recall 1–4 | loss vs off | multi-hop | real questions withheld "
+        "| negative mean tokens | negative p95 tokens | negative share empty |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    q = result["questions"]
+    lines = [
+        f"# {result['name']} ({path.name})",
+        "",
+        f"{result['description']} Split **{result['split']}**; budget {result['budget']:,} "
+        f"tokens; {q['real']:,} real questions (categories 1–4 with evidence), {q['negative']:,} "
+        "negative-set questions.",
+        "",
+        head,
+    ]
+    off = result["off"]
+    if "curve" in result:
+        lines.append(_row(off, off))
+        lines += [_row(c, off) for c in result["curve"] if round(c["floor"] * 100) % 5 == 0]
+        lines += ["", f"Chosen (highest floor with tune loss ≤ {result['tolerance']}):", "", head]
+        lines.append(_row(result["chosen"], off))
+    else:
+        lines += [_row(off, off), _row(result["on"], off)]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    common.common_arguments(parser)
+    parser.add_argument("--held-out", action="store_true", help="step 2: score the shipped floor")
+    args = parser.parse_args(argv)
+    data = (args.data_dir or common.default_data_dir()) / "locomo"
+    limit = 2 if args.quick else None
+    started = time.perf_counter()
+    if args.held_out:
+        name, body = MEASURE, measure(data, limit)
+        description = (
+            "Memory's relevance floor on LoCoMo conversations 6–10, measured once after it was "
+            "chosen on 1–5: recall of real questions and tokens injected for the negative set, "
+            "floor off and at the shipped floor."
+        )
+    else:
+        name, body = CALIBRATION, calibrate(data, limit)
+        description = (
+            "Memory's relevance floor calibrated on LoCoMo conversations 1–5 only: the "
+            "trade-off between recall of real questions and tokens injected for the negative "
+            "set; conversations 6–10 are not read."
+        )
+    result = common.base_result(name, description, args.quick)
+    result.update(body)
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    path = common.write_result(result, args.results_dir, args.results_md)
+    md = path.with_suffix(".md")
+    md.write_text(markdown(result, path), encoding="utf-8")
+    summary = {k: v for k, v in result.items() if k in ("off", "on", "chosen")}
+    print(json.dumps(summary, indent=2))
+    print(f"wrote {path} and {md}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
