@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
 
+from contextfold.memory.engine import MemoryEngine
+from contextfold.server.config import ProxySettings, ServerConfig
 from contextfold.tokens import TiktokenCounter
 from fake_llm import FakeLLMServer
-from proxy_support import close_sdk_clients
+from proxy_support import Served, close_sdk_clients, make_engine, serve
 
 settings.register_profile(
     "ci",
@@ -57,3 +60,20 @@ def fake_llm() -> Iterator[FakeLLMServer]:
     """A fake OpenAI-compatible server on 127.0.0.1 (see ``tests/fake_llm.py``)."""
     with FakeLLMServer() as server:
         yield server
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[MemoryEngine]:
+    """A file-backed memory engine with the default config, keyword tags and no embedding
+    model (``proxy_support.make_engine``); a test module may define its own."""
+    with make_engine(tmp_path) as memory:
+        yield memory
+
+
+@pytest.fixture
+def proxy(fake_llm: FakeLLMServer, engine: MemoryEngine) -> Iterator[Served]:
+    """The real app under uvicorn, its proxy in front of ``fake_llm`` with the default
+    settings, memory in ``engine``; a test module may define its own."""
+    config = ServerConfig(port=0, proxy=ProxySettings(upstream=fake_llm.url))
+    with serve(config, engine) as served:
+        yield served

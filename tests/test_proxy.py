@@ -28,19 +28,6 @@ SYSTEM = "You are a careful assistant."
 
 
 @pytest.fixture
-def engine(tmp_path: Path) -> Iterator[MemoryEngine]:
-    with make_engine(tmp_path) as memory:
-        yield memory
-
-
-@pytest.fixture
-def proxy(fake_llm: FakeLLMServer, engine: MemoryEngine) -> Iterator[Served]:
-    config = ServerConfig(port=0, proxy=ProxySettings(upstream=fake_llm.url))
-    with serve(config, engine) as served:
-        yield served
-
-
-@pytest.fixture
 def marking(fake_llm: FakeLLMServer, engine: MemoryEngine) -> Iterator[Served]:
     """The proxy with session markers opted in (``proxy.markers: true``)."""
     config = ServerConfig(port=0, proxy=ProxySettings(upstream=fake_llm.url, markers=True))

@@ -347,12 +347,6 @@ def test_forwarded_anthropic_body_is_the_clients_up_to_the_appended_memory(
 # --------------------------------------------------------------------------- the live proxy
 
 
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[MemoryEngine]:
-    with make_engine(tmp_path) as memory:
-        yield memory
-
-
 def _lenient(fake: FakeLLMServer) -> None:
     """The fake Anthropic answers requests with a ``system`` message inside ``messages`` as
     the real API now does for Claude Code 2.1.x (the request is still recorded as sent)."""

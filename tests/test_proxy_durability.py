@@ -37,12 +37,6 @@ from fake_llm import FakeLLMServer
 from proxy_support import Served, closed_after_test, free_port, serve
 
 
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[MemoryEngine]:
-    with MemoryEngine(store=tmp_path / "m.db", embedder=None) as memory:
-        yield memory
-
-
 def config(fake: FakeLLMServer, **proxy: Any) -> ServerConfig:
     return ServerConfig(port=0, proxy=ProxySettings(upstream=fake.url, **proxy))
 
@@ -110,7 +104,7 @@ def test_four_identical_exchanges_store_eight_turns(
     replies = [chat(api, history, "ok", stream=stream) for _ in range(4)]
     sids = {session_of(r) for r in replies}
     assert len(sids) == 1
-    assert texts(tmp_path / "m.db", sids.pop()) == ["ok", "Sure."] * 4
+    assert texts(tmp_path / "memory.db", sids.pop()) == ["ok", "Sure."] * 4
 
 
 def test_a_client_that_strips_the_marker_but_sends_the_header_stores_each_turn_once(
@@ -129,7 +123,7 @@ def test_a_client_that_strips_the_marker_but_sends_the_header_stores_each_turn_o
         history.append({"role": "assistant", "content": strip_markers(reply)})
     assert token is not None
     assert "contextfold" not in fake_llm.requests[-1].raw.decode()
-    assert rows(tmp_path / "m.db", "SELECT session_id, COUNT(*) FROM turns GROUP BY 1") == [
+    assert rows(tmp_path / "memory.db", "SELECT session_id, COUNT(*) FROM turns GROUP BY 1") == [
         (token.split(".")[0], 6)
     ]
 
@@ -142,7 +136,7 @@ def test_the_exchange_is_stored_before_the_client_has_its_reply(
     reply = chat(oa(proxy.url), [], "When is the meeting?", stream=stream)
     # No drain: a second connection on the file sees the exchange the moment the client
     # has read the whole reply.
-    stored = texts(tmp_path / "m.db", session_of(reply))
+    stored = texts(tmp_path / "memory.db", session_of(reply))
     assert stored == ["When is the meeting?", "The meeting moved to Thursday."]
 
 
@@ -167,7 +161,7 @@ def test_a_stop_leaves_pending_derived_work_in_the_store(
         api = oa(served.url)
         sid = session_of([chat(api, history, f"Step {i} of the plan.") for i in range(10)][-1])
         began = time.monotonic()
-    took, db = time.monotonic() - began, tmp_path / "m.db"
+    took, db = time.monotonic() - began, tmp_path / "memory.db"
     stopped.set()
     try:
         assert took < 5.0
@@ -232,7 +226,7 @@ def test_memory_past_its_deadline_forwards_unmodified_and_still_stores(
         assert took < 0.4
         served.drain()
         assert "deadline" in (served.events.recent()[-1].error or "")
-    assert texts(tmp_path / "m.db", sid)[2:] == ["What was the budget?", "Hello from the fake LLM."]
+    assert texts(tmp_path / "memory.db", sid)[2:] == ["What was the budget?", "Hello from the fake LLM."]
 
 
 def test_a_slow_session_holds_up_no_other(
@@ -289,7 +283,7 @@ def test_a_request_embeds_its_query_and_never_the_stored_turns(
     """Stored turns get their vectors from the derive jobs: a recall never embeds a backlog
     (held here: the jobs wait until the conversation is over)."""
     embedder = _ThreadEmbedder()
-    with MemoryEngine(store=tmp_path / "m.db", embedder=embedder) as engine:
+    with MemoryEngine(store=tmp_path / "memory.db", embedder=embedder) as engine:
         derive, release = engine.derive, threading.Event()
 
         def held(*args: Any, **kwargs: Any) -> Any:
@@ -330,7 +324,7 @@ def test_llm_tagging_usage_is_logged_under_the_requests_session(
         }
     )
     with (
-        MemoryEngine(memory_config, store=tmp_path / "m.db", embedder=None) as engine,
+        MemoryEngine(memory_config, store=tmp_path / "memory.db", embedder=None) as engine,
         serve(config(fake_llm), engine) as served,
     ):
         history: list[Any] = []
@@ -339,10 +333,10 @@ def test_llm_tagging_usage_is_logged_under_the_requests_session(
         served.drain()
         assert served.proxy.jobs.errors == []
     assert any(r.body.get("model") == "tagger" for r in fake_llm.requests)
-    logged = rows(tmp_path / "m.db", "SELECT session_id, kind FROM cost_log")
+    logged = rows(tmp_path / "memory.db", "SELECT session_id, kind FROM cost_log")
     assert logged and set(logged) == {(sid, "tagging")}
-    assert rows(tmp_path / "m.db", "SELECT COUNT(*) FROM jobs") == [(0,)]
-    assert texts(tmp_path / "m.db", sid)[-1] == "Noted."
+    assert rows(tmp_path / "memory.db", "SELECT COUNT(*) FROM jobs") == [(0,)]
+    assert texts(tmp_path / "memory.db", sid)[-1] == "Noted."
 
 
 # --------------------------------------------------------------------------- a real process

@@ -35,12 +35,6 @@ CANARY = "CANARY-7f3a9c-secret"
 
 
 @pytest.fixture
-def engine(tmp_path: Path) -> Iterator[MemoryEngine]:
-    with make_engine(tmp_path) as memory:
-        yield memory
-
-
-@pytest.fixture
 def proxy(fake_llm: FakeLLMServer, engine: MemoryEngine) -> Iterator[Served]:
     config = ServerConfig(port=0, proxy=ProxySettings(upstream=f"{fake_llm.url}/v1"))
     with serve(config, engine) as served:

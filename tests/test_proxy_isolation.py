@@ -6,8 +6,6 @@ history they resend), and the marker test again with markers opted in."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -20,18 +18,6 @@ from fake_llm import FakeLLMServer
 from proxy_support import Served, closed_after_test, serve
 
 IBAN = "DE89 3704 0044 0532 0130 00"
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[MemoryEngine]:
-    with MemoryEngine(store=tmp_path / "memory.db", embedder=None) as memory:
-        yield memory
-
-
-@pytest.fixture
-def proxy(fake_llm: FakeLLMServer, engine: MemoryEngine) -> Iterator[Served]:
-    with serve(ServerConfig(port=0, proxy=ProxySettings(upstream=fake_llm.url)), engine) as served:
-        yield served
 
 
 def client(served: Served, api_key: str) -> openai.OpenAI:

@@ -37,13 +37,6 @@ WEATHER: Any = {
 }
 
 
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[MemoryEngine]:
-    config = MemoryConfig.model_validate({})
-    with MemoryEngine(config, store=tmp_path / "memory.db", embedder=None) as memory:
-        yield memory
-
-
 def _serve(fake: FakeLLMServer, engine: MemoryEngine, **proxy: Any) -> Any:
     return serve(ServerConfig(port=0, proxy=ProxySettings(upstream=fake.url, **proxy)), engine)
 

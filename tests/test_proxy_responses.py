@@ -9,7 +9,6 @@ import json
 import threading
 import zlib
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -24,7 +23,7 @@ from contextfold.server.proxy.session import SESSION_HEADER
 from contextfold.server.proxy.wire import reply_message
 from fake_llm import FakeLLMServer, ModelTurn, ToolCall
 from fake_responses import ResponsesFake
-from proxy_support import Served, closed_after_test, make_engine, serve
+from proxy_support import Served, closed_after_test, serve
 
 WEATHER: Any = {
     "type": "function",
@@ -32,12 +31,6 @@ WEATHER: Any = {
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
 }
 MARK = "contextfold:session="
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[MemoryEngine]:
-    with make_engine(tmp_path) as memory:
-        yield memory
 
 
 @pytest.fixture

@@ -6,8 +6,6 @@ passed through without memory counted in the dashboard's stats and the log."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import openai
@@ -16,26 +14,12 @@ from google import genai
 from google.genai import types
 
 from contextfold.memory.engine import MemoryEngine
-from contextfold.server.config import ProxySettings, ServerConfig
 from fake_llm import FakeLLMServer
 from fake_responses import ResponsesFake
-from proxy_support import Served, closed_after_test, make_engine, serve
+from proxy_support import Served, closed_after_test
 
 FACT = "My locker combination is 4417."
 QUESTION = "What is my locker combination?"
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[MemoryEngine]:
-    with make_engine(tmp_path) as memory:
-        yield memory
-
-
-@pytest.fixture
-def proxy(fake_llm: FakeLLMServer, engine: MemoryEngine) -> Iterator[Served]:
-    config = ServerConfig(port=0, proxy=ProxySettings(upstream=fake_llm.url))
-    with serve(config, engine) as served:
-        yield served
 
 
 def stored_texts(engine: MemoryEngine) -> list[str]:
