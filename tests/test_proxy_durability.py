@@ -226,7 +226,10 @@ def test_memory_past_its_deadline_forwards_unmodified_and_still_stores(
         assert took < 0.4
         served.drain()
         assert "deadline" in (served.events.recent()[-1].error or "")
-    assert texts(tmp_path / "memory.db", sid)[2:] == ["What was the budget?", "Hello from the fake LLM."]
+    assert texts(tmp_path / "memory.db", sid)[2:] == [
+        "What was the budget?",
+        "Hello from the fake LLM.",
+    ]
 
 
 def test_a_slow_session_holds_up_no_other(
