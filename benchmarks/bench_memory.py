@@ -23,7 +23,7 @@ from pathlib import Path
 import _common as common
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
-from contextfold.store.memory import MemoryStore
+from contextfold.store.sqlite.memory import MemoryStore
 
 
 def write_throughput(turns: list[common.Turn], quick: bool) -> dict[str, object]:

@@ -40,7 +40,7 @@ from contextfold.items import Message
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
 from contextfold.retrieval.embedders import default_embedder
-from contextfold.store.memory import MemoryStore
+from contextfold.store.sqlite.memory import MemoryStore
 
 CHUNK = 500  # turns stored per store_turns call, derived after each
 NAMES = [

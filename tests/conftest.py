@@ -14,6 +14,7 @@ from contextfold.memory.engine import MemoryEngine
 from contextfold.server.config import ProxySettings, ServerConfig
 from contextfold.tokens import TiktokenCounter
 from fake_llm import FakeLLMServer
+from postgres_support import PostgresServer
 from proxy_support import Served, close_sdk_clients, make_engine, serve
 
 settings.register_profile(
@@ -77,3 +78,16 @@ def proxy(fake_llm: FakeLLMServer, engine: MemoryEngine) -> Iterator[Served]:
     config = ServerConfig(port=0, proxy=ProxySettings(upstream=fake_llm.url))
     with serve(config, engine) as served:
         yield served
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """A real PostgreSQL server for the whole test session (``tests/postgres_support.py``)."""
+    with PostgresServer() as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> str:
+    """The URL of a new, empty PostgreSQL database of this test's own."""
+    return postgres_server.new_database()

@@ -508,7 +508,7 @@ from contextfold.memory.engine import MemoryEngine
 from contextfold.server.app import create_app
 from contextfold.server.config import ContextApiSettings, ServerConfig
 from contextfold.server.knowledge import KnowledgeStore
-from contextfold.store.graph import KnowledgeGraph
+from contextfold.store.sqlite.graph import KnowledgeGraph
 from fastapi.testclient import TestClient
 
 KnowledgeGraph.add_edges = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)

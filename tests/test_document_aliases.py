@@ -11,8 +11,8 @@ import sqlite3
 import pytest
 
 from contextfold.retrieval.index import DocumentIndex
-from contextfold.store.documents import MIGRATIONS, DocumentStore
 from contextfold.store.sqlite import connect
+from contextfold.store.sqlite.documents import MIGRATIONS, DocumentStore
 
 TEXT = "Vitamin D supplements lower the risk of fractures in older adults."
 OTHER = "Hotel stays in London are capped at 250 pounds per night."

@@ -9,8 +9,8 @@ import pytest
 
 from contextfold.errors import ConfigError, StoreError
 from contextfold.retrieval.base import Chunk, chunk_id, content_hash
-from contextfold.store.documents import MIGRATIONS, DocumentRecord, DocumentStore
 from contextfold.store.sqlite import MigrationRegistry, connect
+from contextfold.store.sqlite.documents import MIGRATIONS, DocumentRecord, DocumentStore
 
 
 def _doc(text: str, tenant: str = "t1", **metadata) -> DocumentRecord:

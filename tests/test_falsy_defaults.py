@@ -8,7 +8,7 @@ from contextfold.memory.rules import TagRules
 from contextfold.retrieval.index import DocumentIndex
 from contextfold.retrieval.retrievers import SparseRetriever
 from contextfold.retrieval.sparse import BM25Index
-from contextfold.store.memory import MemoryStore
+from contextfold.store.sqlite.memory import MemoryStore
 
 PARAMS = {"k1": 0.9, "b": 0.4, "method": "robertson", "stemmer": None, "stopwords": None}
 

@@ -24,8 +24,8 @@ from contextfold.retrieval.graph import (
     node_text,
     to_context_items,
 )
-from contextfold.store.graph import MIGRATIONS, KnowledgeEdge, search_text
 from contextfold.store.sqlite import connect
+from contextfold.store.sqlite.graph import MIGRATIONS, KnowledgeEdge, search_text
 
 
 class KeywordEmbedder:

@@ -19,7 +19,7 @@ from contextfold.items import Message, ToolResultBlock, ToolUseBlock
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
 from contextfold.memory.summarize import ExtractiveSummarizer
-from contextfold.store.memory import MemoryStore
+from contextfold.store.sqlite.memory import MemoryStore
 from contextfold.testing import HashEmbedder
 from contextfold.tokens import TiktokenCounter
 

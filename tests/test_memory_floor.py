@@ -7,7 +7,7 @@ import pytest
 
 from contextfold.memory.config import RELEVANCE_FLOOR, MemoryConfig
 from contextfold.memory.engine import MemoryEngine
-from contextfold.store.memory import MemoryStore
+from contextfold.store.sqlite.memory import MemoryStore
 from contextfold.testing import HashEmbedder
 from contextfold.tokens import TiktokenCounter
 

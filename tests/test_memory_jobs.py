@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from contextfold.items import Message
-from contextfold.store.memory import MemoryStore
-from contextfold.store.memory_branches import MAX_ATTEMPTS
+from contextfold.store.sqlite.memory import MemoryStore
+from contextfold.store.sqlite.memory_branches import MAX_ATTEMPTS
 from contextfold.tokens import CharCounter
 
 
@@ -115,7 +115,7 @@ def test_jobs_of_a_dead_process_are_given_back(store: MemoryStore) -> None:
 def test_turn_keys_follow_appends_deletes_and_other_connections(tmp_path: Path) -> None:
     """``turn_keys`` is served from a per-session chain read incrementally; it must see turns
     appended here or by another process, and a session deleted and written again."""
-    from contextfold.store.memory_schema import match_key
+    from contextfold.store.models import match_key
 
     path = tmp_path / "m.db"
     store, other = (

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
 from contextfold.memory.periods import query_period
-from contextfold.store.memory import MemoryStore
+from contextfold.store.sqlite.memory import MemoryStore
 
 MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August",
           "September", "October", "November", "December"]  # fmt: skip

@@ -9,7 +9,7 @@ from typing import Any
 
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
-from contextfold.store.memory import MemoryStore
+from contextfold.store.sqlite.memory import MemoryStore
 from contextfold.testing import HashEmbedder
 from contextfold.tokens import CharCounter
 

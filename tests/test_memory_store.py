@@ -14,8 +14,8 @@ import pytest
 
 from contextfold.errors import ConfigError
 from contextfold.items import Message, TextBlock, ToolResultBlock, ToolUseBlock
-from contextfold.store.memory import MIGRATIONS, MemoryStore, NewSegment
 from contextfold.store.sqlite import connect
+from contextfold.store.sqlite.memory import MIGRATIONS, MemoryStore, NewSegment
 from contextfold.tokens import CharCounter, TiktokenCounter
 
 TOPICS = [
@@ -257,7 +257,7 @@ def test_search_segments_ranks_summaries() -> None:
 
 _CHILD = """
 import sys, time
-from contextfold.store.memory import MemoryStore, NewSegment
+from contextfold.store.sqlite.memory import MemoryStore, NewSegment
 from contextfold.tokens import CharCounter
 
 def hook():

@@ -9,7 +9,7 @@ from contextfold.items import Message
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
 from contextfold.memory.turnkeys import TurnKeys, key_of
-from contextfold.store.memory import MemoryStore
+from contextfold.store.sqlite.memory import MemoryStore
 
 
 def msg(role: str, text: str) -> Message:

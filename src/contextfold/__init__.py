@@ -103,7 +103,7 @@ _LAZY = {
     "MemoryConfig": "contextfold.memory",
     "MemoryEngine": "contextfold.memory",
     "MemoryStatus": "contextfold.memory",
-    "MemoryStore": "contextfold.store.memory",
+    "MemoryStore": "contextfold.store.sqlite.memory",
     "MiniLMEmbedder": "contextfold.retrieval.embedders",
     "NodeType": "contextfold.retrieval.graph",
     "NumpyVectorIndex": "contextfold.retrieval.dense",
@@ -203,7 +203,7 @@ if TYPE_CHECKING:
     from contextfold.retrieval.sparse import (
         BM25Index,
     )
-    from contextfold.store.memory import (
+    from contextfold.store.sqlite.memory import (
         MemoryStore,
     )
 

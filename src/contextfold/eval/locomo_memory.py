@@ -20,7 +20,7 @@ from contextfold.eval.locomo_systems import SystemContext, register_system
 from contextfold.items import Message
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
-from contextfold.store.memory import MemoryStore
+from contextfold.store.sqlite.memory import MemoryStore
 
 __all__ = ["MemoryEngineSystem", "eval_config"]
 

@@ -11,7 +11,7 @@ from contextfold.memory.compactor import CompactionReport, Level
 from contextfold.memory.paging import PageChange
 from contextfold.memory.recall import Quote
 from contextfold.retrieval.base import SearchHit
-from contextfold.store.memory import Depth
+from contextfold.store.models import Depth
 
 __all__ = [
     "ChatMessage",

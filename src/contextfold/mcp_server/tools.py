@@ -26,7 +26,7 @@ from contextfold.mcp_server.models import (
     TopicPage,
 )
 from contextfold.memory.engine import MemoryStatus
-from contextfold.store.memory import Depth
+from contextfold.store.models import Depth
 
 __all__ = ["add_corpus_tools", "add_memory_tools"]
 

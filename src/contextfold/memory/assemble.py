@@ -27,7 +27,8 @@ from contextfold.memory.paging import PagedTopic
 from contextfold.memory.recall import RankedTurn
 from contextfold.memory.rules import TagRules
 from contextfold.memory.tagging import TagResult
-from contextfold.store.memory import MemoryStore, TagSummary, TurnRow
+from contextfold.store.models import TagSummary, TurnRow
+from contextfold.store.protocols import MemoryStorage
 from contextfold.tokens import TokenCounter
 
 __all__ = ["Assembler", "Held", "MemoryBlock", "MemoryBudget"]
@@ -110,7 +111,7 @@ def _day(moment: datetime) -> str:
 class Assembler:
     def __init__(
         self,
-        store: MemoryStore,
+        store: MemoryStorage,
         counter: TokenCounter,
         rules: TagRules,
         settings: AssemblySettings,

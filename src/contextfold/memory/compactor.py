@@ -6,7 +6,7 @@
   its tags overlap the segment's recent tags (untagged turns and tool results always join).
 * ``Compactor.compact`` takes ONE greedy batch — every turn from the watermark up to the
   protected recent turns — segments it, summarises the segments concurrently (order kept),
-  and stores segments and the new watermark in one transaction (``MemoryStore.compact``).
+  and stores segments and the new watermark in one transaction (``MemoryStorage.compact``).
   Each segment's tags are the union of its turns' tags, so a summary's tags are a superset of
   its sources'. Then each tag touched by the batch gets its one tag summary rebuilt (only
   those: the others are not stale). Raw turns are never changed.
@@ -24,7 +24,8 @@ from pydantic import BaseModel, ConfigDict
 from contextfold.errors import ConfigError
 from contextfold.memory.rules import TagRules
 from contextfold.memory.summarize import Summarizer
-from contextfold.store.memory import MemoryStore, NewSegment, StoredTurn
+from contextfold.store.models import NewSegment, StoredTurn
+from contextfold.store.protocols import MemoryStorage
 
 __all__ = ["CompactionReport", "Compactor", "Level", "TokenMonitor", "segment_turns"]
 
@@ -149,7 +150,7 @@ class Compactor:
 
     def __init__(
         self,
-        store: MemoryStore,
+        store: MemoryStorage,
         summarizer: Summarizer,
         monitor: TokenMonitor,
         *,

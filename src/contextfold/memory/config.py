@@ -187,8 +187,13 @@ class HistorySettings(_Section):
 
 
 class MemoryConfig(_Section):
+    """``store``: where memory lives — an SQLite file (default
+    ``$CONTEXTFOLD_HOME/memory.db``) or a ``postgresql://`` URL shared by many processes;
+    ``$CONTEXTFOLD_STORE_URL`` overrides it. ``storage_path`` is its older name."""
+
     version: str = "1"
     storage_path: str | None = None
+    store: str | None = None
     context_window: int = Field(120_000, ge=512)
     encoding: Literal["cl100k_base", "o200k_base"] = "cl100k_base"
     tagger: TaggerSettings = TaggerSettings()

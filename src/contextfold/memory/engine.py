@@ -6,7 +6,7 @@ turns and summaries, pages topics in, and returns an ``AssembledContext`` whose
 ``prepend_text`` fits the memory budget. ``on_turn_complete(messages)`` runs after it: it
 stores the new turns raw, tags them, and compacts when the live turns cross a threshold.
 
->>> from contextfold.store.memory import MemoryStore
+>>> from contextfold.store.sqlite.memory import MemoryStore
 >>> engine = MemoryEngine(store=MemoryStore(), embedder=None)
 >>> _ = engine.on_turn_complete([
 ...     {"role": "user", "content": "Our Henninger filing deadline is March 3."},
@@ -43,8 +43,9 @@ from contextfold.memory.tagging import EmbeddingTagger, KeywordTagger, LLMTagger
 from contextfold.memory.tools import TOOL_NAMES, tool_definitions
 from contextfold.memory.turnkeys import TurnKeys, key_of
 from contextfold.retrieval.base import Embedder
-from contextfold.store.memory import CostReport, Depth, MemoryStore
-from contextfold.store.memory_branches import WRITE_CHUNK
+from contextfold.store import open_memory_store, store_url
+from contextfold.store.models import WRITE_CHUNK, CostReport, Depth
+from contextfold.store.protocols import MemoryStorage
 from contextfold.store.sqlite import home_dir
 from contextfold.tokens import TiktokenCounter, TokenCounter
 
@@ -109,9 +110,10 @@ class MemoryEngine:
     """The conversation memory of one store, for any number of sessions.
 
     Build it from a ``MemoryConfig`` (or ``config_path`` to a ``contextfold.yaml``) and
-    optionally override parts: ``store`` (a ``MemoryStore`` or a path), ``tagger`` (tags stored
-    turns), ``inbound_tagger`` (tags new messages; closed set), ``summarizer``, ``embedder``
-    (``"default"``: offline MiniLM; ``None``: no dense recall), ``counter``, ``llm_client``.
+    optionally override parts: ``store`` (a store, a path or a ``postgresql://`` URL),
+    ``tagger`` (tags stored turns), ``inbound_tagger`` (tags new messages; closed set),
+    ``summarizer``, ``embedder`` (``"default"``: offline MiniLM; ``None``: no dense recall),
+    ``counter``, ``llm_client``.
     ``session_id`` is the session the hooks use when they are not given one."""
 
     def __init__(
@@ -119,7 +121,7 @@ class MemoryEngine:
         config: MemoryConfig | None = None,
         *,
         config_path: str | Path | None = None,
-        store: MemoryStore | str | Path | None = None,
+        store: MemoryStorage | str | Path | None = None,
         session_id: str = "default",
         tagger: Tagger | None = None,
         inbound_tagger: Tagger | None = None,
@@ -139,13 +141,11 @@ class MemoryEngine:
         )
         cfg = self.config
         self.counter = counter if counter is not None else TiktokenCounter(cfg.encoding)
-        if isinstance(store, MemoryStore):
+        if store is not None and not isinstance(store, str | Path):
             self.store = store
         else:
-            path = store or cfg.storage_path or home_dir() / "memory.db"
-            if str(path) != ":memory:":
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-            self.store = MemoryStore(path, counter=self.counter)
+            where = store or store_url(cfg.store or cfg.storage_path) or home_dir() / "memory.db"
+            self.store = open_memory_store(where, counter=self.counter)
         self.session_id = session_id
         self.rules = TagRules(cfg.tag_rules)
         self.canonicalizer = TagCanonicalizer(self.store.aliases())

@@ -13,7 +13,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from contextfold.errors import ConfigError
-from contextfold.store.memory import Depth, MemoryStore
+from contextfold.store.models import Depth
+from contextfold.store.protocols import MemoryStorage
 
 __all__ = ["DEPTHS", "PageChange", "PagedTopic", "Pager", "PagingResult"]
 
@@ -52,9 +53,9 @@ class PagedTopic(BaseModel):
 
 
 class Pager:
-    """Working-set operations over a ``MemoryStore`` (see the module docstring)."""
+    """Working-set operations over a ``MemoryStorage`` (see the module docstring)."""
 
-    def __init__(self, store: MemoryStore, *, budget: int = 4096) -> None:
+    def __init__(self, store: MemoryStorage, *, budget: int = 4096) -> None:
         if budget < 0:
             raise ConfigError(f"paging budget must be >= 0, got {budget}")
         self.store = store

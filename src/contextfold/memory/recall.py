@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict
 from contextfold.memory.periods import Period, query_period
 from contextfold.retrieval.base import Embedder
 from contextfold.retrieval.embedders import EmbeddingQueue
-from contextfold.store.memory import MemoryStore
+from contextfold.store.protocols import MemoryStorage
 
 __all__ = ["Quote", "RankedTurn", "Recaller"]
 
@@ -137,7 +137,7 @@ class Recaller:
 
     def __init__(
         self,
-        store: MemoryStore,
+        store: MemoryStorage,
         *,
         embedder: Embedder | None = None,
         k: int = 60,

@@ -39,11 +39,11 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 from pydantic import BaseModel, ConfigDict, computed_field, model_validator
 
+from contextfold.analysis import _stemmer, _stopwords
 from contextfold.errors import ConfigError, ContextfoldError
 from contextfold.memory.canonical import TagCanonicalizer
 from contextfold.memory.intent import detect_broad, detect_temporal
 from contextfold.retrieval.base import Embedder
-from contextfold.retrieval.sparse import _stemmer, _stopwords
 
 if TYPE_CHECKING:
     import numpy.typing as npt

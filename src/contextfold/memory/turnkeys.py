@@ -15,7 +15,7 @@ Only a bounded number of sessions is kept (least recently used first out); a ses
 falls out is read again in full the next time it is asked for.
 
 >>> from contextfold.items import Message
->>> from contextfold.store.memory import MemoryStore
+>>> from contextfold.store.sqlite.memory import MemoryStorage
 >>> store = MemoryStore()
 >>> _ = store.create_session("s")
 >>> _ = store.append_turns("s", [Message(role="user", content="hello")])
@@ -37,7 +37,7 @@ from collections import OrderedDict
 from collections.abc import Collection, Sequence
 
 from contextfold.items import Message
-from contextfold.store.memory import MemoryStore
+from contextfold.store.protocols import MemoryStorage
 
 __all__ = ["TurnKeys", "key_of", "loose_key_of"]
 
@@ -69,7 +69,7 @@ class _Session:
 
 
 class TurnKeys:
-    def __init__(self, store: MemoryStore, *, sessions: int = 256) -> None:
+    def __init__(self, store: MemoryStorage, *, sessions: int = 256) -> None:
         self.store = store
         self.max_sessions = sessions
         self._sessions: OrderedDict[str, _Session] = OrderedDict()

@@ -54,7 +54,7 @@ from contextfold.items import ContextItem, SourceType
 from contextfold.retrieval.base import MatchSource
 from contextfold.retrieval.floor import RelevanceFloor, resolve_floor
 from contextfold.retrieval.fusion import rrf
-from contextfold.store.graph import (
+from contextfold.store.sqlite.graph import (
     EdgeType,
     GraphView,
     KnowledgeEdge,

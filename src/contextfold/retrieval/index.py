@@ -33,7 +33,7 @@ from contextfold.retrieval.dense import NumpyVectorIndex, USearchVectorIndex, Ve
 from contextfold.retrieval.floor import RelevanceFloor, resolve_floor
 from contextfold.retrieval.fusion import FusedHit, convex, mmr, rrf
 from contextfold.retrieval.sparse import BM25Index
-from contextfold.store.documents import DocumentRecord, DocumentStore, _now
+from contextfold.store.sqlite.documents import DocumentRecord, DocumentStore, _now
 
 if TYPE_CHECKING:
     from contextfold.tokens import TokenCounter

@@ -57,8 +57,8 @@ from contextfold.server.knowledge import (
 )
 from contextfold.server.state import ServerState
 from contextfold.server.tenants import Caller, TenantAuth
-from contextfold.store.graph import EdgeType, KnowledgeEdge, KnowledgeNode, NodeType
 from contextfold.store.sqlite import home_dir
+from contextfold.store.sqlite.graph import EdgeType, KnowledgeEdge, KnowledgeNode, NodeType
 
 __all__ = [
     "BulkEdges",

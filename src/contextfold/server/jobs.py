@@ -19,7 +19,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from contextfold._bounded import clip
-from contextfold.store.memory_branches import owner_id
+from contextfold.store.models import owner_id
 
 if TYPE_CHECKING:
     from contextfold.memory.engine import MemoryEngine

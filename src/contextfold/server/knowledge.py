@@ -11,7 +11,7 @@ Loading a document is one SQLite transaction — its nodes, their edges and its 
 commit together or not at all, so a failure or a killed process never leaves chunks without
 their document. Deleting a document deletes, in one transaction, the nodes that are still its
 chunks: of its tenant, with ``content.document_id`` naming it. Node ids are never reused
-(``contextfold.store.graph``), so an id the registry holds can never name another tenant's
+(``contextfold.store.sqlite.graph``), so an id the registry holds can never name another tenant's
 node.
 
 >>> import tempfile, pathlib
@@ -40,14 +40,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from contextfold.store.graph import (
+from contextfold.store.sqlite import MigrationRegistry, connect
+from contextfold.store.sqlite.graph import (
     EdgeType,
     KnowledgeEdge,
     KnowledgeGraph,
     KnowledgeNode,
     NodeType,
 )
-from contextfold.store.sqlite import MigrationRegistry, connect
 
 __all__ = [
     "DOCUMENT_MIGRATIONS",

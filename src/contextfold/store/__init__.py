@@ -1,0 +1,56 @@
+"""Storage: the interfaces every store implements (``protocols``), the values they exchange
+(``models``), and one package per backend — ``sqlite`` (the embedded default) and
+``postgres`` (many processes and hosts sharing one database).
+
+``open_memory_store`` picks the backend from where the store lives: a ``postgresql://`` URL
+opens PostgreSQL, anything else is an SQLite file (or ``":memory:"``).
+
+>>> from contextfold.tokens import CharCounter
+>>> store = open_memory_store(":memory:", counter=CharCounter())
+>>> type(store).__module__
+'contextfold.store.sqlite.memory'
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from contextfold.store.protocols import MemoryStorage
+    from contextfold.tokens import TokenCounter
+
+__all__ = ["STORE_URL_ENV", "is_database_url", "open_memory_store", "store_url"]
+
+#: The environment variable that points every process at one shared store.
+STORE_URL_ENV = "CONTEXTFOLD_STORE_URL"
+
+_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_database_url(location: str | Path) -> bool:
+    """Whether ``location`` names a database server rather than an SQLite file."""
+    return str(location).startswith(_SCHEMES)
+
+
+def store_url(configured: str | Path | None) -> str | Path | None:
+    """Where memory lives: ``$CONTEXTFOLD_STORE_URL`` when set, else ``configured``."""
+    return os.environ.get(STORE_URL_ENV) or configured
+
+
+def open_memory_store(
+    location: str | Path = ":memory:", *, counter: TokenCounter | None = None
+) -> MemoryStorage:
+    """The conversation-memory store at ``location``: PostgreSQL for a ``postgresql://`` URL
+    (``contextfold[postgres]``), else SQLite (a file path, its folder made, or ``":memory:"``)."""
+    if is_database_url(location):
+        from contextfold.store.postgres.memory import PostgresMemoryStore
+
+        store: MemoryStorage = PostgresMemoryStore(str(location), counter=counter)
+        return store
+    from contextfold.store.sqlite.memory import MemoryStore
+
+    if str(location) != ":memory:":
+        Path(location).parent.mkdir(parents=True, exist_ok=True)
+    return MemoryStore(location, counter=counter)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from contextfold.server.proxy.session import locate
-from contextfold.store.memory_branches import BranchMoved
+from contextfold.store.models import BranchMoved
 
 if TYPE_CHECKING:
     from contextfold.items import Message

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from contextfold.server.proxy.outputs import Compaction
     from contextfold.server.proxy.session import Position
     from contextfold.server.proxy.wire import ParsedRequest, Wire
-    from contextfold.store.memory import MemoryStore
+    from contextfold.store.protocols import MemoryStorage
 
 __all__ = ["Plan", "build_record"]
 
@@ -235,7 +235,7 @@ class ReplyTags:
     ``expect`` at commit, ``publish`` when the record is built, ``derived`` when a session's
     derive job is done. At most ``limit`` sessions wait; the oldest then go without tags."""
 
-    def __init__(self, store: MemoryStore, events: EventBus, *, limit: int = 1000) -> None:
+    def __init__(self, store: MemoryStorage, events: EventBus, *, limit: int = 1000) -> None:
         self.store = store
         self.events = events
         self.limit = limit

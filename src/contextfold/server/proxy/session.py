@@ -50,11 +50,11 @@ from typing import TYPE_CHECKING
 
 from contextfold._bounded import BoundedMemo, text_size
 from contextfold.memory.assemble import Held
-from contextfold.store.memory_schema import match_key
+from contextfold.store.models import match_key
 
 if TYPE_CHECKING:
     from contextfold.items import Message
-    from contextfold.store.memory import MemoryStore
+    from contextfold.store.protocols import MemoryStorage
 
 __all__ = [
     "SESSION_HEADER",
@@ -173,7 +173,7 @@ def _match_key(role: str, text: str) -> str:
 
 
 def resolve(
-    store: MemoryStore,
+    store: MemoryStorage,
     principal: str,
     messages: Sequence[Message],
     tokens: Sequence[str],
@@ -248,7 +248,7 @@ def resolve(
 
 
 def _earlier_reply(
-    store: MemoryStore,
+    store: MemoryStorage,
     principal: str,
     messages: Sequence[Message],
     turns: Sequence[int],
@@ -271,7 +271,7 @@ def _earlier_reply(
 
 
 def locate(
-    store: MemoryStore,
+    store: MemoryStorage,
     principal: str,
     messages: Sequence[Message],
     tokens: Sequence[str],
@@ -332,7 +332,7 @@ def side_call(messages: Sequence[Message], body: Mapping[str, object]) -> str | 
     return None
 
 
-def _continue(store: MemoryStore, sid: str, seq: int, new_from: int, source: str) -> Position:
+def _continue(store: MemoryStorage, sid: str, seq: int, new_from: int, source: str) -> Position:
     last = store.last_seq(sid)
     if last == seq:
         return Position(sid, seq, new_from, source, expect_last=seq)
@@ -346,7 +346,7 @@ _VERSION_WINDOWS = 2
 
 
 def _reordered(
-    store: MemoryStore,
+    store: MemoryStorage,
     candidates: Sequence[tuple[str, int, str]],
     keys: Sequence[str],
     history: Sequence[Message],
@@ -407,7 +407,7 @@ def _reordered(
 
 
 def _versions(
-    store: MemoryStore,
+    store: MemoryStorage,
     sid: str,
     end: int,
     diff: Mapping[str | None, int],
@@ -452,7 +452,7 @@ def _versions(
     return not free
 
 
-def _agrees_short_of_a_reply(store: MemoryStore, position: Position) -> bool:
+def _agrees_short_of_a_reply(store: MemoryStorage, position: Position) -> bool:
     """Whether a request found by its history forks its branch after a turn that is no
     reply: that turn and the next were stored by one exchange (they share its time; a reply
     is the last turn its exchange stored). The request then agrees with the branch only as

@@ -1,33 +1,52 @@
-"""The values ``MemoryStore`` takes and returns: frozen pydantic row models (``SessionRecord``,
-``StoredTurn``, ``NewSegment``, ``StoredSegment``, ``TagSummary``, ``WorkingSetEntry``,
-``CostReport``), the ``TurnRow`` tuple of the fast read path, the ``Depth`` a topic is paged in
-at, and the small helpers that turn times (``_iso``, always UTC) and messages
-(``_message_json``, canonical JSON: the content hash is taken over it) into stored text.
+"""The values every memory store backend takes and returns: frozen pydantic row models
+(``SessionRecord``, ``StoredTurn``, ``NewSegment``, ``StoredSegment``, ``TagSummary``,
+``WorkingSetEntry``, ``CostReport``), the ``TurnRow`` tuple of the fast read path, the
+``Depth`` a topic is paged in at, the ``Job`` of derived work, ``BranchMoved``, the
+``match_key`` a resent message is known by, and the small helpers that turn times (``_iso``,
+always UTC) and messages (``_message_json``, canonical JSON: the content hash is taken over
+it) into stored text.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import socket
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple
 
+import numpy as np
+import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
+from contextfold.errors import ConfigError
 from contextfold.items import Message
 
 __all__ = [
+    "WRITE_CHUNK",
+    "BranchMoved",
+    "CostEntry",
     "CostReport",
     "Depth",
+    "Job",
     "NewSegment",
+    "SessionDump",
     "SessionRecord",
     "StoredSegment",
     "StoredTurn",
     "TagSummary",
     "TurnRow",
     "WorkingSetEntry",
+    "match_key",
+    "owner_id",
 ]
 
 Depth = Literal["none", "summary", "segments", "full"]
+
+#: Turns per write transaction of a long history (``commit_exchange``), and of its tags.
+WRITE_CHUNK = 256
 
 
 class TurnRow(NamedTuple):
@@ -151,3 +170,70 @@ def _message_json(message: Message) -> str:
     return json.dumps(
         message.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
     )
+
+
+def match_key(role: str, text: str) -> str:
+    """How a message is recognised when a client sends it again: a hash of its role and its
+    text with runs of whitespace made one space (clients re-indent and trim replies).
+
+    >>> match_key("assistant", "Hello  there.\\n") == match_key("assistant", "Hello there.")
+    True
+    """
+    normal = " ".join(text.split())
+    return hashlib.sha256(f"{role}\x00{normal}".encode()).hexdigest()[:32]
+
+
+def owner_id() -> str:
+    """This process, as a job owner: ``host:pid``."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Job(BaseModel):
+    """One unit of derived work for one session."""
+
+    model_config = ConfigDict(frozen=True)
+    id: int
+    session_id: str
+    kind: str
+    attempts: int
+
+
+class BranchMoved(ConfigError):
+    """The branch an exchange was to continue has a newer last turn than expected."""
+
+    def __init__(self, session_id: str, expected: int, last: int) -> None:
+        super().__init__(
+            f"session {session_id!r} moved on: its last turn is {last}, expected {expected}"
+        )
+        self.session_id = session_id
+        self.expected = expected
+        self.last = last
+
+
+class CostEntry(BaseModel):
+    """One row of the cost log: an LLM call the memory made."""
+
+    model_config = _FROZEN
+    session_id: str | None
+    at: datetime
+    kind: str
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+
+
+@dataclass
+class SessionDump:
+    """Everything a store holds for one session, as ``dump_session`` reads it and
+    ``load_session`` writes it back (into the same backend or another): the session record
+    (watermark, principal, branch, derived seq), its raw turns with their tags, hashes and
+    times, its segments, tag summaries and working set, and its turn vectors by model
+    (seqs, float32 matrix)."""
+
+    session: SessionRecord
+    turns: list[StoredTurn]
+    segments: list[StoredSegment] = field(default_factory=list)
+    tag_summaries: list[TagSummary] = field(default_factory=list)
+    working_set: list[WorkingSetEntry] = field(default_factory=list)
+    vectors: dict[str, tuple[list[int], npt.NDArray[np.float32]]] = field(default_factory=dict)

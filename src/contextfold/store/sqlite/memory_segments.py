@@ -15,8 +15,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from contextfold.errors import ConfigError, StoreError
-from contextfold.store.memory_fts import _fts_query
-from contextfold.store.memory_models import NewSegment, StoredSegment, _iso, _now
+from contextfold.store.models import NewSegment, StoredSegment, _iso, _now
+from contextfold.store.sqlite.memory_fts import _fts_query
 from contextfold.tokens import TokenCounter
 
 __all__ = ["SegmentsMixin"]

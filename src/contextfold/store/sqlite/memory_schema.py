@@ -17,9 +17,9 @@ on: never rename one, never reorder them, and add changes only as a new ``m00N_â
 
 from __future__ import annotations
 
-import hashlib
 import sqlite3
 
+from contextfold.store.models import match_key
 from contextfold.store.sqlite import MigrationRegistry
 
 __all__ = [
@@ -29,7 +29,6 @@ __all__ = [
     "m003_related_tags_and_vectors",
     "m004_session_scoped_fts",
     "m005_branches_and_jobs",
-    "match_key",
 ]
 
 MIGRATIONS = MigrationRegistry("memory")
@@ -191,17 +190,6 @@ def m004_session_scoped_fts(conn: sqlite3.Connection) -> None:
             f" INSERT INTO {fts} (rowid, {columns}) VALUES (NEW.id, {new}); END"
         )
         conn.execute(f"INSERT INTO {fts} ({fts}) VALUES ('rebuild')")
-
-
-def match_key(role: str, text: str) -> str:
-    """How a message is recognised when a client sends it again: a hash of its role and its
-    text with runs of whitespace made one space (clients re-indent and trim replies).
-
-    >>> match_key("assistant", "Hello  there.\\n") == match_key("assistant", "Hello there.")
-    True
-    """
-    normal = " ".join(text.split())
-    return hashlib.sha256(f"{role}\x00{normal}".encode()).hexdigest()[:32]
 
 
 @MIGRATIONS.migration

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from contextfold.errors import ConfigError
-from contextfold.store.memory_models import (
+from contextfold.store.models import (
     CostReport,
     Depth,
     TagSummary,

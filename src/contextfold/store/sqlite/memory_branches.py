@@ -19,7 +19,7 @@ gone (``release_jobs_of_dead``).
 
 >>> from contextfold.items import Message
 >>> from contextfold.tokens import CharCounter
->>> from contextfold.store.memory import MemoryStore
+>>> from contextfold.store.sqlite.memory import MemoryStore
 >>> store = MemoryStore(counter=CharCounter())
 >>> sid = store.create_session("a", principal="p1")
 >>> store.commit_exchange(sid, [Message(role="user", content="hi"),
@@ -52,14 +52,12 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict
-
 from contextfold._bounded import SessionLRU
 from contextfold.errors import ConfigError
 from contextfold.items import Message
-from contextfold.store.memory_models import _iso, _now
+from contextfold.store.models import WRITE_CHUNK, BranchMoved, Job, _iso, _now
 
-__all__ = ["BranchMoved", "BranchesMixin", "Job", "owner_id"]
+__all__ = ["BranchesMixin"]
 
 
 class _KeyChain:
@@ -104,8 +102,6 @@ LEASE_SECONDS = 60.0
 MAX_ATTEMPTS = 5
 #: Sessions whose turn match keys are kept in memory (``turn_keys``).
 KEY_CHAIN_SESSIONS = 256
-#: Turns per write transaction of a long history (``commit_exchange``), and of its tags.
-WRITE_CHUNK = 256
 
 
 def _held(job_id: int, owner: str | None) -> tuple[str, tuple[object, ...]]:
@@ -114,21 +110,6 @@ def _held(job_id: int, owner: str | None) -> tuple[str, tuple[object, ...]]:
     if owner is None:
         return "id = ?", (job_id,)
     return "id = ? AND state = 'running' AND owner = ?", (job_id, owner)
-
-
-def owner_id() -> str:
-    """This process, as a job owner: ``host:pid``."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-class Job(BaseModel):
-    """One unit of derived work for one session."""
-
-    model_config = ConfigDict(frozen=True)
-    id: int
-    session_id: str
-    kind: str
-    attempts: int
 
 
 class BranchesMixin:
@@ -487,18 +468,6 @@ class BranchesMixin:
         """Jobs by state (``pending``, ``running``, ``failed``)."""
         rows = self._conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state")
         return {str(r[0]): int(r[1]) for r in rows}
-
-
-class BranchMoved(ConfigError):
-    """The branch an exchange was to continue has a newer last turn than expected."""
-
-    def __init__(self, session_id: str, expected: int, last: int) -> None:
-        super().__init__(
-            f"session {session_id!r} moved on: its last turn is {last}, expected {expected}"
-        )
-        self.session_id = session_id
-        self.expected = expected
-        self.last = last
 
 
 def _pid_alive(pid: int) -> bool:
