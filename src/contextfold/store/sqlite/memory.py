@@ -53,6 +53,7 @@ import numpy.typing as npt
 from contextfold._bounded import SessionLRU
 from contextfold.errors import ConfigError
 from contextfold.items import Message
+from contextfold.store.keychain import KEY_CHAIN_SESSIONS, KeyChain
 from contextfold.store.models import (
     CostEntry,
     CostReport,
@@ -72,11 +73,7 @@ from contextfold.store.models import (
     match_key,
 )
 from contextfold.store.sqlite import FairLock, connect, transaction
-from contextfold.store.sqlite.memory_branches import (
-    KEY_CHAIN_SESSIONS,
-    BranchesMixin,
-    _KeyChain,
-)
+from contextfold.store.sqlite.memory_branches import BranchesMixin
 from contextfold.store.sqlite.memory_fts import _fts_query
 from contextfold.store.sqlite.memory_schema import MIGRATIONS
 from contextfold.store.sqlite.memory_schema import m001_create_memory as m001_create_memory
@@ -143,7 +140,7 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
         self._writer = FairLock()  # this process's writers, one at a time, in order (``_tx``)
         self._shared = self.path == ":memory:"
         # Match keys of recently used sessions (``turn_keys``).
-        self._key_chains: SessionLRU[_KeyChain] = SessionLRU(KEY_CHAIN_SESSIONS)
+        self._key_chains: SessionLRU[KeyChain] = SessionLRU(KEY_CHAIN_SESSIONS)
         first = connect(self.path)
         self._local.conn = first
         self._connections.append(first)

@@ -43,7 +43,6 @@ import json
 import os
 import socket
 import sqlite3
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -55,53 +54,16 @@ from typing import TYPE_CHECKING, Any
 from contextfold._bounded import SessionLRU
 from contextfold.errors import ConfigError
 from contextfold.items import Message
+from contextfold.store.keychain import KeyChain
 from contextfold.store.models import WRITE_CHUNK, BranchMoved, Job, _iso, _now
 
 __all__ = ["BranchesMixin"]
-
-
-class _KeyChain:
-    """One session's turn match keys in seq order (``keys[i]`` is seq ``i + 1``) and the
-    content hash of the last of them, extended from the store as turns are appended."""
-
-    __slots__ = ("keys", "last_hash", "lock")
-
-    def __init__(self) -> None:
-        self.keys: list[str] = []
-        self.last_hash: str | None = None
-        self.lock = threading.Lock()
-
-    def extend(self, conn: sqlite3.Connection, session_id: str) -> bool:
-        """Read the turns stored since the last call (from the last known one, whose hash
-        must not have changed, else from the start); False when the seqs are not 1, 2, …
-        without gaps (the chain is then dropped and the caller reads the store itself)."""
-        known = len(self.keys)
-        rows = conn.execute(
-            "SELECT seq, match_key, content_hash FROM turns WHERE session_id = ? AND seq >= ?"
-            " ORDER BY seq",
-            (session_id, max(known, 1)),
-        ).fetchall()
-        if known:
-            if rows and rows[0][0] == known and rows[0][2] == self.last_hash:
-                rows = rows[1:]
-            else:  # deleted and written again: start over
-                self.keys, self.last_hash = [], None
-                return self.extend(conn, session_id)
-        for seq, key, content_hash in rows:
-            if seq != len(self.keys) + 1:
-                self.keys, self.last_hash = [], None
-                return False
-            self.keys.append(str(key))
-            self.last_hash = str(content_hash)
-        return True
 
 
 #: How long a claimed job is its worker's before another may take it (seconds).
 LEASE_SECONDS = 60.0
 #: Attempts before a job is marked failed (it stays in the table, with its error).
 MAX_ATTEMPTS = 5
-#: Sessions whose turn match keys are kept in memory (``turn_keys``).
-KEY_CHAIN_SESSIONS = 256
 
 
 def _held(job_id: int, owner: str | None) -> tuple[str, tuple[object, ...]]:
@@ -116,7 +78,7 @@ class BranchesMixin:
     """Principals, branches, exchanges and jobs, for ``MemoryStore``."""
 
     if TYPE_CHECKING:
-        _key_chains: SessionLRU[_KeyChain]
+        _key_chains: SessionLRU[KeyChain]
 
         @property
         def _conn(self) -> sqlite3.Connection: ...
@@ -177,20 +139,26 @@ class BranchesMixin:
     def turn_keys(self, session_id: str, lo: int, hi: int) -> dict[int, str]:
         """seq -> match key of the session's turns with ``lo <= seq <= hi``.
 
-        Served from the session's key chain (``_KeyChain``): turns are append-only, so each
-        call reads only the turns stored since the last one, plus the last known turn to check
+        Served from the session's key chain (``store.keychain.KeyChain``): turns are append-only, so
+        each call reads only the turns stored since the last one, plus the last known turn to check
         that the session was not deleted and written again meanwhile (then it is read over).
         Recognising a resent history then costs one short query, not one row per turn."""
-        chain = self._key_chains.get(session_id, _KeyChain)
+        chain = self._key_chains.get(session_id, KeyChain)
         with chain.lock:
-            if not chain.extend(self._conn, session_id):
+            if not chain.extend(lambda start: self._key_rows(session_id, start)):
                 rows = self._conn.execute(
                     "SELECT seq, match_key FROM turns WHERE session_id = ? AND seq BETWEEN ? AND ?",
                     (session_id, lo, hi),
                 )
                 return {int(r[0]): str(r[1]) for r in rows}
-            keys = chain.keys
-            return {seq: keys[seq - 1] for seq in range(max(lo, 1), min(hi, len(keys)) + 1)}
+            return chain.window(lo, hi)
+
+    def _key_rows(self, session_id: str, start: int) -> list[sqlite3.Row]:
+        return self._conn.execute(
+            "SELECT seq, match_key, content_hash FROM turns WHERE session_id = ? AND seq >= ?"
+            " ORDER BY seq",
+            (session_id, start),
+        ).fetchall()
 
     # -- branches -------------------------------------------------------------------------------
 

@@ -1,0 +1,160 @@
+"""PostgreSQL plumbing: the connection pool, per-thread transactions and migrations.
+
+``Database`` holds a ``psycopg_pool.ConnectionPool`` of autocommit connections. A write takes
+one connection for its transaction (``tx``); while a thread is inside one, every other write
+and read of that thread joins it, so ``store.batch()`` makes several writes one transaction,
+like the SQLite store's ``_tx``.
+
+Migrations are an ordered registry of named functions (as in ``store/sqlite``), recorded in
+``schema_migrations``. They run under a session-level ``pg_advisory_lock``: processes that
+open the store at the same moment take turns, and the second finds the work done.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from contextfold.errors import ConfigError, StoreError
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["Database", "PgMigrationRegistry", "mask_password"]
+
+PgMigration = Callable[["psycopg.Connection[Any]"], None]
+
+#: The advisory lock key migrations run under (any fixed 64-bit number; "cfmigrat").
+_MIGRATION_LOCK = 0x63666D6967726174
+
+_PASSWORD = re.compile(r"^(\w+://[^:/@]*):[^@]*@")
+
+
+def mask_password(url: str) -> str:
+    """``url`` with its password replaced by ``***``.
+
+    >>> mask_password("postgresql://app:s3cret@db:5432/memory")
+    'postgresql://app:***@db:5432/memory'
+    """
+    return _PASSWORD.sub(r"\1:***@", url)
+
+
+class PgMigrationRegistry:
+    """Ordered, named migrations for one PostgreSQL schema."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._migrations: list[tuple[str, PgMigration]] = []
+
+    @property
+    def names(self) -> list[str]:
+        return [name for name, _ in self._migrations]
+
+    def migration(self, fn: PgMigration) -> PgMigration:
+        """Register ``fn`` as the next migration; its ``__name__`` is its permanent id."""
+        if fn.__name__ in self.names:
+            raise StoreError(f"migration {fn.__name__} is registered twice in {self.name}")
+        self._migrations.append((fn.__name__, fn))
+        return fn
+
+    def apply(self, conn: psycopg.Connection[Any]) -> list[str]:
+        """Apply the pending migrations in order, each in its own transaction with its
+        bookkeeping row, holding the migration lock throughout; the names applied."""
+        import psycopg
+
+        applied: list[str] = []
+        conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
+        try:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations ("
+                " schema TEXT NOT NULL, name TEXT NOT NULL,"
+                " applied_at TIMESTAMPTZ NOT NULL DEFAULT now(), PRIMARY KEY (schema, name))"
+            )
+            done = {
+                row[0]
+                for row in conn.execute(
+                    "SELECT name FROM schema_migrations WHERE schema = %s", (self.name,)
+                )
+            }
+            for name, fn in self._migrations:
+                if name in done:
+                    continue
+                try:
+                    with conn.transaction():
+                        fn(conn)
+                        conn.execute(
+                            "INSERT INTO schema_migrations (schema, name) VALUES (%s, %s)",
+                            (self.name, name),
+                        )
+                except psycopg.Error as exc:
+                    raise StoreError(f"migration {self.name}/{name} failed: {exc}") from exc
+                applied.append(name)
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
+        return applied
+
+
+class Database:
+    """A pool of connections to ``url`` (``min_size`` kept open, at most ``max_size``)."""
+
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
+        try:
+            import psycopg  # noqa: F401 - fail here, with the hint, when the extra is missing
+            from psycopg_pool import ConnectionPool, PoolTimeout
+        except ImportError as exc:
+            raise ConfigError(
+                'the PostgreSQL store needs psycopg 3: pip install "contextfold[postgres]"'
+            ) from exc
+        if max_size < 1 or min_size < 0 or min_size > max_size:
+            raise ConfigError(f"pool sizes must satisfy 0 <= min ({min_size}) <= max ({max_size})")
+        self.masked = mask_password(url)
+        self._local = threading.local()
+        self.pool: ConnectionPool[Any] = ConnectionPool(
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs={"autocommit": True},
+            check=ConnectionPool.check_connection,
+            open=False,
+            name="contextfold-memory",
+        )
+        try:
+            self.pool.open(wait=True, timeout=10.0)
+        except PoolTimeout as exc:
+            self.pool.close()
+            raise StoreError(
+                f"cannot connect to the PostgreSQL store at {self.masked} within 10 s;"
+                " check that the server runs and the URL's host, port, user and database"
+            ) from exc
+
+    def close(self) -> None:
+        self.pool.close()
+
+    @contextmanager
+    def tx(self) -> Iterator[psycopg.Connection[Any]]:
+        """A transaction on one pooled connection; inside one already open on this thread,
+        that one (its writes commit or roll back with it)."""
+        conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            yield conn
+            return
+        with self.pool.connection() as conn, conn.transaction():
+            self._local.conn = conn
+            try:
+                yield conn
+            finally:
+                self._local.conn = None
+
+    @contextmanager
+    def read(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection to read with: this thread's open transaction when there is one (it
+        sees its own writes), else a pooled one in autocommit."""
+        conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            yield conn
+            return
+        with self.pool.connection() as pooled:
+            yield pooled
