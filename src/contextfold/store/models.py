@@ -41,6 +41,7 @@ __all__ = [
     "WorkingSetEntry",
     "match_key",
     "owner_id",
+    "pid_alive",
 ]
 
 Depth = Literal["none", "summary", "segments", "full"]
@@ -186,6 +187,17 @@ def match_key(role: str, text: str) -> str:
 def owner_id() -> str:
     """This process, as a job owner: ``host:pid``."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs (a job owner's, ``owner_id``)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 class Job(BaseModel):

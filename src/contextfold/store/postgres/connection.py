@@ -16,6 +16,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from contextfold.errors import ConfigError, StoreError
@@ -23,7 +24,7 @@ from contextfold.errors import ConfigError, StoreError
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["Database", "PgMigrationRegistry", "mask_password"]
+__all__ = ["Database", "PgMigrationRegistry", "mask_password", "utc"]
 
 PgMigration = Callable[["psycopg.Connection[Any]"], None]
 
@@ -40,6 +41,15 @@ def mask_password(url: str) -> str:
     'postgresql://app:***@db:5432/memory'
     """
     return _PASSWORD.sub(r"\1:***@", url)
+
+
+def utc(moment: datetime) -> datetime:
+    """``moment`` in UTC (a naive one taken as UTC): how times are written, and how the
+    ``timestamptz`` values read back are given (whatever the server's time zone), as the
+    SQLite store gives them.
+    """
+    aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return aware.astimezone(UTC)
 
 
 class PgMigrationRegistry:

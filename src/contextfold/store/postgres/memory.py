@@ -1,10 +1,641 @@
-"""Being written: ``PostgresMemoryStore``."""
+"""The conversation-memory store in PostgreSQL: what many processes and hosts share.
+
+``PostgresMemoryStore`` keeps the ``MemoryStorage`` contract (``store/protocols.py``) exactly
+as the SQLite store (``store/sqlite/memory.py``) does — the same return values, errors,
+orderings and tie-breaks — so the conformance suite runs unchanged against both:
+
+- **Connections.** A ``psycopg_pool`` pool of autocommit connections; a write method opens a
+  transaction on one of them, and ``batch()`` holds one for the calling thread, which every
+  write (and read) of that thread joins (``connection.Database``).
+- **Raw turns are append-only**: a plpgsql trigger refuses an ``UPDATE`` or ``DELETE`` of a
+  turn unless ``delete_session`` is deleting its session. Seqs are assigned while holding the
+  session's row lock (``SELECT … FOR UPDATE``), so writers in any number of processes never
+  collide, and ``commit_exchange(expect_last=)`` checks the last seq under that lock.
+- **Full text** ranks with FTS5's bm25 over FTS5's own tokens (``fts.py``, ``search.py``):
+  a recall scores the same turns the same on either backend.
+- **Vectors** are float32 bytes (``bytea``), returned as the numpy matrix the SQLite store
+  returns; recall scans them exactly in numpy. (pgvector would move the scan into the server;
+  it is not used, so the store runs on any PostgreSQL 13+ with no extension.)
+- **Ordering of text** is byte order (``COLLATE "C"``), as SQLite's ``BINARY``.
+
+The store is split over modules by responsibility: ``memory.py`` (sessions, turns, tags,
+vectors, turn search), ``memory_branches.py`` (lookups, forks, exchanges, jobs),
+``memory_state.py`` (segments and compaction, tag summaries, aliases, the working set, the
+cost log, dumping and loading sessions), ``schema.py`` (migrations), ``connection.py`` (the
+pool), ``search.py`` and ``fts.py`` (full text).
+
+Needs ``contextfold[postgres]`` (psycopg 3 and psycopg-pool)::
+
+    store = PostgresMemoryStore("postgresql://app:secret@db/memory", counter=CharCounter())
+    sid = store.create_session("demo")
+    store.append_turns(sid, [Message(role="user", content="Deploy the API on Friday")])
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+import json
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from contextfold._bounded import SessionLRU
+from contextfold.errors import ConfigError
+from contextfold.items import Message
+from contextfold.store.keychain import KEY_CHAIN_SESSIONS, KeyChain
+from contextfold.store.models import (
+    BranchMoved,
+    SessionRecord,
+    StoredTurn,
+    TurnRow,
+    _message_json,
+    _now,
+    match_key,
+)
+from contextfold.store.postgres.connection import Database, utc
+from contextfold.store.postgres.fts import Indexed, Tokenizer
+from contextfold.store.postgres.memory_branches import BranchesMixin
+from contextfold.store.postgres.memory_state import StateMixin
+from contextfold.store.postgres.schema import MIGRATIONS
+from contextfold.store.postgres.search import SEGMENTS, TURNS, add_totals, index_rows, ranked
+from contextfold.tokens import TiktokenCounter, TokenCounter
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["PostgresMemoryStore"]
+
+# A turn's tags with their weights, and its related tags.
+_TurnTags = tuple[dict[str, float], list[str]]
+
+_TURN_COLUMNS = "session_id, seq, message_json, created_at, content_hash, token_count, partial"
 
 
-class PostgresMemoryStore:
-    def __init__(self, url: str, *, counter: Any = None) -> None:
-        raise NotImplementedError("the PostgreSQL memory store is being written")
+class PostgresMemoryStore(BranchesMixin, StateMixin):
+    """The ``MemoryStorage`` of a PostgreSQL database at ``url`` (``postgresql://…``).
+
+    ``counter`` counts each turn's text once, when it is appended (default ``cl100k_base``);
+    ``pool_size`` caps the connections this process opens (threads beyond it wait for one).
+    ``path`` is the URL with its password masked.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        counter: TokenCounter | None = None,
+        pool_size: int = 10,
+    ) -> None:
+        self._db = Database(url, min_size=1, max_size=pool_size)
+        self.path = self._db.masked
+        self.counter: TokenCounter = (
+            counter if counter is not None else TiktokenCounter("cl100k_base")
+        )
+        self._tokenizer = Tokenizer()
+        self._key_chains: SessionLRU[KeyChain] = SessionLRU(KEY_CHAIN_SESSIONS)
+        with self._db.pool.connection() as conn:
+            MIGRATIONS.apply(conn)
+
+    def _tx(self) -> AbstractContextManager[psycopg.Connection[Any]]:
+        return self._db.tx()
+
+    def _read(self) -> AbstractContextManager[psycopg.Connection[Any]]:
+        return self._db.read()
+
+    def close(self) -> None:
+        self._db.close()
+
+    def batch(self) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """One transaction around several writes of this thread (each write method joins
+        it): ``with store.batch(): ...`` commits them together or not at all."""
+        return self._db.tx()
+
+    @contextmanager
+    def _guarded(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
+        """A savepoint: a statement that fails inside leaves the enclosing transaction (a
+        ``batch``) usable, as a failed statement leaves SQLite's."""
+        with conn.transaction():
+            yield
+
+    # -- sessions -------------------------------------------------------------------------------
+
+    def create_session(
+        self,
+        session_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        *,
+        principal: str = "",
+    ) -> str:
+        """Create a session (a random id when none is given) and return its id."""
+        import psycopg
+
+        sid = session_id or uuid.uuid4().hex
+        id_tokens = self._tokenizer.session_tokens(sid)
+        try:
+            with self._tx() as conn, self._guarded(conn):
+                conn.execute(
+                    "INSERT INTO sessions (id, created_at, metadata, principal, id_tokens)"
+                    " VALUES (%s, %s, %s, %s, %s)",
+                    (sid, _now(), json.dumps(dict(metadata or {})), principal, id_tokens),
+                )
+        except psycopg.errors.UniqueViolation as exc:
+            raise ConfigError(f"session {sid!r} already exists") from exc
+        return sid
+
+    def session(self, session_id: str) -> SessionRecord:
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT id, created_at, metadata, compaction_watermark, principal, parent_id,"
+                " fork_seq, derived_seq FROM sessions WHERE id = %s",
+                (session_id,),
+            ).fetchone()
+        if row is None:
+            raise ConfigError(f"unknown session {session_id!r}; create it with create_session")
+        return SessionRecord(
+            id=row[0],
+            created_at=utc(row[1]),
+            metadata=json.loads(row[2]),
+            compaction_watermark=row[3],
+            principal=row[4],
+            parent_id=row[5],
+            fork_seq=row[6],
+            derived_seq=row[7],
+        )
+
+    def sessions(self) -> list[str]:
+        with self._read() as conn:
+            rows = conn.execute('SELECT id FROM sessions ORDER BY created_at, id COLLATE "C"')
+            return [r[0] for r in rows]
+
+    def delete_session(self, session_id: str) -> bool:
+        """Delete a session and everything stored for it (its cost log rows are kept,
+        detached). The only way raw turns are ever deleted. Whether the session existed."""
+        with self._tx() as conn:
+            row = conn.execute(
+                "SELECT id_tokens FROM sessions WHERE id = %s FOR UPDATE", (session_id,)
+            ).fetchone()
+            if row is None:
+                return False
+            self._forget_fts(conn, session_id, int(row[0]))
+            conn.execute(
+                "INSERT INTO turn_deletions (session_id) VALUES (%s) ON CONFLICT DO NOTHING",
+                (session_id,),
+            )
+            conn.execute("DELETE FROM turns WHERE session_id = %s", (session_id,))
+            conn.execute("DELETE FROM sessions WHERE id = %s", (session_id,))
+            conn.execute("DELETE FROM turn_deletions WHERE session_id = %s", (session_id,))
+        return True
+
+    # -- turns ----------------------------------------------------------------------------------
+
+    def last_seq(self, session_id: str) -> int:
+        """The seq of the session's last turn (0 when it has none)."""
+        with self._read() as conn:
+            return self._last_seq(conn, session_id)
+
+    @staticmethod
+    def _last_seq(conn: psycopg.Connection[Any], session_id: str) -> int:
+        row = conn.execute(
+            "SELECT COALESCE(MAX(seq), 0) FROM turns WHERE session_id = %s", (session_id,)
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def append_turns(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        *,
+        timestamps: Sequence[datetime] | None = None,
+        partial: Sequence[bool] | None = None,
+    ) -> list[int]:
+        """Append turns in one transaction; their seqs (consecutive, from 1 per session).
+        ``timestamps`` (one per message) default to now; naive ones are taken as UTC."""
+        if timestamps is not None and len(timestamps) != len(messages):
+            raise ConfigError(
+                f"{len(messages)} messages need as many timestamps, got {len(timestamps)}"
+            )
+        self.session(session_id)
+        rows = self._turn_rows(session_id, messages, timestamps, partial)
+        with self._tx() as conn:
+            return self._insert_turns(conn, session_id, rows)
+
+    def _turn_rows(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        timestamps: Sequence[datetime] | None = None,
+        partial: Sequence[bool] | None = None,
+    ) -> list[tuple[tuple[Any, ...], Indexed]]:
+        """The column values and full-text tokens of new turns, computed before a write
+        transaction opens (token counts, hashes and tokens take time no lock should wait on)."""
+        now = _now()
+        texts = [message.text() for message in messages]
+        indexed = self._tokenizer.rows(texts, session_id)
+        rows = []
+        for i, message in enumerate(messages):
+            body = _message_json(message)
+            text = texts[i]
+            rows.append(
+                (
+                    (
+                        message.role,
+                        text,
+                        body,
+                        hashlib.sha256(body.encode("utf-8")).hexdigest(),
+                        utc(timestamps[i]) if timestamps is not None else now,
+                        self.counter.count(text),
+                        match_key(message.role, text),
+                        bool(partial[i]) if partial is not None else False,
+                        indexed[i].text_tokens,
+                    ),
+                    indexed[i],
+                )
+            )
+        return rows
+
+    def _insert_turns(
+        self,
+        conn: psycopg.Connection[Any],
+        session_id: str,
+        rows: Sequence[tuple[tuple[Any, ...], Indexed]],
+        *,
+        expected: int | None = None,
+    ) -> list[int]:
+        """Insert turns after the session's last one, holding the session's row lock until
+        the transaction ends: the seqs of concurrent writers never collide. ``ConfigError``
+        when the session does not exist; ``BranchMoved`` when ``expected`` is given and the
+        last seq is another."""
+        found = conn.execute(
+            "SELECT id_tokens FROM sessions WHERE id = %s FOR UPDATE", (session_id,)
+        ).fetchone()
+        if found is None:
+            raise ConfigError(f"unknown session {session_id!r}; create it with create_session")
+        last = self._last_seq(conn, session_id)
+        if expected is not None and last != expected:
+            raise BranchMoved(session_id, expected, last)
+        if not rows:
+            return []
+        seqs = list(range(last + 1, last + 1 + len(rows)))
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO turns (session_id, seq, role, content_text, message_json,"
+                " content_hash, created_at, token_count, match_key, partial, text_tokens)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                [(session_id, seq, *row) for seq, (row, _) in zip(seqs, rows, strict=True)],
+            )
+        index_rows(conn, TURNS, session_id, seqs, [r[1] for r in rows], int(found[0]))
+        return seqs
+
+    def _forget_fts(self, conn: psycopg.Connection[Any], session_id: str, id_tokens: int) -> None:
+        """Take a session's rows out of the full-text totals (their term rows go with them,
+        by cascade)."""
+        for index, table in ((TURNS, "turns"), (SEGMENTS, "segments")):
+            row = conn.execute(
+                f"SELECT COUNT(*), COALESCE(SUM(text_tokens), 0) FROM {table}"
+                " WHERE session_id = %s",
+                (session_id,),
+            ).fetchone()
+            if row is not None:
+                n, tokens = int(row[0]), int(row[1])
+                add_totals(conn, index, session_id, -n, -(tokens + n * id_tokens))
+
+    def turns(
+        self, session_id: str, start: int | None = None, end: int | None = None
+    ) -> list[StoredTurn]:
+        """The session's turns with ``start <= seq <= end`` (either bound optional), in order."""
+        lo = start if start is not None else 1
+        hi = end if end is not None else 2**62
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT {_TURN_COLUMNS} FROM turns WHERE session_id = %s"
+                " AND seq BETWEEN %s AND %s ORDER BY seq",
+                (session_id, lo, hi),
+            ).fetchall()
+            tags = self._tags(conn, session_id, lo, hi)
+        return [self._turn(row, tags.get(row[1], ({}, []))) for row in rows]
+
+    @staticmethod
+    def _tags(
+        conn: psycopg.Connection[Any], session_id: str, lo: int, hi: int
+    ) -> dict[int, _TurnTags]:
+        found: dict[int, _TurnTags] = {}
+        for seq, tag, weight, related in conn.execute(
+            "SELECT seq, tag, weight, related FROM turn_tags WHERE session_id = %s"
+            ' AND seq BETWEEN %s AND %s ORDER BY seq, weight DESC, tag COLLATE "C"',
+            (session_id, lo, min(hi, 2**31 - 1)),
+        ):
+            tags, rel = found.setdefault(seq, ({}, []))
+            if related:
+                rel.append(tag)
+            else:
+                tags[tag] = weight
+        return found
+
+    @staticmethod
+    def _turn(row: Sequence[Any], tags: _TurnTags = ({}, [])) -> StoredTurn:
+        return StoredTurn(
+            session_id=row[0],
+            seq=row[1],
+            message=Message.model_validate(json.loads(row[2])),
+            created_at=utc(row[3]),
+            content_hash=row[4],
+            token_count=row[5],
+            tags=tags[0],
+            related_tags=tuple(tags[1]),
+            partial=bool(row[6]),
+        )
+
+    def turn_texts_after(self, session_id: str, after: int) -> list[tuple[int, str, str, str]]:
+        """(seq, role, text, content hash) of the turns after seq ``after``, in order."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT seq, role, content_text, content_hash FROM turns"
+                " WHERE session_id = %s AND seq > %s ORDER BY seq",
+                (session_id, after),
+            ).fetchall()
+        return [(int(r[0]), r[1], r[2], r[3]) for r in rows]
+
+    def turn_hash(self, session_id: str, seq: int) -> str | None:
+        """The content hash of one turn (``None`` when it is not stored)."""
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT content_hash FROM turns WHERE session_id = %s AND seq = %s",
+                (session_id, seq),
+            ).fetchone()
+        return None if row is None else str(row[0])
+
+    def _turn_columns(
+        self, session_id: str, seqs: Sequence[int], columns: str
+    ) -> list[tuple[Any, ...]]:
+        """``seq, <columns>`` of the given turns (seqs not stored are left out)."""
+        with self._read() as conn:
+            return conn.execute(
+                f"SELECT seq, {columns} FROM turns WHERE session_id = %s AND seq = ANY(%s)",
+                (session_id, [s for s in seqs if 0 < s < 2**31]),
+            ).fetchall()
+
+    def turn_times(self, session_id: str, seqs: Sequence[int]) -> dict[int, datetime]:
+        """When each given turn was said (seqs not stored are left out)."""
+        return {r[0]: utc(r[1]) for r in self._turn_columns(session_id, seqs, "created_at")}
+
+    def turn_token_counts(self, session_id: str, seqs: Sequence[int]) -> dict[int, int]:
+        """The token count of each given turn (seqs not stored are left out)."""
+        return {r[0]: r[1] for r in self._turn_columns(session_id, seqs, "token_count")}
+
+    def turn_rows(self, session_id: str, seqs: Sequence[int]) -> dict[int, TurnRow]:
+        """Role, text, time and token count of the given turns, without parsing messages."""
+        rows = self._turn_columns(session_id, seqs, "role, content_text, created_at, token_count")
+        return {r[0]: TurnRow(r[0], r[1], r[2], utc(r[3]), r[4]) for r in rows}
+
+    def active_tokens(self, session_id: str) -> int:
+        """Tokens of the session's turns at or above its compaction watermark."""
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT COALESCE(SUM(t.token_count), 0) FROM turns t JOIN sessions s"
+                " ON s.id = t.session_id WHERE t.session_id = %s"
+                " AND t.seq >= s.compaction_watermark",
+                (session_id,),
+            ).fetchone()
+        return int(row[0]) if row else 0
+
+    # -- tags -----------------------------------------------------------------------------------
+
+    def tag_turn(self, session_id: str, seq: int, tag: str, weight: float = 1.0) -> None:
+        """Add (or re-weight) one tag of a turn."""
+        self._write_tags(session_id, [seq], [(session_id, seq, tag, weight, False)], replace=False)
+
+    def set_turn_tags(
+        self,
+        session_id: str,
+        seq: int,
+        tags: Mapping[str, float],
+        related: Sequence[str] = (),
+    ) -> None:
+        """Replace all tags (and related tags) of a turn."""
+        self.set_tags_many(session_id, {seq: (tags, related)})
+
+    def set_tags_many(
+        self, session_id: str, tagged: Mapping[int, tuple[Mapping[str, float], Sequence[str]]]
+    ) -> None:
+        """Replace the tags and related tags of several turns in one transaction."""
+        rows: list[tuple[str, int, str, float, bool]] = []
+        for seq, (tags, related) in tagged.items():
+            rows.extend((session_id, seq, tag, float(w), False) for tag, w in tags.items())
+            rows.extend((session_id, seq, tag, 0.5, True) for tag in related if tag not in tags)
+        self._write_tags(session_id, list(tagged), rows, replace=True)
+
+    def _write_tags(
+        self,
+        session_id: str,
+        seqs: Sequence[int],
+        rows: Sequence[tuple[str, int, str, float, bool]],
+        *,
+        replace: bool,
+    ) -> None:
+        import psycopg
+
+        try:
+            with self._tx() as conn, self._guarded(conn), conn.cursor() as cur:
+                if replace:
+                    cur.execute(
+                        "DELETE FROM turn_tags WHERE session_id = %s AND seq = ANY(%s)",
+                        (session_id, list(seqs)),
+                    )
+                cur.executemany(
+                    "INSERT INTO turn_tags (session_id, seq, tag, weight, related)"
+                    " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (session_id, seq, tag) DO UPDATE"
+                    " SET weight = excluded.weight, related = excluded.related",
+                    rows,
+                )
+        except psycopg.errors.ForeignKeyViolation as exc:
+            with self._read() as conn:
+                known = {
+                    r[0]
+                    for r in conn.execute(
+                        "SELECT seq FROM turns WHERE session_id = %s", (session_id,)
+                    )
+                }
+            missing = ", ".join(str(seq) for seq in seqs if seq not in known)
+            raise ConfigError(f"session {session_id!r} has no turn {missing}") from exc
+
+    def tag_counts(
+        self, session_id: str, *, before: int | None = None, since: int | None = None
+    ) -> dict[str, int]:
+        """How many turns of the session carry each tag (related tags not counted); only the
+        turns with seq < ``before`` and seq >= ``since`` when given."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT tag, COUNT(*) FROM turn_tags WHERE session_id = %s AND NOT related"
+                ' AND seq < %s AND seq >= %s GROUP BY tag ORDER BY tag COLLATE "C"',
+                (session_id, before if before is not None else 2**62, since or 0),
+            ).fetchall()
+        return {r[0]: int(r[1]) for r in rows}
+
+    def turns_tagged(
+        self, session_id: str, tags: Sequence[str]
+    ) -> dict[int, list[tuple[str, bool]]]:
+        """The turns carrying any of ``tags`` (as a tag or a related tag): seq -> the matching
+        (tag, related) pairs."""
+        found: dict[int, list[tuple[str, bool]]] = {}
+        with self._read() as conn:
+            for seq, tag, related in conn.execute(
+                "SELECT seq, tag, related FROM turn_tags WHERE session_id = %s AND tag = ANY(%s)",
+                (session_id, list(tags)),
+            ):
+                found.setdefault(seq, []).append((tag, bool(related)))
+        return found
+
+    _WEIGHTS = (
+        "WITH w(tag, direct, rel) AS (SELECT * FROM unnest(%s::text[], %s::float8[],"
+        " %s::float8[])), s(seq, score) AS (SELECT t.seq, SUM(CASE WHEN t.related THEN w.rel"
+        " ELSE w.direct END) FROM turn_tags t JOIN w ON w.tag = t.tag WHERE t.session_id = %s"
+        " GROUP BY t.seq)"
+    )
+
+    @staticmethod
+    def _weight_params(
+        session_id: str, weights: Mapping[str, tuple[float, float]]
+    ) -> tuple[Any, ...]:
+        tags = list(weights)
+        return (
+            tags,
+            [float(weights[t][0]) for t in tags],
+            [float(weights[t][1]) for t in tags],
+            session_id,
+        )
+
+    def tag_overlap_scores(
+        self, session_id: str, weights: Mapping[str, tuple[float, float]]
+    ) -> dict[int, float]:
+        """For each turn carrying any tag of ``weights``: the sum, over its matching tags, of
+        the tag's weight (the first of the pair for a tag, the second for a related tag)."""
+        with self._read() as conn:
+            rows = conn.execute(
+                self._WEIGHTS + " SELECT seq, score FROM s",
+                self._weight_params(session_id, weights),
+            ).fetchall()
+        return {int(r[0]): float(r[1]) for r in rows}
+
+    def tag_overlap_top(
+        self, session_id: str, weights: Mapping[str, tuple[float, float]], limit: int
+    ) -> tuple[list[tuple[int, float]], float]:
+        """The ``limit`` best turns of ``tag_overlap_scores`` as (seq, score), best first
+        (ties: the later turn first), and the lowest score of all the turns that matched."""
+        with self._read() as conn:
+            rows = conn.execute(
+                self._WEIGHTS + " SELECT seq, score, MIN(score) OVER () FROM s"
+                " ORDER BY score DESC, seq DESC LIMIT %s",
+                (*self._weight_params(session_id, weights), limit),
+            ).fetchall()
+        if not rows:
+            return [], 0.0
+        return [(int(r[0]), float(r[1])) for r in rows], float(rows[0][2])
+
+    def tag_last_seen(
+        self, session_id: str, tags: Sequence[str] | None = None
+    ) -> dict[str, datetime]:
+        """When each tag of the session (each of ``tags`` when given) was last on a turn."""
+        query = (
+            "SELECT tt.tag, MAX(t.created_at) FROM turn_tags tt JOIN turns t"
+            " ON t.session_id = tt.session_id AND t.seq = tt.seq"
+            " WHERE tt.session_id = %s AND NOT tt.related{} GROUP BY tt.tag"
+        )
+        with self._read() as conn:
+            if tags is None:
+                rows = conn.execute(query.format(""), (session_id,)).fetchall()
+            else:
+                rows = conn.execute(
+                    query.format(" AND tt.tag = ANY(%s)"), (session_id, list(tags))
+                ).fetchall()
+        return {r[0]: utc(r[1]) for r in rows}
+
+    # -- turn vectors ---------------------------------------------------------------------------
+
+    def turns_without_vectors(
+        self, session_id: str, model: str, *, after: int = 0
+    ) -> list[tuple[int, str]]:
+        """(seq, text) of the session's turns after seq ``after`` with no vector from
+        ``model`` yet, in order."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT t.seq, t.content_text FROM turns t WHERE t.session_id = %s"
+                " AND t.seq > %s AND NOT EXISTS (SELECT 1 FROM turn_vectors v"
+                " WHERE v.session_id = t.session_id AND v.model = %s AND v.seq = t.seq)"
+                " ORDER BY t.seq",
+                (session_id, after, model),
+            ).fetchall()
+        return [(int(r[0]), r[1]) for r in rows]
+
+    def last_vector_seq(self, session_id: str, model: str) -> int:
+        """The highest seq of the session with a vector from ``model`` (0 when none)."""
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT MAX(seq) FROM turn_vectors WHERE session_id = %s AND model = %s",
+                (session_id, model),
+            ).fetchone()
+        return int(row[0] or 0) if row else 0
+
+    def add_turn_vectors(
+        self, session_id: str, model: str, seqs: Sequence[int], vectors: npt.NDArray[Any]
+    ) -> None:
+        """Store one float32 vector per turn (rows of ``vectors``, aligned with ``seqs``)."""
+        if len(seqs) != len(vectors):
+            raise ConfigError(f"{len(seqs)} seqs need as many vectors, got {len(vectors)}")
+        matrix = np.ascontiguousarray(vectors, dtype=np.float32)
+        with self._tx() as conn, conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO turn_vectors (session_id, seq, model, vector)"
+                " VALUES (%s, %s, %s, %s) ON CONFLICT (session_id, model, seq)"
+                " DO UPDATE SET vector = excluded.vector",
+                [
+                    (session_id, seq, model, row.tobytes())
+                    for seq, row in zip(seqs, matrix, strict=True)
+                ],
+            )
+
+    def turn_vectors(
+        self, session_id: str, model: str, *, after: int = 0
+    ) -> tuple[list[int], npt.NDArray[np.float32]]:
+        """The seqs (> ``after``) with a vector from ``model`` and their vectors, in order."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT seq, vector FROM turn_vectors WHERE session_id = %s AND model = %s"
+                " AND seq > %s ORDER BY seq",
+                (session_id, model, after),
+            ).fetchall()
+        if not rows:
+            return [], np.zeros((0, 0), dtype=np.float32)
+        matrix = np.stack([np.frombuffer(bytes(r[1]), dtype=np.float32) for r in rows])
+        return [int(r[0]) for r in rows], matrix
+
+    # -- search ---------------------------------------------------------------------------------
+
+    def search_turns(
+        self, session_id: str, query: str, limit: int = 10
+    ) -> list[tuple[StoredTurn, float]]:
+        """Turns matching any word of ``query``, best first, with their score (FTS5's
+        ``-bm25()``, higher is better)."""
+        with self._read() as conn:
+            hits = ranked(conn, self._tokenizer, TURNS, session_id, query, limit)
+            if not hits:
+                return []
+            seqs = [seq for seq, _ in hits]
+            rows = conn.execute(
+                f"SELECT {_TURN_COLUMNS} FROM turns WHERE session_id = %s AND seq = ANY(%s)",
+                (session_id, seqs),
+            ).fetchall()
+            tags = self._tags(conn, session_id, min(seqs), max(seqs))
+        by_seq = {row[1]: row for row in rows}
+        return [(self._turn(by_seq[seq], tags.get(seq, ({}, []))), score) for seq, score in hits]
+
+    def search_turn_seqs(
+        self, session_id: str, query: str, limit: int = 10
+    ) -> list[tuple[int, float]]:
+        """Like ``search_turns`` but only (seq, score) pairs: the fast path for ranking."""
+        with self._read() as conn:
+            return ranked(conn, self._tokenizer, TURNS, session_id, query, limit)

@@ -40,7 +40,6 @@ True
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sqlite3
 import time
@@ -55,7 +54,7 @@ from contextfold._bounded import SessionLRU
 from contextfold.errors import ConfigError
 from contextfold.items import Message
 from contextfold.store.keychain import KeyChain
-from contextfold.store.models import WRITE_CHUNK, BranchMoved, Job, _iso, _now
+from contextfold.store.models import WRITE_CHUNK, BranchMoved, Job, _iso, _now, pid_alive
 
 __all__ = ["BranchesMixin"]
 
@@ -394,7 +393,7 @@ class BranchesMixin:
         """Give back the running jobs whose owner is a process of this host that no longer
         runs (a crash); returns how many."""
         host = socket.gethostname()
-        check = alive or _pid_alive
+        check = alive or pid_alive
         dead = []
         for (owner,) in self._conn.execute(
             "SELECT DISTINCT owner FROM jobs WHERE state = 'running' AND owner IS NOT NULL"
@@ -436,13 +435,3 @@ class BranchesMixin:
         """Jobs by state (``pending``, ``running``, ``failed``)."""
         rows = self._conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state")
         return {str(r[0]): int(r[1]) for r in rows}
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True

@@ -1,0 +1,560 @@
+"""``PostgresMemoryStore``'s derived and bookkeeping state: compaction (segments stored and the
+watermark moved in one transaction, under the session's row lock), segments and their
+full-text search, the one summary per tag, aliases, each session's working set, the cost log,
+and whole sessions dumped and loaded back (a move between stores or backends).
+
+``StateMixin`` holds these methods; ``PostgresMemoryStore`` (``memory.py``) inherits them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from contextfold.errors import ConfigError, StoreError
+from contextfold.store.models import (
+    CostEntry,
+    CostReport,
+    Depth,
+    NewSegment,
+    SessionDump,
+    StoredSegment,
+    StoredTurn,
+    TagSummary,
+    WorkingSetEntry,
+    _message_json,
+    _now,
+    match_key,
+)
+from contextfold.store.postgres.connection import utc
+from contextfold.store.postgres.fts import Indexed, Tokenizer
+from contextfold.store.postgres.search import SEGMENTS, TURNS, index_rows, ranked
+from contextfold.tokens import TokenCounter
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from contextfold.store.models import SessionRecord
+
+__all__ = ["StateMixin"]
+
+
+class StateMixin:
+    """Segments, tag summaries, aliases, the working set, the cost log and session dumps,
+    for ``PostgresMemoryStore``."""
+
+    counter: TokenCounter
+
+    if TYPE_CHECKING:
+        _tokenizer: Tokenizer
+
+        def _tx(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
+
+        def _read(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
+
+        @staticmethod
+        def _last_seq(conn: psycopg.Connection[Any], session_id: str) -> int: ...
+
+        def session(self, session_id: str) -> SessionRecord: ...
+
+        def turns(
+            self, session_id: str, start: int | None = None, end: int | None = None
+        ) -> list[StoredTurn]: ...
+
+        def turn_vectors(self, session_id: str, model: str, *, after: int = 0) -> Any: ...
+
+    # -- compaction and segments ----------------------------------------------------------------
+
+    def compact(
+        self,
+        session_id: str,
+        segments: Sequence[NewSegment],
+        watermark: int,
+        *,
+        _before_commit: Callable[[], None] | None = None,
+    ) -> list[int]:
+        """Store ``segments`` and move the session's watermark to ``watermark`` in ONE
+        transaction; returns the new segment ids. Raw turns are never touched.
+
+        ``watermark`` may not go below the current one nor beyond the last turn + 1; every
+        segment must lie within ``[current, watermark)``. ``_before_commit`` (tests only)
+        runs after the segments are inserted and before the watermark moves."""
+        import psycopg
+
+        indexed = self._tokenizer.rows([seg.summary for seg in segments], session_id)
+        try:
+            with self._tx() as conn:
+                row = conn.execute(
+                    "SELECT compaction_watermark, id_tokens FROM sessions WHERE id = %s FOR UPDATE",
+                    (session_id,),
+                ).fetchone()
+                if row is None:
+                    raise ConfigError(f"unknown session {session_id!r}")
+                current, last = int(row[0]), self._last_seq(conn, session_id)
+                _check_compaction(current, last, segments, watermark)
+                ids = [
+                    self._insert_segment(
+                        conn,
+                        session_id,
+                        seg,
+                        self._segment_tokens(seg),
+                        _now(),
+                        range(seg.first_seq, seg.last_seq + 1),
+                        index,
+                    )
+                    for seg, index in zip(segments, indexed, strict=True)
+                ]
+                index_rows(conn, SEGMENTS, session_id, ids, indexed, int(row[1]))
+                if _before_commit is not None:
+                    _before_commit()
+                conn.execute(
+                    "UPDATE sessions SET compaction_watermark = %s WHERE id = %s",
+                    (watermark, session_id),
+                )
+        except psycopg.Error as exc:
+            raise StoreError(f"compaction of session {session_id!r} failed: {exc}") from exc
+        return ids
+
+    def _segment_tokens(self, seg: NewSegment) -> tuple[int, int]:
+        summary = seg.summary_tokens
+        if summary is None:
+            summary = self.counter.count(seg.summary)
+        full = seg.full_tokens
+        if full is None:
+            full = self.counter.count(seg.full_text)
+        return summary, full
+
+    @staticmethod
+    def _insert_segment(
+        conn: psycopg.Connection[Any],
+        session_id: str,
+        seg: NewSegment | StoredSegment,
+        tokens: tuple[int, int],
+        created_at: datetime,
+        seqs: Sequence[int],
+        indexed: Indexed,
+    ) -> int:
+        row = conn.execute(
+            "INSERT INTO segments (session_id, first_seq, last_seq, summary, full_text, tags,"
+            " related_tags, summary_tokens, full_tokens, created_at, text_tokens)"
+            " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+            (
+                session_id,
+                seg.first_seq,
+                seg.last_seq,
+                seg.summary,
+                seg.full_text,
+                json.dumps(list(seg.tags)),
+                json.dumps(list(seg.related_tags)),
+                tokens[0],
+                tokens[1],
+                created_at,
+                indexed.text_tokens,
+            ),
+        ).fetchone()
+        assert row is not None  # INSERT … RETURNING returns the row
+        segment_id = int(row[0])
+        conn.execute(
+            "INSERT INTO segment_turns (segment_id, seq) SELECT %s, s FROM unnest(%s::int[]) s",
+            (segment_id, list(seqs)),
+        )
+        return segment_id
+
+    def segments(self, session_id: str) -> list[StoredSegment]:
+        """The session's segments, earliest first."""
+        with self._read() as conn:
+            return self._segments(conn, session_id, None)
+
+    @staticmethod
+    def _segments(
+        conn: psycopg.Connection[Any], session_id: str, ids: Sequence[int] | None
+    ) -> list[StoredSegment]:
+        if ids is not None and not ids:
+            return []
+        where = "" if ids is None else " AND id = ANY(%s)"
+        rows = conn.execute(
+            "SELECT id, session_id, first_seq, last_seq, summary, full_text, tags, related_tags,"
+            f" summary_tokens, full_tokens, created_at FROM segments WHERE session_id = %s{where}"
+            " ORDER BY first_seq, id",
+            (session_id, *([list(ids)] if ids is not None else [])),
+        ).fetchall()
+        seqs: dict[int, list[int]] = {}
+        for segment_id, seq in conn.execute(
+            "SELECT st.segment_id, st.seq FROM segment_turns st JOIN segments s"
+            " ON s.id = st.segment_id WHERE s.session_id = %s ORDER BY st.segment_id, st.seq",
+            (session_id,),
+        ):
+            seqs.setdefault(segment_id, []).append(seq)
+        return [
+            StoredSegment(
+                id=r[0],
+                session_id=r[1],
+                first_seq=r[2],
+                last_seq=r[3],
+                summary=r[4],
+                full_text=r[5],
+                tags=tuple(json.loads(r[6])),
+                related_tags=tuple(json.loads(r[7])),
+                summary_tokens=r[8],
+                full_tokens=r[9],
+                created_at=utc(r[10]),
+                seqs=tuple(seqs.get(r[0], ())),
+            )
+            for r in rows
+        ]
+
+    def search_segments(
+        self, session_id: str, query: str, limit: int = 10
+    ) -> list[tuple[StoredSegment, float]]:
+        """Segments whose summary matches any word of ``query``, best first, with FTS5's
+        ``-bm25()``."""
+        with self._read() as conn:
+            hits = ranked(conn, self._tokenizer, SEGMENTS, session_id, query, limit)
+            by_id = {s.id: s for s in self._segments(conn, session_id, [h[0] for h in hits])}
+        return [(by_id[segment_id], score) for segment_id, score in hits]
+
+    # -- tag summaries --------------------------------------------------------------------------
+
+    def upsert_tag_summary(
+        self,
+        session_id: str,
+        tag: str,
+        summary: str,
+        source_watermark: int,
+        *,
+        tokens: int | None = None,
+    ) -> None:
+        """Store the one summary of ``tag``, covering its turns up to ``source_watermark``."""
+        count = self.counter.count(summary) if tokens is None else tokens
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO tag_summaries (session_id, tag, summary, tokens, source_watermark,"
+                " updated_at) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (session_id, tag)"
+                " DO UPDATE SET summary = excluded.summary, tokens = excluded.tokens,"
+                " source_watermark = excluded.source_watermark, updated_at = excluded.updated_at",
+                (session_id, tag, summary, count, source_watermark, _now()),
+            )
+
+    def tag_summaries(self, session_id: str) -> dict[str, TagSummary]:
+        """The session's tag summaries by tag, each ``stale`` when its tag has a turn after
+        its ``source_watermark``."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT ts.session_id, ts.tag, ts.summary, ts.tokens, ts.source_watermark,"
+                " EXISTS (SELECT 1 FROM turn_tags tt WHERE tt.session_id = ts.session_id"
+                " AND tt.tag = ts.tag AND NOT tt.related AND tt.seq > ts.source_watermark)"
+                ' FROM tag_summaries ts WHERE ts.session_id = %s ORDER BY ts.tag COLLATE "C"',
+                (session_id,),
+            ).fetchall()
+        return {
+            r[1]: TagSummary(
+                session_id=r[0],
+                tag=r[1],
+                summary=r[2],
+                tokens=r[3],
+                source_watermark=r[4],
+                stale=bool(r[5]),
+            )
+            for r in rows
+        }
+
+    # -- aliases --------------------------------------------------------------------------------
+
+    def set_alias(self, alias: str, canonical: str) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO aliases (alias, canonical) VALUES (%s, %s)"
+                " ON CONFLICT (alias) DO UPDATE SET canonical = excluded.canonical",
+                (alias, canonical),
+            )
+
+    def aliases(self) -> dict[str, str]:
+        with self._read() as conn:
+            rows = conn.execute(
+                'SELECT alias, canonical FROM aliases ORDER BY alias COLLATE "C"'
+            ).fetchall()
+        return {r[0]: r[1] for r in rows}
+
+    # -- working set ----------------------------------------------------------------------------
+
+    def set_working_set(
+        self,
+        session_id: str,
+        tag: str,
+        depth: Depth,
+        tokens: int,
+        *,
+        last_used: datetime | None = None,
+    ) -> None:
+        """Record the depth a topic is paged in at (``last_used`` defaults to now)."""
+        import psycopg
+
+        try:
+            with self._tx() as conn, conn.transaction():
+                conn.execute(
+                    "INSERT INTO working_set (session_id, tag, depth, last_used, tokens)"
+                    " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (session_id, tag) DO UPDATE SET"
+                    " depth = excluded.depth, last_used = excluded.last_used,"
+                    " tokens = excluded.tokens",
+                    (session_id, tag, depth, utc(last_used or _now()), tokens),
+                )
+        except psycopg.errors.IntegrityError as exc:
+            raise ConfigError(
+                f"cannot set topic {tag!r} of session {session_id!r} to depth {depth!r}: {exc}"
+            ) from exc
+
+    def working_set(self, session_id: str) -> dict[str, WorkingSetEntry]:
+        """The session's working set by tag, least recently used first."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT tag, depth, last_used, tokens FROM working_set WHERE session_id = %s"
+                ' ORDER BY last_used, tag COLLATE "C"',
+                (session_id,),
+            ).fetchall()
+        return {
+            r[0]: WorkingSetEntry(tag=r[0], depth=r[1], last_used=utc(r[2]), tokens=r[3])
+            for r in rows
+        }
+
+    # -- costs ----------------------------------------------------------------------------------
+
+    def log_cost(
+        self,
+        session_id: str | None,
+        kind: str,
+        model: str,
+        prompt_tokens: int,
+        completion_tokens: int,
+        cost_usd: float,
+        *,
+        at: datetime | None = None,
+    ) -> None:
+        """Record one LLM call (``kind`` e.g. ``"tagging"``, ``"summary"``)."""
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO cost_log (session_id, at, kind, model, prompt_tokens,"
+                " completion_tokens, cost_usd) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                (
+                    session_id,
+                    utc(at or _now()),
+                    kind,
+                    model,
+                    prompt_tokens,
+                    completion_tokens,
+                    cost_usd,
+                ),
+            )
+
+    def cost_report(self, session_id: str | None = None) -> CostReport:
+        """Sums over the whole log, or over one session's calls."""
+        where, params = ("WHERE session_id = %s", (session_id,)) if session_id else ("", ())
+        with self._read() as conn:
+            total = conn.execute(
+                "SELECT COUNT(*), COALESCE(SUM(prompt_tokens), 0),"
+                " COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cost_usd), 0.0)"
+                f" FROM cost_log {where}",
+                params,
+            ).fetchone()
+            by_kind = conn.execute(
+                f"SELECT kind, SUM(cost_usd) FROM cost_log {where} GROUP BY kind"
+                ' ORDER BY kind COLLATE "C"',
+                params,
+            ).fetchall()
+        assert total is not None  # an aggregate returns one row
+        return CostReport(
+            calls=total[0],
+            prompt_tokens=total[1],
+            completion_tokens=total[2],
+            cost_usd=total[3],
+            by_kind={r[0]: r[1] for r in by_kind},
+        )
+
+    def cost_entries(self) -> list[CostEntry]:
+        """The whole cost log, oldest first (in the order the calls were logged)."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT session_id, at, kind, model, prompt_tokens, completion_tokens, cost_usd"
+                " FROM cost_log ORDER BY id"
+            ).fetchall()
+        return [
+            CostEntry(
+                session_id=r[0],
+                at=utc(r[1]),
+                kind=r[2],
+                model=r[3],
+                prompt_tokens=r[4],
+                completion_tokens=r[5],
+                cost_usd=r[6],
+            )
+            for r in rows
+        ]
+
+    # -- moving whole sessions ------------------------------------------------------------------
+
+    def dump_session(self, session_id: str) -> SessionDump:
+        """Everything stored for the session (``KeyError`` when there is none)."""
+        try:
+            record = self.session(session_id)
+        except ConfigError as exc:
+            raise KeyError(session_id) from exc
+        with self._read() as conn:
+            models = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT DISTINCT model FROM turn_vectors WHERE session_id = %s"
+                    ' ORDER BY model COLLATE "C"',
+                    (session_id,),
+                )
+            ]
+        return SessionDump(
+            session=record,
+            turns=self.turns(session_id),
+            segments=self.segments(session_id),
+            tag_summaries=list(self.tag_summaries(session_id).values()),
+            working_set=list(self.working_set(session_id).values()),
+            vectors={model: self.turn_vectors(session_id, model) for model in models},
+        )
+
+    def load_session(self, dump: SessionDump) -> None:
+        """Write a dumped session as it was: the same id, seqs, hashes, times, tags,
+        segments, watermark, branch and derived seq (``ConfigError`` when the id exists)."""
+        import psycopg
+
+        record = dump.session
+        sid = record.id
+        id_tokens = self._tokenizer.session_tokens(sid)
+        texts = [turn.message.text() for turn in dump.turns]
+        turn_index = self._tokenizer.rows(texts, sid)
+        segment_index = self._tokenizer.rows([s.summary for s in dump.segments], sid)
+        with self._tx() as conn:
+            try:
+                with conn.transaction():
+                    conn.execute(
+                        "INSERT INTO sessions (id, created_at, metadata, compaction_watermark,"
+                        " principal, parent_id, fork_seq, derived_seq, id_tokens)"
+                        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                        (
+                            sid,
+                            utc(record.created_at),
+                            json.dumps(record.metadata),
+                            record.compaction_watermark,
+                            record.principal,
+                            record.parent_id,
+                            record.fork_seq,
+                            record.derived_seq,
+                            id_tokens,
+                        ),
+                    )
+            except psycopg.errors.UniqueViolation as exc:
+                raise ConfigError(f"session {sid!r} already exists") from exc
+            self._load_turns(conn, sid, dump.turns, texts, turn_index, id_tokens)
+            ids = [
+                self._insert_segment(
+                    conn,
+                    sid,
+                    seg,
+                    (seg.summary_tokens, seg.full_tokens),
+                    utc(seg.created_at),
+                    seg.seqs,
+                    index,
+                )
+                for seg, index in zip(dump.segments, segment_index, strict=True)
+            ]
+            index_rows(conn, SEGMENTS, sid, ids, segment_index, id_tokens)
+            self._load_state(conn, sid, dump)
+
+    @staticmethod
+    def _load_turns(
+        conn: psycopg.Connection[Any],
+        sid: str,
+        turns: Sequence[StoredTurn],
+        texts: Sequence[str],
+        indexed: Sequence[Indexed],
+        id_tokens: int,
+    ) -> None:
+        rows = []
+        tags: list[tuple[str, int, str, float, bool]] = []
+        for turn, text, index in zip(turns, texts, indexed, strict=True):
+            body = _message_json(turn.message)
+            rows.append(
+                (
+                    sid,
+                    turn.seq,
+                    turn.message.role,
+                    text,
+                    body,
+                    turn.content_hash or hashlib.sha256(body.encode("utf-8")).hexdigest(),
+                    utc(turn.created_at),
+                    turn.token_count,
+                    match_key(turn.message.role, text),
+                    turn.partial,
+                    index.text_tokens,
+                )
+            )
+            tags.extend((sid, turn.seq, tag, float(w), False) for tag, w in turn.tags.items())
+            tags.extend(
+                (sid, turn.seq, tag, 0.5, True) for tag in turn.related_tags if tag not in turn.tags
+            )
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO turns (session_id, seq, role, content_text, message_json,"
+                " content_hash, created_at, token_count, match_key, partial, text_tokens)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                rows,
+            )
+            cur.executemany(
+                "INSERT INTO turn_tags (session_id, seq, tag, weight, related)"
+                " VALUES (%s, %s, %s, %s, %s)",
+                tags,
+            )
+        index_rows(conn, TURNS, sid, [t.seq for t in turns], indexed, id_tokens)
+
+    @staticmethod
+    def _load_state(conn: psycopg.Connection[Any], sid: str, dump: SessionDump) -> None:
+        """The tag summaries, working set and vectors of a dumped session."""
+        with conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO tag_summaries (session_id, tag, summary, tokens, source_watermark,"
+                " updated_at) VALUES (%s, %s, %s, %s, %s, %s)",
+                [
+                    (sid, s.tag, s.summary, s.tokens, s.source_watermark, _now())
+                    for s in dump.tag_summaries
+                ],
+            )
+            cur.executemany(
+                "INSERT INTO working_set (session_id, tag, depth, last_used, tokens)"
+                " VALUES (%s, %s, %s, %s, %s)",
+                [(sid, w.tag, w.depth, utc(w.last_used), w.tokens) for w in dump.working_set],
+            )
+            for model, (seqs, matrix) in dump.vectors.items():
+                cur.executemany(
+                    "INSERT INTO turn_vectors (session_id, seq, model, vector)"
+                    " VALUES (%s, %s, %s, %s)",
+                    [
+                        (sid, seq, model, row.astype("float32").tobytes())
+                        for seq, row in zip(seqs, matrix, strict=True)
+                    ],
+                )
+
+
+def _check_compaction(
+    current: int, last: int, segments: Sequence[NewSegment], watermark: int
+) -> None:
+    if watermark < current:
+        raise ConfigError(
+            f"the compaction watermark only moves forward: {watermark} < current {current}"
+        )
+    if watermark > last + 1:
+        raise ConfigError(
+            f"watermark {watermark} is beyond the last turn ({last}); at most {last + 1}"
+        )
+    for seg in segments:
+        if not max(current, 1) <= seg.first_seq <= seg.last_seq < watermark:
+            raise ConfigError(
+                f"segment {seg.first_seq}..{seg.last_seq} is not within the turns being "
+                f"compacted ({max(current, 1)}..{watermark - 1})"
+            )
