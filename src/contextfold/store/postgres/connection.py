@@ -112,8 +112,8 @@ class Database:
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
         try:
-            import psycopg  # noqa: F401 - fail here, with the hint, when the extra is missing
-            from psycopg_pool import ConnectionPool, PoolTimeout
+            import psycopg
+            from psycopg_pool import ConnectionPool
         except ImportError as exc:
             raise ConfigError(
                 'the PostgreSQL store needs psycopg 3: pip install "contextfold[postgres]"'
@@ -122,6 +122,16 @@ class Database:
             raise ConfigError(f"pool sizes must satisfy 0 <= min ({min_size}) <= max ({max_size})")
         self.masked = mask_password(url)
         self._local = threading.local()
+        # One connection first: an unreachable server or a refused login fails here at once,
+        # with the server's reason, instead of after the pool's retries time out.
+        try:
+            psycopg.connect(url, connect_timeout=10).close()
+        except psycopg.Error as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StoreError(
+                f"cannot connect to the PostgreSQL store at {self.masked}: {reason};"
+                " check that the server runs and the URL's host, port, user and database"
+            ) from exc
         self.pool: ConnectionPool[Any] = ConnectionPool(
             url,
             min_size=min_size,
@@ -131,14 +141,7 @@ class Database:
             open=False,
             name="contextfold-memory",
         )
-        try:
-            self.pool.open(wait=True, timeout=10.0)
-        except PoolTimeout as exc:
-            self.pool.close()
-            raise StoreError(
-                f"cannot connect to the PostgreSQL store at {self.masked} within 10 s;"
-                " check that the server runs and the URL's host, port, user and database"
-            ) from exc
+        self.pool.open(wait=True, timeout=30.0)
 
     def close(self) -> None:
         self.pool.close()

@@ -1,0 +1,284 @@
+"""What only the PostgreSQL memory store has to prove: bm25 scores identical to SQLite FTS5's,
+migrations that several processes may run at once, the append-only trigger, seqs and job
+claims that stay right with writers in several threads and processes, and a masked password.
+
+Every test runs on a real server (``postgres_url``: a new database of the test's own)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import contextfold
+from contextfold.errors import ConfigError, StoreError
+from contextfold.items import Message
+from contextfold.store.models import BranchMoved, NewSegment
+from contextfold.store.postgres.memory import PostgresMemoryStore
+from contextfold.store.postgres.schema import MIGRATIONS
+from contextfold.store.sqlite.memory import MemoryStore
+from contextfold.tokens import CharCounter
+
+_WORDS = " ".join(
+    [
+        "deploy deploying deployed the API on Friday café Café école naïve foo_bar foo bar",
+        "kubernetes cluster's rollout what is about where run running runs x y z 42 e-mail",
+        "señor ÉCOLE alpha beta",
+    ]
+).split()
+_SESSIONS = ["s1", "sess-2", "foo", "alpha_beta", "---", "Kubernetes cluster"]
+_QUERIES = [
+    "deploying on friday",
+    "foo_bar",
+    "café naive ecole",
+    "what is about where",  # nothing but question words: they are kept
+    "",
+    "?!",
+    "running runs run",
+    "kubernetes cluster's rollout",
+    "foo",  # also a session id: counted in rows' lengths, never matched as text
+    "Señor e-mail 42",
+]
+
+
+@pytest.fixture
+def pg(postgres_url: str) -> Iterator[PostgresMemoryStore]:
+    store = PostgresMemoryStore(postgres_url, counter=CharCounter())
+    yield store
+    store.close()
+
+
+def _msg(text: str, role: str = "user") -> Message:
+    return Message(role=role, content=text)
+
+
+def _texts(rng: random.Random, n: int) -> list[str]:
+    punct = ["", ".", "!", ", ok?", " -- "]
+    return [
+        " ".join(rng.choice(_WORDS) for _ in range(rng.randint(0, 14))) + rng.choice(punct)
+        for _ in range(n)
+    ]
+
+
+def _assert_same(got: list[tuple[int, float]], want: list[tuple[int, float]]) -> None:
+    assert [seq for seq, _ in got] == [seq for seq, _ in want]
+    for (_, a), (_, b) in zip(got, want, strict=True):
+        assert a == pytest.approx(b, rel=1e-9, abs=0.0)
+
+
+def test_search_ranks_and_scores_like_sqlite_fts5(pg: PostgresMemoryStore) -> None:
+    sqlite = MemoryStore(counter=CharCounter())
+    rng = random.Random(15)
+    for store in (pg, sqlite):
+        for sid in _SESSIONS:
+            store.create_session(sid)
+    for sid in _SESSIONS:
+        texts = [*_texts(rng, 30), "Deploy deploy DEPLOY deploying", "foo bar foo_bar"]
+        for store in (pg, sqlite):
+            store.append_turns(sid, [_msg(t) for t in texts])
+            store.compact(
+                sid,
+                [
+                    NewSegment(first_seq=i, last_seq=i, summary=texts[i - 1], full_text="")
+                    for i in range(1, 9)
+                ],
+                9,
+            )
+    for store in (pg, sqlite):  # the whole table's totals follow deletes and forks
+        store.delete_session("sess-2")
+        store.fork("s1", 20, session_id_new="s1-branch")
+    for sid in [*_SESSIONS, "s1-branch"]:
+        for query in _QUERIES:
+            for limit in (3, 100):
+                _assert_same(
+                    pg.search_turn_seqs(sid, query, limit),
+                    sqlite.search_turn_seqs(sid, query, limit),
+                )
+            got = [(s.first_seq, score) for s, score in pg.search_segments(sid, query, 100)]
+            want = [(s.first_seq, score) for s, score in sqlite.search_segments(sid, query, 100)]
+            _assert_same(got, want)
+    turns = pg.search_turns("s1", "deploying friday", 5)
+    assert [(t.seq, s) for t, s in turns] == pg.search_turn_seqs("s1", "deploying friday", 5)
+    sqlite.close()
+
+
+def test_migrations_run_once_when_processes_open_the_store_together(postgres_url: str) -> None:
+    script = (
+        "import sys; from contextfold.store.postgres.memory import PostgresMemoryStore;"
+        "from contextfold.tokens import CharCounter;"
+        "PostgresMemoryStore(sys.argv[1], counter=CharCounter()).close()"
+    )
+    _run_together(script, postgres_url, 3)
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        names = [r[0] for r in conn.execute("SELECT name FROM schema_migrations ORDER BY name")]
+        assert names == MIGRATIONS.names
+        assert MIGRATIONS.apply(conn) == []
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE turns SET content_text = 'forged' WHERE seq = 1",
+        "UPDATE turns SET seq = 99 WHERE seq = 2",
+        "DELETE FROM turns WHERE seq = 2",
+        "DELETE FROM turns",
+    ],
+)
+def test_raw_turns_cannot_be_updated_or_deleted(
+    pg: PostgresMemoryStore, postgres_url: str, statement: str
+) -> None:
+    pg.create_session("s")
+    pg.append_turns("s", [_msg("one"), _msg("two")])
+    with (
+        psycopg.connect(postgres_url, autocommit=True) as conn,
+        pytest.raises(psycopg.errors.RestrictViolation, match="append-only"),
+    ):
+        conn.execute(statement)
+    assert [t.message.text() for t in pg.turns("s")] == ["one", "two"]
+    assert pg.delete_session("s") and pg.turns("s") == []
+
+
+def test_threads_committing_to_one_session_get_every_seq_once(pg: PostgresMemoryStore) -> None:
+    pg.create_session("s")
+    seqs: list[int] = []
+    lock = threading.Lock()
+
+    def writer(n: int) -> None:
+        for i in range(10):
+            got = pg.commit_exchange("s", [_msg(f"q{n}.{i}"), _msg("a", "assistant")])
+            with lock:
+                seqs.extend(got)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(seqs) == list(range(1, 161))
+    assert [t.seq for t in pg.turns("s")] == list(range(1, 161))
+    assert pg.job_counts() == {"pending": 1}
+
+
+def test_one_of_racing_exchanges_continues_the_branch(pg: PostgresMemoryStore) -> None:
+    pg.create_session("s")
+    pg.append_turns("s", [_msg("start")])
+    outcomes: list[str] = []
+    barrier = threading.Barrier(6)
+
+    def writer(n: int) -> None:
+        barrier.wait()
+        try:
+            pg.commit_exchange("s", [_msg(f"from {n}")], expect_last=1)
+            outcomes.append("won")
+        except BranchMoved as exc:
+            assert (exc.expected, exc.last) == (1, 2)
+            outcomes.append("moved")
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(outcomes) == ["moved"] * 5 + ["won"]
+    assert pg.last_seq("s") == 2
+
+
+def test_two_processes_committing_to_one_session_never_collide(
+    pg: PostgresMemoryStore, postgres_url: str
+) -> None:
+    pg.create_session("s")
+    script = (
+        "import sys; from contextfold.items import Message;"
+        "from contextfold.store.postgres.memory import PostgresMemoryStore;"
+        "from contextfold.tokens import CharCounter;"
+        "s = PostgresMemoryStore(sys.argv[1], counter=CharCounter());"
+        "[s.commit_exchange('s', [Message(role='user', content=f'q{i}'),"
+        " Message(role='assistant', content='a')]) for i in range(40)]; s.close()"
+    )
+    _run_together(script, postgres_url, 2)
+    turns = pg.turns("s")
+    assert [t.seq for t in turns] == list(range(1, 161))
+    assert [t.message.role for t in turns] == ["user", "assistant"] * 80
+
+
+def test_workers_in_several_processes_claim_each_job_once(
+    pg: PostgresMemoryStore, postgres_url: str
+) -> None:
+    for n in range(40):
+        pg.create_session(f"s{n}")
+        pg.enqueue_job(f"s{n}")
+    script = (
+        "import json, os, sys; from contextfold.store.postgres.memory import PostgresMemoryStore;"
+        "from contextfold.tokens import CharCounter;"
+        "s = PostgresMemoryStore(sys.argv[1], counter=CharCounter()); got = [];"
+        "job = s.claim_job(f'w:{os.getpid()}')\n"
+        "while job is not None:\n"
+        "    got.append(job.id); job = s.claim_job(f'w:{os.getpid()}')\n"
+        "print(json.dumps(got)); s.close()"
+    )
+    claimed = [job for out in _run_together(script, postgres_url, 3) for job in json.loads(out)]
+    assert len(claimed) == 40 and len(set(claimed)) == 40
+    assert pg.job_counts() == {"running": 40}
+
+
+def test_one_pending_job_per_session_and_kind(pg: PostgresMemoryStore) -> None:
+    pg.create_session("s")
+    for _ in range(3):
+        pg.enqueue_job("s")
+    pg.enqueue_job("s", "summarize")
+    assert pg.job_counts() == {"pending": 2}
+
+
+def test_path_masks_the_password(postgres_url: str) -> None:
+    with_password = postgres_url.replace("postgres@", "postgres:s3cret@")
+    store = PostgresMemoryStore(with_password, counter=CharCounter())
+    try:
+        assert "s3cret" not in store.path and store.path.startswith("postgresql://postgres:***@")
+    finally:
+        store.close()
+
+
+def test_an_unreachable_server_is_a_clear_store_error() -> None:
+    with pytest.raises(
+        StoreError, match=r"cannot connect .* postgresql://u:\*\*\*@127\.0\.0\.1:1/"
+    ):
+        PostgresMemoryStore("postgresql://u:pw@127.0.0.1:1/none", counter=CharCounter())
+
+
+def test_batch_is_one_transaction(pg: PostgresMemoryStore) -> None:
+    pg.create_session("s")
+    with pytest.raises(ConfigError), pg.batch():
+        pg.append_turns("s", [_msg("kept only with the rest")])
+        pg.set_turn_tags("s", 1, {"topic": 1.0})
+        pg.create_session("s")  # exists: the whole batch rolls back
+    assert pg.turns("s") == [] and pg.search_turn_seqs("s", "kept") == []
+
+
+def _run_together(script: str, url: str, processes: int) -> list[str]:
+    """Run ``script`` (given ``url``) in several Python processes at once; their stdouts."""
+    src = str(Path(contextfold.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, url],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(processes)
+    ]
+    outputs = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        outputs.append(out)
+    return outputs
