@@ -198,6 +198,14 @@ def locomo_command(
             "conversations it cannot answer, and report the tokens injected (0: off).",
         ),
     ] = 0,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            metavar="URL",
+            help="Memory store of the contextfold system: a postgresql:// URL or an SQLite "
+            "file, one store for the run (default: in-memory SQLite per conversation).",
+        ),
+    ] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
 ) -> None:
     """Evidence recall and answer containment on LoCoMo, per system and token budget."""
@@ -229,7 +237,7 @@ def locomo_command(
             )
         loaded = split_conversations(load_locomo(data, audit_path=audit), split)
         chosen = loaded[:conversations] if conversations else loaded
-        ctx = SystemContext(embedding_cache=home_dir() / "embedding-cache.db")
+        ctx = SystemContext(embedding_cache=home_dir() / "embedding-cache.db", memory_store=store)
         try:
             report = run_locomo(
                 chosen,

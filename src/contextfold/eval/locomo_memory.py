@@ -20,6 +20,7 @@ from contextfold.eval.locomo_systems import SystemContext, register_system
 from contextfold.items import Message
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
+from contextfold.store.protocols import MemoryStorage
 from contextfold.store.sqlite.memory import MemoryStore
 
 __all__ = ["MemoryEngineSystem", "eval_config"]
@@ -63,13 +64,22 @@ class MemoryEngineSystem:
         ]
         self.engine = MemoryEngine(
             self.config,
-            store=MemoryStore(counter=self.ctx.counter),
+            store=self._store(conversation.sample_id),
             embedder=_SharedEmbedder(self.ctx),
             counter=self.ctx.counter,
             session_id=conversation.sample_id,
         )
         self.engine.ingest_history(messages, timestamps=[t.timestamp for t in conversation.turns])
         self.engine.recaller.ensure_vectors(conversation.sample_id)
+
+    def _store(self, session_id: str) -> MemoryStorage:
+        """A fresh in-memory store, or the run's shared one emptied of every session."""
+        if self.ctx.memory_store is None:
+            return MemoryStore(counter=self.ctx.counter)
+        store = self.ctx.shared_store()
+        for sid in store.sessions():
+            store.delete_session(sid)
+        return store
 
     def contexts(self, question: str, budgets: Sequence[int]) -> dict[int, str]:
         if self.engine is None:

@@ -351,6 +351,7 @@ def run_locomo(
             "systems": list(factories),
             "tokenizer": ctx.counter.name,
             "embedding_cache": ctx.embedding_cache,
+            "memory_store": _masked(ctx.memory_store),
             "conversations": [c.sample_id for c in conversations],
             "split": split,
             "negative_per_conversation": negative_per_conversation,
@@ -365,3 +366,12 @@ def run_locomo(
         dataset=counts,
         results=[t.result(name, per_question=per_question) for name, t in tallies.items()],
     )
+
+
+def _masked(location: str | None) -> str:
+    """Where the contextfold system's memory lived, as the report states it (no password)."""
+    if location is None:
+        return "sqlite :memory: per conversation"
+    from contextfold.store import masked_location
+
+    return masked_location(location)

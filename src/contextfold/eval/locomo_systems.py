@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
     from contextfold.retrieval.base import Embedder
     from contextfold.retrieval.embedders import CachedEmbedder
+    from contextfold.store.protocols import MemoryStorage
 
 __all__ = [
     "SYSTEMS",
@@ -94,6 +95,11 @@ class SystemContext:
     ``embedding_cache`` when given), so systems that embed the same turns pay once.
     ``embed_query`` never caches: a question's embedding is part of the latency measured.
 
+    ``memory_store`` is where the ``contextfold`` system keeps each conversation: ``None``
+    (default) a fresh in-memory SQLite store per conversation; a ``postgresql://`` URL or a
+    file path one store for the run, each conversation's session deleted before the next is
+    ingested (so its ranking statistics are those of that conversation alone, as in memory).
+
     >>> from contextfold.testing import HashEmbedder
     >>> ctx = SystemContext(embedder=HashEmbedder(dim=32))
     >>> ctx.embed_stored(["a cat", "a dog"]).shape, ctx.embed_query("cat").shape
@@ -106,6 +112,7 @@ class SystemContext:
         *,
         embedder: Embedder | None = None,
         embedding_cache: str | Path | None = None,
+        memory_store: str | None = None,
     ) -> None:
         # A bounded cache: contexts are counted too, and 4k-token strings add up.
         self.counter: TokenCounter = (
@@ -114,6 +121,17 @@ class SystemContext:
         self._inner = embedder
         self._cache_path = embedding_cache
         self._cached: CachedEmbedder | None = None
+        self.memory_store = memory_store
+        self._store: MemoryStorage | None = None
+
+    def shared_store(self) -> MemoryStorage:
+        """The run's one memory store at ``memory_store`` (opened on first use)."""
+        if self._store is None:
+            from contextfold.store import open_memory_store
+
+            assert self.memory_store is not None
+            self._store = open_memory_store(self.memory_store, counter=self.counter)
+        return self._store
 
     @property
     def embedding_cache(self) -> str | None:
@@ -143,9 +161,12 @@ class SystemContext:
         return np.asarray(vectors[0], dtype=np.float32)
 
     def close(self) -> None:
-        """Close the embedding cache file, if one is open."""
+        """Close the embedding cache file and the shared memory store, if open."""
         if self._cached is not None:
             self._cached.close()
+        if self._store is not None:
+            self._store.close()
+            self._store = None
 
 
 SystemFactory = Callable[[SystemContext], ContextSystem]

@@ -16,12 +16,19 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:
     from contextfold.store.protocols import MemoryStorage
     from contextfold.tokens import TokenCounter
 
-__all__ = ["STORE_URL_ENV", "is_database_url", "open_memory_store", "store_url"]
+__all__ = [
+    "STORE_URL_ENV",
+    "is_database_url",
+    "masked_location",
+    "open_memory_store",
+    "store_url",
+]
 
 #: The environment variable that points every process at one shared store.
 STORE_URL_ENV = "CONTEXTFOLD_STORE_URL"
@@ -32,6 +39,24 @@ _SCHEMES = ("postgresql://", "postgres://")
 def is_database_url(location: str | Path) -> bool:
     """Whether ``location`` names a database server rather than an SQLite file."""
     return str(location).startswith(_SCHEMES)
+
+
+def masked_location(location: str | Path) -> str:
+    """``location`` fit to print: a database URL's password replaced by ``***``.
+
+    >>> masked_location("postgresql://app:s3cret@db.internal:5432/memory")
+    'postgresql://app:***@db.internal:5432/memory'
+    >>> masked_location("/var/lib/contextfold/memory.db")
+    '/var/lib/contextfold/memory.db'
+    """
+    text = str(location)
+    if not is_database_url(text):
+        return text
+    parts = urlsplit(text)
+    if parts.password is None:
+        return text
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def store_url(configured: str | Path | None) -> str | Path | None:
