@@ -662,12 +662,7 @@ def test_cli_without_matplotlib_warns_first_and_still_writes_the_results(
     assert (out / "locomo.md").exists() and not (out / "locomo.png").exists()
 
 
-# The PostgreSQL backend is being written: until it lands its param fails with
-# NotImplementedError, which this marker expects (strictly: it goes when the backend lands).
-_PENDING = pytest.mark.xfail(raises=NotImplementedError, strict=True)
-
-
-@pytest.fixture(params=["sqlite-file", pytest.param("postgres", marks=_PENDING)])
+@pytest.fixture(params=["sqlite-file", "postgres"])
 def shared_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "postgres":
         return str(request.getfixturevalue("postgres_url"))

@@ -12,7 +12,6 @@ open the store at the same moment take turns, and the second finds the work done
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -20,28 +19,17 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from contextfold.errors import ConfigError, StoreError
+from contextfold.store import masked_location
 
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["Database", "PgMigrationRegistry", "mask_password", "utc"]
+__all__ = ["Database", "PgMigrationRegistry", "utc"]
 
 PgMigration = Callable[["psycopg.Connection[Any]"], None]
 
 #: The advisory lock key migrations run under (any fixed 64-bit number; "cfmigrat").
 _MIGRATION_LOCK = 0x63666D6967726174
-
-_PASSWORD = re.compile(r"^(\w+://[^:/@]*):[^@]*@")
-
-
-def mask_password(url: str) -> str:
-    """``url`` with its password replaced by ``***``.
-
-    >>> mask_password("postgresql://app:s3cret@db:5432/memory")
-    'postgresql://app:***@db:5432/memory'
-    """
-    return _PASSWORD.sub(r"\1:***@", url)
-
 
 def utc(moment: datetime) -> datetime:
     """``moment`` in UTC (a naive one taken as UTC): how times are written, and how the
@@ -120,7 +108,7 @@ class Database:
             ) from exc
         if max_size < 1 or min_size < 0 or min_size > max_size:
             raise ConfigError(f"pool sizes must satisfy 0 <= min ({min_size}) <= max ({max_size})")
-        self.masked = mask_password(url)
+        self.masked = masked_location(url)
         self._local = threading.local()
         # One connection first: an unreachable server or a refused login fails here at once,
         # with the server's reason, instead of after the pool's retries time out.
