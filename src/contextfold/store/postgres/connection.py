@@ -1,9 +1,11 @@
 """PostgreSQL plumbing: the connection pool, per-thread transactions and migrations.
 
-``Database`` holds a ``psycopg_pool.ConnectionPool`` of autocommit connections. A write takes
+``Database`` holds a ``psycopg_pool.ConnectionPool`` of autocommit connections, not checked
+at each checkout (that would be one more round trip per call): a connection the server
+dropped fails its call, and the pool replaces it when it comes back broken. A write takes
 one connection for its transaction (``tx``); while a thread is inside one, every other write
 and read of that thread joins it, so ``store.batch()`` makes several writes one transaction,
-like the SQLite store's ``_tx``.
+like the SQLite store's ``_tx``. One-statement writes run in autocommit (``statement``).
 
 Migrations are an ordered registry of named functions (as in ``store/sqlite``), recorded in
 ``schema_migrations``. They run under a session-level ``pg_advisory_lock``: processes that
@@ -30,6 +32,7 @@ PgMigration = Callable[["psycopg.Connection[Any]"], None]
 
 #: The advisory lock key migrations run under (any fixed 64-bit number; "cfmigrat").
 _MIGRATION_LOCK = 0x63666D6967726174
+
 
 def utc(moment: datetime) -> datetime:
     """``moment`` in UTC (a naive one taken as UTC): how times are written, and how the
@@ -125,7 +128,6 @@ class Database:
             min_size=min_size,
             max_size=max_size,
             kwargs={"autocommit": True},
-            check=ConnectionPool.check_connection,
             open=False,
             name="contextfold-memory",
         )
@@ -148,6 +150,19 @@ class Database:
                 yield conn
             finally:
                 self._local.conn = None
+
+    @contextmanager
+    def statement(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection for one write statement that is its own transaction (autocommit);
+        inside a transaction already open on this thread, that one, within a savepoint (a
+        statement that fails leaves it usable, as a failed statement leaves SQLite's)."""
+        conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            with conn.transaction():
+                yield conn
+            return
+        with self.pool.connection() as pooled:
+            yield pooled
 
     @contextmanager
     def read(self) -> Iterator[psycopg.Connection[Any]]:

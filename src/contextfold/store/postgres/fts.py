@@ -34,6 +34,8 @@ __all__ = ["K1", "B", "Indexed", "Tokenizer", "bm25", "idf", "phrase_hits"]
 
 K1 = 1.2
 B = 0.75
+#: Query terms whose tokens ``Tokenizer.phrase`` remembers (forgotten all at once past it).
+_PHRASES = 20_000
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class Tokenizer:
 
     def __init__(self) -> None:
         self._local = threading.local()
+        self._phrases: dict[str, tuple[str, ...]] = {}
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -95,10 +98,17 @@ class Tokenizer:
         ]
 
     def phrase(self, term: str) -> tuple[str, ...]:
-        """The tokens of one quoted query term, in order."""
-        (row,) = self.rows([term], "")
-        ordered = sorted((pos, t) for t, positions in row.terms.items() for pos in positions)
-        return tuple(t for _, t in ordered)
+        """The tokens of one quoted query term, in order (remembered: a conversation's
+        queries repeat their words)."""
+        found = self._phrases.get(term)
+        if found is None:
+            (row,) = self.rows([term], "")
+            ordered = sorted((pos, t) for t, positions in row.terms.items() for pos in positions)
+            found = tuple(t for _, t in ordered)
+            if len(self._phrases) >= _PHRASES:
+                self._phrases.clear()
+            self._phrases[term] = found
+        return found
 
     def session_tokens(self, session_id: str) -> int:
         """How many tokens the session id adds to each of its rows."""

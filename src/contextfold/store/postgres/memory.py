@@ -61,8 +61,8 @@ from contextfold.store.postgres.connection import Database, utc
 from contextfold.store.postgres.fts import Indexed, Tokenizer
 from contextfold.store.postgres.memory_branches import BranchesMixin
 from contextfold.store.postgres.memory_state import StateMixin
-from contextfold.store.postgres.schema import MIGRATIONS
-from contextfold.store.postgres.search import SEGMENTS, TURNS, add_totals, index_rows, ranked
+from contextfold.store.postgres.schema import BRANCH_MOVED, MIGRATIONS, UNKNOWN_SESSION
+from contextfold.store.postgres.search import SEGMENTS, TURNS, add_totals, ranked, shard
 from contextfold.tokens import TiktokenCounter, TokenCounter
 
 if TYPE_CHECKING:
@@ -182,6 +182,7 @@ class PostgresMemoryStore(BranchesMixin, StateMixin):
             if row is None:
                 return False
             self._forget_fts(conn, session_id, int(row[0]))
+            conn.execute("DELETE FROM turn_terms WHERE session_id = %s", (session_id,))
             conn.execute(
                 "INSERT INTO turn_deletions (session_id) VALUES (%s) ON CONFLICT DO NOTHING",
                 (session_id,),
@@ -219,10 +220,8 @@ class PostgresMemoryStore(BranchesMixin, StateMixin):
             raise ConfigError(
                 f"{len(messages)} messages need as many timestamps, got {len(timestamps)}"
             )
-        self.session(session_id)
         rows = self._turn_rows(session_id, messages, timestamps, partial)
-        with self._tx() as conn:
-            return self._insert_turns(conn, session_id, rows)
+        return self._insert_turns(session_id, rows)
 
     def _turn_rows(
         self,
@@ -260,40 +259,61 @@ class PostgresMemoryStore(BranchesMixin, StateMixin):
 
     def _insert_turns(
         self,
-        conn: psycopg.Connection[Any],
         session_id: str,
         rows: Sequence[tuple[tuple[Any, ...], Indexed]],
         *,
         expected: int | None = None,
+        enqueue: str | None = None,
     ) -> list[int]:
-        """Insert turns after the session's last one, holding the session's row lock until
-        the transaction ends: the seqs of concurrent writers never collide. ``ConfigError``
+        """Insert turns after the session's last one and queue ``enqueue`` (a job kind) when
+        given, in one call of ``cf_append_turns`` (``schema.py``): one round trip, under the
+        session's row lock, so the seqs of concurrent writers never collide. ``ConfigError``
         when the session does not exist; ``BranchMoved`` when ``expected`` is given and the
-        last seq is another."""
-        found = conn.execute(
-            "SELECT id_tokens FROM sessions WHERE id = %s FOR UPDATE", (session_id,)
-        ).fetchone()
-        if found is None:
-            raise ConfigError(f"unknown session {session_id!r}; create it with create_session")
-        last = self._last_seq(conn, session_id)
-        if expected is not None and last != expected:
-            raise BranchMoved(session_id, expected, last)
-        if not rows:
-            return []
-        seqs = list(range(last + 1, last + 1 + len(rows)))
-        with conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO turns (session_id, seq, role, content_text, message_json,"
-                " content_hash, created_at, token_count, match_key, partial, text_tokens)"
-                " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                [(session_id, seq, *row) for seq, (row, _) in zip(seqs, rows, strict=True)],
-            )
-        index_rows(conn, TURNS, session_id, seqs, [r[1] for r in rows], int(found[0]))
-        return seqs
+        last seq is another. Joins this thread's transaction when one is open."""
+        import psycopg
+
+        columns: list[list[Any]] = [[] for _ in range(9)]
+        term_turn: list[int] = []
+        terms: list[str] = []
+        positions: list[str] = []
+        for i, (row, indexed) in enumerate(rows, start=1):
+            for column, value in zip(columns, row, strict=True):
+                column.append(value)
+            for term, offsets in indexed.terms.items():
+                term_turn.append(i)
+                terms.append(term)
+                positions.append("{" + ",".join(map(str, offsets)) + "}")
+        try:
+            with self._db.statement() as conn:
+                found = conn.execute(
+                    "SELECT cf_append_turns(%s, %s, %s, %s, %s::text[], %s::text[], %s::text[],"
+                    " %s::text[], %s::timestamptz[], %s::int[], %s::text[], %s::bool[],"
+                    " %s::int[], %s::int[], %s::text[], %s::text[])",
+                    (
+                        session_id,
+                        expected,
+                        enqueue if rows else None,
+                        shard(session_id),
+                        *columns,
+                        term_turn,
+                        terms,
+                        positions,
+                    ),
+                ).fetchone()
+        except psycopg.Error as exc:
+            if exc.sqlstate == UNKNOWN_SESSION:
+                raise ConfigError(
+                    f"unknown session {session_id!r}; create it with create_session"
+                ) from exc
+            if exc.sqlstate == BRANCH_MOVED and expected is not None:
+                last = int(exc.diag.message_detail or 0)
+                raise BranchMoved(session_id, expected, last) from exc
+            raise
+        last = int(found[0]) if found else 0
+        return list(range(last + 1, last + 1 + len(rows)))
 
     def _forget_fts(self, conn: psycopg.Connection[Any], session_id: str, id_tokens: int) -> None:
-        """Take a session's rows out of the full-text totals (their term rows go with them,
-        by cascade)."""
+        """Take a session's rows out of the full-text totals."""
         for index, table in ((TURNS, "turns"), (SEGMENTS, "segments")):
             row = conn.execute(
                 f"SELECT COUNT(*), COALESCE(SUM(text_tokens), 0) FROM {table}"

@@ -73,11 +73,11 @@ class BranchesMixin:
 
         def _insert_turns(
             self,
-            conn: psycopg.Connection[Any],
             session_id: str,
             rows: Sequence[tuple[tuple[Any, ...], Indexed]],
             *,
             expected: int | None = None,
+            enqueue: str | None = None,
         ) -> list[int]: ...
 
         @staticmethod
@@ -277,12 +277,12 @@ class BranchesMixin:
         expected = expect_last
         starts = range(0, max(len(rows), 1), WRITE_CHUNK)
         for start in starts:
-            with self._tx() as conn:
-                seqs += self._insert_turns(
-                    conn, session_id, rows[start : start + WRITE_CHUNK], expected=expected
-                )
-                if seqs and start == starts[-1]:
-                    self._enqueue(conn, session_id, "derive")
+            seqs += self._insert_turns(
+                session_id,
+                rows[start : start + WRITE_CHUNK],
+                expected=expected,
+                enqueue="derive" if start == starts[-1] else None,
+            )
             expected = seqs[-1] if seqs else expected
         return seqs
 

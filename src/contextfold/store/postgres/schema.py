@@ -12,7 +12,8 @@ on: never rename one, never reorder them, and add changes only as a new ``m00N_�
 - ``m002_full_text`` — the full-text index of ``store/postgres/fts.py``: each row's terms with
   their token positions (``turn_terms``, ``segment_terms``), each row's token count, and the
   table-wide totals FTS5's bm25 needs, as sharded counters (``fts_totals``: writers of
-  different sessions mostly update different rows, and a search sums the shards).
+  different sessions mostly update different rows, and a search sums the shards); and
+  ``cf_append_turns``, the write of new turns as one server-side call (``_APPEND_TURNS``).
 """
 
 from __future__ import annotations
@@ -24,11 +25,23 @@ from contextfold.store.postgres.connection import PgMigrationRegistry
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["FTS_SHARDS", "IMMUTABLE_TURNS", "MIGRATIONS", "m001_create_memory", "m002_full_text"]
+__all__ = [
+    "BRANCH_MOVED",
+    "FTS_SHARDS",
+    "IMMUTABLE_TURNS",
+    "MIGRATIONS",
+    "UNKNOWN_SESSION",
+    "m001_create_memory",
+    "m002_full_text",
+]
 
 MIGRATIONS = PgMigrationRegistry("memory")
 
 IMMUTABLE_TURNS = "raw turns are append-only: a turn is never updated or deleted"
+#: The SQLSTATEs ``cf_append_turns`` raises: the session does not exist; its last seq is not
+#: the expected one (the DETAIL holds the last seq).
+UNKNOWN_SESSION = "CF001"
+BRANCH_MOVED = "CF002"
 #: Rows per table in ``fts_totals``: a session's counts go to shard ``hash(id) % FTS_SHARDS``.
 FTS_SHARDS = 16
 
@@ -127,12 +140,12 @@ def m002_full_text(conn: psycopg.Connection[Any]) -> None:
         "ALTER TABLE sessions ADD COLUMN id_tokens INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE turns ADD COLUMN text_tokens INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE segments ADD COLUMN text_tokens INTEGER NOT NULL DEFAULT 0",
+        # No foreign key to turns: a key check per term row would cost more than the row;
+        # only the store writes here, and ``delete_session`` deletes a session's terms.
         "CREATE TABLE turn_terms ("
         " session_id TEXT NOT NULL, seq INTEGER NOT NULL, term TEXT NOT NULL,"
-        " positions INTEGER[] NOT NULL, PRIMARY KEY (session_id, term, seq),"
-        " FOREIGN KEY (session_id, seq) REFERENCES turns(session_id, seq) ON DELETE CASCADE)",
+        " positions INTEGER[] NOT NULL, PRIMARY KEY (session_id, term, seq))",
         "CREATE INDEX turn_terms_by_term ON turn_terms (term)",
-        "CREATE INDEX turn_terms_by_turn ON turn_terms (session_id, seq)",
         "CREATE TABLE segment_terms ("
         " segment_id BIGINT NOT NULL REFERENCES segments(id) ON DELETE CASCADE,"
         " session_id TEXT NOT NULL, term TEXT NOT NULL, positions INTEGER[] NOT NULL,"
@@ -145,8 +158,59 @@ def m002_full_text(conn: psycopg.Connection[Any]) -> None:
     ]
     for statement in statements:
         conn.execute(statement)
+    conn.execute(_APPEND_TURNS)
     conn.execute(
         "INSERT INTO fts_totals (tbl, shard) SELECT t, s FROM unnest(ARRAY['turns', 'segments'])"
         " AS t, generate_series(0, %s - 1) AS s",
         (FTS_SHARDS,),
     )
+
+
+# Appending turns is the hot write (every exchange of every proxied conversation), and each
+# statement is a round trip: this function does the whole append in one — lock the session
+# row (seqs never collide, whichever process writes), check the expected last seq, insert the
+# turns and their terms, add to the full-text totals and queue the derive job. The caller
+# sends the turns as parallel arrays, their terms as (turn index, term, positions) arrays.
+_APPEND_TURNS = f"""
+CREATE FUNCTION cf_append_turns(
+    p_session TEXT, p_expected INTEGER, p_enqueue TEXT, p_shard INTEGER,
+    p_roles TEXT[], p_texts TEXT[], p_bodies TEXT[], p_hashes TEXT[],
+    p_created TIMESTAMPTZ[], p_tokens INTEGER[], p_keys TEXT[], p_partial BOOLEAN[],
+    p_text_tokens INTEGER[], p_term_turn INTEGER[], p_terms TEXT[], p_positions TEXT[]
+) RETURNS INTEGER LANGUAGE plpgsql AS $$
+DECLARE
+    v_id_tokens INTEGER;
+    v_last INTEGER;
+    v_n INTEGER := COALESCE(array_length(p_roles, 1), 0);
+BEGIN
+    SELECT id_tokens INTO v_id_tokens FROM sessions WHERE id = p_session FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown session' USING ERRCODE = '{UNKNOWN_SESSION}';
+    END IF;
+    SELECT COALESCE(MAX(seq), 0) INTO v_last FROM turns WHERE session_id = p_session;
+    IF p_expected IS NOT NULL AND v_last <> p_expected THEN
+        RAISE EXCEPTION 'branch moved' USING ERRCODE = '{BRANCH_MOVED}', DETAIL = v_last::TEXT;
+    END IF;
+    IF v_n = 0 THEN
+        RETURN v_last;
+    END IF;
+    INSERT INTO turns (session_id, seq, role, content_text, message_json, content_hash,
+                       created_at, token_count, match_key, partial, text_tokens)
+    SELECT p_session, v_last + i, p_roles[i], p_texts[i], p_bodies[i], p_hashes[i],
+           p_created[i], p_tokens[i], p_keys[i], p_partial[i], p_text_tokens[i]
+    FROM generate_series(1, v_n) AS i;
+    INSERT INTO turn_terms (session_id, seq, term, positions)
+    SELECT p_session, v_last + k, t, p::INTEGER[]
+    FROM unnest(p_term_turn, p_terms, p_positions) AS u(k, t, p);
+    UPDATE fts_totals
+    SET n_rows = n_rows + v_n,
+        n_tokens = n_tokens + v_n * v_id_tokens
+                   + (SELECT COALESCE(SUM(x), 0) FROM unnest(p_text_tokens) AS x)
+    WHERE tbl = 'turns' AND shard = p_shard;
+    IF p_enqueue IS NOT NULL THEN
+        INSERT INTO jobs (session_id, kind, created_at) VALUES (p_session, p_enqueue, now())
+        ON CONFLICT (session_id, kind) WHERE state = 'pending' DO NOTHING;
+    END IF;
+    RETURN v_last;
+END $$
+"""

@@ -32,14 +32,14 @@ __all__ = ["SEGMENTS", "TURNS", "FtsIndex", "add_totals", "index_rows", "ranked"
 class FtsIndex:
     """Where one indexed table keeps its terms: ``tbl`` names its ``fts_totals`` rows,
     ``terms`` its terms table, ``row`` the columns naming a row there, ``key`` the one that
-    identifies a row within a session, and ``lengths`` the query reading (key, text tokens,
-    order) of a session's rows by key."""
+    identifies a row within a session, and ``matches`` the query reading (key, term,
+    positions, text tokens, order) of a session's rows holding any of some terms."""
 
     tbl: str
     terms: str
     row: str
     key: str
-    lengths: str
+    matches: str
 
 
 TURNS = FtsIndex(
@@ -47,14 +47,18 @@ TURNS = FtsIndex(
     "turn_terms",
     "session_id, seq",
     "seq",
-    "SELECT seq, text_tokens, seq FROM turns WHERE session_id = %s AND seq = ANY(%s)",
+    "SELECT tt.seq, tt.term, tt.positions, t.text_tokens, t.seq FROM turn_terms tt"
+    " JOIN turns t ON t.session_id = tt.session_id AND t.seq = tt.seq"
+    " WHERE tt.session_id = %s AND tt.term = ANY(%s)",
 )
 SEGMENTS = FtsIndex(
     "segments",
     "segment_terms",
     "segment_id",
     "segment_id",
-    "SELECT id, text_tokens, first_seq FROM segments WHERE session_id = %s AND id = ANY(%s)",
+    "SELECT st.segment_id, st.term, st.positions, s.text_tokens, s.first_seq"
+    " FROM segment_terms st JOIN segments s ON s.id = st.segment_id"
+    " WHERE st.session_id = %s AND st.term = ANY(%s)",
 )
 
 
@@ -117,35 +121,46 @@ def ranked(
         return []
     phrases = [tokenizer.phrase(term) for term in terms]
     tokens = sorted({t for phrase in phrases for t in phrase})
+    singles = sorted({phrase[0] for phrase in phrases if len(phrase) == 1})
+    # One round trip: the session's matching rows, and the statistics of the whole table.
+    with conn.pipeline():
+        matches = conn.execute(index.matches, (session_id, tokens))
+        stats = conn.execute(
+            "SELECT (SELECT COALESCE(SUM(n_rows), 0) FROM fts_totals WHERE tbl = %s),"
+            " (SELECT COALESCE(SUM(n_tokens), 0) FROM fts_totals WHERE tbl = %s),"
+            " (SELECT id_tokens FROM sessions WHERE id = %s),"
+            f" ARRAY(SELECT (SELECT COUNT(*) FROM {index.terms} x WHERE x.term = u.t)"
+            " FROM unnest(%s::text[]) WITH ORDINALITY AS u(t, o) ORDER BY u.o)",
+            (index.tbl, index.tbl, session_id, singles),
+        )
     found: dict[int, dict[str, list[int]]] = {}
-    for key, term, offsets in conn.execute(
-        f"SELECT {index.key}, term, positions FROM {index.terms}"
-        " WHERE session_id = %s AND term = ANY(%s)",
-        (session_id, tokens),
-    ):
+    lengths: dict[int, tuple[int, int]] = {}
+    for key, term, offsets, text_tokens, order in matches.fetchall():
         found.setdefault(int(key), {})[term] = offsets
+        lengths[int(key)] = (int(text_tokens), int(order))
     freqs = {key: [float(phrase_hits(terms_, p)) for p in phrases] for key, terms_ in found.items()}
     freqs = {key: f for key, f in freqs.items() if any(f)}
-    if not freqs:
+    totals = stats.fetchone()
+    if not freqs or totals is None:
         return []
-    n_rows, n_tokens = conn.execute(
-        "SELECT COALESCE(SUM(n_rows), 0), COALESCE(SUM(n_tokens), 0) FROM fts_totals"
-        " WHERE tbl = %s",
-        (index.tbl,),
-    ).fetchone() or (0, 0)
+    n_rows, n_tokens, id_tokens, counts = totals
     avgdl = float(n_tokens) / float(n_rows)
-    matching = [any(f[i] for f in freqs.values()) for i in range(len(phrases))]
+    document_frequency = dict(zip(singles, counts, strict=True))
     idfs = [
-        idf(int(n_rows), _document_frequency(conn, index, phrase)) if hit else 0.0
-        for phrase, hit in zip(phrases, matching, strict=True)
+        idf(
+            int(n_rows),
+            document_frequency[phrase[0]]
+            if len(phrase) == 1
+            else _document_frequency(conn, index, phrase),
+        )
+        if any(f[i] for f in freqs.values())
+        else 0.0
+        for i, phrase in enumerate(phrases)
     ]
-    id_tokens = conn.execute(
-        "SELECT id_tokens FROM sessions WHERE id = %s", (session_id,)
-    ).fetchone()
-    extra = int(id_tokens[0]) if id_tokens else 0
+    extra = int(id_tokens or 0)
     scored = [
-        (order, int(key), bm25(freqs[int(key)], idfs, int(text_tokens) + extra, avgdl))
-        for key, text_tokens, order in conn.execute(index.lengths, (session_id, list(freqs)))
+        (lengths[key][1], key, bm25(f, idfs, lengths[key][0] + extra, avgdl))
+        for key, f in freqs.items()
     ]
     scored.sort(key=lambda r: (-r[2], r[0], r[1]))
     return [(key, score) for _, key, score in scored[:limit]]
@@ -154,12 +169,8 @@ def ranked(
 def _document_frequency(
     conn: psycopg.Connection[Any], index: FtsIndex, phrase: Sequence[str]
 ) -> int:
-    """How many rows of the whole table (every session) the phrase occurs in."""
-    if len(phrase) == 1:
-        row = conn.execute(
-            f"SELECT COUNT(*) FROM {index.terms} WHERE term = %s", (phrase[0],)
-        ).fetchone()
-        return int(row[0]) if row else 0
+    """How many rows of the whole table (every session) a phrase of several tokens occurs
+    in: the rows holding its first token, their positions checked in Python."""
     rows: dict[tuple[Any, ...], dict[str, list[int]]] = {}
     width = index.row.count(",") + 1
     for record in conn.execute(
