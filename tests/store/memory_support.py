@@ -24,7 +24,7 @@ def messages(texts: list[str]) -> list[Message]:
 
 
 def msg(role: str, text: str) -> Message:
-    return Message(role=role, content=text)  # type: ignore[arg-type]
+    return Message(role=role, content=text)
 
 
 def filled(store: MemoryStorage, session: str = "s1") -> MemoryStorage:

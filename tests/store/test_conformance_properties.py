@@ -39,7 +39,7 @@ def _run(
 ) -> None:
     """Run ``check`` over ``strategy`` with the backend's example count."""
     limit = SQLITE_EXAMPLES if is_sqlite(store) else PG_EXAMPLES
-    examples = min(settings.default.max_examples, limit)
+    examples = min(settings().max_examples, limit)
 
     @settings(
         max_examples=examples,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 from datetime import UTC, datetime
 
+import numpy as np
 import pytest
 
 from contextfold.errors import ConfigError
@@ -89,7 +90,7 @@ def test_a_deleted_session_id_can_be_created_again_as_a_new_empty_session(
     a session created again under it starts empty — nothing of the old one shows through."""
     store = filled(memory_store)
     store.set_tags_many("s1", {1: ({"deploy": 1.0}, ["ops"]), 2: ({"db": 1.0}, [])})
-    store.add_turn_vectors("s1", "m", [1, 2], [[1.0, 0.0], [0.0, 1.0]])
+    store.add_turn_vectors("s1", "m", [1, 2], np.eye(2, dtype=np.float32))
     store.compact("s1", [NewSegment(first_seq=1, last_seq=2, summary="deploy", full_text="")], 3)
     store.upsert_tag_summary("s1", "deploy", "Deploy Friday.", 2)
     store.set_working_set("s1", "deploy", "summary", 10)
@@ -281,7 +282,7 @@ def test_an_exception_inside_a_batch_rolls_back_every_write(memory_store: Memory
         store.upsert_tag_summary("s1", "deploy", "x", 1)
         store.log_cost("s1", "summary", "m", 1, 1, 1.0)
         store.enqueue_job("s1")
-        store.add_turn_vectors("s1", "m", [1], [[1.0, 2.0]])
+        store.add_turn_vectors("s1", "m", [1], np.ones((1, 2), dtype=np.float32))
         assert store.last_seq("s1") == 7  # the batch sees its own writes
         raise RuntimeError("halfway")
     assert (store.turns("s1"), store.session("s1"), store.sessions()) == before
