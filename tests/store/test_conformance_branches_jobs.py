@@ -77,6 +77,47 @@ def test_branch_moved_refuses_the_exchange_and_stores_nothing(
     assert [t.seq for t in other.turns(sid)] == [1, 2, 3, 4, 5, 6]
 
 
+def test_racing_writers_never_both_continue_the_same_turn(open_store: StoreFactory) -> None:
+    """Two writers (threads, each with a store object of its own), each continuing the turn
+    it last read: for every seq exactly one wins, the other gets ``BranchMoved``; the session
+    ends up with consecutive seqs and the winners' turns only."""
+    setup = open_store()
+    setup.create_session("a")
+    writers = [open_store(), open_store()]
+    won: list[list[int]] = [[], []]
+    errors: list[BaseException] = []
+    start = threading.Barrier(2)
+
+    def write(index: int) -> None:
+        store = writers[index]
+        try:
+            start.wait()
+            for n in range(15):
+                last = store.last_seq("a")
+                text = f"writer{index} turn{n}"
+                try:
+                    won[index] += store.commit_exchange("a", [msg("user", text)], expect_last=last)
+                except BranchMoved as moved:
+                    assert moved.expected == last and moved.last > last
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors
+    seqs = sorted(won[0] + won[1])
+    assert seqs == list(range(1, len(seqs) + 1)) and len(seqs) >= 15
+    turns = setup.turns("a")
+    assert [t.seq for t in turns] == seqs
+    for index in (0, 1):
+        for seq in won[index]:
+            assert turns[seq - 1].message.text().startswith(f"writer{index} ")
+    assert setup.job_counts() == {"pending": 1}
+
+
 def test_branch_moved_for_a_new_session_expecting_turns(memory_store: MemoryStorage) -> None:
     store = memory_store
     store.create_session("a")

@@ -446,6 +446,23 @@ def test_turnkeys_read_a_session_deleted_and_written_again_afresh(
     assert len(keys.keys("s")) == 4
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="TurnKeys checks only the last known turn's hash: stale after a rewrite that ends"
+    " alike (a bug of memory/turnkeys.py on every backend, reported, not fixed here)",
+)
+def test_turnkeys_read_a_session_rewritten_with_the_same_last_turn_afresh(
+    memory_store: MemoryStorage,
+) -> None:
+    store = memory_store
+    stored(store, "s", "first", "ok")
+    keys = TurnKeys(store)
+    assert keys.keys("s")[0] == key_of(msg("user", "first"))
+    store.delete_session("s")
+    stored(store, "s", "second", "ok")
+    assert keys.keys("s")[0] == key_of(msg("user", "second"))
+
+
 def test_turnkeys_see_another_store_object_writing_the_same_store(
     open_store: StoreFactory,
 ) -> None:
