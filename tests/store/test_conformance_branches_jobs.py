@@ -11,12 +11,11 @@ import numpy as np
 import pytest
 
 from contextfold.errors import ConfigError
-from contextfold.store.models import BranchMoved, NewSegment, match_key
-from contextfold.store.protocols import MemoryStorage
 
 # The attempt limit is part of the contract (every backend fails a job for good after as many
 # attempts); the SQLite module is where it is defined today.
-from contextfold.store.sqlite.memory_branches import MAX_ATTEMPTS
+from contextfold.store.models import MAX_ATTEMPTS, BranchMoved, NewSegment, match_key
+from contextfold.store.protocols import MemoryStorage
 from memory_support import TOPICS, StoreFactory, exchange, filled, is_sqlite, messages, msg
 
 # -- exchanges ------------------------------------------------------------------------------------

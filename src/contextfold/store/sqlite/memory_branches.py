@@ -55,7 +55,7 @@ from typing import TYPE_CHECKING, Any
 from contextfold._bounded import SessionLRU
 from contextfold.errors import ConfigError
 from contextfold.items import Message
-from contextfold.store.models import WRITE_CHUNK, BranchMoved, Job, _iso, _now
+from contextfold.store.models import MAX_ATTEMPTS, WRITE_CHUNK, BranchMoved, Job, _iso, _now
 
 __all__ = ["BranchesMixin"]
 
@@ -99,7 +99,6 @@ class _KeyChain:
 #: How long a claimed job is its worker's before another may take it (seconds).
 LEASE_SECONDS = 60.0
 #: Attempts before a job is marked failed (it stays in the table, with its error).
-MAX_ATTEMPTS = 5
 #: Sessions whose turn match keys are kept in memory (``turn_keys``).
 KEY_CHAIN_SESSIONS = 256
 
