@@ -18,6 +18,8 @@ A block may carry a marker, an HTML comment on the line before its fence:
   in front of the fake LLM and points ports 5757-5759 at it.
 - ``<!-- doc-test: background -->``: starts a server that runs until stopped; it runs with
   ``CONTEXTFOLD_PORT`` set to a free port until ``/healthz`` answers, and is then stopped.
+- ``<!-- doc-test: postgres -->``: needs a PostgreSQL server; ``DATABASE_URL`` holds the URL
+  of a database on the tests' real server (``tests/postgres_support.py``), one per doc file.
 - ``<!-- doc-test: continues -->``: a Python block that goes on from the one before it (runs
   after it, in one interpreter).
 - ``<!-- doc-test: output -->`` on a ```text block: what the runnable block before it prints
@@ -55,7 +57,9 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LANGS = {"bash": "shell", "sh": "shell", "console": "shell", "python": "python"}
-KINDS = {"skip", "fake-llm", "server", "proxy", "background", "continues", "output"}
+KINDS = {
+    "skip", "fake-llm", "server", "proxy", "background", "continues", "output", "postgres"
+}  # fmt: skip
 FENCE = re.compile(r"^(?P<indent> *)```(?P<lang>[\w-]*)\s*$")
 MARKER = re.compile(r"^\s*<!--\s*doc-test:\s*(?P<body>.*?)\s*-->\s*$")
 BLOCK_TIMEOUT_S = 180
@@ -322,13 +326,18 @@ def _run_background(block: Block, session: DocSession) -> None:
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
 def test_doc_block_runs(
-    block: Block, sessions: dict[str, DocSession], tmp_path_factory: pytest.TempPathFactory
+    block: Block,
+    sessions: dict[str, DocSession],
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
 ) -> None:
     if "skip" in block.kinds:
         pytest.skip(f"marked not runnable: {block.reason}")
     base = tmp_path_factory.getbasetemp() / "docs"
     base.mkdir(exist_ok=True)
     session = _session(sessions, block, base)
+    if "postgres" in block.kinds and "DATABASE_URL" not in session.env:
+        session.env["DATABASE_URL"] = request.getfixturevalue("postgres_server").new_database()
     if "background" in block.kinds:
         _run_background(block, session)
         return

@@ -25,6 +25,7 @@ from contextfold.errors import ConfigError
 from contextfold.items import Message
 
 __all__ = [
+    "MAX_ATTEMPTS",
     "WRITE_CHUNK",
     "BranchMoved",
     "CostEntry",
@@ -46,6 +47,8 @@ __all__ = [
 
 Depth = Literal["none", "summary", "segments", "full"]
 
+#: Tries a job gets before it is ``failed`` for good (``fail_job``).
+MAX_ATTEMPTS = 5
 #: Turns per write transaction of a long history (``commit_exchange``), and of its tags.
 WRITE_CHUNK = 256
 

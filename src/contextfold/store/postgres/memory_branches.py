@@ -26,7 +26,7 @@ from contextfold._bounded import SessionLRU
 from contextfold.errors import ConfigError
 from contextfold.items import Message
 from contextfold.store.keychain import KeyChain
-from contextfold.store.models import WRITE_CHUNK, Job, _now, pid_alive
+from contextfold.store.models import MAX_ATTEMPTS, WRITE_CHUNK, Job, _now, pid_alive
 from contextfold.store.postgres.fts import Indexed, Tokenizer
 from contextfold.store.postgres.search import SEGMENTS, TURNS, add_totals
 
@@ -35,12 +35,10 @@ if TYPE_CHECKING:
 
     import psycopg
 
-__all__ = ["LEASE_SECONDS", "MAX_ATTEMPTS", "BranchesMixin"]
+__all__ = ["LEASE_SECONDS", "BranchesMixin"]
 
 #: How long a claimed job is its worker's before another may take it (seconds).
 LEASE_SECONDS = 60.0
-#: Attempts before a job is marked failed (it stays in the table, with its error).
-MAX_ATTEMPTS = 5
 
 _SERVER_NOW = "SELECT extract(epoch FROM clock_timestamp())::float8"
 

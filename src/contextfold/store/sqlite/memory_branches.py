@@ -54,15 +54,21 @@ from contextfold._bounded import SessionLRU
 from contextfold.errors import ConfigError
 from contextfold.items import Message
 from contextfold.store.keychain import KeyChain
-from contextfold.store.models import WRITE_CHUNK, BranchMoved, Job, _iso, _now, pid_alive
+from contextfold.store.models import (
+    MAX_ATTEMPTS,
+    WRITE_CHUNK,
+    BranchMoved,
+    Job,
+    _iso,
+    _now,
+    pid_alive,
+)
 
 __all__ = ["BranchesMixin"]
 
 
 #: How long a claimed job is its worker's before another may take it (seconds).
 LEASE_SECONDS = 60.0
-#: Attempts before a job is marked failed (it stays in the table, with its error).
-MAX_ATTEMPTS = 5
 
 
 def _held(job_id: int, owner: str | None) -> tuple[str, tuple[object, ...]]:

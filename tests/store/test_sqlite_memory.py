@@ -1,0 +1,136 @@
+"""What only the SQLite memory store has: its migrations, its triggers that refuse an
+``UPDATE`` or ``DELETE`` of a raw turn, its FTS5 indexes kept in step by triggers, and the
+rows behind the Protocol's answers. The backend-neutral behaviour is in the conformance
+tests beside this file (``test_conformance_*.py``)."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from contextfold.items import Message
+from contextfold.store.sqlite import connect
+from contextfold.store.sqlite.memory import MIGRATIONS, MemoryStore, NewSegment
+from contextfold.tokens import CharCounter
+from memory_support import TOPICS, filled, messages
+
+
+def _store(path: str | Path = ":memory:") -> MemoryStore:
+    return MemoryStore(path, counter=CharCounter())
+
+
+def _filled(path: str | Path = ":memory:") -> MemoryStore:
+    store = _store(path)
+    filled(store)
+    return store
+
+
+def test_migrations_are_recorded_once() -> None:
+    store = _store()
+    rows = store._conn.execute(
+        "SELECT name FROM schema_migrations WHERE schema = 'memory' ORDER BY name"
+    ).fetchall()
+    assert (
+        [r[0] for r in rows]
+        == MIGRATIONS.names
+        == [
+            "m001_create_memory",
+            "m002_create_fts",
+            "m003_related_tags_and_vectors",
+            "m004_session_scoped_fts",
+            "m005_branches_and_jobs",
+        ]
+    )
+    assert MIGRATIONS.apply(store._conn) == []
+
+
+def test_fts_migration_indexes_turns_stored_by_the_oldest_schema(tmp_path: Path) -> None:
+    conn = connect(tmp_path / "old.db")
+    MIGRATIONS.apply(conn, upto="m001_create_memory")
+    conn.execute("INSERT INTO sessions (id, created_at) VALUES ('s1', '2026-01-01T00:00:00+00:00')")
+    message = Message(role="user", content="the kubernetes cluster is down")
+    conn.execute(
+        "INSERT INTO turns (session_id, seq, role, content_text, message_json, content_hash,"
+        " created_at, token_count) VALUES ('s1', 1, 'user', ?, ?, 'h', '2026-01-01', 5)",
+        (message.text(), message.model_dump_json()),
+    )
+    conn.close()
+    store = _store(tmp_path / "old.db")
+    hits = store.search_turns("s1", "kubernetes")
+    assert [turn.seq for turn, _ in hits] == [1]
+    assert hits[0][0].message == message
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "UPDATE turns SET content_text = 'forged' WHERE seq = 1",
+        "UPDATE turns SET seq = 99 WHERE seq = 2",
+        "DELETE FROM turns WHERE seq = 3",
+        "DELETE FROM turns",
+    ],
+)
+def test_raw_turns_cannot_be_updated_or_deleted(sql: str) -> None:
+    store = _filled()
+    before = store.turns("s1")
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        store._conn.execute(sql)
+    assert store.turns("s1") == before
+
+
+def test_delete_session_lifts_the_guard_for_its_own_session_only() -> None:
+    store = _filled()
+    store.create_session("s2")
+    store.append_turns("s2", messages(["kubernetes elsewhere"]))
+    store.tag_turn("s1", 1, "deploy")
+    assert store.delete_session("s1") is True
+    assert store._conn.execute("SELECT COUNT(*) FROM turn_tags").fetchone()[0] == 0
+    assert store._conn.execute("SELECT COUNT(*) FROM turn_deletions").fetchone()[0] == 0
+    with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+        store._conn.execute("DELETE FROM turns WHERE session_id = 's2'")
+
+
+def test_fts_indexes_stay_in_sync_with_their_tables() -> None:
+    store = _filled()
+    store.compact("s1", [NewSegment(first_seq=1, last_seq=2, summary="deploy", full_text="")], 3)
+    store.delete_session("s1")
+    for fts in ("turns_fts", "segments_fts"):
+        store._conn.execute(f"INSERT INTO {fts} ({fts}) VALUES ('integrity-check')")
+    assert store._conn.execute("SELECT COUNT(*) FROM turns_fts").fetchone()[0] == 0
+    assert store.search_turns("s1", "deploy") == []
+
+
+def test_an_exception_inside_compaction_leaves_no_segment_rows() -> None:
+    store = _filled()
+
+    def boom() -> None:
+        raise RuntimeError("summarizer crashed")
+
+    segment = NewSegment(first_seq=1, last_seq=2, summary="deploy", full_text="")
+    with pytest.raises(RuntimeError, match="summarizer crashed"):
+        store.compact("s1", [segment], 3, _before_commit=boom)
+    assert store._conn.execute("SELECT COUNT(*) FROM segment_turns").fetchone()[0] == 0
+    assert store._conn.execute("SELECT COUNT(*) FROM segments").fetchone()[0] == 0
+    assert len(store.turns("s1")) == len(TOPICS)
+
+
+def test_an_m003_file_is_reindexed_and_search_stays_in_its_session(tmp_path: Path) -> None:
+    conn = connect(tmp_path / "m003.db")
+    MIGRATIONS.apply(conn, upto="m003_related_tags_and_vectors")
+    conn.close()
+    store = _store(tmp_path / "m003.db")  # upgrades to the session-scoped index
+    sessions = ("conv-1", "conv-10", "a-b", "---")
+    for n, sid in enumerate(sessions):
+        store.create_session(sid)
+        store.append_turns(sid, [Message(role="user", content=f"kiln firing number {n}")])
+    for n, sid in enumerate(sessions):
+        assert len(store.search_turn_seqs(sid, "kiln")) == 1
+        ((turn, _),) = store.search_turns(sid, "kiln")
+        assert turn.session_id == sid and turn.message.text().endswith(str(n))
+    # Session words are not content: "conv" matches no turn text.
+    assert store.search_turn_seqs("conv-1", "conv") == []
+    store.compact("a-b", [NewSegment(first_seq=1, last_seq=1, summary="kiln", full_text="")], 2)
+    assert [seg.session_id for seg, _ in store.search_segments("a-b", "kiln")] == ["a-b"]
+    assert store.search_segments("conv-1", "kiln") == []
