@@ -26,7 +26,8 @@ __all__ = ["KEY_CHAIN_SESSIONS", "KeyChain"]
 #: Sessions whose turn match keys are kept in memory (``turn_keys``).
 KEY_CHAIN_SESSIONS = 256
 
-#: (seq, match key, content hash) of a session's turns with seq >= the argument, in order.
+#: (seq, match key, mark) of a session's turns with seq >= the argument, in order; the mark
+#: (content hash or row id) tells whether the last known turn is still the same row.
 RowReader = Callable[[int], Sequence[Sequence[Any]]]
 
 

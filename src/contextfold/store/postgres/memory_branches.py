@@ -122,13 +122,17 @@ class BranchesMixin:
 
     def turn_keys(self, session_id: str, lo: int, hi: int) -> dict[int, str]:
         """seq -> match key of the session's turns with ``lo <= seq <= hi``, from the
-        session's ``KeyChain`` (each call reads only the turns stored since the last one)."""
+        session's ``KeyChain`` (each call reads only the turns stored since the last one).
+
+        The chain recognises the last turn it knows by the turn's row id rather than its
+        content hash: row ids are never reused, so a session deleted and written again is
+        read over even when its new last turn says the same as the old one."""
         chain = self._key_chains.get(session_id, KeyChain)
         with chain.lock, self._read() as conn:
 
             def read(start: int) -> list[tuple[Any, ...]]:
                 return conn.execute(
-                    "SELECT seq, match_key, content_hash FROM turns WHERE session_id = %s"
+                    "SELECT seq, match_key, id FROM turns WHERE session_id = %s"
                     " AND seq >= %s ORDER BY seq",
                     (session_id, start),
                 ).fetchall()
