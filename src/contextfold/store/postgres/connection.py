@@ -14,6 +14,7 @@ open the store at the same moment take turns, and the second finds the work done
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,7 +27,7 @@ from contextfold.store import masked_location
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["Database", "PgMigrationRegistry", "utc"]
+__all__ = ["Database", "PgMigrationRegistry", "from_text", "to_text", "utc"]
 
 PgMigration = Callable[["psycopg.Connection[Any]"], None]
 
@@ -41,6 +42,30 @@ def utc(moment: datetime) -> datetime:
     """
     aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
     return aware.astimezone(UTC)
+
+
+# PostgreSQL text cannot hold NUL, which a message may: such a text (or one starting with
+# the marker itself) is stored as the marker and the JSON of the string, and read back
+# exactly. Any other text is stored as it is.
+_ENCODED = "\x01"
+
+
+def to_text(value: str) -> str:
+    """``value`` as a PostgreSQL text column can hold it (``from_text`` reads it back).
+
+    >>> from_text(to_text("a" + chr(0))) == "a" + chr(0), to_text("plain")
+    (True, 'plain')
+    """
+    if "\x00" in value or value.startswith(_ENCODED):
+        return _ENCODED + json.dumps(value)
+    return value
+
+
+def from_text(stored: str) -> str:
+    """The text ``to_text`` stored."""
+    if stored.startswith(_ENCODED):
+        return str(json.loads(stored[1:]))
+    return stored
 
 
 class PgMigrationRegistry:

@@ -57,7 +57,7 @@ from contextfold.store.models import (
     _now,
     match_key,
 )
-from contextfold.store.postgres.connection import Database, utc
+from contextfold.store.postgres.connection import Database, from_text, to_text, utc
 from contextfold.store.postgres.fts import Indexed, Tokenizer
 from contextfold.store.postgres.memory_branches import BranchesMixin
 from contextfold.store.postgres.memory_state import StateMixin
@@ -243,7 +243,7 @@ class PostgresMemoryStore(BranchesMixin, StateMixin):
                 (
                     (
                         message.role,
-                        text,
+                        to_text(text),
                         body,
                         hashlib.sha256(body.encode("utf-8")).hexdigest(),
                         utc(timestamps[i]) if timestamps is not None else now,
@@ -378,7 +378,7 @@ class PostgresMemoryStore(BranchesMixin, StateMixin):
                 " WHERE session_id = %s AND seq > %s ORDER BY seq",
                 (session_id, after),
             ).fetchall()
-        return [(int(r[0]), r[1], r[2], r[3]) for r in rows]
+        return [(int(r[0]), r[1], from_text(r[2]), r[3]) for r in rows]
 
     def turn_hash(self, session_id: str, seq: int) -> str | None:
         """The content hash of one turn (``None`` when it is not stored)."""
@@ -410,7 +410,7 @@ class PostgresMemoryStore(BranchesMixin, StateMixin):
     def turn_rows(self, session_id: str, seqs: Sequence[int]) -> dict[int, TurnRow]:
         """Role, text, time and token count of the given turns, without parsing messages."""
         rows = self._turn_columns(session_id, seqs, "role, content_text, created_at, token_count")
-        return {r[0]: TurnRow(r[0], r[1], r[2], utc(r[3]), r[4]) for r in rows}
+        return {r[0]: TurnRow(r[0], r[1], from_text(r[2]), utc(r[3]), r[4]) for r in rows}
 
     def active_tokens(self, session_id: str) -> int:
         """Tokens of the session's turns at or above its compaction watermark."""
@@ -589,7 +589,7 @@ class PostgresMemoryStore(BranchesMixin, StateMixin):
                 " ORDER BY t.seq",
                 (session_id, after, model),
             ).fetchall()
-        return [(int(r[0]), r[1]) for r in rows]
+        return [(int(r[0]), from_text(r[1])) for r in rows]
 
     def last_vector_seq(self, session_id: str, model: str) -> int:
         """The highest seq of the session with a vector from ``model`` (0 when none)."""

@@ -30,7 +30,7 @@ from contextfold.store.models import (
     _now,
     match_key,
 )
-from contextfold.store.postgres.connection import utc
+from contextfold.store.postgres.connection import to_text, utc
 from contextfold.store.postgres.fts import Indexed, Tokenizer
 from contextfold.store.postgres.search import SEGMENTS, TURNS, index_rows, ranked
 from contextfold.tokens import TokenCounter
@@ -485,7 +485,7 @@ class StateMixin:
                     sid,
                     turn.seq,
                     turn.message.role,
-                    text,
+                    to_text(text),
                     body,
                     turn.content_hash or hashlib.sha256(body.encode("utf-8")).hexdigest(),
                     utc(turn.created_at),
