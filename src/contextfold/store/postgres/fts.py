@@ -60,8 +60,11 @@ class Tokenizer:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             conn = sqlite3.connect(":memory:", isolation_level=None)
+            # Contentless: the index is all that is read, and 'delete-all' empties it at
+            # once (deleting rows one by one leaves tombstones every later read goes through).
             conn.execute(
-                "CREATE VIRTUAL TABLE doc USING fts5(body, sid, tokenize='porter unicode61')"
+                "CREATE VIRTUAL TABLE doc USING fts5(body, sid, content='',"
+                " tokenize='porter unicode61')"
             )
             conn.execute("CREATE VIRTUAL TABLE doc_terms USING fts5vocab(doc, 'instance')")
             self._local.conn = conn
@@ -89,7 +92,7 @@ class Tokenizer:
                     counts[i][0] += 1
                 else:
                     counts[i][1] += 1
-            conn.execute("DELETE FROM doc")
+            conn.execute("INSERT INTO doc (doc) VALUES ('delete-all')")
         finally:
             conn.execute("COMMIT")
         return [
