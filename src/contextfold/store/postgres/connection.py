@@ -177,13 +177,17 @@ class Database:
                 self._local.conn = None
 
     @contextmanager
-    def statement(self) -> Iterator[psycopg.Connection[Any]]:
+    def statement(self, *, guarded: bool = False) -> Iterator[psycopg.Connection[Any]]:
         """A connection for one write statement that is its own transaction (autocommit);
-        inside a transaction already open on this thread, that one, within a savepoint (a
-        statement that fails leaves it usable, as a failed statement leaves SQLite's)."""
+        inside a transaction already open on this thread, that one — within a savepoint when
+        ``guarded`` (a statement expected to fail at times, e.g. a duplicate id, then leaves
+        the transaction usable, as a failed statement leaves SQLite's)."""
         conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
         if conn is not None:
-            with conn.transaction():
+            if guarded:
+                with conn.transaction():
+                    yield conn
+            else:
                 yield conn
             return
         with self.pool.connection() as pooled:

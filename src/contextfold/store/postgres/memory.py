@@ -107,6 +107,11 @@ class PostgresMemoryStore(BranchesMixin, StateMixin):
     def _read(self) -> AbstractContextManager[psycopg.Connection[Any]]:
         return self._db.read()
 
+    def _statement(
+        self, *, guarded: bool = False
+    ) -> AbstractContextManager[psycopg.Connection[Any]]:
+        return self._db.statement(guarded=guarded)
+
     def close(self) -> None:
         self._db.close()
 
@@ -137,7 +142,7 @@ class PostgresMemoryStore(BranchesMixin, StateMixin):
         sid = session_id or uuid.uuid4().hex
         id_tokens = self._tokenizer.session_tokens(sid)
         try:
-            with self._tx() as conn, self._guarded(conn):
+            with self._db.statement(guarded=True) as conn:
                 conn.execute(
                     "INSERT INTO sessions (id, created_at, metadata, principal, id_tokens)"
                     " VALUES (%s, %s, %s, %s, %s)",
@@ -284,7 +289,7 @@ class PostgresMemoryStore(BranchesMixin, StateMixin):
                 terms.append(term)
                 positions.append("{" + ",".join(map(str, offsets)) + "}")
         try:
-            with self._db.statement() as conn:
+            with self._db.statement(guarded=True) as conn:
                 found = conn.execute(
                     "SELECT cf_append_turns(%s, %s, %s, %s, %s::text[], %s::text[], %s::text[],"
                     " %s::text[], %s::timestamptz[], %s::int[], %s::text[], %s::bool[],"

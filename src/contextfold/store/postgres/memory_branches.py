@@ -61,6 +61,10 @@ class BranchesMixin:
 
         def _read(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
 
+        def _statement(
+            self, *, guarded: bool = False
+        ) -> AbstractContextManager[psycopg.Connection[Any]]: ...
+
         def _turn_rows(
             self,
             session_id: str,
@@ -217,7 +221,7 @@ class BranchesMixin:
         for table, columns in (
             ("turn_tags", "seq, tag, weight, related"),
             ("turn_vectors", "seq, model, vector"),
-            ("turn_terms", "seq, term, positions"),
+            ("turn_terms", "seq, term, positions, text_tokens"),
         ):
             conn.execute(
                 f"INSERT INTO {table} (session_id, {columns}) SELECT %s, {columns}"
@@ -253,8 +257,9 @@ class BranchesMixin:
             (copy, segment_id),
         )
         conn.execute(
-            "INSERT INTO segment_terms (segment_id, session_id, term, positions)"
-            " SELECT %s, %s, term, positions FROM segment_terms WHERE segment_id = %s",
+            "INSERT INTO segment_terms (segment_id, session_id, term, positions, text_tokens,"
+            " first_seq) SELECT %s, %s, term, positions, text_tokens, first_seq"
+            " FROM segment_terms WHERE segment_id = %s",
             (copy, new, segment_id),
         )
         add_totals(conn, SEGMENTS, new, 1, text_tokens + id_tokens)
@@ -290,7 +295,7 @@ class BranchesMixin:
 
     def mark_derived(self, session_id: str, seq: int) -> None:
         """Turns up to ``seq`` are derived (tagged and embedded)."""
-        with self._tx() as conn:
+        with self._statement() as conn:
             conn.execute(
                 "UPDATE sessions SET derived_seq = GREATEST(derived_seq, %s) WHERE id = %s",
                 (seq, session_id),
@@ -308,12 +313,12 @@ class BranchesMixin:
 
     def enqueue_job(self, session_id: str, kind: str = "derive") -> None:
         """Queue ``kind`` for the session (nothing when one is already pending)."""
-        with self._tx() as conn:
+        with self._statement() as conn:
             self._enqueue(conn, session_id, kind)
 
     def drop_pending_job(self, session_id: str, kind: str = "derive") -> None:
         """Remove the session's pending ``kind`` job (its work is about to be done in line)."""
-        with self._tx() as conn:
+        with self._statement() as conn:
             conn.execute(
                 "DELETE FROM jobs WHERE session_id = %s AND kind = %s AND state = 'pending'",
                 (session_id, kind),
@@ -374,7 +379,7 @@ class BranchesMixin:
     def finish_job(self, job_id: int, owner: str | None = None) -> bool:
         """Remove a job its worker has done; whether it was still that worker's."""
         held, params = _held(job_id, owner)
-        with self._tx() as conn:
+        with self._statement() as conn:
             return conn.execute(f"DELETE FROM jobs WHERE {held}", params).rowcount > 0
 
     def fail_job(

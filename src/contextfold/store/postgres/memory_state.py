@@ -56,6 +56,10 @@ class StateMixin:
 
         def _read(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
 
+        def _statement(
+            self, *, guarded: bool = False
+        ) -> AbstractContextManager[psycopg.Connection[Any]]: ...
+
         @staticmethod
         def _last_seq(conn: psycopg.Connection[Any], session_id: str) -> int: ...
 
@@ -108,7 +112,15 @@ class StateMixin:
                     )
                     for seg, index in zip(segments, indexed, strict=True)
                 ]
-                index_rows(conn, SEGMENTS, session_id, ids, indexed, int(row[1]))
+                index_rows(
+                    conn,
+                    SEGMENTS,
+                    session_id,
+                    ids,
+                    indexed,
+                    int(row[1]),
+                    [seg.first_seq for seg in segments],
+                )
                 if _before_commit is not None:
                     _before_commit()
                 conn.execute(
@@ -230,7 +242,7 @@ class StateMixin:
     ) -> None:
         """Store the one summary of ``tag``, covering its turns up to ``source_watermark``."""
         count = self.counter.count(summary) if tokens is None else tokens
-        with self._tx() as conn:
+        with self._statement() as conn:
             conn.execute(
                 "INSERT INTO tag_summaries (session_id, tag, summary, tokens, source_watermark,"
                 " updated_at) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (session_id, tag)"
@@ -265,7 +277,7 @@ class StateMixin:
     # -- aliases --------------------------------------------------------------------------------
 
     def set_alias(self, alias: str, canonical: str) -> None:
-        with self._tx() as conn:
+        with self._statement() as conn:
             conn.execute(
                 "INSERT INTO aliases (alias, canonical) VALUES (%s, %s)"
                 " ON CONFLICT (alias) DO UPDATE SET canonical = excluded.canonical",
@@ -294,7 +306,7 @@ class StateMixin:
         import psycopg
 
         try:
-            with self._tx() as conn, conn.transaction():
+            with self._statement(guarded=True) as conn:
                 conn.execute(
                     "INSERT INTO working_set (session_id, tag, depth, last_used, tokens)"
                     " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (session_id, tag) DO UPDATE SET"
@@ -334,7 +346,7 @@ class StateMixin:
         at: datetime | None = None,
     ) -> None:
         """Record one LLM call (``kind`` e.g. ``"tagging"``, ``"summary"``)."""
-        with self._tx() as conn:
+        with self._statement() as conn:
             conn.execute(
                 "INSERT INTO cost_log (session_id, at, kind, model, prompt_tokens,"
                 " completion_tokens, cost_usd) VALUES (%s, %s, %s, %s, %s, %s, %s)",
@@ -464,7 +476,15 @@ class StateMixin:
                 )
                 for seg, index in zip(dump.segments, segment_index, strict=True)
             ]
-            index_rows(conn, SEGMENTS, sid, ids, segment_index, id_tokens)
+            index_rows(
+                conn,
+                SEGMENTS,
+                sid,
+                ids,
+                segment_index,
+                id_tokens,
+                [seg.first_seq for seg in dump.segments],
+            )
             self._load_state(conn, sid, dump)
 
     @staticmethod

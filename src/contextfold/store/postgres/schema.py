@@ -141,14 +141,18 @@ def m002_full_text(conn: psycopg.Connection[Any]) -> None:
         "ALTER TABLE turns ADD COLUMN text_tokens INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE segments ADD COLUMN text_tokens INTEGER NOT NULL DEFAULT 0",
         # No foreign key to turns: a key check per term row would cost more than the row;
-        # only the store writes here, and ``delete_session`` deletes a session's terms.
+        # only the store writes here, and ``delete_session`` deletes a session's terms. Each
+        # term row repeats its row's token count (and a segment's its first seq), so a search
+        # reads everything it ranks with from the terms table alone.
         "CREATE TABLE turn_terms ("
         " session_id TEXT NOT NULL, seq INTEGER NOT NULL, term TEXT NOT NULL,"
-        " positions INTEGER[] NOT NULL, PRIMARY KEY (session_id, term, seq))",
+        " positions INTEGER[] NOT NULL, text_tokens INTEGER NOT NULL,"
+        " PRIMARY KEY (session_id, term, seq))",
         "CREATE INDEX turn_terms_by_term ON turn_terms (term)",
         "CREATE TABLE segment_terms ("
         " segment_id BIGINT NOT NULL REFERENCES segments(id) ON DELETE CASCADE,"
         " session_id TEXT NOT NULL, term TEXT NOT NULL, positions INTEGER[] NOT NULL,"
+        " text_tokens INTEGER NOT NULL, first_seq INTEGER NOT NULL,"
         " PRIMARY KEY (segment_id, term))",
         "CREATE INDEX segment_terms_by_session ON segment_terms (session_id, term)",
         "CREATE INDEX segment_terms_by_term ON segment_terms (term)",
@@ -199,8 +203,8 @@ BEGIN
     SELECT p_session, v_last + i, p_roles[i], p_texts[i], p_bodies[i], p_hashes[i],
            p_created[i], p_tokens[i], p_keys[i], p_partial[i], p_text_tokens[i]
     FROM generate_series(1, v_n) AS i;
-    INSERT INTO turn_terms (session_id, seq, term, positions)
-    SELECT p_session, v_last + k, t, p::INTEGER[]
+    INSERT INTO turn_terms (session_id, seq, term, positions, text_tokens)
+    SELECT p_session, v_last + k, t, p::INTEGER[], p_text_tokens[k]
     FROM unnest(p_term_turn, p_terms, p_positions) AS u(k, t, p);
     UPDATE fts_totals
     SET n_rows = n_rows + v_n,

@@ -32,34 +32,18 @@ __all__ = ["SEGMENTS", "TURNS", "FtsIndex", "add_totals", "index_rows", "ranked"
 class FtsIndex:
     """Where one indexed table keeps its terms: ``tbl`` names its ``fts_totals`` rows,
     ``terms`` its terms table, ``row`` the columns naming a row there, ``key`` the one that
-    identifies a row within a session, and ``matches`` the query reading (key, term,
-    positions, text tokens, order) of a session's rows holding any of some terms."""
+    identifies a row within a session, and ``order`` the column ties are broken by (turns:
+    the seq; segments: the first seq, kept with the terms)."""
 
     tbl: str
     terms: str
     row: str
     key: str
-    matches: str
+    order: str
 
 
-TURNS = FtsIndex(
-    "turns",
-    "turn_terms",
-    "session_id, seq",
-    "seq",
-    "SELECT tt.seq, tt.term, tt.positions, t.text_tokens, t.seq FROM turn_terms tt"
-    " JOIN turns t ON t.session_id = tt.session_id AND t.seq = tt.seq"
-    " WHERE tt.session_id = %s AND tt.term = ANY(%s)",
-)
-SEGMENTS = FtsIndex(
-    "segments",
-    "segment_terms",
-    "segment_id",
-    "segment_id",
-    "SELECT st.segment_id, st.term, st.positions, s.text_tokens, s.first_seq"
-    " FROM segment_terms st JOIN segments s ON s.id = st.segment_id"
-    " WHERE st.session_id = %s AND st.term = ANY(%s)",
-)
+TURNS = FtsIndex("turns", "turn_terms", "session_id, seq", "seq", "seq")
+SEGMENTS = FtsIndex("segments", "segment_terms", "segment_id", "segment_id", "first_seq")
 
 
 def shard(session_id: str) -> int:
@@ -86,22 +70,28 @@ def index_rows(
     keys: Sequence[int],
     rows: Sequence[Indexed],
     id_tokens: int,
+    orders: Sequence[int] | None = None,
 ) -> None:
-    """Index new rows (``keys[i]`` is the row ``rows[i]`` was tokenized from)."""
-    flat_keys: list[int] = []
-    terms: list[str] = []
-    positions: list[str] = []
-    for key, row in zip(keys, rows, strict=True):
+    """Index new rows (``keys[i]`` is the row ``rows[i]`` was tokenized from; ``orders[i]``
+    its tie-break, when that is not its key: a segment's first seq)."""
+    ties = orders if orders is not None else keys
+    columns: tuple[list[Any], ...] = ([], [], [], [], [])
+    for key, row, tie in zip(keys, rows, ties, strict=True):
         for term, offsets in row.terms.items():
-            flat_keys.append(key)
-            terms.append(term)
-            positions.append("{" + ",".join(map(str, offsets)) + "}")
-    if terms:
+            for column, value in zip(
+                columns,
+                (key, term, "{" + ",".join(map(str, offsets)) + "}", row.text_tokens, tie),
+                strict=True,
+            ):
+                column.append(value)
+    if columns[0]:
+        order = "" if index.order == index.key else f", {index.order}"
         conn.execute(
-            f"INSERT INTO {index.terms} (session_id, {index.key}, term, positions)"
-            " SELECT %s, k, t, p::integer[] FROM unnest(%s::bigint[], %s::text[], %s::text[])"
-            " AS u(k, t, p)",
-            (session_id, flat_keys, terms, positions),
+            f"INSERT INTO {index.terms} (session_id, {index.key}, term, positions, text_tokens"
+            f"{order}) SELECT %s, k, t, p::integer[], n{', o' if order else ''}"
+            " FROM unnest(%s::bigint[], %s::text[], %s::text[], %s::int[], %s::int[])"
+            " AS u(k, t, p, n, o)",
+            (session_id, *columns),
         )
     text_tokens = sum(row.text_tokens for row in rows)
     add_totals(conn, index, session_id, len(rows), text_tokens + len(rows) * id_tokens)
@@ -124,7 +114,11 @@ def ranked(
     singles = sorted({phrase[0] for phrase in phrases if len(phrase) == 1})
     # One round trip: the session's matching rows, and the statistics of the whole table.
     with conn.pipeline():
-        matches = conn.execute(index.matches, (session_id, tokens))
+        matches = conn.execute(
+            f"SELECT {index.key}, term, positions, text_tokens, {index.order}"
+            f" FROM {index.terms} WHERE session_id = %s AND term = ANY(%s)",
+            (session_id, tokens),
+        )
         stats = conn.execute(
             "SELECT (SELECT COALESCE(SUM(n_rows), 0) FROM fts_totals WHERE tbl = %s),"
             " (SELECT COALESCE(SUM(n_tokens), 0) FROM fts_totals WHERE tbl = %s),"
