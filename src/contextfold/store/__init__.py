@@ -18,10 +18,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from contextfold.store.protocols import MemoryStorage
+    from contextfold.store.protocols import DocumentStorage, GraphStorage, MemoryStorage
     from contextfold.tokens import TokenCounter
 
-__all__ = ["STORE_URL_ENV", "is_database_url", "open_memory_store", "store_url"]
+__all__ = [
+    "STORE_URL_ENV",
+    "is_database_url",
+    "open_document_store",
+    "open_graph_store",
+    "open_memory_store",
+    "store_url",
+]
 
 #: The environment variable that points every process at one shared store.
 STORE_URL_ENV = "CONTEXTFOLD_STORE_URL"
@@ -54,3 +61,36 @@ def open_memory_store(
     if str(location) != ":memory:":
         Path(location).parent.mkdir(parents=True, exist_ok=True)
     return MemoryStore(location, counter=counter)
+
+
+def open_document_store(location: str | Path = ":memory:") -> DocumentStorage:
+    """The document store (documents, chunks, vectors) at ``location``: PostgreSQL for a
+    ``postgresql://`` URL (``contextfold[postgres]``), else SQLite (a file path, its folder
+    made, or ``":memory:"``).
+
+    >>> open_document_store(":memory:").version
+    0
+    """
+    if is_database_url(location):
+        from contextfold.store.postgres.documents import PostgresDocumentStore
+
+        return PostgresDocumentStore(str(location))
+    from contextfold.store.sqlite.documents import DocumentStore
+
+    return DocumentStore(location)
+
+
+def open_graph_store(location: str | Path = ":memory:") -> GraphStorage:
+    """The knowledge graph at ``location``: PostgreSQL for a ``postgresql://`` URL, else
+    SQLite (a file path, its folder made, or ``":memory:"``).
+
+    >>> open_graph_store(":memory:").add_node("t", "faq", "Refunds").id
+    1
+    """
+    if is_database_url(location):
+        from contextfold.store.postgres.graph import PostgresGraph
+
+        return PostgresGraph(str(location))
+    from contextfold.store.sqlite.graph import KnowledgeGraph
+
+    return KnowledgeGraph(location)
