@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from contextfold.retrieval.base import Embedder
     from contextfold.retrieval.dense import NumpyVectorIndex
     from contextfold.retrieval.sparse import BM25Index
+    from contextfold.store.protocols import GraphStorage
 
 __all__ = [
     "DEFAULT_ENTRY_TYPES",
@@ -317,7 +318,7 @@ def _bm25(candidates: Sequence[KnowledgeNode]) -> BM25Index:
 
 
 def _vectors(
-    graph: KnowledgeGraph, embedder: Embedder, candidates: Sequence[KnowledgeNode]
+    graph: GraphStorage, embedder: Embedder, candidates: Sequence[KnowledgeNode]
 ) -> NumpyVectorIndex:
     from contextfold.retrieval.dense import NumpyVectorIndex
 
@@ -327,7 +328,7 @@ def _vectors(
 
 
 def _entry_points(
-    graph: KnowledgeGraph,
+    graph: GraphStorage,
     view: GraphView,
     request: GraphContextRequest,
     embedder: Embedder | None,
@@ -456,7 +457,7 @@ def _counter(model: str) -> TokenCounter:
 
 
 def graph_context(
-    graph: KnowledgeGraph,
+    graph: GraphStorage,
     request: GraphContextRequest,
     *,
     embedder: Embedder | None = None,

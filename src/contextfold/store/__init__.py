@@ -18,12 +18,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from contextfold.store.protocols import DocumentStorage, GraphStorage, MemoryStorage
+    from contextfold.store.protocols import (
+        CatalogueStorage,
+        DocumentStorage,
+        GraphStorage,
+        MemoryStorage,
+    )
     from contextfold.tokens import TokenCounter
 
 __all__ = [
     "STORE_URL_ENV",
     "is_database_url",
+    "open_catalogue",
     "open_document_store",
     "open_graph_store",
     "open_memory_store",
@@ -94,3 +100,32 @@ def open_graph_store(location: str | Path = ":memory:") -> GraphStorage:
     from contextfold.store.sqlite.graph import KnowledgeGraph
 
     return KnowledgeGraph(location)
+
+
+def open_catalogue(location: str | Path = ":memory:") -> CatalogueStorage:
+    """The context API's document catalogue with its knowledge graph (``.graph``) at
+    ``location``: PostgreSQL for a ``postgresql://`` URL, else SQLite — one file or
+    database for both, so a document's nodes and its entry commit together.
+
+    >>> open_catalogue(":memory:").graph.nodes()
+    []
+    """
+    if is_database_url(location):
+        from contextfold.store.postgres.catalogue import PostgresCatalogue
+        from contextfold.store.postgres.graph import PostgresGraph
+
+        pg = PostgresGraph(str(location))
+        try:
+            return PostgresCatalogue(pg)
+        except BaseException:
+            pg.close()
+            raise
+    from contextfold.store.sqlite.catalogue import SqliteCatalogue
+    from contextfold.store.sqlite.graph import KnowledgeGraph
+
+    graph = KnowledgeGraph(location)
+    try:
+        return SqliteCatalogue(graph)
+    except BaseException:
+        graph.close()
+        raise

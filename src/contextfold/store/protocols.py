@@ -345,7 +345,7 @@ class MemoryStorage(Protocol):
 
 if TYPE_CHECKING:
     from contextfold.retrieval.base import Chunk, Embedder
-    from contextfold.store.document_models import DocumentRecord
+    from contextfold.store.document_models import CatalogueEntry, DocumentRecord
     from contextfold.store.graph_models import (
         EdgeType,
         GraphView,
@@ -354,7 +354,7 @@ if TYPE_CHECKING:
         NodeType,
     )
 
-__all__ += ["DocumentStorage", "GraphStorage"]
+__all__ += ["CatalogueStorage", "DocumentStorage", "GraphStorage"]
 
 
 @runtime_checkable
@@ -605,3 +605,38 @@ class GraphStorage(Protocol):
     def embed_nodes(
         self, embedder: Embedder, nodes: Sequence[KnowledgeNode]
     ) -> npt.NDArray[np.float32]: ...
+
+
+@runtime_checkable
+class CatalogueStorage(Protocol):
+    """The context API's document catalogue: which graph nodes each loaded document became,
+    under ``(tenant_id, document_id)``. It lives with its ``graph`` (same file or database)
+    and its writes join ``graph.transaction()``, so a document's nodes, edges and entry
+    commit together or not at all.
+
+    **Invariants** (``tests/store/test_graph_conformance.py``): one entry per
+    ``(tenant_id, document_id)`` (a second insert fails with the backend's integrity error);
+    ``entries`` and ``counts`` never return another tenant's rows when tenants are given,
+    and list by tenant then document id in byte order; ``node_ids`` are stored as given —
+    which of them are still the document's chunks is the caller's to check against the
+    graph (node ids are never reused, so a stale id can never name another tenant's node).
+    """
+
+    @property
+    def graph(self) -> GraphStorage:
+        """The knowledge graph the catalogue lives with."""
+        ...
+
+    def close(self) -> None:
+        """Close the catalogue and its graph."""
+        ...
+
+    def get(self, tenant_id: str, document_id: str) -> CatalogueEntry | None: ...
+
+    def entries(self, tenant_ids: Iterable[str] | None = None) -> list[CatalogueEntry]: ...
+
+    def insert(self, entry: CatalogueEntry) -> None: ...
+
+    def delete(self, tenant_id: str, document_id: str) -> bool: ...
+
+    def counts(self) -> dict[str, int]: ...

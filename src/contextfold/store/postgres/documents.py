@@ -154,7 +154,10 @@ class PostgresDocumentStore:
                     f"{len(chunks)} chunks of document {document.id} need as many vectors and "
                     f"a model name, got {len(vectors)} vectors, model={model!r}"
                 )
-        documents, names, chunk_rows, vector_rows = [], [], [], []
+        documents: list[tuple[Any, ...]] = []
+        names: list[tuple[str, str, str]] = []
+        chunk_rows: list[tuple[Any, ...]] = []
+        vector_rows: list[tuple[Any, ...]] = []
         for document, chunks, vectors in batch:
             documents.append(
                 (

@@ -167,6 +167,13 @@ class KnowledgeGraph(GraphBase):
     # -- writing ---------------------------------------------------------------------------
 
     @contextmanager
+    def connection(self) -> Iterator[sqlite3.Connection]:
+        """The graph's connection, under its lock, for a store keeping its own tables in the
+        same file (its statements join an open ``transaction``)."""
+        with self._lock:
+            yield self._conn
+
+    @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """One transaction over several writes: the graph's own (``add_nodes``,
         ``add_edges``, ``remove_nodes``, …) join it, and so do statements run on the
