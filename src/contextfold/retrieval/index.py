@@ -3,9 +3,10 @@
 A document store (``contextfold.store.protocols.DocumentStorage``: SQLite, or PostgreSQL for a
 ``postgresql://`` URL) holds documents, chunks and vectors; the BM25 index (bm25s) and the
 vector index are derived from it, in memory, and rebuilt whenever the store's corpus version
-moves — so an index notices documents another process added or removed before it searches. For a file-backed index the BM25 index is saved next to the
-database (``<db>.bm25/``) stamped with the corpus version and loaded memory-mapped when the
-stamp matches, so opening a large corpus does not re-index it.
+moves — so an index notices documents another process added or removed before it searches.
+For a file-backed index the BM25 index is saved next to the database (``<db>.bm25/``) stamped
+with the corpus version and loaded memory-mapped when the stamp matches, so opening a large
+corpus does not re-index it.
 
 >>> from contextfold.testing import HashEmbedder
 >>> index = DocumentIndex(embedder=HashEmbedder())
