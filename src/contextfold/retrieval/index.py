@@ -238,9 +238,7 @@ class DocumentIndex:
             stamp = folder / "corpus_version.json" if folder else None
             if stamp is not None and stamp.exists():
                 saved = json.loads(stamp.read_text())
-                if saved.get("version") == version and saved.get("params") == (
-                    self._bm25_params
-                ):
+                if saved.get("version") == version and saved.get("params") == (self._bm25_params):
                     assert folder is not None
                     self._bm25 = BM25Index.load(folder, mmap=True)
             if len(self._bm25) == 0:
