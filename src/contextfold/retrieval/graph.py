@@ -27,6 +27,9 @@
    ahead of a better-ranked one. Entities are collected from the nodes that survived the
    budget, so every entity returned belongs to returned context.
 
+``graph`` is any ``GraphStorage``: ``KnowledgeGraph`` (SQLite, the default) or what
+``contextfold.store.open_graph_store`` opens for a ``postgresql://`` URL.
+
 >>> graph = KnowledgeGraph()
 >>> faq = graph.add_node("support", "faq", "How to process refunds", summary="Refund steps")
 >>> flow = graph.add_node("support", "playbook", "Approval chain over $100")
@@ -54,15 +57,15 @@ from contextfold.items import ContextItem, SourceType
 from contextfold.retrieval.base import MatchSource
 from contextfold.retrieval.floor import RelevanceFloor, resolve_floor
 from contextfold.retrieval.fusion import rrf
-from contextfold.store.sqlite.graph import (
+from contextfold.store.graph_models import (
     EdgeType,
     GraphView,
     KnowledgeEdge,
-    KnowledgeGraph,
     KnowledgeNode,
     NodeType,
     search_text,
 )
+from contextfold.store.sqlite.graph import KnowledgeGraph  # the embedded default, re-exported
 from contextfold.tokens import TokenCounter, counter_for_model
 
 if TYPE_CHECKING:
