@@ -283,8 +283,8 @@ def test_an_index_notices_documents_another_index_added_and_removed(
         reader.add_document("Parking is free on weekends.", doc_id="parking")
         assert [h.metadata["doc_id"] for h in writer.search("parking", mode="bm25")] == ["parking"]
     finally:
-        writer.store.close()
-        reader.store.close()
+        writer.close()
+        reader.close()
 
 
 def test_an_index_rebuilds_when_another_writer_wrote_between_its_own_writes(
@@ -301,7 +301,7 @@ def test_an_index_rebuilds_when_another_writer_wrote_between_its_own_writes(
         found = {h.metadata["doc_id"] for h in mine.search("gamma procedures", mode="bm25")}
         assert found == {"gamma"}
     finally:
-        mine.store.close()
+        mine.close()
 
 
 # -- PostgreSQL migrations -----------------------------------------------------------------

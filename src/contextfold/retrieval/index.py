@@ -175,6 +175,10 @@ class DocumentIndex:
         self._loaded = False
         self._synced = -1  # the store version the derived indexes reflect
 
+    def close(self) -> None:
+        """Close the document store (a PostgreSQL store gives its connections back)."""
+        self.store.close()
+
     # -- components ------------------------------------------------------------------------
 
     @property
