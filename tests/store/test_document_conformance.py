@@ -86,7 +86,7 @@ def test_remove_cascades_to_chunks_and_vectors(store: DocumentStorage) -> None:
 
 
 def test_matching_chunks_filters_by_tenant_and_metadata(store: DocumentStorage) -> None:
-    d1 = doc("first", tenant="t1", region="eu", n=1, nested={"level": "deep"}, gone=None)
+    d1 = doc("first", tenant="t1", region="eu", n=1, nested={"level": "deep"}, gone=None, ok=True)
     d2 = doc("second", tenant="t2", region="us", n=2.0, gone="doc")
     store.add(d1, chunks(d1, ["first"]))
     store.add(d2, chunks(d2, ["second"]))
@@ -102,6 +102,7 @@ def test_matching_chunks_filters_by_tenant_and_metadata(store: DocumentStorage) 
     assert store.matching_chunks(filters={"nested.level": "deep"}) == {c1}
     assert store.matching_chunks(filters={"gone": "doc"}) == {c2}
     assert store.matching_chunks(filters={"missing": "x"}) == set()
+    assert store.matching_chunks(filters={"ok": True}) == {c1}
     with pytest.raises(ConfigError, match="plain names"):
         store.matching_chunks(filters={"x') OR 1=1 --": 1})
 

@@ -6,7 +6,8 @@ table; an identity column ``seq`` stands in for SQLite's ``rowid`` wherever the 
 promises insertion order. Vectors are float32 ``bytea`` — pgvector is not assumed (it is
 not installable everywhere this runs, and the index ranks vectors in memory anyway) — and
 come back as numpy matrices exactly as from SQLite. Metadata is JSON text, so it reads back
-key for key as written; filters cast it to ``jsonb``. No full-text index: BM25 lives in the
+key for key as written; filters cast it to ``jsonb`` (so a JSON ``true`` matches ``True`` only,
+where SQLite's ``json_extract`` also lets it match ``1``). No full-text index: BM25 lives in the
 ``DocumentIndex``'s memory, rebuilt when the corpus ``version`` moves.
 """
 
