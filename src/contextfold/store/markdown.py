@@ -80,10 +80,17 @@ class _Dumper(yaml.SafeDumper):
 
 
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    # Asked for; the emitter falls back to a quoted string when a block cannot keep the text
-    # exactly (trailing spaces, control characters).
-    style = "|" if "\n" in value else None
+    # Text with a character YAML reads as a line break (or drops) goes double-quoted, where
+    # the emitter escapes it; other multi-line text is a literal block (the emitter still
+    # falls back to a quoted string where a block cannot keep it exactly: trailing spaces).
+    if any(c in _ESCAPE or (c != "\n" and not c.isprintable()) for c in value):
+        style: str | None = '"'
+    else:
+        style = "|" if "\n" in value else None
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_ESCAPE = frozenset("\r\x85\u2028\u2029\ufeff")
 
 
 _Dumper.add_representer(str, _str)
@@ -95,7 +102,7 @@ def _front(data: dict[str, Any], body: str) -> str:
         Dumper=_Dumper,
         allow_unicode=True,
         sort_keys=False,
-        width=100,
+        width=1 << 30,  # no folded lines: a long string stays on one line
         default_flow_style=False,
     )
     # The body ends with one newline more than the text (a file ends with a newline: diffs

@@ -59,7 +59,8 @@ def check_dump(dump: SessionDump) -> None:
             raise ConfigError(f"turn {turn.seq} of the dump of {sid!r} is {turn.session_id!r}'s")
         if turn.seq != expected:
             raise ConfigError(
-                f"the turns of {sid!r} must be seqs 1, 2, …: {turn.seq} at {expected}"
+                f"the turns of {sid!r} must be seqs 1, 2, … without a gap: {turn.seq} comes "
+                f"where {expected} should"
             )
         digest = hashlib.sha256(_message_json(turn.message).encode("utf-8")).hexdigest()
         if digest != turn.content_hash:
