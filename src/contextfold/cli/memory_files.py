@@ -75,7 +75,7 @@ def export_command(
 
     One folder per session: session.md (the session record, working set, a list of turns),
     turns/000001.md … (role, time, content hash, tags; the message text as the body),
-    segments/, and tags/<tag>/ (the turns with the tag, its summary). store.md holds the
+    segments/, and tags/TAG/ (the turns with the tag, its summary). store.md holds the
     aliases and the cost log. Turn vectors are not written (recall computes them again).
     `contextfold memory import DIR` reads it back exactly."""
     from contextfold.store.markdown import export_markdown

@@ -144,8 +144,8 @@ def migrate_command(
     Each session moves whole: its raw turns with their seqs, content hashes and times, tags,
     segments, tag summaries, working set, turn vectors, branch and watermark. SRC is only read.
     The check compares the session count and each session's last turn and its content hash;
-    a difference exits 1. A deployment then points at DST (CONTEXTFOLD_STORE_URL or `store:`
-    in contextfold.yaml)."""
+    on a difference the command fails (exit status 1). A deployment then points at DST
+    (CONTEXTFOLD_STORE_URL or `store:` in contextfold.yaml)."""
     from contextfold.store.transfer import migrate
 
     with cli_errors():
