@@ -155,6 +155,14 @@ def assert_same(a: SessionDump, b: SessionDump, *, vectors: bool = True) -> None
             assert np.array_equal(b.vectors[model][1], matrix)
 
 
+def _sessions_of(location: str | Path) -> list[str]:
+    store = open_memory_store(location, counter=CharCounter())
+    try:
+        return store.sessions()
+    finally:
+        store.close()
+
+
 def _everything(store: MemoryStorage) -> dict[str, SessionDump]:
     return {sid: store.dump_session(sid) for sid in store.sessions()}
 
@@ -266,10 +274,13 @@ def test_migrate_function_reports_and_verifies(src: MemoryStore, dst: MemoryStor
     assert dst.cost_entries() == src.cost_entries()
 
 
+@pytest.mark.integration
 def test_store_migrate_file_to_store(tmp_path: Path, dst_location: str) -> None:
     source = tmp_path / "src.db"
     _filled(source).close()
-    before = _everything(open_memory_store(source, counter=CharCounter()))
+    first = open_memory_store(source, counter=CharCounter())
+    before = _everything(first)
+    first.close()
     result = invoke("store", "migrate", source, dst_location, "--no-progress")
     assert result.exit_code == 0, result.output
     assert "3 copied, 0 skipped" in result.stdout and "16" in result.stdout
@@ -300,6 +311,7 @@ def test_store_migrate_file_to_store(tmp_path: Path, dst_location: str) -> None:
     copied.close()
 
 
+@pytest.mark.integration
 def test_store_migrate_errors(tmp_path: Path) -> None:
     source = tmp_path / "src.db"
     _filled(source).close()
@@ -320,6 +332,7 @@ def test_store_migrate_errors(tmp_path: Path) -> None:
 # -- markdown ----------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_markdown_round_trip_through_the_cli(tmp_path: Path, dst_location: str) -> None:
     source = tmp_path / "src.db"
     _filled(source).close()
@@ -355,6 +368,7 @@ def test_markdown_round_trip_through_the_cli(tmp_path: Path, dst_location: str) 
     loaded.close()
 
 
+@pytest.mark.integration
 def test_markdown_import_refuses_a_tampered_turn(tmp_path: Path) -> None:
     source = tmp_path / "src.db"
     _filled(source).close()
@@ -367,7 +381,7 @@ def test_markdown_import_refuses_a_tampered_turn(tmp_path: Path) -> None:
     assert result.exit_code == 2
     first = result.stderr.splitlines()[0]
     assert str(plain) in first and "content hash" in first
-    assert open_memory_store(target, counter=CharCounter()).sessions() == []
+    assert _sessions_of(target) == []
 
     # A tool-call turn: its text is rendered from the message in the front-matter.
     plain.write_text(plain.read_text(encoding="utf-8").replace("Monday", "Friday"), "utf-8")
@@ -376,9 +390,10 @@ def test_markdown_import_refuses_a_tampered_turn(tmp_path: Path) -> None:
     tool.write_text(head + mark + body.replace("Ich schaue", "Du schaust"), "utf-8")
     result = invoke("memory", "import", out, "--store", target)
     assert result.exit_code == 2 and str(tool) in result.stderr and "edited" in result.stderr
-    assert open_memory_store(target, counter=CharCounter()).sessions() == []
+    assert _sessions_of(target) == []
 
 
+@pytest.mark.integration
 def test_markdown_import_errors(tmp_path: Path) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
