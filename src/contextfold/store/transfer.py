@@ -22,18 +22,20 @@ there are not copied twice).
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from contextfold.errors import ConfigError
+from contextfold.store.models import _message_json
 
 if TYPE_CHECKING:
-    from contextfold.store.models import CostEntry
+    from contextfold.store.models import CostEntry, SessionDump
     from contextfold.store.protocols import MemoryStorage
 
-__all__ = ["MigrationReport", "copy_costs", "migrate", "verify"]
+__all__ = ["MigrationReport", "check_dump", "copy_costs", "migrate", "verify"]
 
 #: ``progress(session_id, turns)``: called after each session is copied (or skipped).
 Progress = Callable[[str, int], None]
@@ -51,6 +53,27 @@ class MigrationReport:
     costs: int = 0
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+
+
+def check_dump(dump: SessionDump) -> None:
+    """Refuse a dump that would break a store's invariants: turns of another session, seqs
+    that are not 1, 2, … without a gap, or a content hash that is not its message's
+    (``ConfigError``). Each backend's ``load_session`` calls it before writing anything."""
+    sid = dump.session.id
+    for expected, turn in enumerate(dump.turns, start=1):
+        if turn.session_id != sid:
+            raise ConfigError(f"turn {turn.seq} of the dump of {sid!r} is {turn.session_id!r}'s")
+        if turn.seq != expected:
+            raise ConfigError(
+                f"the turns of {sid!r} must be seqs 1, 2, … without a gap: {turn.seq} comes "
+                f"where {expected} should"
+            )
+        digest = hashlib.sha256(_message_json(turn.message).encode("utf-8")).hexdigest()
+        if digest != turn.content_hash:
+            raise ConfigError(
+                f"turn {turn.seq} of {sid!r}: its content hash {turn.content_hash[:12]}… is not "
+                f"its message's ({digest[:12]}…)"
+            )
 
 
 def _cost_key(entry: CostEntry) -> tuple[object, ...]:

@@ -24,7 +24,6 @@ turns already derived get none.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sqlite3
 from collections.abc import Iterator, Sequence
@@ -46,28 +45,9 @@ from contextfold.store.models import (
     _now,
     match_key,
 )
+from contextfold.store.transfer import check_dump
 
-__all__ = ["TransferMixin", "check_dump"]
-
-
-def check_dump(dump: SessionDump) -> None:
-    """Refuse a dump that would break the store's invariants: turns of another session, seqs
-    that are not 1, 2, … without a gap, or a content hash that is not its message's."""
-    sid = dump.session.id
-    for expected, turn in enumerate(dump.turns, start=1):
-        if turn.session_id != sid:
-            raise ConfigError(f"turn {turn.seq} of the dump of {sid!r} is {turn.session_id!r}'s")
-        if turn.seq != expected:
-            raise ConfigError(
-                f"the turns of {sid!r} must be seqs 1, 2, … without a gap: {turn.seq} comes "
-                f"where {expected} should"
-            )
-        digest = hashlib.sha256(_message_json(turn.message).encode("utf-8")).hexdigest()
-        if digest != turn.content_hash:
-            raise ConfigError(
-                f"turn {turn.seq} of {sid!r}: its content hash {turn.content_hash[:12]}… is not "
-                f"its message's ({digest[:12]}…)"
-            )
+__all__ = ["TransferMixin"]
 
 
 class TransferMixin:
