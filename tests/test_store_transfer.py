@@ -27,7 +27,7 @@ from contextfold.store.markdown import _read, _write, export_markdown, import_ma
 from contextfold.store.models import NewSegment, SessionDump
 from contextfold.store.protocols import MemoryStorage
 from contextfold.store.sqlite.memory import MemoryStore
-from contextfold.store.transfer import migrate
+from contextfold.store.transfer import migrate, verify
 from contextfold.tokens import CharCounter
 from strategies import histories
 
@@ -272,6 +272,26 @@ def test_migrate_function_reports_and_verifies(src: MemoryStore, dst: MemoryStor
     assert report.costs == 3 and sorted(seen) == [("branch", 7), ("main", 8), ("plain", 1)]
     assert dst.aliases() == {"k8s": "kubernetes"}
     assert dst.cost_entries() == src.cost_entries()
+
+
+def test_verify_names_what_differs() -> None:
+    a, b = MemoryStore(counter=CharCounter()), MemoryStore(counter=CharCounter())
+    for store, last in ((a, "bye"), (b, "ciao")):
+        store.create_session("same")
+        store.append_turns("same", [Message(role="user", content="hi")])
+        store.create_session("other")
+        store.append_turns("other", [Message(role="user", content=last)])
+    a.create_session("longer")
+    a.append_turns("longer", [Message(role="user", content="x")] * 2)
+    b.create_session("longer")
+    b.append_turns("longer", [Message(role="user", content="x")])
+    a.create_session("gone")
+    assert sorted(verify(a, b)) == [
+        "1 of 4 session(s) missing from the destination: 'gone'",
+        "session 'longer': last turn 1 in the destination, 2 in the source",
+        "session 'other': turn 1 differs (content hash)",
+    ]
+    assert verify(a, b, ["same"]) == []
 
 
 @pytest.mark.integration
