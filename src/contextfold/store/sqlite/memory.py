@@ -17,9 +17,12 @@ from here too):
 
 - ``memory.py`` — ``MemoryStore``: sessions, raw turns, tags, turn vectors, turn search;
 - ``memory_segments.py`` — compaction, segments and segment search (``SegmentsMixin``);
-- ``memory_state.py`` — tag summaries, aliases, the working set, the cost log (``StateMixin``);
+- ``memory_state.py`` — tag summaries, aliases, the working set, the cost log
+  (``StateMixin``);
 - ``memory_branches.py`` — principals, branches (forks), exchanges committed with their
   derive job, and the jobs table (``BranchesMixin``);
+- ``memory_transfer.py`` — whole sessions dumped and loaded as they were (``TransferMixin``:
+  ``dump_session``, ``load_session``; ``contextfold store migrate`` and the markdown export);
 - ``memory_schema.py`` — ``MIGRATIONS``, the ordered ``m00N_…`` schema migrations;
 - ``store/models.py`` — the row models (``StoredTurn``, ``NewSegment``, …) and ``Depth``;
 - ``memory_fts.py`` — the FTS5 query built from free text (``store/text.query_terms``).
@@ -54,12 +57,10 @@ from contextfold._bounded import SessionLRU
 from contextfold.errors import ConfigError
 from contextfold.items import Message
 from contextfold.store.models import (
-    CostEntry,
     CostReport,
     Depth,
     Job,
     NewSegment,
-    SessionDump,
     SessionRecord,
     StoredSegment,
     StoredTurn,
@@ -89,6 +90,7 @@ from contextfold.store.sqlite.memory_schema import (
 )
 from contextfold.store.sqlite.memory_segments import SegmentsMixin
 from contextfold.store.sqlite.memory_state import StateMixin
+from contextfold.store.sqlite.memory_transfer import TransferMixin
 from contextfold.tokens import TiktokenCounter, TokenCounter
 
 __all__ = [
@@ -110,7 +112,7 @@ __all__ = [
 _TurnTags = tuple[dict[str, float], list[str]]
 
 
-class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
+class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin, TransferMixin):
     """Sessions, raw turns, tags, segments, tag summaries, aliases, working sets and costs in one
     SQLite file (or ``":memory:"``).
 
@@ -664,14 +666,3 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
         """Role, text, time and token count of the given turns, without parsing messages."""
         rows = self._turn_columns(session_id, seqs, "role, content_text, created_at, token_count")
         return {r[0]: TurnRow(r[0], r[1], r[2], datetime.fromisoformat(r[3]), r[4]) for r in rows}
-
-    # -- moving whole sessions ----------------------------------------------------------------
-
-    def cost_entries(self) -> list[CostEntry]:
-        raise NotImplementedError("cost_entries: being written")
-
-    def dump_session(self, session_id: str) -> SessionDump:
-        raise NotImplementedError("dump_session: being written")
-
-    def load_session(self, dump: SessionDump) -> None:
-        raise NotImplementedError("load_session: being written")
