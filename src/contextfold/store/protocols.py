@@ -164,7 +164,12 @@ class MemoryStorage(Protocol):
         """Tokens of the session's turns at or above its compaction watermark."""
         ...
 
-    def fork(self, session_id: str, upto: int, *, session_id_new: str | None = None) -> str: ...
+    def fork(self, session_id: str, upto: int, *, session_id_new: str | None = None) -> str:
+        """A new branch holding the turns ``1..upto`` of ``session_id``; its id. ``ConfigError``
+        (nothing written) when the session or the turn is missing ("unknown session", "no
+        turn"), or when ``session_id_new`` exists already ("already exists", as
+        ``create_session``)."""
+        ...
 
     # -- tags ----------------------------------------------------------------------------------
 

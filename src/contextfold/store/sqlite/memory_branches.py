@@ -197,7 +197,7 @@ class BranchesMixin:
         """A new branch of ``session_id`` holding its turns ``1..upto`` (with their tags and
         vectors, the segments wholly inside them and the compaction watermark those segments
         reach); returns the new session's id. The derived state past the copy is queued as a
-        ``derive`` job."""
+        ``derive`` job. ``ConfigError`` (nothing written) when ``session_id_new`` exists."""
         new = session_id_new or uuid.uuid4().hex
         with self._tx() as conn:
             row = conn.execute(
@@ -214,20 +214,24 @@ class BranchesMixin:
                 (session_id, upto),
             ).fetchall()
             watermark = max((int(s["last_seq"]) + 1 for s in segments), default=0)
-            conn.execute(
-                "INSERT INTO sessions (id, created_at, metadata, principal, parent_id, fork_seq,"
-                " derived_seq, compaction_watermark) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    new,
-                    _iso(_now()),
-                    json.dumps({**json.loads(row["metadata"]), "forked_from": session_id}),
-                    row["principal"],
-                    session_id,
-                    upto,
-                    min(int(row["derived_seq"]), upto),
-                    watermark,
-                ),
-            )
+            try:
+                conn.execute(
+                    "INSERT INTO sessions (id, created_at, metadata, principal, parent_id,"
+                    " fork_seq, derived_seq, compaction_watermark)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        new,
+                        _iso(_now()),
+                        json.dumps({**json.loads(row["metadata"]), "forked_from": session_id}),
+                        row["principal"],
+                        session_id,
+                        upto,
+                        min(int(row["derived_seq"]), upto),
+                        watermark,
+                    ),
+                )
+            except sqlite3.IntegrityError as exc:  # the first write: the rollback undoes none
+                raise ConfigError(f"session {new!r} already exists") from exc
             conn.execute(
                 "INSERT INTO turns (session_id, seq, role, content_text, message_json,"
                 " content_hash, created_at, token_count, match_key, partial)"
