@@ -20,7 +20,6 @@ from memory_support import (
     StoreFactory,
     exchange,
     filled,
-    is_sqlite,
     messages,
     msg,
     stored,
@@ -375,17 +374,11 @@ def test_turn_keys_follow_appends_deletes_and_other_store_objects(
 
 
 def test_turn_keys_see_a_session_rewritten_with_the_same_last_turn(
-    open_store: StoreFactory, request: pytest.FixtureRequest
+    open_store: StoreFactory,
 ) -> None:
     """Deleted and written again by another process with as many turns and the same last
     turn: the earlier turns are new all the same."""
     store, other = open_store(), open_store()
-    if is_sqlite(store):
-        # SQLite's key chain checks only the hash of the last turn it knows, so it keeps the
-        # old keys of the earlier turns (a bug, reported, not fixed here).
-        request.applymarker(
-            pytest.mark.xfail(strict=True, reason="SQLite turn_keys: stale after a rewrite")
-        )
     store.create_session("a")
     store.commit_exchange("a", [msg("user", "first"), msg("assistant", "ok")])
     assert store.turn_keys("a", 1, 2) == {
