@@ -16,6 +16,12 @@ backend that breaks one fails the suite.
 - *Ids are never reused.* Session ids are unique for the store's life; segment and job ids
   only grow. ``commit_exchange(expect_last=n)`` raises ``BranchMoved`` instead of appending
   when another writer moved the session past ``n`` (optimistic concurrency across processes).
+- *Incarnations.* A session gets an incarnation when it is created (``create_session``,
+  ``fork``, ``load_session``): an integer from a store-wide counter that only grows, across
+  every process sharing the store and whatever their clocks, so a session deleted and created
+  again under its id has a new, larger one. A reader that keeps what it read of a session
+  (``turn_keys``, ``TurnKeys``) compares it to tell a rewrite from turns appended
+  (``turn_texts_with_incarnation``).
 - *Scoping.* A session belongs to one principal (the keyed hash of the credential that wrote
   it, ``''`` for the library's own). Lookups by content (``turns_with_key``,
   ``latest_session``) never cross principals.
@@ -147,6 +153,15 @@ class MemoryStorage(Protocol):
         """(seq, role, text, content hash) of the turns after ``after``, in order."""
         ...
 
+    def turn_texts_with_incarnation(
+        self, session_id: str, after: int
+    ) -> tuple[int | None, list[tuple[int, str, str, str]]]:
+        """The session's incarnation and ``turn_texts_after(session_id, after)``, read in one
+        snapshot (one query where the backend can): ``(None, [])`` when there is no such
+        session. ``TurnKeys`` calls it on every request, with ``after`` its last known seq: a
+        changed incarnation means the session was deleted and created again since."""
+        ...
+
     def turn_hash(self, session_id: str, seq: int) -> str | None: ...
 
     def turn_keys(self, session_id: str, lo: int, hi: int) -> dict[int, str]:
@@ -164,7 +179,12 @@ class MemoryStorage(Protocol):
         """Tokens of the session's turns at or above its compaction watermark."""
         ...
 
-    def fork(self, session_id: str, upto: int, *, session_id_new: str | None = None) -> str: ...
+    def fork(self, session_id: str, upto: int, *, session_id_new: str | None = None) -> str:
+        """A new branch holding the turns ``1..upto`` of ``session_id``; its id. ``ConfigError``
+        (nothing written) when the session or the turn is missing ("unknown session", "no
+        turn"), or when ``session_id_new`` exists already ("already exists", as
+        ``create_session``)."""
+        ...
 
     # -- tags ----------------------------------------------------------------------------------
 

@@ -629,6 +629,24 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin, TransferMixin):
             (session_id, after),
         ).fetchall()
 
+    def turn_texts_with_incarnation(
+        self, session_id: str, after: int
+    ) -> tuple[int | None, list[tuple[int, str, str, str]]]:
+        """The session's incarnation (``None`` when there is no such session) and
+        ``turn_texts_after(session_id, after)``, in one query: one snapshot, so the turns are
+        those of that incarnation."""
+        cursor = self._conn.cursor()
+        cursor.row_factory = None  # plain tuples
+        rows = cursor.execute(
+            "SELECT s.incarnation, t.seq, t.role, t.content_text, t.content_hash FROM sessions s"
+            " LEFT JOIN turns t ON t.session_id = s.id AND t.seq > ?"
+            " WHERE s.id = ? ORDER BY t.seq",
+            (after, session_id),
+        ).fetchall()
+        if not rows:
+            return None, []
+        return int(rows[0][0]), [tuple(row[1:]) for row in rows if row[1] is not None]
+
     def turn_hash(self, session_id: str, seq: int) -> str | None:
         """The content hash of one turn (``None`` when it is not stored)."""
         row = self._conn.execute(

@@ -61,35 +61,55 @@ __all__ = ["BranchesMixin"]
 
 
 class _KeyChain:
-    """One session's turn match keys in seq order (``keys[i]`` is seq ``i + 1``) and the
-    content hash of the last of them, extended from the store as turns are appended."""
+    """One session's turn match keys in seq order (``keys[i]`` is seq ``i + 1``), the content
+    hash of the last of them and the incarnation of the session they were read from,
+    extended from the store as turns are appended."""
 
-    __slots__ = ("keys", "last_hash", "lock")
+    __slots__ = ("incarnation", "keys", "last_hash", "lock")
 
     def __init__(self) -> None:
         self.keys: list[str] = []
         self.last_hash: str | None = None
+        self.incarnation: int | None = None
         self.lock = threading.Lock()
 
+    def _reset(self) -> None:
+        self.keys, self.last_hash, self.incarnation = [], None, None
+
     def extend(self, conn: sqlite3.Connection, session_id: str) -> bool:
-        """Read the turns stored since the last call (from the last known one, whose hash
-        must not have changed, else from the start); False when the seqs are not 1, 2, …
-        without gaps (the chain is then dropped and the caller reads the store itself)."""
+        """Read the turns stored since the last call, with the session's incarnation, in one
+        query (one snapshot): from the last known turn, whose hash must not have changed and
+        the incarnation neither, else from the start (the session was deleted and created
+        again, by this process or another, perhaps ending with the same turn); False when the
+        seqs are not 1, 2, … without gaps (the chain is then dropped and the caller reads the
+        store itself). No session: no keys."""
         known = len(self.keys)
         rows = conn.execute(
-            "SELECT seq, match_key, content_hash FROM turns WHERE session_id = ? AND seq >= ?"
-            " ORDER BY seq",
-            (session_id, max(known, 1)),
+            "SELECT s.incarnation, t.seq, t.match_key, t.content_hash FROM sessions s"
+            " LEFT JOIN turns t ON t.session_id = s.id AND t.seq >= ?"
+            " WHERE s.id = ? ORDER BY t.seq",
+            (max(known, 1), session_id),
         ).fetchall()
+        if not rows:  # no such session (now)
+            self._reset()
+            return True
+        incarnation = int(rows[0][0])
+        turns = [row[1:] for row in rows if row[1] is not None]
         if known:
-            if rows and rows[0][0] == known and rows[0][2] == self.last_hash:
-                rows = rows[1:]
+            if (
+                incarnation == self.incarnation
+                and turns
+                and turns[0][0] == known
+                and turns[0][2] == self.last_hash
+            ):
+                turns = turns[1:]
             else:  # deleted and written again: start over
-                self.keys, self.last_hash = [], None
+                self._reset()
                 return self.extend(conn, session_id)
-        for seq, key, content_hash in rows:
+        self.incarnation = incarnation
+        for seq, key, content_hash in turns:
             if seq != len(self.keys) + 1:
-                self.keys, self.last_hash = [], None
+                self._reset()
                 return False
             self.keys.append(str(key))
             self.last_hash = str(content_hash)
@@ -177,9 +197,10 @@ class BranchesMixin:
         """seq -> match key of the session's turns with ``lo <= seq <= hi``.
 
         Served from the session's key chain (``_KeyChain``): turns are append-only, so each
-        call reads only the turns stored since the last one, plus the last known turn to check
-        that the session was not deleted and written again meanwhile (then it is read over).
-        Recognising a resent history then costs one short query, not one row per turn."""
+        call reads only the turns stored since the last one, plus the session's incarnation
+        and the last known turn, in the same query, to check that the session was not deleted
+        and written again meanwhile (then it is read over). Recognising a resent history then
+        costs one short query, not one row per turn."""
         chain = self._key_chains.get(session_id, _KeyChain)
         with chain.lock:
             if not chain.extend(self._conn, session_id):
@@ -197,7 +218,7 @@ class BranchesMixin:
         """A new branch of ``session_id`` holding its turns ``1..upto`` (with their tags and
         vectors, the segments wholly inside them and the compaction watermark those segments
         reach); returns the new session's id. The derived state past the copy is queued as a
-        ``derive`` job."""
+        ``derive`` job. ``ConfigError`` (nothing written) when ``session_id_new`` exists."""
         new = session_id_new or uuid.uuid4().hex
         with self._tx() as conn:
             row = conn.execute(
@@ -214,20 +235,24 @@ class BranchesMixin:
                 (session_id, upto),
             ).fetchall()
             watermark = max((int(s["last_seq"]) + 1 for s in segments), default=0)
-            conn.execute(
-                "INSERT INTO sessions (id, created_at, metadata, principal, parent_id, fork_seq,"
-                " derived_seq, compaction_watermark) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    new,
-                    _iso(_now()),
-                    json.dumps({**json.loads(row["metadata"]), "forked_from": session_id}),
-                    row["principal"],
-                    session_id,
-                    upto,
-                    min(int(row["derived_seq"]), upto),
-                    watermark,
-                ),
-            )
+            try:
+                conn.execute(
+                    "INSERT INTO sessions (id, created_at, metadata, principal, parent_id,"
+                    " fork_seq, derived_seq, compaction_watermark)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        new,
+                        _iso(_now()),
+                        json.dumps({**json.loads(row["metadata"]), "forked_from": session_id}),
+                        row["principal"],
+                        session_id,
+                        upto,
+                        min(int(row["derived_seq"]), upto),
+                        watermark,
+                    ),
+                )
+            except sqlite3.IntegrityError as exc:  # the first write: the rollback undoes none
+                raise ConfigError(f"session {new!r} already exists") from exc
             conn.execute(
                 "INSERT INTO turns (session_id, seq, role, content_text, message_json,"
                 " content_hash, created_at, token_count, match_key, partial)"

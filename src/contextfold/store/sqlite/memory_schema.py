@@ -13,6 +13,10 @@ on: never rename one, never reorder them, and add changes only as a new ``m00N_�
 - ``m005_branches_and_jobs`` — sessions get a principal (whose credential wrote them), the
   branch they were forked from and how far their turns are derived; turns get a match key
   and a partial flag; the jobs table holds derived work (tags, vectors, compaction).
+- ``m006_segment_ids_and_incarnations`` — segment ids are never reused (``segments`` rebuilt
+  with ``AUTOINCREMENT``, ids kept, with ``segment_turns``, the FTS triggers and index); every
+  session gets an ``incarnation`` from the store-wide counter ``memory_counters``, new each
+  time a session is created, so one deleted and created again under its id is told apart.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ __all__ = [
     "m003_related_tags_and_vectors",
     "m004_session_scoped_fts",
     "m005_branches_and_jobs",
+    "m006_segment_ids_and_incarnations",
 ]
 
 MIGRATIONS = MigrationRegistry("memory")
@@ -236,3 +241,97 @@ def m005_branches_and_jobs(conn: sqlite3.Connection) -> None:
         "CREATE UNIQUE INDEX jobs_one_pending ON jobs (session_id, kind) WHERE state = 'pending'"
     )
     conn.execute("CREATE INDEX jobs_by_state ON jobs (state, id)")
+
+
+#: The columns of ``segments`` as m001 and m003 left them, in their order.
+_SEGMENT_COLUMNS = (
+    "id, session_id, first_seq, last_seq, summary, full_text, tags, summary_tokens,"
+    " full_tokens, created_at, related_tags"
+)
+
+
+@MIGRATIONS.migration
+def m006_segment_ids_and_incarnations(conn: sqlite3.Connection) -> None:
+    # Segment ids never come back: a plain INTEGER PRIMARY KEY hands the largest id out again
+    # once its row is deleted (a session's newest segment, with ``delete_session``). SQLite
+    # cannot add AUTOINCREMENT to a table, so ``segments`` is rebuilt with its ids. Its rows
+    # and those of ``segment_turns`` (which references it, ON DELETE CASCADE) are first set
+    # aside and both tables dropped, child first: with foreign keys on, dropping ``segments``
+    # while ``segment_turns`` referenced it would cascade to its rows. Dropping ``segments``
+    # drops its FTS triggers too; the external-content index ``segments_fts`` is keyed by
+    # the kept ids and is rebuilt from the new table all the same.
+    conn.execute(f"CREATE TEMP TABLE m006_segments AS SELECT {_SEGMENT_COLUMNS} FROM segments")
+    conn.execute(
+        "CREATE TEMP TABLE m006_segment_turns AS SELECT segment_id, seq FROM segment_turns"
+    )
+    conn.execute("DROP TABLE segment_turns")
+    conn.execute("DROP TABLE segments")
+    conn.execute(
+        "CREATE TABLE segments ("
+        " id INTEGER PRIMARY KEY AUTOINCREMENT,"
+        " session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,"
+        " first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL, summary TEXT NOT NULL,"
+        " full_text TEXT NOT NULL, tags TEXT NOT NULL DEFAULT '[]',"
+        " summary_tokens INTEGER NOT NULL, full_tokens INTEGER NOT NULL,"
+        " created_at TEXT NOT NULL, related_tags TEXT NOT NULL DEFAULT '[]',"
+        " CHECK (first_seq <= last_seq))"
+    )
+    conn.execute("CREATE INDEX segments_by_session ON segments (session_id, first_seq)")
+    conn.execute(
+        "CREATE TABLE segment_turns ("
+        " segment_id INTEGER NOT NULL REFERENCES segments(id) ON DELETE CASCADE,"
+        " seq INTEGER NOT NULL, PRIMARY KEY (segment_id, seq))"
+    )
+    # Ids inserted as they were; AUTOINCREMENT's counter starts past the largest.
+    conn.execute(
+        f"INSERT INTO segments ({_SEGMENT_COLUMNS})"
+        f" SELECT {_SEGMENT_COLUMNS} FROM temp.m006_segments ORDER BY id"
+    )
+    conn.execute(
+        "INSERT INTO segment_turns (segment_id, seq)"
+        " SELECT segment_id, seq FROM temp.m006_segment_turns ORDER BY segment_id, seq"
+    )
+    conn.execute("DROP TABLE temp.m006_segments")
+    conn.execute("DROP TABLE temp.m006_segment_turns")
+    columns, new, old = (
+        "summary, session_id",
+        "NEW.summary, NEW.session_id",
+        "OLD.summary, OLD.session_id",
+    )
+    conn.execute(
+        "CREATE TRIGGER segments_fts_ai AFTER INSERT ON segments BEGIN"
+        f" INSERT INTO segments_fts (rowid, {columns}) VALUES (NEW.id, {new}); END"
+    )
+    conn.execute(
+        "CREATE TRIGGER segments_fts_ad AFTER DELETE ON segments BEGIN"
+        f" INSERT INTO segments_fts (segments_fts, rowid, {columns})"
+        f" VALUES ('delete', OLD.id, {old}); END"
+    )
+    conn.execute(
+        "CREATE TRIGGER segments_fts_au AFTER UPDATE ON segments BEGIN"
+        f" INSERT INTO segments_fts (segments_fts, rowid, {columns})"
+        f" VALUES ('delete', OLD.id, {old});"
+        f" INSERT INTO segments_fts (rowid, {columns}) VALUES (NEW.id, {new}); END"
+    )
+    conn.execute("INSERT INTO segments_fts (segments_fts) VALUES ('rebuild')")
+    # A session's incarnation: a number from a store-wide counter that only grows, given when
+    # the session row is inserted (by a trigger, so every way a session is created gets one:
+    # ``create_session``, ``fork``, a loaded dump). A session deleted and created again under
+    # its id gets a new one, whichever process did it and whatever its clock says; a reader
+    # that kept what it read of the session (``turn_keys``, ``TurnKeys``) compares it, in
+    # the same query, to tell a rewrite from turns appended. The rows already stored are
+    # numbered by their rowid (unique among them) and the counter starts past the largest.
+    conn.execute("ALTER TABLE sessions ADD COLUMN incarnation INTEGER NOT NULL DEFAULT 0")
+    conn.execute("UPDATE sessions SET incarnation = rowid")
+    conn.execute("CREATE TABLE memory_counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)")
+    conn.execute(
+        "INSERT INTO memory_counters (name, value)"
+        " SELECT 'session_incarnation', COALESCE(MAX(incarnation), 0) FROM sessions"
+    )
+    conn.execute(
+        "CREATE TRIGGER sessions_incarnation AFTER INSERT ON sessions BEGIN"
+        " UPDATE memory_counters SET value = value + 1 WHERE name = 'session_incarnation';"
+        " UPDATE sessions SET incarnation ="
+        " (SELECT value FROM memory_counters WHERE name = 'session_incarnation')"
+        " WHERE id = NEW.id; END"
+    )
