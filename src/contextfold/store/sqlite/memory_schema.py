@@ -13,6 +13,10 @@ on: never rename one, never reorder them, and add changes only as a new ``m00N_�
 - ``m005_branches_and_jobs`` — sessions get a principal (whose credential wrote them), the
   branch they were forked from and how far their turns are derived; turns get a match key
   and a partial flag; the jobs table holds derived work (tags, vectors, compaction).
+- ``m006_generations_and_records`` — sessions get ``born`` and ``generation`` (numbers drawn
+  from one store-wide counter: when the session row is made, and again by every write that
+  changes its derived state in place), so the caches of every process sharing the file can
+  tell a session was rewritten; ``request_records`` keeps the dashboard's records.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ __all__ = [
     "m003_related_tags_and_vectors",
     "m004_session_scoped_fts",
     "m005_branches_and_jobs",
+    "m006_generations_and_records",
 ]
 
 MIGRATIONS = MigrationRegistry("memory")
@@ -236,3 +241,66 @@ def m005_branches_and_jobs(conn: sqlite3.Connection) -> None:
         "CREATE UNIQUE INDEX jobs_one_pending ON jobs (session_id, kind) WHERE state = 'pending'"
     )
     conn.execute("CREATE INDEX jobs_by_state ON jobs (state, id)")
+
+
+def _bump(session: str) -> str:
+    """The trigger body that draws a new generation for ``session`` (NEW.x / OLD.x)."""
+    return (
+        "UPDATE store_counters SET value = value + 1 WHERE name = 'generation';"
+        " UPDATE sessions SET generation ="
+        " (SELECT value FROM store_counters WHERE name = 'generation')"
+        f" WHERE id = {session};"
+    )
+
+
+@MIGRATIONS.migration
+def m006_generations_and_records(conn: sqlite3.Connection) -> None:
+    # One store-wide counter: a session row gets ``born`` (never changed, never drawn twice,
+    # so a session deleted and written again under the same id is told apart) and
+    # ``generation`` (drawn again by every write that changes its tags, segments, watermark
+    # or tag summaries in place). Appends (turns, vectors) draw nothing: a cache follows them
+    # by reading what was stored after the last seq it holds.
+    conn.execute("CREATE TABLE store_counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)")
+    conn.execute("ALTER TABLE sessions ADD COLUMN born INTEGER NOT NULL DEFAULT 0")
+    conn.execute("ALTER TABLE sessions ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
+    conn.execute("UPDATE sessions SET born = rowid, generation = rowid")
+    conn.execute(
+        "INSERT INTO store_counters (name, value) VALUES"
+        " ('generation', (SELECT COALESCE(MAX(rowid), 0) FROM sessions)), ('records', 0)"
+    )
+    conn.execute(
+        "CREATE TRIGGER sessions_born AFTER INSERT ON sessions BEGIN"
+        " UPDATE store_counters SET value = value + 1 WHERE name = 'generation';"
+        " UPDATE sessions SET born = (SELECT value FROM store_counters WHERE name = 'generation'),"
+        " generation = (SELECT value FROM store_counters WHERE name = 'generation')"
+        " WHERE id = NEW.id; END"
+    )
+    conn.execute(
+        "CREATE TRIGGER sessions_watermark AFTER UPDATE OF compaction_watermark ON sessions"
+        f" BEGIN {_bump('NEW.id')} END"
+    )
+    for table in ("turn_tags", "segments", "tag_summaries"):
+        conn.execute(
+            f"CREATE TRIGGER {table}_gen_ai AFTER INSERT ON {table}"
+            f" BEGIN {_bump('NEW.session_id')} END"
+        )
+        conn.execute(
+            f"CREATE TRIGGER {table}_gen_au AFTER UPDATE ON {table}"
+            f" BEGIN {_bump('NEW.session_id')} END"
+        )
+        conn.execute(
+            f"CREATE TRIGGER {table}_gen_ad AFTER DELETE ON {table}"
+            f" BEGIN {_bump('OLD.session_id')} END"
+        )
+    # The dashboard's request records, from every process: ``body`` is the record's JSON
+    # (opaque here); ``pos`` orders them as first written (retention drops the lowest);
+    # ``change`` is drawn from the ``records`` counter at each write, so a reader polls for
+    # what changed after the last number it saw.
+    conn.execute(
+        "CREATE TABLE request_records ("
+        " pos INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,"
+        " session_id TEXT NOT NULL, origin TEXT NOT NULL, change INTEGER NOT NULL,"
+        " size INTEGER NOT NULL, body TEXT NOT NULL)"
+    )
+    conn.execute("CREATE INDEX request_records_by_change ON request_records (change)")
+    conn.execute("CREATE INDEX request_records_by_session ON request_records (session_id, pos)")
