@@ -78,6 +78,7 @@ def test_migrations_are_recorded_once() -> None:
             "m003_related_tags_and_vectors",
             "m004_session_scoped_fts",
             "m005_branches_and_jobs",
+            "m006_generations_and_records",
         ]
     )
     assert MIGRATIONS.apply(store._conn) == []
