@@ -7,9 +7,9 @@ left out of the forwarded history). A message matches a turn by ``(role, text)``
 every stored turn's text back for that is O(session) per request, so this index keeps, per
 session, the hash of each stored turn's ``(role, text)`` — as stored, and with runs of
 whitespace made one space — and reads only the turns stored since its last look — turns are
-append-only. Before it extends a session's keys it checks that the last turn it knows still
-has the same content hash, and starts the session over when not (the session was deleted
-and written again, by this process or another).
+append-only. Before it extends a session's keys it checks that the session is still the one
+it read (its ``born`` number, ``MemoryStorage.session_version``), and starts the session over
+when not (the session was deleted and written again, by this process or another).
 
 Only a bounded number of sessions is kept (least recently used first out); a session that
 falls out is read again in full the next time it is asked for.
@@ -60,9 +60,10 @@ def loose_key_of(message: Message) -> int:
 
 
 class _Session:
-    __slots__ = ("keys", "last_hash", "loose")
+    __slots__ = ("born", "keys", "last_hash", "loose")
 
-    def __init__(self) -> None:
+    def __init__(self, born: int = 0) -> None:
+        self.born = born  # the session's ``born`` number when its keys were read
         self.keys: list[int] = []  # keys[i] is turn seq i + 1
         self.loose: list[int] = []  # the same, whitespace collapsed
         self.last_hash: str | None = None
@@ -77,13 +78,10 @@ class TurnKeys:
     def keys(self, session_id: str) -> list[int]:
         """The key of every stored turn of the session, in seq order (index 0 is seq 1)."""
         state = self._sessions.pop(session_id, None)
-        stale = (
-            state is not None
-            and bool(state.keys)
-            and (self.store.turn_hash(session_id, len(state.keys)) != state.last_hash)
-        )
-        if state is None or stale:
-            state = _Session()
+        version = self.store.session_version(session_id)
+        born = version[0] if version is not None else 0
+        if state is None or state.born != born:
+            state = _Session(born)
         self._sessions[session_id] = state
         while len(self._sessions) > self.max_sessions:
             self._sessions.popitem(last=False)

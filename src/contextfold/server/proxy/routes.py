@@ -170,6 +170,7 @@ class Proxy:
                 pending,
             )
         await anyio.to_thread.run_sync(self.writer.close, 5.0)
+        await anyio.to_thread.run_sync(self.state.events.detach)  # before the store closes
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def drain(self, timeout: float = 30.0) -> bool:
@@ -178,7 +179,8 @@ class Proxy:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.writer.drain(max(0.0, deadline - time.monotonic())) and self.jobs.idle_now():
-                return self.writer.drain(max(0.0, deadline - time.monotonic()))
+                drained = self.writer.drain(max(0.0, deadline - time.monotonic()))
+                return self.state.events.flush() and drained
             time.sleep(0.01)
         return False
 

@@ -64,9 +64,10 @@ class _KeyChain:
     """One session's turn match keys in seq order (``keys[i]`` is seq ``i + 1``) and the
     content hash of the last of them, extended from the store as turns are appended."""
 
-    __slots__ = ("keys", "last_hash", "lock")
+    __slots__ = ("born", "keys", "last_hash", "lock")
 
     def __init__(self) -> None:
+        self.born = 0  # the session's ``born`` number when the keys were read
         self.keys: list[str] = []
         self.last_hash: str | None = None
         self.lock = threading.Lock()
@@ -75,6 +76,10 @@ class _KeyChain:
         """Read the turns stored since the last call (from the last known one, whose hash
         must not have changed, else from the start); False when the seqs are not 1, 2, …
         without gaps (the chain is then dropped and the caller reads the store itself)."""
+        row = conn.execute("SELECT born FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        born = int(row[0]) if row is not None else 0
+        if born != self.born:  # deleted and written again (by any process): start over
+            self.keys, self.last_hash, self.born = [], None, born
         known = len(self.keys)
         rows = conn.execute(
             "SELECT seq, match_key, content_hash FROM turns WHERE session_id = ? AND seq >= ?"
