@@ -129,8 +129,8 @@ class Assembler:
         # Keyed by the session's numbers (``MemoryStorage.session_version``) besides the
         # watermark: a session another process deleted and wrote again, or whose summaries it
         # rebuilt, is read again.
-        self._summary_cache: SessionLRU[tuple[tuple[int, int], dict[str, TagSummary]]] = (
-            SessionLRU(sessions)
+        self._summary_cache: SessionLRU[tuple[tuple[int, int], dict[str, TagSummary]]] = SessionLRU(
+            sessions
         )
         self._compacted_cache: SessionLRU[tuple[tuple[int, int], dict[str, int]]] = SessionLRU(
             sessions

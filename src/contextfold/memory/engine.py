@@ -302,7 +302,8 @@ class MemoryEngine:
 
     def _session(self, session_id: str | None) -> str:
         sid = session_id or self.session_id
-        if sid not in self._vocab:
+        # Cached: known to exist, unless another process has deleted it since.
+        if sid not in self._vocab or self.store.session_version(sid) is None:
             with self.lock(sid):
                 try:
                     self.store.session(sid)

@@ -225,9 +225,7 @@ class EventBus:
                 )
             except Exception as exc:  # locked, closed or down: kept for the next try
                 if not self._failing:
-                    log.warning(
-                        "cannot store dashboard records: %s: %s", type(exc).__name__, exc
-                    )
+                    log.warning("cannot store dashboard records: %s: %s", type(exc).__name__, exc)
                 self._failing = True
                 return False
             self._failing = False
