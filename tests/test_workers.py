@@ -401,8 +401,10 @@ def test_workers_refuse_an_in_memory_store(tmp_path: Path) -> None:
     env = {**os.environ, "CONTEXTFOLD_HOME": str(tmp_path / "home")}
     env.pop("CONTEXTFOLD_STORE_URL", None)
     done = subprocess.run(
-        [sys.executable, "-m", "contextfold", "serve", "--workers", "2"]
-        + ["--port", str(free_port()), "--memory-config", str(yaml)],
+        [
+            *(sys.executable, "-m", "contextfold", "serve", "--workers", "2"),
+            *("--port", str(free_port()), "--memory-config", str(yaml)),
+        ],
         env=env,
         capture_output=True,
         text=True,

@@ -3,7 +3,8 @@
 ``serve`` reads a server config file (``--config``; see docs/proxy.md) and listens on its port
 and on every ``proxy.instances`` port, all sharing one memory engine and store. ``proxy`` is the
 short form for one upstream: ``contextfold proxy --upstream https://api.openai.com``.
-Both run until Ctrl-C (or SIGTERM). Then open dashboard streams end at once, requests in flight
+With ``--workers N`` either runs N worker processes on those ports and one shared store
+(``contextfold.server.workers``). Both run until Ctrl-C (or SIGTERM). Then open dashboard streams end at once, requests in flight
 get up to ``shutdown_timeout`` seconds (default 5) to finish (each exchange is committed before
 its reply ends), the derive jobs this process holds go back to the store, and the process exits
 0. A second Ctrl-C while stopping exits at once (status 130).
@@ -231,10 +232,10 @@ def serve_command(
     """Run the server: the LLM proxy, POST /api/context and the dashboard.
 
     Listens on the config's port and on each proxy instance's port; all of them share one
-    memory engine and store. With --workers N, N processes serve those ports, all on the one
-    store (an SQLite file or a postgresql:// store URL). Ctrl-C stops it: requests in flight get up to shutdown_timeout
-    seconds (default 5); every exchange is already stored, and derived work left pending stays
-    in the store for the next start; a second Ctrl-C quits at once."""
+    memory engine and store. With --workers N, N processes serve those ports, all on one store
+    (an SQLite file or a postgresql:// URL). Ctrl-C stops it: requests in flight get up to
+    shutdown_timeout seconds (default 5); every exchange is already stored, and derived work
+    left pending stays in the store for the next start; a second Ctrl-C quits at once."""
     with cli_errors():
         _run(config, memory_config, host, port, None, log_level, workers)
 

@@ -435,14 +435,14 @@ class MemoryEngine:
                     self.store.mark_derived(sid, last if n == len(chunks) - 1 else chunk[-1])
                     after = self.store.session_version(sid)
                 cached = self._vocab.peek(sid)
-                if cached is not None and before is not None and after is not None:
-                    if cached[0] == before[1]:
-                        counts = cached[1]
-                        for seq in chunk:
-                            for tag in tagged[seq][0]:
-                                counts[tag] = counts.get(tag, 0) + 1
-                        self._vocab.put(sid, (after[1], counts))
-                    # else stale already: it is read from the store when next used
+                # Counts cached at another generation are stale already: they are read from
+                # the store when next used.
+                if cached is not None and before and after and cached[0] == before[1]:
+                    counts = cached[1]
+                    for seq in chunk:
+                        for tag in tagged[seq][0]:
+                            counts[tag] = counts.get(tag, 0) + 1
+                    self._vocab.put(sid, (after[1], counts))
 
     def on_turn_complete(
         self,

@@ -728,11 +728,15 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
     def recent_records(
         self, limit: int = 500, *, session_id: str | None = None
     ) -> list[StoredRecord]:
-        sql, params = "SELECT * FROM request_records", [limit]
-        if session_id is not None:
-            sql += " WHERE session_id = ?"
-            params.insert(0, session_id)
-        rows = self._conn.execute(sql + " ORDER BY pos DESC LIMIT ?", params)
+        if session_id is None:
+            rows = self._conn.execute(
+                "SELECT * FROM request_records ORDER BY pos DESC LIMIT ?", (limit,)
+            )
+        else:
+            rows = self._conn.execute(
+                "SELECT * FROM request_records WHERE session_id = ? ORDER BY pos DESC LIMIT ?",
+                (session_id, limit),
+            )
         return [self._record(r) for r in rows]
 
     def record(self, record_id: str) -> StoredRecord | None:
