@@ -4,10 +4,11 @@
 and on every ``proxy.instances`` port, all sharing one memory engine and store. ``proxy`` is the
 short form for one upstream: ``contextfold proxy --upstream https://api.openai.com``.
 With ``--workers N`` either runs N worker processes on those ports and one shared store
-(``contextfold.server.workers``). Both run until Ctrl-C (or SIGTERM). Then open dashboard streams end at once, requests in flight
-get up to ``shutdown_timeout`` seconds (default 5) to finish (each exchange is committed before
-its reply ends), the derive jobs this process holds go back to the store, and the process exits
-0. A second Ctrl-C while stopping exits at once (status 130).
+(``contextfold.server.workers``). Both run until Ctrl-C (or SIGTERM). Then open dashboard
+streams end at once, requests in flight get up to ``shutdown_timeout`` seconds (default 5) to
+finish (each exchange is committed before its reply ends), the derive jobs this process holds
+go back to the store, and the process exits 0. A second Ctrl-C while stopping exits at once
+(status 130).
 """
 
 from __future__ import annotations
