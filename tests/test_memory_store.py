@@ -79,6 +79,7 @@ def test_migrations_are_recorded_once() -> None:
             "m004_session_scoped_fts",
             "m005_branches_and_jobs",
             "m006_generations_and_records",
+            "m007_response_links",
         ]
     )
     assert MIGRATIONS.apply(store._conn) == []

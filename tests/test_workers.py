@@ -31,6 +31,7 @@ from contextfold.items import Message
 from contextfold.memory.engine import MemoryEngine
 from contextfold.memory.turnkeys import TurnKeys, key_of
 from contextfold.server.events import EventBus, RequestRecord
+from contextfold.server.proxy.responses import Link, ResponseChains
 from contextfold.server.proxy.session import SESSION_HEADER, strip_markers
 from contextfold.store import open_memory_store
 from contextfold.store.protocols import MemoryStorage
@@ -252,6 +253,8 @@ def test_each_dashboard_lists_and_streams_the_records_of_the_other(
     sid = token.split(".")[0]
     assert wait_for(lambda: len(b.records(sid)) == 1, 10), b.records()
     (listed,) = b.records(sid)
+    # Its reply tags come once the exchange is derived, whichever process ran the job.
+    assert wait_for(lambda: b.records(sid)[0]["response_tags"] is not None, 15), b.records(sid)
     detail = httpx.get(f"{b.url}/dashboard/api/records/{listed['id']}", timeout=10).json()
     assert detail["session_id"] == sid and detail["status"] == 200
     # B's live stream carries what A publishes after it opened.
@@ -495,6 +498,24 @@ def test_session_versions_move_with_derived_writes_and_never_repeat(tmp_path: Pa
     finally:
         store.close()
         other.close()
+
+
+def test_a_responses_chain_named_through_one_process_is_known_to_another(
+    tmp_path: Path,
+) -> None:
+    first, second = (MemoryStore(tmp_path / "m.db", counter=CharCounter()) for _ in range(2))
+    try:
+        first.create_session("s", principal="p")
+        first.append_turns("s", [Message(role="user", content="hi")] * 2)
+        one, other = ResponseChains(store=first), ResponseChains(store=second)
+        one.remember("p", "resp_1", Link("s", 2, 1))
+        assert other.link("p", {"previous_response_id": "resp_1"}) == Link("s", 2, 1)
+        assert other.link("q", {"previous_response_id": "resp_1"}) is None  # another caller
+        first.delete_session("s")
+        assert ResponseChains(store=second).link("p", {"previous_response_id": "resp_1"}) is None
+    finally:
+        first.close()
+        second.close()
 
 
 # --------------------------------------------------------------------------- records

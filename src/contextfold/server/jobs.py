@@ -87,9 +87,11 @@ class JobWorker:
         self.on_done: Callable[[str], None] | None = None
         #: Called before each job is claimed; it may wait (``Foreground.wait_quiet``).
         self.gate: Callable[[], object] | None = None
-        #: How often (seconds) an idle worker gives back the jobs of dead processes.
+        #: How often (seconds) the worker gives back the jobs of dead processes and calls
+        #: ``on_tick`` (the dashboard's reply tags of jobs other processes ran).
         self.reap_every = 2.0
         self._reaped = time.monotonic()
+        self.on_tick: Callable[[], object] | None = None
 
     def start(self) -> None:
         """Give back the jobs of dead processes, then start the threads."""
@@ -129,8 +131,8 @@ class JobWorker:
                 logger.warning("cannot claim a job: %s: %s", type(exc).__name__, exc)
                 self._stop.wait(1.0)
                 continue
+            self._reap()
             if job is None:
-                self._reap()
                 self._wake.wait(self.idle)
                 self._wake.clear()
                 continue
@@ -157,12 +159,17 @@ class JobWorker:
                     self._busy.discard(job.session_id)
 
     def _reap(self) -> None:
-        """Give back the jobs of processes of this host that died, every ``reap_every``
-        seconds (one thread of the worker does it)."""
+        """Every ``reap_every`` seconds (in one thread of the worker): ``on_tick``, and give
+        back the jobs of processes of this host that died."""
         with self._lock:
             if time.monotonic() - self._reaped < self.reap_every:
                 return
             self._reaped = time.monotonic()
+        if self.on_tick is not None:
+            try:
+                self.on_tick()
+            except Exception as exc:
+                logger.warning("on_tick: %s: %s", type(exc).__name__, clip(str(exc)))
         try:
             released = self.engine.store.release_jobs_of_dead()
         except Exception as exc:

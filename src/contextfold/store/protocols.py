@@ -379,6 +379,20 @@ class MemoryStorage(Protocol):
         starts."""
         ...
 
+    # -- Responses API chains ------------------------------------------------------------------
+
+    def put_response_link(
+        self, principal: str, name: str, session_id: str, seq: int, start: int
+    ) -> None:
+        """Remember that the principal's response id (or ``conversation:<id>``) ``name``
+        names the stored turn ``(session_id, seq)``, its chain starting at ``start``
+        (replacing what the name named before; deleted with the session)."""
+        ...
+
+    def response_link(self, principal: str, name: str) -> tuple[str, int, int] | None:
+        """``(session_id, seq, start)`` that ``put_response_link`` stored for the name."""
+        ...
+
     # -- moving whole sessions (migration, export) ---------------------------------------------
 
     def dump_session(self, session_id: str) -> SessionDump:

@@ -758,6 +758,26 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
         ).fetchone()
         return int(row[0]) if row else 0
 
+    # -- Responses API chains -------------------------------------------------------------------
+
+    def put_response_link(
+        self, principal: str, name: str, session_id: str, seq: int, start: int
+    ) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO response_links (principal, name, session_id, seq, start)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (principal, name) DO UPDATE SET"
+                " session_id = excluded.session_id, seq = excluded.seq, start = excluded.start",
+                (principal, name, session_id, seq, start),
+            )
+
+    def response_link(self, principal: str, name: str) -> tuple[str, int, int] | None:
+        row = self._conn.execute(
+            "SELECT session_id, seq, start FROM response_links WHERE principal = ? AND name = ?",
+            (principal, name),
+        ).fetchone()
+        return None if row is None else (str(row[0]), int(row[1]), int(row[2]))
+
     # -- moving whole sessions ----------------------------------------------------------------
 
     def cost_entries(self) -> list[CostEntry]:

@@ -17,6 +17,9 @@ on: never rename one, never reorder them, and add changes only as a new ``m00N_â
   from one store-wide counter: when the session row is made, and again by every write that
   changes its derived state in place), so the caches of every process sharing the file can
   tell a session was rewritten; ``request_records`` keeps the dashboard's records.
+- ``m007_response_links`` â€” the Responses API ids the proxy relayed (``previous_response_id``,
+  ``conversation``), per principal, with the stored turn each names: a chain started through
+  one process is continued through another.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ __all__ = [
     "m004_session_scoped_fts",
     "m005_branches_and_jobs",
     "m006_generations_and_records",
+    "m007_response_links",
 ]
 
 MIGRATIONS = MigrationRegistry("memory")
@@ -304,3 +308,16 @@ def m006_generations_and_records(conn: sqlite3.Connection) -> None:
     )
     conn.execute("CREATE INDEX request_records_by_change ON request_records (change)")
     conn.execute("CREATE INDEX request_records_by_session ON request_records (session_id, pos)")
+
+
+@MIGRATIONS.migration
+def m007_response_links(conn: sqlite3.Connection) -> None:
+    # ``name``: a response id, or ``conversation:<id>``; (session_id, seq) the stored reply it
+    # names and ``start`` the first turn of the chain the provider holds. Gone with the session.
+    conn.execute(
+        "CREATE TABLE response_links ("
+        " principal TEXT NOT NULL, name TEXT NOT NULL,"
+        " session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,"
+        " seq INTEGER NOT NULL, start INTEGER NOT NULL, PRIMARY KEY (principal, name))"
+    )
+    conn.execute("CREATE INDEX response_links_by_session ON response_links (session_id)")
