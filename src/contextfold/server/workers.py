@@ -59,6 +59,7 @@ def check_shareable(config: ServerConfig) -> str:
     from contextfold.memory.config import MemoryConfig, load_config
     from contextfold.store import open_memory_store, store_url
     from contextfold.store.sqlite import home_dir
+    from contextfold.tokens import CharCounter
 
     cfg = load_config(config.memory_config) if config.memory_config else MemoryConfig()
     where = store_url(cfg.store or cfg.storage_path) or home_dir() / "memory.db"
@@ -68,7 +69,8 @@ def check_shareable(config: ServerConfig) -> str:
             " URL (storage_path / store in the memory config, or $CONTEXTFOLD_STORE_URL),"
             " not :memory:, which each process would have alone"
         )
-    open_memory_store(where).close()  # migrations once, before the workers race to them
+    # Migrations once, before the workers race to them (no text is counted: a plain counter).
+    open_memory_store(where, counter=CharCounter()).close()
     return str(where)
 
 
