@@ -185,13 +185,17 @@ class EventBus:
     def _flush_loop(self) -> None:
         """Write what is published every ``flush_every`` seconds; end after a second with
         nothing to write (``publish`` starts the thread again)."""
-        idle = 0
+        idle = failed = 0
         while not self._stopped.is_set() and idle * self.flush_every < 1.0:
             self._wake.wait(self.flush_every)
             self._wake.clear()
             with self._lock:
                 idle = 0 if self._pending else idle + 1
-            self.flush()
+            failed = 0 if self.flush() else failed + 1
+            if failed * self.flush_every >= 10.0:  # the store is gone: these records too
+                with self._lock:
+                    log.warning("dropped %d dashboard record(s) unstored", len(self._pending))
+                    self._pending.clear()
         with self._lock:
             if self._flusher is threading.current_thread():
                 self._flusher = None
