@@ -116,7 +116,10 @@ class MemoryStorage(Protocol):
 
     def session_version(self, session_id: str) -> tuple[int, int] | None:
         """``(born, generation)`` of the session (see the module docstring), ``None`` when
-        there is none: one indexed read, for the caches of every process to check."""
+        there is none: one indexed read, for the caches of every process to check. Read
+        inside ``batch()`` it holds until the batch ends: no other writer changes the session
+        in between (``MemoryEngine`` updates its cached vocabulary by it; SQLite's
+        ``BEGIN IMMEDIATE`` gives that, a server database locks the session's row)."""
         ...
 
     def latest_session(self, principal: str) -> tuple[str, int] | None:
