@@ -39,6 +39,7 @@ from contextfold.store.sqlite.memory import MemoryStore
 from contextfold.testing import HashEmbedder
 from contextfold.tokens import CharCounter
 from fake_llm import FakeLLMServer
+from fake_responses import ResponsesFake
 from proxy_support import closed_after_test, free_port
 
 SECRET = "9f" * 32  # both servers sign and verify session markers with it, as hosts would
@@ -242,6 +243,33 @@ def test_a_branch_made_through_one_worker_is_continued_through_another(
     assert store.session(branch).parent_id == trunk
     assert texts(store, trunk)[-2] == "Add a dessert."
     assert wait_for(lambda: derived(store), 20)
+
+
+def test_a_responses_chain_started_through_one_worker_goes_on_through_another(
+    servers: tuple[Server, Server], fake_llm: FakeLLMServer, store_at: str
+) -> None:
+    a, b = servers
+    ResponsesFake(fake_llm)
+    fake_llm.reply = "Noted."
+    raw = oa(a.url).responses.with_raw_response.create(
+        model="m", input="My gym locker code is 4417."
+    )
+    first, sid = raw.parse(), raw.headers[SESSION_HEADER].split(".")[0]
+    fake_llm.reply = "Sure."
+    raw = oa(b.url).responses.with_raw_response.create(
+        model="m", previous_response_id=first.id, input="Thanks, that is all."
+    )
+    assert raw.headers[SESSION_HEADER].split(".")[0] == sid
+    store = reader(store_at)
+    assert texts(store, sid) == [
+        "My gym locker code is 4417.",
+        "Noted.",
+        "Thanks, that is all.",
+        "Sure.",
+    ]
+    assert wait_for(lambda: len(b.records(sid)) == 2, 10)
+    sources = sorted(r["extra"]["session_source"] for r in b.records(sid))
+    assert sources == ["new", "previous_response_id"]
 
 
 def test_each_dashboard_lists_and_streams_the_records_of_the_other(
