@@ -41,7 +41,9 @@ def test_migrations_are_recorded_once() -> None:
             "m003_related_tags_and_vectors",
             "m004_session_scoped_fts",
             "m005_branches_and_jobs",
-            "m006_segment_ids_and_incarnations",
+            "m006_segment_ids_never_reused",
+            "m007_generations_and_records",
+            "m008_response_links",
         ]
     )
     assert MIGRATIONS.apply(store._conn) == []
@@ -204,12 +206,12 @@ def test_m006_keeps_an_m005_files_segments_and_never_reuses_their_ids(tmp_path: 
     assert [s.seqs for s in store.segments("d")] == [(1, 2)]
 
 
-def test_m006_gives_an_m005_files_sessions_distinct_incarnations(tmp_path: Path) -> None:
+def test_m007_gives_an_m005_files_sessions_distinct_incarnations(tmp_path: Path) -> None:
     _m005_file(tmp_path / "m005.db")
     store = _store(tmp_path / "m005.db")
 
     def incarnation(sid: str) -> int:
-        row = store._conn.execute("SELECT incarnation FROM sessions WHERE id = ?", (sid,))
+        row = store._conn.execute("SELECT born FROM sessions WHERE id = ?", (sid,))
         return int(row.fetchone()[0])
 
     old = [incarnation(sid) for sid in ("a", "b", "c")]

@@ -16,12 +16,15 @@ backend that breaks one fails the suite.
 - *Ids are never reused.* Session ids are unique for the store's life; segment and job ids
   only grow. ``commit_exchange(expect_last=n)`` raises ``BranchMoved`` instead of appending
   when another writer moved the session past ``n`` (optimistic concurrency across processes).
-- *Incarnations.* A session gets an incarnation when it is created (``create_session``,
-  ``fork``, ``load_session``): an integer from a store-wide counter that only grows, across
-  every process sharing the store and whatever their clocks, so a session deleted and created
-  again under its id has a new, larger one. A reader that keeps what it read of a session
-  (``turn_keys``, ``TurnKeys``) compares it to tell a rewrite from turns appended
-  (``turn_texts_with_incarnation``).
+- *Incarnations and generations.* A session gets its incarnation (``born``) when it is
+  created (``create_session``, ``fork``, ``load_session``): an integer from a store-wide
+  counter that only grows, across every process sharing the store and whatever their clocks,
+  so a session deleted and created again under its id has a new, larger one. Its
+  ``generation`` is drawn again from the same counter by every write that changes its derived
+  state in place (tags, segments, watermark, tag summaries); appends draw nothing. A process
+  that keeps what it read of a session (turn keys, vectors, topic hints) compares these
+  (``session_version``, ``turn_texts_with_incarnation``) to tell a rewrite from turns
+  appended.
 - *Scoping.* A session belongs to one principal (the keyed hash of the credential that wrote
   it, ``''`` for the library's own). Lookups by content (``turns_with_key``,
   ``latest_session``) never cross principals.
@@ -31,6 +34,17 @@ backend that breaks one fails the suite.
 - *Work items.* Jobs are claimed by one worker at a time across every process sharing the
   store (``claim_job``): a running job whose lease has passed, or whose owner is gone, is
   claimed again; at most one job of a kind is pending per session.
+- *Generations.* ``session_version`` is ``(born, generation)``, numbers drawn from one
+  store-wide increasing counter: ``born`` when the session row is made (``create_session``,
+  ``fork``, ``load_session``: a session deleted and written again under the same id gets a new
+  one), ``generation`` then and again on every write that changes the session's derived state
+  in place — its turn tags (``tag_turn``, ``set_turn_tags``, ``set_tags_many``), segments and
+  watermark (``compact``), tag summaries. Appends (turns, vectors) draw nothing. A process
+  caching anything of a session keys it by these, so another process's writes never leave it
+  stale.
+- *Request records* (the dashboard's, ``put_records``): upserted by id, each write drawing a
+  new store-wide ``change``; the newest ``keep`` by first write, and at most ``max_bytes`` of
+  bodies, are kept.
 - *Ranking is the backend's to keep identical.* ``search_turns``/``search_segments`` score
   with the same BM25 (FTS5's: k1 1.2, b 0.75, the whole table's statistics) over the same
   terms (``store.text.query_terms``; Porter-stemmed ``unicode61`` tokens), so a recall gives
@@ -57,6 +71,7 @@ from contextfold.store.models import (
     NewSegment,
     SessionDump,
     SessionRecord,
+    StoredRecord,
     StoredSegment,
     StoredTurn,
     TagSummary,
@@ -107,6 +122,14 @@ class MemoryStorage(Protocol):
         ...
 
     def principal_of(self, session_id: str) -> str | None: ...
+
+    def session_version(self, session_id: str) -> tuple[int, int] | None:
+        """``(born, generation)`` of the session (see the module docstring), ``None`` when
+        there is none: one indexed read, for the caches of every process to check. Read
+        inside ``batch()`` it holds until the batch ends: no other writer changes the session
+        in between (``MemoryEngine`` updates its cached vocabulary by it; SQLite's
+        ``BEGIN IMMEDIATE`` gives that, a server database locks the session's row)."""
+        ...
 
     def latest_session(self, principal: str) -> tuple[str, int] | None:
         """(session, last seq) of the principal's conversation that stored a turn last."""
@@ -348,6 +371,53 @@ class MemoryStorage(Protocol):
     def pending_jobs(self) -> int: ...
 
     def job_counts(self) -> dict[str, int]: ...
+
+    # -- request records (the dashboard's, from every process) --------------------------------
+
+    def put_records(
+        self,
+        records: Sequence[tuple[str, str, str]],
+        *,
+        origin: str,
+        keep: int = 500,
+        max_bytes: int = 16 * 1024 * 1024,
+    ) -> None:
+        """Write ``(id, session_id, body)`` records in one transaction (an id already stored
+        is replaced, keeping its place), each drawing a new ``change``; then drop the oldest
+        (by first write) past the newest ``keep`` or past ``max_bytes`` of bodies (the newest
+        one always stays)."""
+        ...
+
+    def recent_records(
+        self, limit: int = 500, *, session_id: str | None = None
+    ) -> list[StoredRecord]:
+        """The newest records (by first write), newest first; one session's when given."""
+        ...
+
+    def record(self, record_id: str) -> StoredRecord | None: ...
+
+    def records_after(self, change: int, *, limit: int = 1000) -> list[StoredRecord]:
+        """Records written (or rewritten) after ``change``, in the order of their changes."""
+        ...
+
+    def records_cursor(self) -> int:
+        """The latest ``change`` drawn (0 when none): where a poll of ``records_after``
+        starts."""
+        ...
+
+    # -- Responses API chains ------------------------------------------------------------------
+
+    def put_response_link(
+        self, principal: str, name: str, session_id: str, seq: int, start: int
+    ) -> None:
+        """Remember that the principal's response id (or ``conversation:<id>``) ``name``
+        names the stored turn ``(session_id, seq)``, its chain starting at ``start``
+        (replacing what the name named before; deleted with the session)."""
+        ...
+
+    def response_link(self, principal: str, name: str) -> tuple[str, int, int] | None:
+        """``(session_id, seq, start)`` that ``put_response_link`` stored for the name."""
+        ...
 
     # -- moving whole sessions (migration, export) ---------------------------------------------
 

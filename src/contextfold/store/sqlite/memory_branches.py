@@ -85,7 +85,7 @@ class _KeyChain:
         store itself). No session: no keys."""
         known = len(self.keys)
         rows = conn.execute(
-            "SELECT s.incarnation, t.seq, t.match_key, t.content_hash FROM sessions s"
+            "SELECT s.born, t.seq, t.match_key, t.content_hash FROM sessions s"
             " LEFT JOIN turns t ON t.session_id = s.id AND t.seq >= ?"
             " WHERE s.id = ? ORDER BY t.seq",
             (max(known, 1), session_id),
