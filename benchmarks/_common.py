@@ -975,6 +975,78 @@ def _render_tool_outputs(path: Path, data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _render_store(path: Path, data: dict[str, Any]) -> list[str]:
+    p, ratios = data["parameters"], data["ratios_postgres_over_sqlite"]
+    lines = [
+        "## Store backends (`bench_store.py`)",
+        "",
+        data["description"],
+        "",
+        f"- Command: `{data['command']}` → `{_relative(str(path))}`",
+        f"- Machine: {_machine_line(data)}; PostgreSQL at `{data['postgres']}`",
+        f"- {p['turns']:,} LoCoMo turns written one per call; {p['questions']} questions "
+        f"recalled at {p['budget']:,} tokens.",
+        "",
+        "| measure | SQLite p50 / p95 ms | PostgreSQL p50 / p95 ms | PostgreSQL ÷ SQLite |",
+        "|---|---:|---:|---:|",
+    ]
+    sqlite, pg = data["configs"]
+    for key, label in (
+        ("on_turn_complete", "`on_turn_complete`, one message"),
+        ("commit_exchange_per_turn", "`commit_exchange`, per turn of a pair"),
+        ("recall", "recall (`on_message_inbound`)"),
+    ):
+        lines.append(
+            f"| {label} | {_ms(sqlite[key], 'median_ms')} / {_ms(sqlite[key], 'p95_ms')} | "
+            f"{_ms(pg[key], 'median_ms')} / {_ms(pg[key], 'p95_ms')} | {ratios[key]:.2f}× |"
+        )
+    locomo = data.get("locomo")
+    if locomo:
+        lines += ["", "| LoCoMo, contextfold system | questions | recall at 512 | at 2,048 |"]
+        lines += ["|---|---:|---:|---:|"]
+        for backend, r in locomo.items():
+            rec = r["evidence_recall"]
+            lines.append(
+                f"| {backend} | {r['questions']:,} | {rec.get('512', 0):.3f} | "
+                f"{rec.get('2048', 0):.3f} |"
+            )
+    lines += [
+        "",
+        f"- Goals: {_flags(data['goals'])}.",
+        f"- Correctness: {_flags(data['correctness'])}.",
+    ]
+    return lines
+
+
+def _render_scaleout(path: Path, data: dict[str, Any]) -> list[str]:
+    p = data["parameters"]
+    lines = [
+        "## Scale-out: workers and backends (`bench_scaleout.py`)",
+        "",
+        data["description"],
+        "",
+        f"- Command: `{data['command']}` → `{_relative(str(path))}`",
+        f"- Machine: {_machine_line(data)}; PostgreSQL at `{data['postgres']}`",
+        f"- {p['clients']} concurrent clients × {p['turns_per_client']} requests (fake answering "
+        f"at once); then {p['load_sessions']} sessions for {p['load_seconds']:.0f} s.",
+        "",
+        "| backend | workers | added p50 / p99 ms | null p50 ms | req/s (3 paths) | "
+        "load req/s | load p50 / p99 ms | errors | lost turns |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in data["runs"]:
+        cf, load = r["contextfold_added_ms"], r["load"]
+        lines.append(
+            f"| {r['backend']} | {r['workers']} | {cf['p50']:,.1f} / {cf['p99']:,.1f} | "
+            f"{r['null_added_ms']['p50']:,.1f} | {r['requests_per_s']:,.1f} | "
+            f"{load['requests_per_s']:,.1f} | {load['latency_ms']['p50']:,.1f} / "
+            f"{load['latency_ms']['p99']:,.1f} | {r['errors'] + load['errors']} | "
+            f"{load['lost_turns']} of {load['answered_turns']:,} |"
+        )
+    lines += ["", f"- Correctness: {_flags(data['correctness'])}."]
+    return lines
+
+
 _RENDERERS = {
     "memory": _render_memory,
     "memory_scale": _render_memory_scale,
@@ -990,6 +1062,8 @@ _RENDERERS = {
     "retrieval_floor_calibration": _render_floor_calibration,
     "memory_floor_calibration": _render_memory_floor,
     "memory_floor": _render_memory_floor,
+    "store": _render_store,
+    "scaleout": _render_scaleout,
 }
 
 

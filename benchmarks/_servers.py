@@ -136,10 +136,11 @@ def stop(process: subprocess.Popen[Any]) -> None:
 
 
 def write_memory_config(
-    path: Path, store: Path, *, embedder: bool = False, extra: str = ""
+    path: Path, store: Path | str, *, embedder: bool = False, extra: str = ""
 ) -> Path:
-    """A memory config storing in ``store``; without ``embedder`` recall runs on keyword
-    tags and FTS5 only (``recall.embedder: none``), with it the default MiniLM embedder."""
+    """A memory config storing in ``store`` (a file, or a ``postgresql://`` URL); without
+    ``embedder`` recall runs on keyword tags and full-text only (``recall.embedder: none``),
+    with it the default MiniLM embedder."""
     lines = [f"storage_path: {store}"]
     if not embedder:
         lines += ["recall:", "  embedder: none"]
@@ -199,7 +200,15 @@ class RssSampler:
 class ContextfoldProxy:
     """``python -m contextfold proxy`` in its own process, its log in ``log``."""
 
-    def __init__(self, upstream: str, memory_yaml: Path, home: Path, log: Path) -> None:
+    def __init__(
+        self,
+        upstream: str,
+        memory_yaml: Path,
+        home: Path,
+        log: Path,
+        extra: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
@@ -207,9 +216,15 @@ class ContextfoldProxy:
         self._log_file: IO[bytes] = log.open("ab")
         self.process = subprocess.Popen(
             proxy_command(
-                upstream, self.port, "--memory-config", str(memory_yaml), "--log-level", "warning"
+                upstream,
+                self.port,
+                "--memory-config",
+                str(memory_yaml),
+                "--log-level",
+                "warning",
+                *extra,
             ),
-            env={**os.environ, "CONTEXTFOLD_HOME": str(home)},
+            env={**os.environ, "CONTEXTFOLD_HOME": str(home), **(env or {})},
             stdout=self._log_file,
             stderr=self._log_file,
         )

@@ -257,3 +257,36 @@ def test_memory_floor_calibration_quick_run(tmp_path: Path) -> None:
     assert conversations <= {"conv-26", "conv-30", "conv-41", "conv-42", "conv-43"}
     assert result["chosen"]["recall"] >= result["off"]["recall"] - result["tolerance"]
     assert "Memory relevance floor on LoCoMo tune" in md.read_text(encoding="utf-8")
+
+
+@needs_data
+def test_store_benchmark_quick_run(tmp_path: Path) -> None:
+    """``bench_store.py`` writes and recalls through the engine on SQLite and on a real
+    PostgreSQL server, and runs LoCoMo on both."""
+    result, md = run_quick(tmp_path, "bench_store.py", "store")
+    sqlite, pg = result["configs"]
+    assert (sqlite["label"], pg["label"]) == ("sqlite", "postgres")
+    for config in (sqlite, pg):
+        for key in ("on_turn_complete", "commit_exchange_per_turn", "recall"):
+            assert config[key].keys() >= TIMING_KEYS and config[key]["n"] >= 1
+    ratios = result["ratios_postgres_over_sqlite"]
+    assert ratios["on_turn_complete"] == round(
+        pg["on_turn_complete"]["median_ms"] / sqlite["on_turn_complete"]["median_ms"], 2
+    )
+    assert set(result["locomo"]) == {"sqlite", "postgres"}
+    assert result["locomo"]["sqlite"]["questions"] > 0
+    assert result["correctness"] and all(v is True for v in result["correctness"].values())
+    assert "## Store backends" in md.read_text(encoding="utf-8")
+
+
+def test_scaleout_benchmark_quick_run(tmp_path: Path) -> None:
+    """``bench_scaleout.py`` runs the proxy with 1 and 2 workers on SQLite and PostgreSQL and
+    finds every answered turn in the store."""
+    result, md = run_quick(tmp_path, "bench_scaleout.py", "scaleout")
+    runs = {(r["backend"], r["workers"]) for r in result["runs"]}
+    assert runs == {("sqlite", 1), ("sqlite", 2), ("postgres", 1), ("postgres", 2)}
+    for run in result["runs"]:
+        assert run["load"]["answered_turns"] > 0 and run["load"]["lost_turns"] == 0
+        assert run["contextfold_added_ms"]["p50"] is not None
+    assert result["correctness"] and all(v is True for v in result["correctness"].values())
+    assert "## Scale-out" in md.read_text(encoding="utf-8")

@@ -25,7 +25,7 @@ from contextfold.retrieval.graph import (
     to_context_items,
 )
 from contextfold.store.sqlite import connect
-from contextfold.store.sqlite.graph import MIGRATIONS, KnowledgeEdge, search_text
+from contextfold.store.sqlite.graph import MIGRATIONS, KnowledgeEdge
 
 
 class KeywordEmbedder:
@@ -404,64 +404,7 @@ def test_to_context_items_carry_sections_and_metadata(cl100k) -> None:
     assert context_item.metadata["score"] == context_item.score == response.context[0].score
 
 
-# -- the store -----------------------------------------------------------------------------
-
-
-def test_auto_link_shared_tags_links_same_tenant_nodes_once() -> None:
-    graph = KnowledgeGraph()
-    a = graph.add_node("t", "faq", "A", tags=["Refunds", "cards"]).id
-    b = graph.add_node("t", "faq", "B", tags=["refunds", "cards"]).id
-    c = graph.add_node("t", "faq", "C", tags=["refunds"]).id
-    graph.add_node("u", "faq", "D", tags=["refunds", "cards"])
-    assert graph.auto_link_shared_tags(min_shared=2, weight=0.6) == 1
-    assert graph.edges() == [
-        KnowledgeEdge(source_id=a, target_id=b, edge_type="shared_tag", weight=0.6)
-    ]
-    assert graph.auto_link_shared_tags() == 2  # a-c and b-c; a-b already exists
-    assert {(e.source_id, e.target_id) for e in graph.edges()} == {(a, b), (a, c), (b, c)}
-
-
-def test_auto_link_similar_uses_embeddings() -> None:
-    graph = KnowledgeGraph()
-    a = graph.add_node("t", "faq", "Refund policy").id
-    b = graph.add_node("t", "playbook", "Issue a refund").id
-    graph.add_node("t", "faq", "Hotel caps")
-    graph.add_node("u", "faq", "Refund elsewhere")
-    embedder = KeywordEmbedder({"refund": 0, "hotel": 1})
-    assert graph.auto_link_similar(embedder, threshold=0.9) == 1
-    assert graph.edges() == [KnowledgeEdge(source_id=a, target_id=b, edge_type="similar")]
-
-
-def test_undirected_edges_are_stored_once_and_re_adding_updates_the_weight() -> None:
-    graph = KnowledgeGraph()
-    a, b = (graph.add_node("t", "faq", name).id for name in "AB")
-    assert graph.add_edge(b, a, "related", 0.3).source_id == a
-    graph.add_edge(a, b, "related", 0.7)
-    graph.add_edge(b, a, "parent")
-    kinds = [(e.source_id, e.target_id, e.edge_type, e.weight) for e in graph.edges()]
-    assert kinds == [(a, b, "related", 0.7), (b, a, "parent", 1.0)]
-
-
-def test_removing_a_node_removes_its_edges() -> None:
-    graph, ids = _chain()
-    assert graph.remove_node(ids[1]) is True
-    assert graph.get_node(ids[1]) is None
-    assert [(e.source_id, e.target_id) for e in graph.edges()] == [(ids[2], ids[3])]
-    assert _ask(graph).context == []
-    assert graph.remove_node(ids[1]) is False
-
-
-def test_removals_scoped_to_tenants_leave_other_tenants_rows() -> None:
-    graph = KnowledgeGraph()
-    a, b = graph.add_node("a", "faq", "A").id, graph.add_node("b", "faq", "B").id
-    graph.add_edge(a, b)
-    assert graph.remove_edge(a, b, tenant_ids=["a"]) is False  # one end is b's
-    assert graph.remove_node(b, tenant_ids=["a"]) is False
-    assert [n.id for n in graph.get_nodes([b, a, 99])] == [a, b]
-    assert len(graph.edges()) == 1
-    assert graph.remove_edge(a, b, tenant_ids=["a", "b"]) is True
-    assert graph.remove_nodes([a, b], tenant_ids=["a"]) == 1
-    assert [n.id for n in graph.nodes()] == [b]
+# -- the SQLite store's own schema (the contract: tests/store/test_graph_conformance.py) -----
 
 
 def test_the_graph_persists_across_instances(tmp_path) -> None:
@@ -479,19 +422,6 @@ def test_the_graph_persists_across_instances(tmp_path) -> None:
     names = conn.execute("SELECT name FROM schema_migrations WHERE schema = 'graph'").fetchall()
     conn.close()
     assert [r[0] for r in names] == MIGRATIONS.names
-
-
-def test_node_ids_are_never_reused(tmp_path) -> None:
-    path = tmp_path / "graph.db"
-    with KnowledgeGraph(path) as graph:
-        first = graph.add_node("a", "faq", "A's first").id
-        last = graph.add_node("a", "faq", "A's last").id
-        graph.remove_node(last)
-        reborn = graph.add_node("b", "faq", "B's").id
-        assert reborn == last + 1  # not ``last``, which A's old references still name
-        assert graph.remove_nodes([first, reborn]) == 2
-    with KnowledgeGraph(path) as reopened:  # the highest id ever used is stored in the file
-        assert reopened.add_node("b", "faq", "B's next").id == reborn + 1
 
 
 def test_the_autoincrement_migration_keeps_rows_edges_and_the_highest_id(tmp_path) -> None:
@@ -521,33 +451,6 @@ def test_the_autoincrement_migration_keeps_rows_edges_and_the_highest_id(tmp_pat
     assert {"graph_nodes_by_tenant", "graph_edges_by_target"} <= indexes
     assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
     conn.close()
-
-
-def test_a_write_from_another_connection_invalidates_the_cached_view(tmp_path) -> None:
-    path = tmp_path / "graph.db"
-    reader, writer = KnowledgeGraph(path), KnowledgeGraph(path)
-    a = writer.add_node("t", "faq", "Refund").id
-    b = writer.add_node("t", "playbook", "Steps").id
-    assert reader.view(["t"]).neighbors(a) == ()
-    assert reader.view(["t"]) is reader.view(["t"])  # cached while nothing changes
-    writer.add_edge(a, b)
-    assert [h.neighbor for h in reader.view(["t"]).neighbors(a)] == [b]
-    reader.close()
-    writer.close()
-
-
-def test_nodes_filter_by_tenant_and_type_and_bulk_add_assigns_ids() -> None:
-    graph = KnowledgeGraph()
-    stored = graph.add_nodes(
-        [
-            {"tenant_id": "a", "node_type": "faq", "title": "x"},
-            {"id": 40, "tenant_id": "b", "node_type": "entity", "title": "y"},
-        ]
-    )
-    assert [n.id for n in stored] == [1, 40]
-    assert graph.nodes(tenant_ids=["b"]) == [stored[1]]
-    assert graph.nodes(node_types=["faq"]) == [stored[0]]
-    assert search_text(stored[0]) == "x"
 
 
 # -- validation and JSON -------------------------------------------------------------------

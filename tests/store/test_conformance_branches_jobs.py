@@ -16,7 +16,7 @@ from contextfold.errors import ConfigError
 # attempts); the SQLite module is where it is defined today.
 from contextfold.store.models import MAX_ATTEMPTS, BranchMoved, NewSegment, match_key
 from contextfold.store.protocols import MemoryStorage
-from memory_support import TOPICS, StoreFactory, exchange, filled, is_sqlite, messages, msg
+from memory_support import TOPICS, StoreFactory, exchange, filled, messages, msg
 
 # -- exchanges ------------------------------------------------------------------------------------
 
@@ -258,24 +258,19 @@ def test_a_fork_refuses_a_missing_turn_or_session(memory_store: MemoryStorage) -
     assert store.sessions() == before
 
 
-def test_a_fork_to_an_existing_id_is_a_config_error(
-    memory_store: MemoryStorage, request: pytest.FixtureRequest
-) -> None:
-    if is_sqlite(memory_store):
-        # SQLite lets the sqlite3.IntegrityError of the sessions table out (create_session
-        # turns the same into ConfigError): reported, not fixed here.
-        request.applymarker(
-            pytest.mark.xfail(strict=True, reason="SQLite fork: IntegrityError, not ConfigError")
-        )
+def test_a_fork_to_an_existing_id_is_a_config_error(memory_store: MemoryStorage) -> None:
     store = _parent(memory_store)
     store.create_session("taken")
     store.append_turns("taken", messages(["mine"]))
+    before = (store.sessions(), store.job_counts(), store.segments("taken"))
     try:
-        with pytest.raises(ConfigError):
+        with pytest.raises(ConfigError, match="already exists"):
             store.fork("p", 3, session_id_new="taken")
     finally:
         assert [t.message.text() for t in store.turns("taken")] == ["mine"]
         assert store.session("taken").parent_id is None
+        assert store.tag_counts("taken") == {} and store.turn_vectors("taken", "m")[0] == []
+        assert (store.sessions(), store.job_counts(), store.segments("taken")) == before
 
 
 def test_branches_of_branches_keep_their_own_ancestry(memory_store: MemoryStorage) -> None:

@@ -14,7 +14,7 @@ from contextfold.errors import ConfigError
 from contextfold.store.models import NewSegment
 from contextfold.store.protocols import MemoryStorage
 from contextfold.tokens import CharCounter
-from memory_support import TOPICS, StoreFactory, exchange, filled, is_sqlite, messages
+from memory_support import TOPICS, StoreFactory, exchange, filled, messages
 
 
 def _segment(first: int, last: int) -> NewSegment:
@@ -155,15 +155,7 @@ def test_a_refused_segment_refuses_the_whole_compaction(memory_store: MemoryStor
     assert store.search_segments("s1", "kiln") == []
 
 
-def test_segment_ids_only_grow_also_after_deletes(
-    memory_store: MemoryStorage, request: pytest.FixtureRequest
-) -> None:
-    if is_sqlite(memory_store):
-        # segments.id is an INTEGER PRIMARY KEY without AUTOINCREMENT: SQLite hands the
-        # largest id out again once its row is deleted (a bug, reported, not fixed here).
-        request.applymarker(
-            pytest.mark.xfail(strict=True, reason="SQLite reuses a deleted session's segment id")
-        )
+def test_segment_ids_only_grow_also_after_deletes(memory_store: MemoryStorage) -> None:
     store = memory_store
     seen: list[int] = []
     for sid in ("a", "b"):

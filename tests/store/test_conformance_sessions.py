@@ -20,7 +20,6 @@ from memory_support import (
     StoreFactory,
     exchange,
     filled,
-    is_sqlite,
     messages,
     msg,
     stored,
@@ -375,17 +374,11 @@ def test_turn_keys_follow_appends_deletes_and_other_store_objects(
 
 
 def test_turn_keys_see_a_session_rewritten_with_the_same_last_turn(
-    open_store: StoreFactory, request: pytest.FixtureRequest
+    open_store: StoreFactory,
 ) -> None:
     """Deleted and written again by another process with as many turns and the same last
     turn: the earlier turns are new all the same."""
     store, other = open_store(), open_store()
-    if is_sqlite(store):
-        # SQLite's key chain checks only the hash of the last turn it knows, so it keeps the
-        # old keys of the earlier turns (a bug, reported, not fixed here).
-        request.applymarker(
-            pytest.mark.xfail(strict=True, reason="SQLite turn_keys: stale after a rewrite")
-        )
     store.create_session("a")
     store.commit_exchange("a", [msg("user", "first"), msg("assistant", "ok")])
     assert store.turn_keys("a", 1, 2) == {
@@ -446,11 +439,6 @@ def test_turnkeys_read_a_session_deleted_and_written_again_afresh(
     assert len(keys.keys("s")) == 4
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="TurnKeys checks only the last known turn's hash: stale after a rewrite that ends"
-    " alike (a bug of memory/turnkeys.py on every backend, reported, not fixed here)",
-)
 def test_turnkeys_read_a_session_rewritten_with_the_same_last_turn_afresh(
     memory_store: MemoryStorage,
 ) -> None:
@@ -488,3 +476,41 @@ def test_turnkeys_keep_the_most_recent_sessions_and_read_the_others_again(
         assert keys.keys(f"s{n}") == [key_of(msg("user", f"text {n}"))]
     assert len(keys._sessions) == 2
     assert keys.keys("s0") == [key_of(msg("user", "text 0"))]
+
+
+def test_turn_texts_come_with_an_incarnation_new_at_each_creation(
+    open_store: StoreFactory,
+) -> None:
+    """``turn_texts_with_incarnation``: the same turns as ``turn_texts_after``, and an
+    incarnation that stays while turns are appended and changes, growing, when another
+    store object (process) deletes the session and creates it again."""
+    store, other = open_store(), open_store()
+    assert store.turn_texts_with_incarnation("s", 0) == (None, [])
+    stored(store, "s", "first", "ok")
+    first, rows = store.turn_texts_with_incarnation("s", 0)
+    assert first is not None and rows == store.turn_texts_after("s", 0) and len(rows) == 2
+    stored(other, "s", "more")
+    assert store.turn_texts_with_incarnation("s", 2) == (first, store.turn_texts_after("s", 2))
+    assert store.turn_texts_with_incarnation("s", 3) == (first, [])
+    other.delete_session("s")
+    assert store.turn_texts_with_incarnation("s", 0) == (None, [])
+    stored(other, "s", "first", "ok")
+    second, rows = store.turn_texts_with_incarnation("s", 0)
+    assert second is not None and second > first
+    assert [row[1:3] for row in rows] == [("user", "first"), ("assistant", "ok")]
+    other.fork("s", 1, session_id_new="t")
+    third, _ = store.turn_texts_with_incarnation("t", 0)
+    assert third is not None and third > second
+
+
+def test_turnkeys_see_another_store_object_rewrite_a_session_ending_alike(
+    open_store: StoreFactory,
+) -> None:
+    writer, reader = open_store(), open_store()
+    stored(writer, "s", "first", "ok")
+    keys = TurnKeys(reader)
+    assert keys.seqs_matching("s", {key_of(msg("user", "first"))}) == {1}
+    writer.delete_session("s")
+    stored(writer, "s", "second", "ok")
+    assert keys.seqs_matching("s", {key_of(msg("user", "first"))}) == set()
+    assert keys.keys("s") == [key_of(msg("user", "second")), key_of(msg("assistant", "ok"))]

@@ -41,6 +41,9 @@ def test_migrations_are_recorded_once() -> None:
             "m003_related_tags_and_vectors",
             "m004_session_scoped_fts",
             "m005_branches_and_jobs",
+            "m006_segment_ids_never_reused",
+            "m007_generations_and_records",
+            "m008_response_links",
         ]
     )
     assert MIGRATIONS.apply(store._conn) == []
@@ -134,3 +137,85 @@ def test_an_m003_file_is_reindexed_and_search_stays_in_its_session(tmp_path: Pat
     store.compact("a-b", [NewSegment(first_seq=1, last_seq=1, summary="kiln", full_text="")], 2)
     assert [seg.session_id for seg, _ in store.search_segments("a-b", "kiln")] == ["a-b"]
     assert store.search_segments("conv-1", "kiln") == []
+
+
+def _m005_file(path: Path) -> None:
+    """A file at m005 holding sessions ``a`` and ``b`` (2 turns each, one segment each, ids 1
+    and 2) and ``c`` (no turns), written the way the m005 code wrote them."""
+    conn = connect(path)
+    MIGRATIONS.apply(conn, upto="m005_branches_and_jobs")
+    for sid in ("a", "b", "c"):
+        conn.execute(
+            "INSERT INTO sessions (id, created_at) VALUES (?, '2026-01-01T00:00:00+00:00')", (sid,)
+        )
+    for n, sid in enumerate(("a", "b")):
+        for seq, text in enumerate((f"kiln firing {sid}", "glaze"), start=1):
+            message = Message(role="user", content=text)
+            conn.execute(
+                "INSERT INTO turns (session_id, seq, role, content_text, message_json,"
+                " content_hash, created_at, token_count, match_key)"
+                " VALUES (?, ?, 'user', ?, ?, ?, '2026-01-01T00:00:00+00:00', 5, ?)",
+                (sid, seq, text, message.model_dump_json(), f"h{sid}{seq}", text),
+            )
+        conn.execute(
+            "INSERT INTO segments (id, session_id, first_seq, last_seq, summary, full_text,"
+            " tags, summary_tokens, full_tokens, created_at, related_tags)"
+            " VALUES (?, ?, 1, 2, ?, 'full', '[\"kiln\"]', 3, 4,"
+            " '2026-01-01T00:00:00+00:00', '[\"oven\"]')",
+            (n + 1, sid, f"kiln summary {sid}"),
+        )
+        conn.executemany(
+            "INSERT INTO segment_turns (segment_id, seq) VALUES (?, ?)", [(n + 1, 1), (n + 1, 2)]
+        )
+        conn.execute("UPDATE sessions SET compaction_watermark = 3 WHERE id = ?", (sid,))
+    conn.close()
+
+
+def test_m006_keeps_an_m005_files_segments_and_never_reuses_their_ids(tmp_path: Path) -> None:
+    _m005_file(tmp_path / "m005.db")
+    store = _store(tmp_path / "m005.db")  # upgrades: segments rebuilt with AUTOINCREMENT
+    sql = store._conn.execute("SELECT sql FROM sqlite_master WHERE name = 'segments'").fetchone()
+    assert "AUTOINCREMENT" in sql[0]
+    for sid, seg_id in (("a", 1), ("b", 2)):
+        [seg] = store.segments(sid)
+        assert (seg.id, seg.seqs, seg.summary, seg.full_text) == (
+            seg_id,
+            (1, 2),
+            f"kiln summary {sid}",
+            "full",
+        )
+        assert (seg.tags, seg.related_tags, seg.summary_tokens, seg.full_tokens) == (
+            ("kiln",),
+            ("oven",),
+            3,
+            4,
+        )
+        assert [s.id for s, _ in store.search_segments(sid, "kiln")] == [seg_id]
+    store._conn.execute("INSERT INTO segments_fts (segments_fts) VALUES ('integrity-check')")
+    assert store._conn.execute("PRAGMA foreign_key_check").fetchall() == []
+    # Deleting the newest segment's session does not give its id out again.
+    assert store.delete_session("b")
+    assert store._conn.execute("SELECT COUNT(*) FROM segment_turns").fetchone()[0] == 2
+    store.fork("a", 2, session_id_new="d")  # copies segment 1 under a new id
+    store.append_turns("c", messages(["one", "two"]))
+    [fresh] = store.compact(
+        "c", [NewSegment(first_seq=1, last_seq=1, summary="teapot", full_text="")], 2
+    )
+    assert [s.id for s in store.segments("d")] == [3] and fresh == 4
+    assert [s.id for s, _ in store.search_segments("c", "teapot")] == [fresh]
+    assert [s.seqs for s in store.segments("d")] == [(1, 2)]
+
+
+def test_m007_gives_an_m005_files_sessions_distinct_incarnations(tmp_path: Path) -> None:
+    _m005_file(tmp_path / "m005.db")
+    store = _store(tmp_path / "m005.db")
+
+    def incarnation(sid: str) -> int:
+        row = store._conn.execute("SELECT born FROM sessions WHERE id = ?", (sid,))
+        return int(row.fetchone()[0])
+
+    old = [incarnation(sid) for sid in ("a", "b", "c")]
+    assert len(set(old)) == 3 and min(old) > 0
+    store.delete_session("c")
+    store.create_session("c")
+    assert incarnation("c") > max(old)

@@ -8,8 +8,9 @@
 (:mod:`contextfold.cli.memory`) inspects and drives a conversation's memory; ``chat``
 (:mod:`contextfold.cli.chat`) replays a conversation through it; ``config`` / ``init`` /
 ``cost-report`` (:mod:`contextfold.cli.config_cmd`) manage ``contextfold.yaml``; ``mcp``
-(:mod:`contextfold.cli.mcp`) serves memory and the corpus to MCP clients. ``serve`` /
-``proxy`` (:mod:`contextfold.cli.serve`) run the HTTP server and LLM proxy. Errors
+(:mod:`contextfold.cli.mcp`) serves memory and the corpus to MCP clients; ``store migrate``
+(:mod:`contextfold.cli.store`) copies a whole memory store to another (SQLite, PostgreSQL).
+``serve`` / ``proxy`` (:mod:`contextfold.cli.serve`) run the HTTP server and LLM proxy. Errors
 become one stderr line and an exit code in :mod:`contextfold.cli.common`, never a traceback.
 """
 
@@ -28,6 +29,7 @@ from contextfold.cli.eval import eval_app
 from contextfold.cli.mcp import mcp_command
 from contextfold.cli.memory import memory_app
 from contextfold.cli.serve import proxy_command, serve_command
+from contextfold.cli.store import store_app
 from contextfold.cli.tokens import tokens_command
 
 __all__ = ["app", "main"]
@@ -55,6 +57,7 @@ app.command("proxy")(proxy_command)
 app.add_typer(eval_app, name="eval")
 app.add_typer(memory_app, name="memory")
 app.add_typer(config_app, name="config")
+app.add_typer(store_app, name="store")
 
 
 def _version(value: bool) -> None:

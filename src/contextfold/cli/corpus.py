@@ -1,7 +1,8 @@
 """``contextfold ingest`` and ``contextfold search``: documents in, ranked chunks out.
 
 The corpus lives in ``$CONTEXTFOLD_HOME/documents.db`` (``.contextfold/`` in the working
-directory by default) unless ``--db`` names another file.
+directory by default) unless ``--db`` names another file, or a ``postgresql://`` URL shared by
+many processes and hosts.
 """
 
 from __future__ import annotations
@@ -18,23 +19,30 @@ from rich.table import Table
 from contextfold.cli.common import InputError, cli_errors
 from contextfold.errors import DocumentError
 from contextfold.retrieval.index import DocumentIndex, SearchMode
+from contextfold.store import is_database_url
 from contextfold.store.sqlite import home_dir
 
 __all__ = ["DbOption", "ingest_command", "open_index", "search_command"]
 
 DbOption = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
-        "--db", metavar="FILE", help="Corpus database (default: $CONTEXTFOLD_HOME/documents.db)."
+        "--db",
+        metavar="FILE|URL",
+        help="Corpus database: a file (default: $CONTEXTFOLD_HOME/documents.db) or a "
+        "postgresql:// URL.",
     ),
 ]
 MODES = ("bm25", "dense", "hybrid")
 ON_ERROR = ("skip", "fail")
 
 
-def open_index(db: Path | None, *, embed: bool = True, must_exist: bool = False) -> DocumentIndex:
-    """The document index at ``db`` (or the home default); BM25-only when ``embed`` is off."""
-    path = db if db is not None else home_dir() / "documents.db"
+def open_index(db: str | None, *, embed: bool = True, must_exist: bool = False) -> DocumentIndex:
+    """The document index at ``db`` (a file or a ``postgresql://`` URL; default the home's
+    file); BM25-only when ``embed`` is off."""
+    if db is not None and is_database_url(db):
+        return DocumentIndex(db, embedder=None if embed else False)
+    path = Path(db) if db is not None else home_dir() / "documents.db"
     if must_exist and not path.exists():
         raise InputError(
             f"no corpus at {path}; run `contextfold ingest PATH...` first (or pass --db FILE)"

@@ -2,7 +2,9 @@
 
 ``status``, ``tags``, ``recall`` and ``quote`` read what is stored; ``compact`` ingests a
 message file and compacts it; ``retrieve`` and ``transform`` run the inbound hook on one
-message (what a request would get); ``aliases`` lists, suggests and adds tag aliases.
+message (what a request would get); ``aliases`` lists, suggests and adds tag aliases;
+``export`` / ``import`` write memory to a folder of markdown files and read it back
+(``contextfold.cli.memory_files``).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from rich.table import Table
 
 from contextfold.cli.aliases import aliases_command
 from contextfold.cli.common import InputError, cli_errors
+from contextfold.cli.memory_files import export_command, import_command
 from contextfold.cli.session import (
     ConfigOption,
     JsonOption,
@@ -35,7 +38,8 @@ if TYPE_CHECKING:
 __all__ = ["memory_app"]
 
 memory_app = typer.Typer(
-    help="Inspect a conversation's memory: status, tags, summaries, recall, aliases, quotes.",
+    help="Inspect a conversation's memory: status, tags, summaries, recall, aliases, quotes; "
+    "export it to markdown files and import it back.",
     no_args_is_help=True,
 )
 
@@ -375,3 +379,5 @@ def quote_command(
 
 
 memory_app.command("aliases")(aliases_command)
+memory_app.command("export")(export_command)
+memory_app.command("import")(import_command)

@@ -3,10 +3,12 @@
 ``serve`` reads a server config file (``--config``; see docs/proxy.md) and listens on its port
 and on every ``proxy.instances`` port, all sharing one memory engine and store. ``proxy`` is the
 short form for one upstream: ``contextfold proxy --upstream https://api.openai.com``.
-Both run until Ctrl-C (or SIGTERM). Then open dashboard streams end at once, requests in flight
-get up to ``shutdown_timeout`` seconds (default 5) to finish (each exchange is committed before
-its reply ends), the derive jobs this process holds go back to the store, and the process exits
-0. A second Ctrl-C while stopping exits at once (status 130).
+With ``--workers N`` either runs N worker processes on those ports and one shared store
+(``contextfold.server.workers``). Both run until Ctrl-C (or SIGTERM). Then open dashboard
+streams end at once, requests in flight get up to ``shutdown_timeout`` seconds (default 5) to
+finish (each exchange is committed before its reply ends), the derive jobs this process holds
+go back to the store, and the process exits 0. A second Ctrl-C while stopping exits at once
+(status 130).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -27,9 +30,10 @@ from contextfold.cli.common import InputError, cli_errors
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from contextfold.server.config import ServerConfig
     from contextfold.server.runner import Runner
 
-__all__ = ["proxy_command", "serve_command"]
+__all__ = ["proxy_command", "serve_app", "serve_command"]
 
 ServerConfigOption = Annotated[
     Path | None,
@@ -51,6 +55,17 @@ MemoryConfigOption = Annotated[
 HostOption = Annotated[
     str | None, typer.Option("--host", help="Address to bind (default 127.0.0.1).")
 ]
+WorkersOption = Annotated[
+    int,
+    typer.Option(
+        "--workers",
+        "-w",
+        min=1,
+        envvar="CONTEXTFOLD_WORKERS",
+        help="Worker processes serving the same ports on one shared store (not :memory:); "
+        "a worker that dies is replaced. Default 1: one process.",
+    ),
+]
 LogOption = Annotated[
     str, typer.Option("--log-level", help="uvicorn log level: debug, info, warning, error.")
 ]
@@ -67,11 +82,11 @@ def _run(
     port: int | None,
     upstream: str | None,
     log_level: str,
+    workers: int = 1,
 ) -> None:
     try:
-        from contextfold.server.app import create_app
         from contextfold.server.config import ProxySettings, ServerConfig, load_server_config
-        from contextfold.server.runner import Runner, bindings
+        from contextfold.server.runner import bindings
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").split(".")[0]
         if missing not in _SERVER_PACKAGES:
@@ -99,28 +114,49 @@ def _run(
         )
     if update:
         config = ServerConfig.model_validate({**config.model_dump(), **update})
-    app = create_app(config)
-    app.state.contextfold.freeze_gc = True  # this process is the server's alone
-    runner = Runner(app, config, log_level=log_level)
+    if workers > 1:
+        from contextfold.server.workers import supervise
+
+        raise typer.Exit(supervise(config, workers, log_level))
     for bound_host, bound_port in bindings(config):
         typer.echo(f"contextfold listening on http://{bound_host}:{bound_port}", err=True)
+    serve_app(config, log_level)
+
+
+def serve_app(
+    config: ServerConfig,
+    log_level: str,
+    *,
+    sockets: list[socket.socket] | None = None,
+    signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM),
+) -> None:
+    """Build the app of ``config`` and serve it until one of ``signals`` (a second one quits
+    at once): the whole server of one process, or one worker of ``serve --workers`` (then on
+    the supervisor's ``sockets``, stopped by its SIGTERM)."""
+    from contextfold.server.app import create_app
+    from contextfold.server.runner import Runner
+
+    app = create_app(config)
+    app.state.contextfold.freeze_gc = True  # this process is the server's alone
+    runner = Runner(app, config, log_level=log_level, sockets=sockets)
 
     # Memory writes run on a thread beside the event loop; a short GIL switch interval keeps
     # them from holding the loop up for the default 5 ms each time it does I/O.
     sys.setswitchinterval(0.0005)
 
     stop_began: list[float] = []
+    who = f"worker {os.getpid()}: " if sockets is not None else ""
 
     def on_signal(sig: signal.Signals) -> None:
         if runner.stopping:
             _force_exit(sig)
         stop_began.append(time.monotonic())
-        typer.echo(f"stopping: {_stopping_line(runner)}", err=True)
+        typer.echo(f"{who}stopping: {_stopping_line(runner)}", err=True)
         runner.stop()
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        for sig in signals:
             loop.add_signal_handler(sig, on_signal, sig)
         await runner.serve()
 
@@ -129,7 +165,7 @@ def _run(
     left = _written(app) if stop_began else ""
     app.state.contextfold.memory.close()
     if stop_began:
-        typer.echo(f"stopped in {time.monotonic() - stop_began[0]:.1f} s; {left}", err=True)
+        typer.echo(f"{who}stopped in {time.monotonic() - stop_began[0]:.1f} s; {left}", err=True)
 
 
 def _stopping_line(runner: Runner) -> str:
@@ -192,15 +228,17 @@ def serve_command(
         ),
     ] = None,
     log_level: LogOption = "info",
+    workers: WorkersOption = 1,
 ) -> None:
     """Run the server: the LLM proxy, POST /api/context and the dashboard.
 
     Listens on the config's port and on each proxy instance's port; all of them share one
-    memory engine and store. Ctrl-C stops it: requests in flight get up to shutdown_timeout
-    seconds (default 5); every exchange is already stored, and derived work left pending stays
-    in the store for the next start; a second Ctrl-C quits at once."""
+    memory engine and store. With --workers N, N processes serve those ports, all on one store
+    (an SQLite file or a postgresql:// URL). Ctrl-C stops it: requests in flight get up to
+    shutdown_timeout seconds (default 5); every exchange is already stored, and derived work
+    left pending stays in the store for the next start; a second Ctrl-C quits at once."""
     with cli_errors():
-        _run(config, memory_config, host, port, None, log_level)
+        _run(config, memory_config, host, port, None, log_level, workers)
 
 
 def proxy_command(
@@ -223,6 +261,7 @@ def proxy_command(
     memory_config: MemoryConfigOption = None,
     host: HostOption = None,
     log_level: LogOption = "info",
+    workers: WorkersOption = 1,
 ) -> None:
     """Run the transparent LLM proxy in front of one upstream.
 
@@ -231,4 +270,4 @@ def proxy_command(
     seconds (default 5); every exchange is already stored, and derived work left pending stays
     in the store for the next start; a second Ctrl-C quits at once."""
     with cli_errors():
-        _run(config, memory_config, host, port, upstream, log_level)
+        _run(config, memory_config, host, port, upstream, log_level, workers)

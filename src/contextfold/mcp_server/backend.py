@@ -16,6 +16,7 @@ from contextfold.errors import ConfigError, ContextfoldError
 from contextfold.memory.engine import MemoryEngine
 from contextfold.retrieval.engine import ContextComposer, ContextEngine
 from contextfold.retrieval.index import DocumentIndex
+from contextfold.store import is_database_url
 from contextfold.store.sqlite import home_dir
 
 __all__ = ["Backend", "gist", "tool_errors"]
@@ -58,7 +59,7 @@ class Backend:
 
     def __init__(self, memory: MemoryEngine, corpus: str | Path | None, embed: bool) -> None:
         self.memory = memory
-        self.corpus_path = Path(corpus) if corpus is not None else None
+        self.corpus = str(corpus) if corpus is not None else None
         self.embed = embed
         self.lock = threading.RLock()
         self._index: DocumentIndex | None = None
@@ -76,8 +77,10 @@ class Backend:
 
     def index(self) -> DocumentIndex:
         """The corpus (``DocumentIndex``), opened on first use; it follows later ingests."""
+        if self._index is None and self.corpus is not None and is_database_url(self.corpus):
+            self._index = DocumentIndex(self.corpus, embedder=None if self.embed else False)
         if self._index is None:
-            path = self.corpus_path if self.corpus_path is not None else home_dir()
+            path = Path(self.corpus) if self.corpus is not None else home_dir()
             if path.is_dir() or not path.suffix:
                 path = path / "documents.db"
             if not path.is_file():

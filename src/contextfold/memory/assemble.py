@@ -126,8 +126,15 @@ class Assembler:
         self._topic_cache: SessionLRU[tuple[tuple[object, ...], list[str], str]] = SessionLRU(
             sessions
         )
-        self._summary_cache: SessionLRU[tuple[int, dict[str, TagSummary]]] = SessionLRU(sessions)
-        self._compacted_cache: SessionLRU[tuple[int, dict[str, int]]] = SessionLRU(sessions)
+        # Keyed by the session's numbers (``MemoryStorage.session_version``) besides the
+        # watermark: a session another process deleted and wrote again, or whose summaries it
+        # rebuilt, is read again.
+        self._summary_cache: SessionLRU[tuple[tuple[int, int], dict[str, TagSummary]]] = SessionLRU(
+            sessions
+        )
+        self._compacted_cache: SessionLRU[tuple[tuple[int, int], dict[str, int]]] = SessionLRU(
+            sessions
+        )
 
     def _topics(self, sid: str, now: datetime, tools: bool, limit: int) -> tuple[list[str], str]:
         """The live stored topics (summarised or segmented, TTL not run out), best first by
@@ -135,8 +142,9 @@ class Assembler:
         them within ``limit`` tokens. Both change only at compaction (or at a TTL's day
         boundary), so they are cached per compaction watermark: for one budget, the hint stays
         byte-identical between compactions."""
-        watermark = self.store.session(sid).compaction_watermark
-        key = (sid, watermark, now.date().isoformat(), tools, limit)
+        record = self.store.session(sid)
+        watermark = record.compaction_watermark
+        key = (sid, record.born, watermark, now.date().isoformat(), tools, limit)
         cached = self._topic_cache.peek(sid)
         if cached is not None and cached[0] == key:
             return cached[1], cached[2]
@@ -146,7 +154,7 @@ class Assembler:
         in_segments = {tag for seg in self.store.segments(sid) for tag in seg.tags}
         counts = {
             tag: n
-            for tag, n in self._compacted_counts(sid, watermark).items()
+            for tag, n in self._compacted_counts(sid, record.born, watermark).items()
             if tag in in_segments
         }
         # When a tag was last seen matters only to the tags with a TTL rule: only theirs is read.
@@ -162,29 +170,31 @@ class Assembler:
         self._topic_cache.put(sid, (key, live, hint))
         return live, hint
 
-    def _compacted_counts(self, sid: str, watermark: int) -> dict[str, int]:
+    def _compacted_counts(self, sid: str, born: int, watermark: int) -> dict[str, int]:
         """The compacted turns' tag counts, kept per session: a compaction adds the counts of
         the turns it compacted (``since`` the previous watermark) instead of a recount of all
-        the compacted turns; a start-up reads them all once."""
+        the compacted turns; a start-up (or a session written again) reads them all once."""
         cached = self._compacted_cache.peek(sid)
-        if cached is not None and cached[0] == watermark:
+        if cached is not None and cached[0] == (born, watermark):
             return cached[1]
-        if cached is not None and cached[0] < watermark:
+        if cached is not None and cached[0][0] == born and cached[0][1] < watermark:
             counts = dict(cached[1])
-            added = self.store.tag_counts(sid, before=watermark, since=cached[0])
+            added = self.store.tag_counts(sid, before=watermark, since=cached[0][1])
             for tag, n in added.items():
                 counts[tag] = counts.get(tag, 0) + n
         else:
             counts = self.store.tag_counts(sid, before=watermark)
-        self._compacted_cache.put(sid, (watermark, counts))
+        self._compacted_cache.put(sid, ((born, watermark), counts))
         return counts
 
     def _cached_summaries(self, sid: str) -> dict[str, TagSummary]:
-        """Tag summaries change only at compaction: cached per watermark."""
-        watermark = self.store.session(sid).compaction_watermark
+        """Tag summaries change only at compaction or a rebuild, both of which draw a new
+        generation for the session: cached per (born, generation)."""
+        record = self.store.session(sid)
+        key = (record.born, record.generation)
         cached = self._summary_cache.peek(sid)
-        if cached is None or cached[0] != watermark:
-            cached = (watermark, self.store.tag_summaries(sid))
+        if cached is None or cached[0] != key:
+            cached = (key, self.store.tag_summaries(sid))
             self._summary_cache.put(sid, cached)
         return cached[1]
 

@@ -207,7 +207,9 @@ class MemoryEngine:
         self.recaller.cached_sessions = cfg.cached_sessions
         # Per-session state, for the ``cached_sessions`` most recently used sessions: each is
         # read back from the store when it is asked for again.
-        self._vocab: SessionLRU[dict[str, int]] = SessionLRU(cfg.cached_sessions)
+        # The vocabulary is kept with the session's generation it was read at
+        # (``MemoryStorage.session_version``): another process's tags make it stale.
+        self._vocab: SessionLRU[tuple[int, dict[str, int]]] = SessionLRU(cfg.cached_sessions)
         self._turn_keys = TurnKeys(self.store, sessions=cfg.cached_sessions)
         # One lock per session (striped: a bounded set shared by hash), so a session only ever
         # waits on itself; ``_derive_locks`` keep one session's derived work in order without
@@ -300,7 +302,8 @@ class MemoryEngine:
 
     def _session(self, session_id: str | None) -> str:
         sid = session_id or self.session_id
-        if sid not in self._vocab:
+        # Cached: known to exist, unless another process has deleted it since.
+        if sid not in self._vocab or self.store.session_version(sid) is None:
             with self.lock(sid):
                 try:
                     self.store.session(sid)
@@ -314,11 +317,17 @@ class MemoryEngine:
     def _counts(self, sid: str) -> dict[str, int]:
         """The session's tag counts (its vocabulary), read from the store when not cached; read
         under the session's lock, as the counts are updated (``_tag_pending``)."""
-        counts = self._vocab.peek(sid)
-        if counts is not None:
-            return counts
+        version = self.store.session_version(sid)
+        generation = version[1] if version is not None else 0
+        cached = self._vocab.peek(sid)
+        if cached is not None and cached[0] == generation:
+            return cached[1]
         with self.lock(sid):
-            return self._vocab.get(sid, lambda: self.store.tag_counts(sid))
+            # Read after the generation: a write between the two leaves the counts newer than
+            # their key, and the next look reads them again.
+            counts = self.store.tag_counts(sid)
+            self._vocab.put(sid, (generation, counts))
+            return counts
 
     def vocabulary(self, session_id: str | None = None) -> dict[str, int]:
         """The session's tags with their turn counts."""
@@ -419,13 +428,21 @@ class MemoryEngine:
         for n, chunk in enumerate(chunks):
             with self.lock(sid):
                 with self.store.batch():
+                    # Read inside the transaction: no other writer can come in between, so
+                    # counts cached at ``before`` plus this chunk's are the counts at ``after``.
+                    before = self.store.session_version(sid)
                     self.store.set_tags_many(sid, {seq: tagged[seq] for seq in chunk})
                     self.store.mark_derived(sid, last if n == len(chunks) - 1 else chunk[-1])
-                counts = self._vocab.peek(sid)
-                if counts is not None:  # else it is read from the store when next used
+                    after = self.store.session_version(sid)
+                cached = self._vocab.peek(sid)
+                # Counts cached at another generation are stale already: they are read from
+                # the store when next used.
+                if cached is not None and before and after and cached[0] == before[1]:
+                    counts = cached[1]
                     for seq in chunk:
                         for tag in tagged[seq][0]:
                             counts[tag] = counts.get(tag, 0) + 1
+                    self._vocab.put(sid, (after[1], counts))
 
     def on_turn_complete(
         self,

@@ -97,9 +97,10 @@ class _SessionVectors:
     quarter when full (amortised: a new vector copies no old one, and the buffer holds at
     most a quarter more than the vectors)."""
 
-    __slots__ = ("_buffer", "_count", "_seqs")
+    __slots__ = ("_buffer", "_count", "_seqs", "born")
 
-    def __init__(self) -> None:
+    def __init__(self, born: int = 0) -> None:
+        self.born = born  # the session's ``born`` number (``MemoryStorage.session_version``)
         self._seqs: list[int] = []
         self._buffer: npt.NDArray[np.float32] = np.zeros((0, 0), np.float32)
         self._count = 0
@@ -212,7 +213,8 @@ class Recaller:
 
     def _session_vectors(self, session_id: str) -> tuple[list[int], npt.NDArray[np.float32]]:
         """The session's seqs with a vector and their matrix: the cached ones plus those stored
-        since (by this or another process), appended in place; a session whose vectors alone
+        since (by this or another process), appended in place (all read again when the session
+        was deleted and written again); a session whose vectors alone
         pass the cache's byte limit is read from the store and not kept."""
         if self.catch_up:
             self.ensure_vectors(session_id)
@@ -220,7 +222,12 @@ class Recaller:
             entry = self._vectors.pop(session_id, None)
             if entry is not None:
                 self._vector_bytes -= entry.nbytes
-        entry = entry or _SessionVectors()
+        # Vectors are appended only, while the session lives: a session deleted and written
+        # again (by any process) has a new ``born`` number, and its cached rows are dropped.
+        version = self.store.session_version(session_id)
+        born = version[0] if version is not None else 0
+        if entry is None or entry.born != born:
+            entry = _SessionVectors(born)
         new_seqs, new = self.store.turn_vectors(session_id, self._model, after=entry.last)
         if new_seqs:
             entry.append(new_seqs, new)

@@ -7,15 +7,16 @@ left out of the forwarded history). A message matches a turn by ``(role, text)``
 every stored turn's text back for that is O(session) per request, so this index keeps, per
 session, the hash of each stored turn's ``(role, text)`` — as stored, and with runs of
 whitespace made one space — and reads only the turns stored since its last look — turns are
-append-only. Before it extends a session's keys it checks that the last turn it knows still
-has the same content hash, and starts the session over when not (the session was deleted
-and written again, by this process or another).
+append-only. It reads them with the session's incarnation, in one snapshot
+(``MemoryStorage.turn_texts_with_incarnation``), and starts the session over when that
+changed (the session was deleted and written again, by this process or another, even with
+as many turns and the same last one).
 
 Only a bounded number of sessions is kept (least recently used first out); a session that
 falls out is read again in full the next time it is asked for.
 
 >>> from contextfold.items import Message
->>> from contextfold.store.sqlite.memory import MemoryStorage
+>>> from contextfold.store.sqlite.memory import MemoryStore
 >>> store = MemoryStore()
 >>> _ = store.create_session("s")
 >>> _ = store.append_turns("s", [Message(role="user", content="hello")])
@@ -60,12 +61,12 @@ def loose_key_of(message: Message) -> int:
 
 
 class _Session:
-    __slots__ = ("keys", "last_hash", "loose")
+    __slots__ = ("incarnation", "keys", "loose")
 
-    def __init__(self) -> None:
+    def __init__(self, incarnation: int | None = None) -> None:
         self.keys: list[int] = []  # keys[i] is turn seq i + 1
         self.loose: list[int] = []  # the same, whitespace collapsed
-        self.last_hash: str | None = None
+        self.incarnation = incarnation  # of the session the keys were read from
 
 
 class TurnKeys:
@@ -75,26 +76,25 @@ class TurnKeys:
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
 
     def keys(self, session_id: str) -> list[int]:
-        """The key of every stored turn of the session, in seq order (index 0 is seq 1)."""
-        state = self._sessions.pop(session_id, None)
-        stale = (
-            state is not None
-            and bool(state.keys)
-            and (self.store.turn_hash(session_id, len(state.keys)) != state.last_hash)
-        )
-        if state is None or stale:
-            state = _Session()
+        """The key of every stored turn of the session, in seq order (index 0 is seq 1).
+
+        One read of the store on the usual path: the turns after the last known one, with the
+        session's incarnation. A second, from the first turn, only when the session was
+        deleted and created again since (or the seqs do not follow on)."""
+        state = self._sessions.pop(session_id, None) or _Session()
         self._sessions[session_id] = state
         while len(self._sessions) > self.max_sessions:
             self._sessions.popitem(last=False)
-        rows = self.store.turn_texts_after(session_id, len(state.keys))
-        if rows and rows[0][0] != len(state.keys) + 1:  # seqs always start at 1, no gaps
-            state.keys, state.loose = [], []
-            rows = self.store.turn_texts_after(session_id, 0)
-        for _, role, text, content_hash in rows:
+        known = len(state.keys)
+        incarnation, rows = self.store.turn_texts_with_incarnation(session_id, known)
+        # seqs always start at 1, no gaps
+        if incarnation != state.incarnation or (rows and rows[0][0] != known + 1):
+            if known:
+                incarnation, rows = self.store.turn_texts_with_incarnation(session_id, 0)
+            state = self._sessions[session_id] = _Session(incarnation)
+        for _, role, text, _ in rows:
             state.keys.append(hash((role, text)))
             state.loose.append(_loose(role, text))
-            state.last_hash = content_hash
         return state.keys
 
     def seqs_matching(self, session_id: str, keys: Collection[int]) -> set[int]:

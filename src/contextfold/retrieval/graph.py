@@ -27,6 +27,9 @@
    ahead of a better-ranked one. Entities are collected from the nodes that survived the
    budget, so every entity returned belongs to returned context.
 
+``graph`` is any ``GraphStorage``: ``KnowledgeGraph`` (SQLite, the default) or what
+``contextfold.store.open_graph_store`` opens for a ``postgresql://`` URL.
+
 >>> graph = KnowledgeGraph()
 >>> faq = graph.add_node("support", "faq", "How to process refunds", summary="Refund steps")
 >>> flow = graph.add_node("support", "playbook", "Approval chain over $100")
@@ -54,21 +57,22 @@ from contextfold.items import ContextItem, SourceType
 from contextfold.retrieval.base import MatchSource
 from contextfold.retrieval.floor import RelevanceFloor, resolve_floor
 from contextfold.retrieval.fusion import rrf
-from contextfold.store.sqlite.graph import (
+from contextfold.store.graph_models import (
     EdgeType,
     GraphView,
     KnowledgeEdge,
-    KnowledgeGraph,
     KnowledgeNode,
     NodeType,
     search_text,
 )
+from contextfold.store.sqlite.graph import KnowledgeGraph  # the embedded default, re-exported
 from contextfold.tokens import TokenCounter, counter_for_model
 
 if TYPE_CHECKING:
     from contextfold.retrieval.base import Embedder
     from contextfold.retrieval.dense import NumpyVectorIndex
     from contextfold.retrieval.sparse import BM25Index
+    from contextfold.store.protocols import GraphStorage
 
 __all__ = [
     "DEFAULT_ENTRY_TYPES",
@@ -317,7 +321,7 @@ def _bm25(candidates: Sequence[KnowledgeNode]) -> BM25Index:
 
 
 def _vectors(
-    graph: KnowledgeGraph, embedder: Embedder, candidates: Sequence[KnowledgeNode]
+    graph: GraphStorage, embedder: Embedder, candidates: Sequence[KnowledgeNode]
 ) -> NumpyVectorIndex:
     from contextfold.retrieval.dense import NumpyVectorIndex
 
@@ -327,7 +331,7 @@ def _vectors(
 
 
 def _entry_points(
-    graph: KnowledgeGraph,
+    graph: GraphStorage,
     view: GraphView,
     request: GraphContextRequest,
     embedder: Embedder | None,
@@ -456,7 +460,7 @@ def _counter(model: str) -> TokenCounter:
 
 
 def graph_context(
-    graph: KnowledgeGraph,
+    graph: GraphStorage,
     request: GraphContextRequest,
     *,
     embedder: Embedder | None = None,

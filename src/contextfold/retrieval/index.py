@@ -1,9 +1,12 @@
 """``DocumentIndex``: documents in, ranked chunks out — BM25, dense, or both fused with RRF.
 
-The SQLite ``DocumentStore`` holds documents, chunks and vectors; the BM25 index (bm25s) and the
-vector index are derived from it. For a file-backed index the BM25 index is saved next to the
-database (``<db>.bm25/``) stamped with the corpus version and loaded memory-mapped when the
-stamp matches, so opening a large corpus does not re-index it.
+A document store (``contextfold.store.protocols.DocumentStorage``: SQLite, or PostgreSQL for a
+``postgresql://`` URL) holds documents, chunks and vectors; the BM25 index (bm25s) and the
+vector index are derived from it, in memory, and rebuilt whenever the store's corpus version
+moves — so an index notices documents another process added or removed before it searches.
+For a file-backed index the BM25 index is saved next to the database (``<db>.bm25/``) stamped
+with the corpus version and loaded memory-mapped when the stamp matches, so opening a large
+corpus does not re-index it.
 
 >>> from contextfold.testing import HashEmbedder
 >>> index = DocumentIndex(embedder=HashEmbedder())
@@ -33,9 +36,12 @@ from contextfold.retrieval.dense import NumpyVectorIndex, USearchVectorIndex, Ve
 from contextfold.retrieval.floor import RelevanceFloor, resolve_floor
 from contextfold.retrieval.fusion import FusedHit, convex, mmr, rrf
 from contextfold.retrieval.sparse import BM25Index
-from contextfold.store.sqlite.documents import DocumentRecord, DocumentStore, _now
+from contextfold.store import is_database_url, open_document_store
+from contextfold.store.document_models import DocumentRecord
+from contextfold.store.document_models import now as _now
 
 if TYPE_CHECKING:
+    from contextfold.store.protocols import DocumentStorage
     from contextfold.tokens import TokenCounter
 
 __all__ = ["AddResult", "DocumentIndex", "SearchMode", "hits_to_items"]
@@ -101,7 +107,9 @@ class DocumentIndex:
     """A searchable collection of chunked documents (the seed's ``FAISSMemory(path=...)``).
 
     ``path=None`` keeps everything in memory; a path is a SQLite file that persists (a folder,
-    or a path without a suffix, holds ``documents.db`` and the saved BM25 index). The
+    or a path without a suffix, holds ``documents.db`` and the saved BM25 index); a
+    ``postgresql://`` URL keeps the documents in PostgreSQL, shared by every process that opens
+    it (the BM25 index is then rebuilt in memory on open, not saved). The
     embedder defaults to the offline all-MiniLM-L6-v2 (loaded on first use); ``embedder=False``
     makes a BM25-only index. Filters (tenants, metadata) apply before ranking.
 
@@ -141,10 +149,14 @@ class DocumentIndex:
         self.fusion, self.alpha = fusion, alpha
         resolve_floor(relevance_floor)  # fail early on a bad setting
         self._floor_setting = relevance_floor
-        if path is not None and (Path(path).is_dir() or not Path(path).suffix):
-            path = Path(path) / "documents.db"  # a folder, as the seed's FAISSMemory(path=...)
-        self.path = None if path is None else Path(path)
-        self.store = DocumentStore(":memory:" if self.path is None else self.path)
+        if path is not None and is_database_url(path):
+            self.path: Path | None = None
+            self.store: DocumentStorage = open_document_store(str(path))
+        else:
+            if path is not None and (Path(path).is_dir() or not Path(path).suffix):
+                path = Path(path) / "documents.db"  # a folder, as the seed's FAISSMemory(path=)
+            self.path = None if path is None else Path(path)
+            self.store = open_document_store(":memory:" if self.path is None else self.path)
         self._embedder_arg = embedder
         self._embedder: Embedder | None = None
         self._chunker = chunker
@@ -162,6 +174,10 @@ class DocumentIndex:
         self._vectors: VectorIndex | None = None
         self._loaded = False
         self._synced = -1  # the store version the derived indexes reflect
+
+    def close(self) -> None:
+        """Close the document store (a PostgreSQL store gives its connections back)."""
+        self.store.close()
 
     # -- components ------------------------------------------------------------------------
 
@@ -210,20 +226,6 @@ class DocumentIndex:
         with self._lock:
             if self._loaded and self.store.version == self._synced:
                 return
-            self._bm25 = self._bm25.empty_copy()
-            self._vectors = None
-            folder = self._bm25_dir()
-            stamp = folder / "corpus_version.json" if folder else None
-            if stamp is not None and stamp.exists():
-                saved = json.loads(stamp.read_text())
-                if saved.get("version") == self.version and saved.get("params") == (
-                    self._bm25_params
-                ):
-                    assert folder is not None
-                    self._bm25 = BM25Index.load(folder, mmap=True)
-            if len(self._bm25) == 0 and self.store.count()[1]:
-                ids, texts = zip(*self.store.chunk_texts(), strict=True)
-                self._bm25.add(list(ids), list(texts))
             embedder = self.embedder
             if embedder is not None:
                 missing = self.store.chunks_without_vectors(embedder.name)
@@ -231,17 +233,37 @@ class DocumentIndex:
                     part = missing[start : start + 256]
                     vectors = embedder.embed([text for _, text in part])
                     self.store.add_vectors([i for i, _ in part], vectors, embedder.name)
+            # The version first, the rows after: a write landing in between makes the next
+            # check rebuild again, never leaves the indexes behind a version they claim.
+            version = self.store.version
+            self._bm25 = self._bm25.empty_copy()
+            self._vectors = None
+            folder = self._bm25_dir()
+            stamp = folder / "corpus_version.json" if folder else None
+            if stamp is not None and stamp.exists():
+                saved = json.loads(stamp.read_text())
+                if saved.get("version") == version and saved.get("params") == (self._bm25_params):
+                    assert folder is not None
+                    self._bm25 = BM25Index.load(folder, mmap=True)
+            if len(self._bm25) == 0:
+                pairs = list(self.store.chunk_texts())
+                if pairs:
+                    ids, texts = zip(*pairs, strict=True)
+                    self._bm25.add(list(ids), list(texts))
+            if embedder is not None:
                 ids_v, matrix = self.store.vectors(embedder.name)
                 if ids_v:
                     self._vectors = self._new_vector_index(matrix.shape[1])
                     self._vectors.add(ids_v, matrix)
-            self._synced = self.store.version
+            self._synced = version
             self._loaded = True
 
     def _wrote(self, before: int) -> None:
-        """After our own write: still in sync unless someone else wrote in between."""
-        if self._synced == before:
-            self._synced = self.store.version
+        """After our own write (which bumps the version once): still in sync only when the
+        version moved by exactly that one — another writer's change, before or after ours,
+        leaves ``_synced`` behind, so the next search rebuilds."""
+        if self._synced == before and self.store.version == before + 1:
+            self._synced = before + 1
 
     def _attach_texts(self) -> None:
         if not self._bm25.has_texts:  # a memory-mapped index loaded from disk
@@ -426,11 +448,13 @@ class DocumentIndex:
     def clear(self) -> None:
         """Remove every document (the seed's ``clear()``)."""
         with self._lock:
+            before = self.store.version
             self.store.clear()
             self._bm25.clear()
             self._vectors = None
-            self._synced = self.store.version
+            self._synced = before
             self._loaded = True
+            self._wrote(before)
             folder = self._bm25_dir()
             if folder is not None and folder.exists():
                 shutil.rmtree(folder)
@@ -445,7 +469,7 @@ class DocumentIndex:
         if folder is None:
             return
         self._ensure_loaded()
-        stamp = {"version": self.version, "params": self._bm25_params}
+        stamp = {"version": self._synced, "params": self._bm25_params}
         current = folder / "corpus_version.json"
         if current.exists() and json.loads(current.read_text()) == stamp:
             return

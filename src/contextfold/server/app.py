@@ -39,6 +39,8 @@ def create_app(
         if memory is None:
             memory, memory_error = _open_memory(config)
         state = ServerState(config=config, memory=memory, memory_error=memory_error)
+    # The dashboard's records live in the store, shared by every worker process on it.
+    state.events.attach(state.memory.store)
     # /docs is served from the package's own Swagger UI files (api_docs), not FastAPI's CDN
     # page; ReDoc, CDN-only too, is off.
     app = FastAPI(title="contextfold", version=_version(), docs_url=None, redoc_url=None)

@@ -133,8 +133,9 @@ class ContextApiSettings(_Section):
     that key owns (reads and writes); keys themselves never appear in a config file. With no
     keys the API is open to every caller while the server binds to loopback, and answers 401
     to everyone when it binds anywhere else. ``graph_path``: the SQLite file of nodes, edges and
-    documents (default ``<home>/graph.db``). ``hybrid``: rank entry points with the memory
-    engine's embedder as well as BM25 (when the engine has one). ``relevance_floor``: entry
+    documents (default ``<home>/graph.db``), or a ``postgresql://`` URL to share them among
+    servers. ``hybrid``: rank entry points with the memory engine's embedder as well as BM25
+    (when the engine has one). ``relevance_floor``: entry
     points must clear the calibrated relevance floor (``true``, the default), none (``false``),
     or the floors given per mode (``{bm25: 0.1, dense: 0.3, hybrid: 0.35}``, and
     ``dense_margin``; keys left out keep their default); see docs/retrieval.md.

@@ -7,7 +7,8 @@ requested ``tenant_ids`` and the caller's tenants (``contextfold.server.tenants`
 ``X-Contextfold-Tenants`` response header lists the tenants actually searched.
 
 Everything is stored in one SQLite file (``context_api.graph_path``, by default
-``<home>/graph.db``), so a restarted server keeps its knowledge. A node of a tenant the caller
+``<home>/graph.db``) or, for a ``postgresql://`` URL there, one PostgreSQL database that
+several servers share, so a restarted server keeps its knowledge. A node of a tenant the caller
 does not own answers 404, exactly as a node that does not exist; writing to such a tenant by
 name answers 403. Open (no keys, bound to loopback), the API answers only requests whose
 ``Host`` names a loopback host (``TenantAuth.admit_host``). The HTTP reference is
@@ -57,8 +58,8 @@ from contextfold.server.knowledge import (
 )
 from contextfold.server.state import ServerState
 from contextfold.server.tenants import Caller, TenantAuth
+from contextfold.store.graph_models import EdgeType, KnowledgeEdge, KnowledgeNode, NodeType
 from contextfold.store.sqlite import home_dir
-from contextfold.store.sqlite.graph import EdgeType, KnowledgeEdge, KnowledgeNode, NodeType
 
 __all__ = [
     "BulkEdges",

@@ -180,5 +180,5 @@ class AskService:
             )
         key = (path, embed)
         if key not in self._indexes:
-            self._indexes[key] = open_index(path, embed=embed, must_exist=True)
+            self._indexes[key] = open_index(str(path), embed=embed, must_exist=True)
         return self._indexes[key]

@@ -7,13 +7,17 @@ jobs never run at once, so its turns are tagged in order), run ``MemoryEngine.de
 delete the job; a job that raises goes back to pending with its error and is retried a few
 times before it is marked failed. Nothing is held in memory: a stop hands the jobs it holds
 back to the store, and start-up first gives back the jobs of processes that died on this host
-(``kill -9``), so pending work resumes wherever a worker runs next.
+(``kill -9``), so pending work resumes wherever a worker runs next. While it runs, an idle
+worker looks for such jobs again every ``reap_every`` seconds: another worker process of the
+same server (``serve --workers``) killed meanwhile has its jobs finished here, without waiting
+for their lease to run out.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
@@ -83,6 +87,11 @@ class JobWorker:
         self.on_done: Callable[[str], None] | None = None
         #: Called before each job is claimed; it may wait (``Foreground.wait_quiet``).
         self.gate: Callable[[], object] | None = None
+        #: How often (seconds) the worker gives back the jobs of dead processes and calls
+        #: ``on_tick`` (the dashboard's reply tags of jobs other processes ran).
+        self.reap_every = 2.0
+        self._reaped = time.monotonic()
+        self.on_tick: Callable[[], object] | None = None
 
     def start(self) -> None:
         """Give back the jobs of dead processes, then start the threads."""
@@ -122,6 +131,7 @@ class JobWorker:
                 logger.warning("cannot claim a job: %s: %s", type(exc).__name__, exc)
                 self._stop.wait(1.0)
                 continue
+            self._reap()
             if job is None:
                 self._wake.wait(self.idle)
                 self._wake.clear()
@@ -147,6 +157,27 @@ class JobWorker:
             finally:
                 with self._lock:
                     self._busy.discard(job.session_id)
+
+    def _reap(self) -> None:
+        """Every ``reap_every`` seconds (in one thread of the worker): ``on_tick``, and give
+        back the jobs of processes of this host that died."""
+        with self._lock:
+            if time.monotonic() - self._reaped < self.reap_every:
+                return
+            self._reaped = time.monotonic()
+        if self.on_tick is not None:
+            try:
+                self.on_tick()
+            except Exception as exc:
+                logger.warning("on_tick: %s: %s", type(exc).__name__, clip(str(exc)))
+        try:
+            released = self.engine.store.release_jobs_of_dead()
+        except Exception as exc:
+            logger.warning("cannot look for dead workers' jobs: %s: %s", type(exc).__name__, exc)
+            return
+        if released:
+            logger.warning("resumed %d job(s) left running by a process that stopped", released)
+            self._wake.set()
 
     def _settle(self, write: Callable[[], object]) -> None:
         try:

@@ -1,5 +1,5 @@
 """The context API's store: the knowledge graph plus a registry of loaded documents, in one
-SQLite file.
+SQLite file or one PostgreSQL database (a ``postgresql://`` URL) — ``open_catalogue``.
 
 A document is chunked (``TextChunker``, ``MarkdownChunker`` or ``RecursiveChunker``) into
 nodes of one type; each chunk node's ``content`` is ``{"document_id", "chunk_index",
@@ -7,7 +7,7 @@ nodes of one type; each chunk node's ``content`` is ``{"document_id", "chunk_ind
 reaches a chunk's neighbours. The registry keeps each document's title, metadata and node
 ids under ``(tenant_id, document_id)``, in the graph's file.
 
-Loading a document is one SQLite transaction — its nodes, their edges and its registry row
+Loading a document is one transaction — its nodes, their edges and its registry row
 commit together or not at all, so a failure or a killed process never leaves chunks without
 their document. Deleting a document deletes, in one transaction, the nodes that are still its
 chunks: of its tenant, with ``content.document_id`` naming it. Node ids are never reused
@@ -28,9 +28,6 @@ node.
 from __future__ import annotations
 
 import itertools
-import json
-import sqlite3
-import threading
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -40,14 +37,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from contextfold.store.sqlite import MigrationRegistry, connect
-from contextfold.store.sqlite.graph import (
-    EdgeType,
-    KnowledgeEdge,
-    KnowledgeGraph,
-    KnowledgeNode,
-    NodeType,
-)
+from contextfold.store import open_catalogue
+from contextfold.store.document_models import CatalogueEntry
+from contextfold.store.graph_models import EdgeType, KnowledgeEdge, KnowledgeNode, NodeType
+from contextfold.store.protocols import CatalogueStorage, GraphStorage
+from contextfold.store.sqlite.catalogue import MIGRATIONS as DOCUMENT_MIGRATIONS
 
 __all__ = [
     "DOCUMENT_MIGRATIONS",
@@ -56,20 +50,6 @@ __all__ = [
     "DocumentSpec",
     "KnowledgeStore",
 ]
-
-DOCUMENT_MIGRATIONS = MigrationRegistry("context_api_documents")
-
-
-@DOCUMENT_MIGRATIONS.migration
-def m001_create_documents(conn: sqlite3.Connection) -> None:
-    conn.execute(
-        "CREATE TABLE api_documents ("
-        " tenant_id TEXT NOT NULL, document_id TEXT NOT NULL, title TEXT NOT NULL,"
-        " node_type TEXT NOT NULL, node_ids TEXT NOT NULL, tokens INTEGER NOT NULL,"
-        " metadata TEXT NOT NULL DEFAULT '{}', created_at TEXT NOT NULL,"
-        " PRIMARY KEY (tenant_id, document_id))"
-    )
-
 
 Chunking = Literal["text", "markdown", "recursive"]
 
@@ -113,14 +93,6 @@ class DocumentConflict(Exception):
     """A document with this id already exists in the tenant."""
 
 
-def _row(conn: sqlite3.Connection, tenant_id: str, document_id: str) -> sqlite3.Row | None:
-    row: sqlite3.Row | None = conn.execute(
-        "SELECT * FROM api_documents WHERE tenant_id = ? AND document_id = ?",
-        (tenant_id, document_id),
-    ).fetchone()
-    return row
-
-
 def _is_chunk_of(node: KnowledgeNode, tenant_id: str, document_id: str) -> bool:
     return node.tenant_id == tenant_id and node.content.get("document_id") == document_id
 
@@ -133,18 +105,16 @@ def _chunker(spec: DocumentSpec) -> Any:
 
 
 class KnowledgeStore:
-    """The graph (``graph``) and the document registry, sharing the file at ``path``."""
+    """The graph (``graph``) and the document registry (``catalogue``), sharing the SQLite
+    file or PostgreSQL database at ``location``."""
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.graph = KnowledgeGraph(self.path)
-        self._conn = connect(self.path)
-        DOCUMENT_MIGRATIONS.apply(self._conn)
-        self._lock = threading.RLock()
+    def __init__(self, location: str | Path) -> None:
+        self.catalogue: CatalogueStorage = open_catalogue(location)
+        self.graph: GraphStorage = self.catalogue.graph
+        self.path = self.graph.path
 
     def close(self) -> None:
-        self.graph.close()
-        self._conn.close()
+        self.catalogue.close()
 
     def __enter__(self) -> KnowledgeStore:
         return self
@@ -185,8 +155,8 @@ class KnowledgeStore:
                 }
             )
         tokens = sum(c.token_count for c in chunks)
-        with self.graph.transaction() as conn:  # the nodes, edges and row: all or nothing
-            if _row(conn, spec.tenant_id, document_id) is not None:
+        with self.graph.transaction():  # the nodes, edges and entry: all or nothing
+            if self.catalogue.get(spec.tenant_id, document_id) is not None:
                 raise DocumentConflict(
                     f"tenant {spec.tenant_id!r} already has a document {document_id!r}; "
                     "DELETE it first to load a new version"
@@ -197,97 +167,74 @@ class KnowledgeStore:
                     KnowledgeEdge(source_id=a, target_id=b, edge_type=EdgeType.RELATED)
                     for a, b in itertools.pairwise(ids)
                 )
-            self._register(conn, spec, document_id, ids, tokens)
+            self._register(spec, document_id, ids, tokens)
         info = self.document(spec.tenant_id, document_id)
         assert info is not None
         return info
 
-    @staticmethod
     def _register(
-        conn: sqlite3.Connection,
-        spec: DocumentSpec,
-        document_id: str,
-        node_ids: list[int],
-        tokens: int,
+        self, spec: DocumentSpec, document_id: str, node_ids: list[int], tokens: int
     ) -> None:
-        conn.execute(
-            "INSERT INTO api_documents (tenant_id, document_id, title, node_type,"
-            " node_ids, tokens, metadata, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                spec.tenant_id,
-                document_id,
-                spec.title,
-                spec.node_type.value,
-                json.dumps(node_ids),
-                tokens,
-                json.dumps(spec.metadata, ensure_ascii=False),
-                datetime.now(UTC).isoformat(),
-            ),
+        self.catalogue.insert(
+            CatalogueEntry(
+                tenant_id=spec.tenant_id,
+                document_id=document_id,
+                title=spec.title,
+                node_type=spec.node_type.value,
+                node_ids=node_ids,
+                tokens=tokens,
+                metadata=spec.metadata,
+                created_at=datetime.now(UTC).isoformat(),
+            )
         )
 
-    def _info(self, row: sqlite3.Row, nodes: Mapping[int, KnowledgeNode]) -> DocumentInfo:
-        """The document of registry ``row``, listing the nodes (of ``nodes``) still its
-        chunks: a chunk deleted alone, moved to another tenant or given content that names
-        another document (``PUT``) has left it."""
+    def _info(self, entry: CatalogueEntry, nodes: Mapping[int, KnowledgeNode]) -> DocumentInfo:
+        """The document of ``entry``, listing the nodes (of ``nodes``) still its chunks: a
+        chunk deleted alone, moved to another tenant or given content that names another
+        document (``PUT``) has left it."""
         ids = [
             i
-            for i in (int(i) for i in json.loads(row["node_ids"]))
-            if i in nodes and _is_chunk_of(nodes[i], row["tenant_id"], row["document_id"])
+            for i in entry.node_ids
+            if i in nodes and _is_chunk_of(nodes[i], entry.tenant_id, entry.document_id)
         ]
         return DocumentInfo(
-            tenant_id=row["tenant_id"],
-            id=row["document_id"],
-            title=row["title"],
-            node_type=NodeType(row["node_type"]),
+            tenant_id=entry.tenant_id,
+            id=entry.document_id,
+            title=entry.title,
+            node_type=NodeType(entry.node_type),
             node_ids=ids,
             chunks=len(ids),
-            tokens=int(row["tokens"]),
-            metadata=json.loads(row["metadata"]),
-            created_at=datetime.fromisoformat(row["created_at"]),
+            tokens=entry.tokens,
+            metadata=entry.metadata,
+            created_at=datetime.fromisoformat(entry.created_at),
         )
 
     def documents(self, tenant_ids: Iterable[str] | None = None) -> list[DocumentInfo]:
         """Registered documents (of ``tenant_ids`` when given), by tenant then id."""
-        sql, params = "SELECT * FROM api_documents", []
-        if tenant_ids is not None:
-            tenants = sorted(set(tenant_ids))
-            if not tenants:
-                return []
-            sql += f" WHERE tenant_id IN ({','.join('?' * len(tenants))})"
-            params = tenants
-        with self._lock:
-            rows = self._conn.execute(sql + " ORDER BY tenant_id, document_id", params).fetchall()
-        nodes = self._nodes(rows)
-        return [self._info(row, nodes) for row in rows]
+        entries = self.catalogue.entries(tenant_ids)
+        nodes = self._nodes(entries)
+        return [self._info(entry, nodes) for entry in entries]
 
-    def _nodes(self, rows: Iterable[sqlite3.Row]) -> dict[int, KnowledgeNode]:
-        ids = {int(i) for row in rows for i in json.loads(row["node_ids"])}
+    def _nodes(self, entries: Iterable[CatalogueEntry]) -> dict[int, KnowledgeNode]:
+        ids = {i for entry in entries for i in entry.node_ids}
         return {node.id: node for node in self.graph.get_nodes(ids)}
 
     def document(self, tenant_id: str, document_id: str) -> DocumentInfo | None:
-        with self._lock:
-            row = _row(self._conn, tenant_id, document_id)
-        return None if row is None else self._info(row, self._nodes([row]))
+        entry = self.catalogue.get(tenant_id, document_id)
+        return None if entry is None else self._info(entry, self._nodes([entry]))
 
     def remove_document(self, tenant_id: str, document_id: str) -> bool:
         """Delete a document and the nodes still its chunks (and their edges), in one
         transaction; False when absent. Only nodes of ``tenant_id`` whose content names
         ``document_id`` are deleted, whatever ids the registry holds."""
-        with self.graph.transaction() as conn:
-            row = _row(conn, tenant_id, document_id)
-            if row is None:
+        with self.graph.transaction():
+            entry = self.catalogue.get(tenant_id, document_id)
+            if entry is None:
                 return False
-            chunks = self._info(row, self._nodes([row])).node_ids
+            chunks = self._info(entry, self._nodes([entry])).node_ids
             self.graph.remove_nodes(chunks, tenant_ids=[tenant_id])
-            conn.execute(
-                "DELETE FROM api_documents WHERE tenant_id = ? AND document_id = ?",
-                (tenant_id, document_id),
-            )
+            self.catalogue.delete(tenant_id, document_id)
         return True
 
     def document_counts(self) -> dict[str, int]:
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT tenant_id, count(*) FROM api_documents GROUP BY tenant_id"
-            ).fetchall()
-        return {str(r[0]): int(r[1]) for r in rows}
+        return self.catalogue.counts()

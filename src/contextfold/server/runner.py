@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -101,7 +102,20 @@ class _CutOff:
 class Runner:
     """Serve ``app`` on every binding of ``config`` until ``stop()``."""
 
-    def __init__(self, app: FastAPI, config: ServerConfig, *, log_level: str = "warning") -> None:
+    def __init__(
+        self,
+        app: FastAPI,
+        config: ServerConfig,
+        *,
+        log_level: str = "warning",
+        sockets: list[socket.socket] | None = None,
+    ) -> None:
+        """``sockets``: listeners already bound, one per binding in ``bindings(config)``
+        order (a worker process of ``contextfold serve --workers``; they are shared with the
+        other workers), instead of binding the ports here."""
+        if sockets is not None and len(sockets) != len(bindings(config)):
+            raise ValueError(f"{len(bindings(config))} bindings need as many sockets")
+        self.sockets = sockets
         self.app = app
         self.servers = [
             _Server(
@@ -153,7 +167,15 @@ class Runner:
 
     async def serve(self) -> None:
         async with self.app.router.lifespan_context(self.app):
-            await asyncio.gather(*(server.serve() for server in self.servers))
+            if self.sockets is None:
+                await asyncio.gather(*(server.serve() for server in self.servers))
+            else:
+                await asyncio.gather(
+                    *(
+                        server.serve(sockets=[sock])
+                        for server, sock in zip(self.servers, self.sockets, strict=True)
+                    )
+                )
             # uvicorn cancels what outlives the grace period without waiting; let those
             # requests finish cancelling (and close their streams, storing a cut reply) before
             # the lifespan's exit stops the job workers.

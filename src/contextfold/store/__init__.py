@@ -19,13 +19,21 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:
-    from contextfold.store.protocols import MemoryStorage
+    from contextfold.store.protocols import (
+        CatalogueStorage,
+        DocumentStorage,
+        GraphStorage,
+        MemoryStorage,
+    )
     from contextfold.tokens import TokenCounter
 
 __all__ = [
     "STORE_URL_ENV",
     "is_database_url",
     "masked_location",
+    "open_catalogue",
+    "open_document_store",
+    "open_graph_store",
     "open_memory_store",
     "store_url",
 ]
@@ -79,3 +87,65 @@ def open_memory_store(
     if str(location) != ":memory:":
         Path(location).parent.mkdir(parents=True, exist_ok=True)
     return MemoryStore(location, counter=counter)
+
+
+def open_document_store(location: str | Path = ":memory:") -> DocumentStorage:
+    """The document store (documents, chunks, vectors) at ``location``: PostgreSQL for a
+    ``postgresql://`` URL (``contextfold[postgres]``), else SQLite (a file path, its folder
+    made, or ``":memory:"``).
+
+    >>> open_document_store(":memory:").version
+    0
+    """
+    if is_database_url(location):
+        from contextfold.store.postgres.documents import PostgresDocumentStore
+
+        return PostgresDocumentStore(str(location))
+    from contextfold.store.sqlite.documents import DocumentStore
+
+    return DocumentStore(location)
+
+
+def open_graph_store(location: str | Path = ":memory:") -> GraphStorage:
+    """The knowledge graph at ``location``: PostgreSQL for a ``postgresql://`` URL, else
+    SQLite (a file path, its folder made, or ``":memory:"``).
+
+    >>> open_graph_store(":memory:").add_node("t", "faq", "Refunds").id
+    1
+    """
+    if is_database_url(location):
+        from contextfold.store.postgres.graph import PostgresGraph
+
+        return PostgresGraph(str(location))
+    from contextfold.store.sqlite.graph import KnowledgeGraph
+
+    return KnowledgeGraph(location)
+
+
+def open_catalogue(location: str | Path = ":memory:") -> CatalogueStorage:
+    """The context API's document catalogue with its knowledge graph (``.graph``) at
+    ``location``: PostgreSQL for a ``postgresql://`` URL, else SQLite — one file or
+    database for both, so a document's nodes and its entry commit together.
+
+    >>> open_catalogue(":memory:").graph.nodes()
+    []
+    """
+    if is_database_url(location):
+        from contextfold.store.postgres.catalogue import PostgresCatalogue
+        from contextfold.store.postgres.graph import PostgresGraph
+
+        pg = PostgresGraph(str(location))
+        try:
+            return PostgresCatalogue(pg)
+        except BaseException:
+            pg.close()
+            raise
+    from contextfold.store.sqlite.catalogue import SqliteCatalogue
+    from contextfold.store.sqlite.graph import KnowledgeGraph
+
+    graph = KnowledgeGraph(location)
+    try:
+        return SqliteCatalogue(graph)
+    except BaseException:
+        graph.close()
+        raise

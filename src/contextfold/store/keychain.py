@@ -1,5 +1,5 @@
 """``KeyChain``: one session's turn match keys held in memory and extended incrementally, the
-cache behind every backend's ``turn_keys``.
+cache behind the PostgreSQL store's ``turn_keys`` (backend-neutral: it reads through a callable).
 
 Raw turns are append-only, so a session's keys only grow: each ``extend`` reads the turns
 stored since the last call, starting at the last known turn to check, by its content hash,

@@ -35,6 +35,7 @@ __all__ = [
     "NewSegment",
     "SessionDump",
     "SessionRecord",
+    "StoredRecord",
     "StoredSegment",
     "StoredTurn",
     "TagSummary",
@@ -78,6 +79,23 @@ class SessionRecord(BaseModel):
     parent_id: str | None = None
     fork_seq: int | None = None
     derived_seq: int = 0
+    #: Store-wide numbers (``MemoryStorage.session_version``): drawn when the row was made,
+    #: and again by each write that changed the session's derived state in place.
+    born: int = 0
+    generation: int = 0
+
+
+class StoredRecord(BaseModel):
+    """One dashboard record as the store keeps it (``MemoryStorage.put_records``): ``body``
+    is the record's JSON, opaque to the store; ``origin`` the process that wrote it
+    (``owner_id``); ``change`` a store-wide number drawn each time it was written."""
+
+    model_config = _FROZEN
+    id: str
+    session_id: str
+    origin: str
+    change: int
+    body: str
 
 
 class StoredTurn(BaseModel):

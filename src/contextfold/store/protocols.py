@@ -16,6 +16,15 @@ backend that breaks one fails the suite.
 - *Ids are never reused.* Session ids are unique for the store's life; segment and job ids
   only grow. ``commit_exchange(expect_last=n)`` raises ``BranchMoved`` instead of appending
   when another writer moved the session past ``n`` (optimistic concurrency across processes).
+- *Incarnations and generations.* A session gets its incarnation (``born``) when it is
+  created (``create_session``, ``fork``, ``load_session``): an integer from a store-wide
+  counter that only grows, across every process sharing the store and whatever their clocks,
+  so a session deleted and created again under its id has a new, larger one. Its
+  ``generation`` is drawn again from the same counter by every write that changes its derived
+  state in place (tags, segments, watermark, tag summaries); appends draw nothing. A process
+  that keeps what it read of a session (turn keys, vectors, topic hints) compares these
+  (``session_version``, ``turn_texts_with_incarnation``) to tell a rewrite from turns
+  appended.
 - *Scoping.* A session belongs to one principal (the keyed hash of the credential that wrote
   it, ``''`` for the library's own). Lookups by content (``turns_with_key``,
   ``latest_session``) never cross principals.
@@ -25,6 +34,17 @@ backend that breaks one fails the suite.
 - *Work items.* Jobs are claimed by one worker at a time across every process sharing the
   store (``claim_job``): a running job whose lease has passed, or whose owner is gone, is
   claimed again; at most one job of a kind is pending per session.
+- *Generations.* ``session_version`` is ``(born, generation)``, numbers drawn from one
+  store-wide increasing counter: ``born`` when the session row is made (``create_session``,
+  ``fork``, ``load_session``: a session deleted and written again under the same id gets a new
+  one), ``generation`` then and again on every write that changes the session's derived state
+  in place — its turn tags (``tag_turn``, ``set_turn_tags``, ``set_tags_many``), segments and
+  watermark (``compact``), tag summaries. Appends (turns, vectors) draw nothing. A process
+  caching anything of a session keys it by these, so another process's writes never leave it
+  stale.
+- *Request records* (the dashboard's, ``put_records``): upserted by id, each write drawing a
+  new store-wide ``change``; the newest ``keep`` by first write, and at most ``max_bytes`` of
+  bodies, are kept.
 - *Ranking is the backend's to keep identical.* ``search_turns``/``search_segments`` score
   with the same BM25 (FTS5's: k1 1.2, b 0.75, the whole table's statistics) over the same
   terms (``store.text.query_terms``; Porter-stemmed ``unicode61`` tokens), so a recall gives
@@ -33,11 +53,11 @@ backend that breaks one fails the suite.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -51,6 +71,7 @@ from contextfold.store.models import (
     NewSegment,
     SessionDump,
     SessionRecord,
+    StoredRecord,
     StoredSegment,
     StoredTurn,
     TagSummary,
@@ -102,6 +123,14 @@ class MemoryStorage(Protocol):
 
     def principal_of(self, session_id: str) -> str | None: ...
 
+    def session_version(self, session_id: str) -> tuple[int, int] | None:
+        """``(born, generation)`` of the session (see the module docstring), ``None`` when
+        there is none: one indexed read, for the caches of every process to check. Read
+        inside ``batch()`` it holds until the batch ends: no other writer changes the session
+        in between (``MemoryEngine`` updates its cached vocabulary by it; SQLite's
+        ``BEGIN IMMEDIATE`` gives that, a server database locks the session's row)."""
+        ...
+
     def latest_session(self, principal: str) -> tuple[str, int] | None:
         """(session, last seq) of the principal's conversation that stored a turn last."""
         ...
@@ -147,6 +176,15 @@ class MemoryStorage(Protocol):
         """(seq, role, text, content hash) of the turns after ``after``, in order."""
         ...
 
+    def turn_texts_with_incarnation(
+        self, session_id: str, after: int
+    ) -> tuple[int | None, list[tuple[int, str, str, str]]]:
+        """The session's incarnation and ``turn_texts_after(session_id, after)``, read in one
+        snapshot (one query where the backend can): ``(None, [])`` when there is no such
+        session. ``TurnKeys`` calls it on every request, with ``after`` its last known seq: a
+        changed incarnation means the session was deleted and created again since."""
+        ...
+
     def turn_hash(self, session_id: str, seq: int) -> str | None: ...
 
     def turn_keys(self, session_id: str, lo: int, hi: int) -> dict[int, str]:
@@ -164,7 +202,12 @@ class MemoryStorage(Protocol):
         """Tokens of the session's turns at or above its compaction watermark."""
         ...
 
-    def fork(self, session_id: str, upto: int, *, session_id_new: str | None = None) -> str: ...
+    def fork(self, session_id: str, upto: int, *, session_id_new: str | None = None) -> str:
+        """A new branch holding the turns ``1..upto`` of ``session_id``; its id. ``ConfigError``
+        (nothing written) when the session or the turn is missing ("unknown session", "no
+        turn"), or when ``session_id_new`` exists already ("already exists", as
+        ``create_session``)."""
+        ...
 
     # -- tags ----------------------------------------------------------------------------------
 
@@ -329,6 +372,53 @@ class MemoryStorage(Protocol):
 
     def job_counts(self) -> dict[str, int]: ...
 
+    # -- request records (the dashboard's, from every process) --------------------------------
+
+    def put_records(
+        self,
+        records: Sequence[tuple[str, str, str]],
+        *,
+        origin: str,
+        keep: int = 500,
+        max_bytes: int = 16 * 1024 * 1024,
+    ) -> None:
+        """Write ``(id, session_id, body)`` records in one transaction (an id already stored
+        is replaced, keeping its place), each drawing a new ``change``; then drop the oldest
+        (by first write) past the newest ``keep`` or past ``max_bytes`` of bodies (the newest
+        one always stays)."""
+        ...
+
+    def recent_records(
+        self, limit: int = 500, *, session_id: str | None = None
+    ) -> list[StoredRecord]:
+        """The newest records (by first write), newest first; one session's when given."""
+        ...
+
+    def record(self, record_id: str) -> StoredRecord | None: ...
+
+    def records_after(self, change: int, *, limit: int = 1000) -> list[StoredRecord]:
+        """Records written (or rewritten) after ``change``, in the order of their changes."""
+        ...
+
+    def records_cursor(self) -> int:
+        """The latest ``change`` drawn (0 when none): where a poll of ``records_after``
+        starts."""
+        ...
+
+    # -- Responses API chains ------------------------------------------------------------------
+
+    def put_response_link(
+        self, principal: str, name: str, session_id: str, seq: int, start: int
+    ) -> None:
+        """Remember that the principal's response id (or ``conversation:<id>``) ``name``
+        names the stored turn ``(session_id, seq)``, its chain starting at ``start``
+        (replacing what the name named before; deleted with the session)."""
+        ...
+
+    def response_link(self, principal: str, name: str) -> tuple[str, int, int] | None:
+        """``(session_id, seq, start)`` that ``put_response_link`` stored for the name."""
+        ...
+
     # -- moving whole sessions (migration, export) ---------------------------------------------
 
     def dump_session(self, session_id: str) -> SessionDump:
@@ -339,3 +429,304 @@ class MemoryStorage(Protocol):
         """Write a dumped session as it was: the same id, seqs, hashes, times, tags,
         watermark, branch and derived seq (``ConfigError`` when the id exists)."""
         ...
+
+
+# -- documents and the knowledge graph ---------------------------------------------------------
+
+if TYPE_CHECKING:
+    from contextfold.retrieval.base import Chunk, Embedder
+    from contextfold.store.document_models import CatalogueEntry, DocumentRecord
+    from contextfold.store.graph_models import (
+        EdgeType,
+        GraphView,
+        KnowledgeEdge,
+        KnowledgeNode,
+        NodeType,
+    )
+
+__all__ += ["CatalogueStorage", "DocumentStorage", "GraphStorage"]
+
+
+@runtime_checkable
+class DocumentStorage(Protocol):
+    """Documents, their chunks and chunk vectors: the source of truth of a ``DocumentIndex``.
+
+    **Invariants** (the conformance suite ``tests/store/test_document_conformance.py`` checks
+    each, on every backend):
+
+    - *Derived and rebuildable.* The BM25 and vector indexes a ``DocumentIndex`` keeps in
+      memory are derived from what is stored here and can always be rebuilt from it; nothing
+      in them is stored only there.
+    - *Corpus version.* ``version`` increases on every committed write (``add``, ``add_many``,
+      ``remove``, ``clear``, ``add_vectors``) and on nothing else, and every store object on
+      the same location reads the same number: a reader in another process compares it with
+      the version its indexes reflect and rebuilds when it moved. A write that fails leaves it
+      as it was.
+    - *Atomic writes.* ``add_many`` (documents, chunks, vectors and aliases), ``remove`` and
+      ``add_vectors`` are each one transaction: all of it is stored, or none of it. A
+      duplicate id fails the whole write with the backend's integrity error
+      (``sqlite3.IntegrityError``, ``psycopg.IntegrityError``).
+    - *Content addressing per tenant.* A tenant stores a text once (``find`` by content hash);
+      every id it was stored or aliased under names it (``resolve``, ``ids_of``, oldest
+      first) and an id names one document only. The document and its chunks and vectors go
+      with its last id.
+    - *Tenant scoping.* ``matching_chunks(tenants=…)`` and ``documents(tenant)`` never return
+      another tenant's rows.
+    - *Ids are never reused* by the store: document and chunk ids are the caller's
+      (content-derived), and a removed id may only come back naming the same content.
+    - *Order.* ``chunk_texts``, ``vectors``, ``chunks_without_vectors`` and ``ids_of`` list in
+      insertion order (a re-stored vector moves to the end); ``documents`` by creation time,
+      then id (byte order), then alias order — identical on every backend, so a rebuilt index
+      ranks ties the same way.
+    - *Vectors* come back as float32 numpy matrices, row *i* for id *i*, as they went in.
+    """
+
+    #: Where the store lives (a file path, ``":memory:"``, or a database URL with its
+    #: password masked).
+    path: str
+
+    @property
+    def version(self) -> int:
+        """The corpus version: bumped by every committed write, shared by every process."""
+        ...
+
+    def close(self) -> None: ...
+
+    def find(self, tenant: str, content_hash: str) -> str | None:
+        """The storage id of the tenant's document with this content, if stored."""
+        ...
+
+    def resolve(self, doc_id: str) -> str | None:
+        """The storage id of the document ``doc_id`` (its own id or an alias) names."""
+        ...
+
+    def ids_of(self, storage_ids: Iterable[str]) -> dict[str, list[str]]:
+        """Every id each stored document answers to, oldest first."""
+        ...
+
+    def chunk_ids(self, storage_id: str) -> list[str]:
+        """The ids of a stored document's chunks, in order."""
+        ...
+
+    def add(
+        self,
+        document: DocumentRecord,
+        chunks: Sequence[Chunk],
+        vectors: npt.NDArray[np.float32] | None = None,
+        *,
+        model: str | None = None,
+    ) -> None:
+        """Store one document with its chunks (and vectors, row *i* for chunk *i*)."""
+        ...
+
+    def add_many(
+        self,
+        batch: Sequence[tuple[DocumentRecord, Sequence[Chunk], npt.NDArray[np.float32] | None]],
+        *,
+        model: str | None = None,
+        aliases: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """Store several documents and ``(alias, storage id)`` pairs in one transaction;
+        ``ConfigError`` (before anything is written) when vectors and chunks disagree."""
+        ...
+
+    def remove(self, doc_id: str) -> list[str]:
+        """Remove the id ``doc_id``; the document goes with its last id. The chunk ids
+        removed (none while other ids still name the document)."""
+        ...
+
+    def clear(self) -> None: ...
+
+    def count(self) -> tuple[int, int]:
+        """``(document ids, chunks)``."""
+        ...
+
+    def documents(self, tenant: str | None = None) -> list[DocumentRecord]:
+        """One record per document id (an alias shows its document's text and metadata)."""
+        ...
+
+    def chunk_texts(self) -> Iterator[tuple[str, str]]:
+        """Every ``(chunk id, text)`` in insertion order."""
+        ...
+
+    def vectors(self, model: str) -> tuple[list[str], npt.NDArray[np.float32]]:
+        """Every stored vector of ``model``: ``(chunk ids, matrix)`` in insertion order."""
+        ...
+
+    def chunks_without_vectors(self, model: str) -> list[tuple[str, str]]:
+        """``(chunk id, text)`` of every chunk with no vector from ``model`` yet."""
+        ...
+
+    def add_vectors(self, ids: Sequence[str], vectors: npt.NDArray[np.float32], model: str) -> None:
+        """Store (or replace) vectors of existing chunks in one transaction."""
+        ...
+
+    def chunks(self, ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Chunk rows by id, joined with their document: ``doc_id`` (its first id),
+        ``doc_ids``, ``index``, ``text``, ``start``, ``end``, ``token_count``, ``tenant``,
+        ``source`` and ``metadata`` (chunk metadata over document metadata)."""
+        ...
+
+    def matching_chunks(
+        self, *, tenants: Sequence[str] | None = None, filters: Mapping[str, Any] | None = None
+    ) -> set[str]:
+        """Ids of the chunks of ``tenants``' documents whose metadata (chunk over document)
+        equals every ``filters`` value (a list matches any of its items; keys are plain
+        names, dotted for nested ones, else ``ConfigError``)."""
+        ...
+
+
+@runtime_checkable
+class GraphStorage(Protocol):
+    """The knowledge graph: typed nodes and weighted, typed edges, per tenant.
+
+    **Invariants** (checked by ``tests/store/test_graph_conformance.py`` on every backend):
+
+    - *Node ids are never reused.* The store assigns ids in increasing order; a deleted
+      node's id — even the highest — is never assigned again, after a reopen too, so an id a
+      client or a document still holds can never come to name someone else's node. A node
+      added with an explicit id replaces that node's fields and keeps its edges; the next
+      assigned id is above every id ever stored.
+    - *Atomic writes.* ``add_nodes``, ``add_edges``, ``remove_nodes``, ``remove_edge`` and the
+      auto-linkers are each one transaction; ``transaction()`` makes several one (the
+      graph's own writes join it). An edge naming a missing node fails the whole write
+      (``ConfigError``).
+    - *Edges.* An undirected edge (``related``, ``shared_tag``, ``similar``) is stored once,
+      smaller id first; re-adding an edge replaces its weight; auto-linking keeps existing
+      edges; removing a node removes every edge touching it.
+    - *Tenant scoping.* ``view(tenants)`` holds only those tenants' nodes and the edges with
+      both ends among them; removals given ``tenant_ids`` never touch another tenant's rows
+      (the check and the delete are one statement).
+    - *Views are never stale.* ``view`` is cached, and the cache is dropped on any write by
+      this object or by any other object or process sharing the location.
+    - *Order.* ``nodes`` and ``get_nodes`` by id; ``edges`` by (source, target, edge type in
+      ``EdgeType`` declaration order); neighbours in a view as ``GraphView`` says.
+    - *Derived.* Node embeddings (``embed_nodes``) and search indexes are kept in memory,
+      derived from the stored nodes and rebuilt from them.
+    """
+
+    #: Where the graph lives (a file path, ``":memory:"`` or a database URL, password masked).
+    path: str
+
+    def close(self) -> None: ...
+
+    def transaction(self) -> AbstractContextManager[Any]:
+        """One transaction over several writes of this thread: all of them or none."""
+        ...
+
+    def add_node(
+        self,
+        tenant_id: str,
+        node_type: NodeType | str,
+        title: str,
+        *,
+        summary: str | None = None,
+        content: Mapping[str, Any] | None = None,
+        tags: Iterable[str] = (),
+        node_id: int | None = None,
+    ) -> KnowledgeNode: ...
+
+    def add_nodes(
+        self, nodes: Iterable[KnowledgeNode | Mapping[str, Any]]
+    ) -> list[KnowledgeNode]: ...
+
+    def add_edge(
+        self,
+        source_id: int,
+        target_id: int,
+        edge_type: EdgeType | str = ...,
+        weight: float = 1.0,
+    ) -> KnowledgeEdge: ...
+
+    def add_edges(self, edges: Iterable[KnowledgeEdge]) -> list[KnowledgeEdge]: ...
+
+    def remove_node(self, node_id: int, *, tenant_ids: Iterable[str] | None = None) -> bool: ...
+
+    def remove_nodes(
+        self, node_ids: Iterable[int], *, tenant_ids: Iterable[str] | None = None
+    ) -> int: ...
+
+    def remove_edge(
+        self,
+        source_id: int,
+        target_id: int,
+        edge_type: EdgeType | str = ...,
+        *,
+        tenant_ids: Iterable[str] | None = None,
+    ) -> bool: ...
+
+    def auto_link_shared_tags(
+        self,
+        min_shared: int = 1,
+        weight: float = 0.5,
+        *,
+        tenant_ids: Iterable[str] | None = None,
+    ) -> int: ...
+
+    def auto_link_similar(
+        self,
+        embedder: Embedder,
+        threshold: float = 0.8,
+        top_k: int = 5,
+        weight: float | None = None,
+        *,
+        tenant_ids: Iterable[str] | None = None,
+    ) -> int: ...
+
+    def get_node(self, node_id: int) -> KnowledgeNode | None: ...
+
+    def get_nodes(self, node_ids: Iterable[int]) -> list[KnowledgeNode]: ...
+
+    def existing(self, node_ids: Iterable[int]) -> set[int]: ...
+
+    def tenant_counts(self) -> dict[str, int]: ...
+
+    def nodes(
+        self,
+        *,
+        tenant_ids: Iterable[str] | None = None,
+        node_types: Iterable[NodeType | str] | None = None,
+    ) -> list[KnowledgeNode]: ...
+
+    def edges(self, *, tenant_ids: Iterable[str] | None = None) -> list[KnowledgeEdge]: ...
+
+    def view(self, tenant_ids: Iterable[str]) -> GraphView: ...
+
+    def embed_nodes(
+        self, embedder: Embedder, nodes: Sequence[KnowledgeNode]
+    ) -> npt.NDArray[np.float32]: ...
+
+
+@runtime_checkable
+class CatalogueStorage(Protocol):
+    """The context API's document catalogue: which graph nodes each loaded document became,
+    under ``(tenant_id, document_id)``. It lives with its ``graph`` (same file or database)
+    and its writes join ``graph.transaction()``, so a document's nodes, edges and entry
+    commit together or not at all.
+
+    **Invariants** (``tests/store/test_graph_conformance.py``): one entry per
+    ``(tenant_id, document_id)`` (a second insert fails with the backend's integrity error);
+    ``entries`` and ``counts`` never return another tenant's rows when tenants are given,
+    and list by tenant then document id in byte order; ``node_ids`` are stored as given —
+    which of them are still the document's chunks is the caller's to check against the
+    graph (node ids are never reused, so a stale id can never name another tenant's node).
+    """
+
+    @property
+    def graph(self) -> GraphStorage:
+        """The knowledge graph the catalogue lives with."""
+        ...
+
+    def close(self) -> None:
+        """Close the catalogue and its graph."""
+        ...
+
+    def get(self, tenant_id: str, document_id: str) -> CatalogueEntry | None: ...
+
+    def entries(self, tenant_ids: Iterable[str] | None = None) -> list[CatalogueEntry]: ...
+
+    def insert(self, entry: CatalogueEntry) -> None: ...
+
+    def delete(self, tenant_id: str, document_id: str) -> bool: ...
+
+    def counts(self) -> dict[str, int]: ...

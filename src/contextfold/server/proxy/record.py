@@ -284,6 +284,18 @@ class ReplyTags:
             if record is not None:
                 self.events.publish(record.model_copy(update={"response_tags": ordered}))
 
+    def sweep(self) -> None:
+        """``derived`` for every session with records waiting: their jobs may have run in
+        another process sharing the store (``serve --workers``)."""
+        with self._lock:
+            waiting = list(self._waiting)
+        for session_id in waiting:
+            try:
+                self.derived(session_id)
+            except Exception:  # deleted meanwhile: its records go without tags
+                with self._lock:
+                    self._waiting.pop(session_id, None)
+
     def _forget(self, session_id: str, record_id: str) -> None:
         waiting = self._waiting.get(session_id)
         if waiting is not None:

@@ -38,6 +38,7 @@ The in-proxy memory tool loop (``paging.mode: tools``) is not run on this route.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -54,6 +55,7 @@ from contextfold.server.proxy.wire import JSON, ParsedRequest, Wire, dumps, repl
 if TYPE_CHECKING:
     from contextfold.server.proxy.record import Plan
     from contextfold.server.state import ServerState
+    from contextfold.store.protocols import MemoryStorage
 
 __all__ = [
     "FORMAT",
@@ -64,6 +66,8 @@ __all__ = [
     "prepare",
     "response_reply",
 ]
+
+logger = logging.getLogger(__name__)
 
 FORMAT = "responses"
 
@@ -380,10 +384,13 @@ class Link:
 
 class ResponseChains:
     """Response ids (and ``conversation`` ids) the proxy has relayed, per principal: the
-    stored turn each produced. Bounded: the least recently used ids go first."""
+    stored turn each produced. Kept in ``store`` when given (``put_response_link``), so a
+    chain started through one server process goes on through any other on the store; the
+    recently used ones are also kept here (bounded: the least recently used go first)."""
 
-    def __init__(self, entries: int = 100_000) -> None:
+    def __init__(self, entries: int = 100_000, *, store: MemoryStorage | None = None) -> None:
         self.entries = entries
+        self.store = store
         self._links: OrderedDict[tuple[str, str], Link] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -406,7 +413,19 @@ class ResponseChains:
             found = self._links.get((principal, named))
             if found is not None:
                 self._links.move_to_end((principal, named))
-            return found
+                return found
+        if self.store is None:
+            return None
+        try:
+            stored = self.store.response_link(principal, named)
+        except Exception as exc:  # the store is down: the chain is not known here
+            logger.warning("cannot read a response link: %s: %s", type(exc).__name__, exc)
+            return None
+        if stored is None:
+            return None
+        found = Link(*stored)
+        self._keep(principal, named, found)
+        return found
 
     def token(self, principal: str, body: JSON, secret: bytes) -> str | None:
         """A session token for the turn the request chains on, if the proxy knows it."""
@@ -416,6 +435,16 @@ class ResponseChains:
         return make_token(principal, found.session_id, found.seq, secret)
 
     def remember(self, principal: str, response_id: str, link: Link) -> None:
+        if self.store is not None:
+            try:
+                self.store.put_response_link(
+                    principal, response_id, link.session_id, link.seq, link.start
+                )
+            except Exception as exc:  # kept in this process only
+                logger.warning("cannot store a response link: %s: %s", type(exc).__name__, exc)
+        self._keep(principal, response_id, link)
+
+    def _keep(self, principal: str, response_id: str, link: Link) -> None:
         with self._lock:
             self._links[(principal, response_id)] = link
             self._links.move_to_end((principal, response_id))

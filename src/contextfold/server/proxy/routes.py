@@ -130,8 +130,11 @@ class Proxy:
         self._pool = ThreadPoolExecutor(32, thread_name_prefix="contextfold-memory")
         self.upstream = Upstream(state.config.proxy.timeout)
         self.tags = ReplyTags(state.memory.store, state.events)
-        self.chains = responses.ResponseChains()  # Responses API ids -> stored turns
+        # Responses API ids -> stored turns, kept in the store (every worker process sees them)
+        self.chains = responses.ResponseChains(store=state.memory.store)
         self.jobs.on_done = self.tags.derived
+        # Jobs another process ran: their reply tags are looked for on a timer.
+        self.jobs.on_tick = self.tags.sweep
         self.foreground = Foreground()
         # Background work yields to requests in a burst, for at most 50 ms a job (a batch of
         # records), so under steady load it still advances.
@@ -170,6 +173,7 @@ class Proxy:
                 pending,
             )
         await anyio.to_thread.run_sync(self.writer.close, 5.0)
+        await anyio.to_thread.run_sync(self.state.events.detach)  # before the store closes
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     def drain(self, timeout: float = 30.0) -> bool:
@@ -178,7 +182,8 @@ class Proxy:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.writer.drain(max(0.0, deadline - time.monotonic())) and self.jobs.idle_now():
-                return self.writer.drain(max(0.0, deadline - time.monotonic()))
+                drained = self.writer.drain(max(0.0, deadline - time.monotonic()))
+                return self.state.events.flush() and drained
             time.sleep(0.01)
         return False
 

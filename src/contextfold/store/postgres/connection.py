@@ -194,6 +194,17 @@ class Database:
             yield pooled
 
     @contextmanager
+    def locking(self) -> Iterator[tuple[psycopg.Connection[Any], bool]]:
+        """``read()``'s connection and whether it is this thread's open transaction (where a
+        read may lock the rows it reads until the transaction ends)."""
+        conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            yield conn, True
+            return
+        with self.pool.connection() as pooled:
+            yield pooled, False
+
+    @contextmanager
     def read(self) -> Iterator[psycopg.Connection[Any]]:
         """A connection to read with: this thread's open transaction when there is one (it
         sees its own writes), else a pooled one in autocommit."""

@@ -60,6 +60,7 @@ from contextfold.store.models import (
 from contextfold.store.postgres.connection import Database, from_text, to_text, utc
 from contextfold.store.postgres.fts import Indexed, Tokenizer
 from contextfold.store.postgres.memory_branches import BranchesMixin
+from contextfold.store.postgres.memory_records import RecordsMixin
 from contextfold.store.postgres.memory_state import StateMixin
 from contextfold.store.postgres.schema import BRANCH_MOVED, MIGRATIONS, UNKNOWN_SESSION
 from contextfold.store.postgres.search import SEGMENTS, TURNS, add_totals, ranked, shard
@@ -76,7 +77,7 @@ _TurnTags = tuple[dict[str, float], list[str]]
 _TURN_COLUMNS = "session_id, seq, message_json, created_at, content_hash, token_count, partial"
 
 
-class PostgresMemoryStore(BranchesMixin, StateMixin):
+class PostgresMemoryStore(BranchesMixin, StateMixin, RecordsMixin):
     """The ``MemoryStorage`` of a PostgreSQL database at ``url`` (``postgresql://…``).
 
     ``counter`` counts each turn's text once, when it is appended (default ``cl100k_base``);
@@ -156,7 +157,7 @@ class PostgresMemoryStore(BranchesMixin, StateMixin):
         with self._read() as conn:
             row = conn.execute(
                 "SELECT id, created_at, metadata, compaction_watermark, principal, parent_id,"
-                " fork_seq, derived_seq FROM sessions WHERE id = %s",
+                " fork_seq, derived_seq, born, generation FROM sessions WHERE id = %s",
                 (session_id,),
             ).fetchone()
         if row is None:
@@ -170,7 +171,21 @@ class PostgresMemoryStore(BranchesMixin, StateMixin):
             parent_id=row[5],
             fork_seq=row[6],
             derived_seq=row[7],
+            born=row[8],
+            generation=row[9],
         )
+
+    def session_version(self, session_id: str) -> tuple[int, int] | None:
+        """``(born, generation)`` of the session, ``None`` when there is none; inside
+        ``batch()`` the session's row is locked until the batch ends (``FOR SHARE`` would let
+        a writer in between; ``FOR UPDATE`` holds them off, as SQLite's write lock does)."""
+        with self._db.locking() as (conn, locking):
+            row = conn.execute(
+                "SELECT born, generation FROM sessions WHERE id = %s"
+                + (" FOR UPDATE" if locking else ""),
+                (session_id,),
+            ).fetchone()
+        return None if row is None else (int(row[0]), int(row[1]))
 
     def sessions(self) -> list[str]:
         with self._read() as conn:
@@ -384,6 +399,23 @@ class PostgresMemoryStore(BranchesMixin, StateMixin):
                 (session_id, after),
             ).fetchall()
         return [(int(r[0]), r[1], from_text(r[2]), r[3]) for r in rows]
+
+    def turn_texts_with_incarnation(
+        self, session_id: str, after: int
+    ) -> tuple[int | None, list[tuple[int, str, str, str]]]:
+        """The session's incarnation (``None`` when there is no such session) and
+        ``turn_texts_after(session_id, after)``, in one query: one snapshot."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT s.born, t.seq, t.role, t.content_text, t.content_hash FROM sessions s"
+                " LEFT JOIN turns t ON t.session_id = s.id AND t.seq > %s"
+                " WHERE s.id = %s ORDER BY t.seq",
+                (after, session_id),
+            ).fetchall()
+        if not rows:
+            return None, []
+        turns = [(int(r[1]), r[2], from_text(r[3]), r[4]) for r in rows if r[1] is not None]
+        return int(rows[0][0]), turns
 
     def turn_hash(self, session_id: str, seq: int) -> str | None:
         """The content hash of one turn (``None`` when it is not stored)."""

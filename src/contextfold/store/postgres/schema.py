@@ -14,6 +14,9 @@ on: never rename one, never reorder them, and add changes only as a new ``m00N_â
   table-wide totals FTS5's bm25 needs, as sharded counters (``fts_totals``: writers of
   different sessions mostly update different rows, and a search sums the shards); and
   ``cf_append_turns``, the write of new turns as one server-side call (``_APPEND_TURNS``).
+- ``m003_generations_records_links`` â€” sessions' ``born`` and ``generation`` from one
+  store-wide sequence (triggers draw them), the dashboard's ``request_records`` and the
+  Responses API's ``response_links``, as the SQLite store's ``m007``/``m008``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ __all__ = [
     "UNKNOWN_SESSION",
     "m001_create_memory",
     "m002_full_text",
+    "m003_generations_records_links",
 ]
 
 MIGRATIONS = PgMigrationRegistry("memory")
@@ -218,3 +222,60 @@ BEGIN
     RETURN v_last;
 END $$
 """
+
+
+@MIGRATIONS.migration
+def m003_generations_records_links(conn: psycopg.Connection[Any]) -> None:
+    # A session's ``born`` and ``generation`` come from one store-wide sequence: ``born`` when
+    # its row is made (a session deleted and created again under its id gets a larger one),
+    # ``generation`` then and again after every statement that changes its tags, segments,
+    # watermark or tag summaries in place (statement-level triggers: one draw per session a
+    # statement touched, not one per row). Appends draw nothing.
+    statements = [
+        "CREATE SEQUENCE store_generation",
+        "ALTER TABLE sessions ADD COLUMN born BIGINT NOT NULL DEFAULT 0",
+        "ALTER TABLE sessions ADD COLUMN generation BIGINT NOT NULL DEFAULT 0",
+        "CREATE FUNCTION sessions_born() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN NEW.born := nextval('store_generation'); NEW.generation := NEW.born;"
+        " RETURN NEW; END $$",
+        "CREATE TRIGGER sessions_born BEFORE INSERT ON sessions"
+        " FOR EACH ROW EXECUTE FUNCTION sessions_born()",
+        "CREATE FUNCTION sessions_watermark() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN NEW.generation := nextval('store_generation'); RETURN NEW; END $$",
+        "CREATE TRIGGER sessions_watermark BEFORE UPDATE OF compaction_watermark ON sessions"
+        " FOR EACH ROW EXECUTE FUNCTION sessions_watermark()",
+        "CREATE FUNCTION sessions_new_generation() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN"
+        "  UPDATE sessions SET generation = nextval('store_generation')"
+        "  WHERE id IN (SELECT DISTINCT session_id FROM changed);"
+        "  RETURN NULL;"
+        " END $$",
+        # The dashboard's request records: ``pos`` orders them as first written (retention
+        # drops the lowest); ``change`` is drawn from the ``records`` counter row, whose lock
+        # makes writers commit in the order of their numbers (a reader polling past the last
+        # number it saw never misses a write committed later with a smaller one).
+        "CREATE TABLE store_counters (name TEXT PRIMARY KEY, value BIGINT NOT NULL)",
+        "INSERT INTO store_counters (name, value) VALUES ('records', 0)",
+        "CREATE TABLE request_records ("
+        " pos BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, id TEXT NOT NULL UNIQUE,"
+        " session_id TEXT NOT NULL, origin TEXT NOT NULL, change BIGINT NOT NULL,"
+        " size INTEGER NOT NULL, body TEXT NOT NULL)",
+        "CREATE INDEX request_records_by_change ON request_records (change)",
+        "CREATE INDEX request_records_by_session ON request_records (session_id, pos)",
+        # The Responses API ids the proxy relayed, per principal, with the stored turn each
+        # names and the first turn of the chain: gone with the session.
+        "CREATE TABLE response_links ("
+        " principal TEXT NOT NULL, name TEXT NOT NULL,"
+        " session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,"
+        " seq INTEGER NOT NULL, start INTEGER NOT NULL, PRIMARY KEY (principal, name))",
+        "CREATE INDEX response_links_by_session ON response_links (session_id)",
+    ]
+    for table in ("turn_tags", "segments", "tag_summaries"):
+        for event, rows in (("INSERT", "NEW"), ("UPDATE", "NEW"), ("DELETE", "OLD")):
+            statements.append(
+                f"CREATE TRIGGER {table}_generation_{event.lower()} AFTER {event} ON {table}"
+                f" REFERENCING {rows} TABLE AS changed FOR EACH STATEMENT"
+                " EXECUTE FUNCTION sessions_new_generation()"
+            )
+    for statement in statements:
+        conn.execute(statement)

@@ -172,14 +172,22 @@ class MigrationRegistry:
             if name not in done:
                 try:
                     with transaction(conn):
-                        fn(conn)
-                        conn.execute(
-                            "INSERT INTO schema_migrations (schema, name) VALUES (?, ?)",
+                        # Another process may have applied it while this one waited for
+                        # the write lock (several server workers starting on one file).
+                        ran = not conn.execute(
+                            "SELECT 1 FROM schema_migrations WHERE schema = ? AND name = ?",
                             (self.name, name),
-                        )
+                        ).fetchone()
+                        if ran:
+                            fn(conn)
+                            conn.execute(
+                                "INSERT INTO schema_migrations (schema, name) VALUES (?, ?)",
+                                (self.name, name),
+                            )
                 except sqlite3.DatabaseError as exc:
                     raise StoreError(f"migration {self.name}/{name} failed: {exc}") from exc
-                applied.append(name)
+                if ran:
+                    applied.append(name)
             if name == upto:
                 break
         return applied

@@ -12,16 +12,16 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict
 
 from contextfold.errors import ConfigError
 from contextfold.retrieval.base import Chunk
+from contextfold.store.document_models import DocumentRecord
+from contextfold.store.document_models import now as _now
 from contextfold.store.sqlite import MigrationRegistry, connect, transaction
 
 __all__ = ["MIGRATIONS", "DocumentRecord", "DocumentStore"]
@@ -69,23 +69,6 @@ def m002_document_ids(conn: sqlite3.Connection) -> None:
     conn.execute(
         "INSERT INTO document_ids (id, doc_id, created_at) SELECT id, id, created_at FROM documents"
     )
-
-
-class DocumentRecord(BaseModel):
-    """A stored document (without its chunks)."""
-
-    model_config = ConfigDict(frozen=True)
-    id: str
-    tenant: str
-    content_hash: str
-    source: str | None
-    text: str
-    metadata: dict[str, Any]
-    created_at: str
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 class DocumentStore:

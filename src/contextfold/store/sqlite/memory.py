@@ -17,9 +17,12 @@ from here too):
 
 - ``memory.py`` — ``MemoryStore``: sessions, raw turns, tags, turn vectors, turn search;
 - ``memory_segments.py`` — compaction, segments and segment search (``SegmentsMixin``);
-- ``memory_state.py`` — tag summaries, aliases, the working set, the cost log (``StateMixin``);
+- ``memory_state.py`` — tag summaries, aliases, the working set, the cost log
+  (``StateMixin``);
 - ``memory_branches.py`` — principals, branches (forks), exchanges committed with their
   derive job, and the jobs table (``BranchesMixin``);
+- ``memory_transfer.py`` — whole sessions dumped and loaded as they were (``TransferMixin``:
+  ``dump_session``, ``load_session``; ``contextfold store migrate`` and the markdown export);
 - ``memory_schema.py`` — ``MIGRATIONS``, the ordered ``m00N_…`` schema migrations;
 - ``store/models.py`` — the row models (``StoredTurn``, ``NewSegment``, …) and ``Depth``;
 - ``memory_fts.py`` — the FTS5 query built from free text (``store/text.query_terms``).
@@ -53,15 +56,13 @@ import numpy.typing as npt
 from contextfold._bounded import SessionLRU
 from contextfold.errors import ConfigError
 from contextfold.items import Message
-from contextfold.store.keychain import KEY_CHAIN_SESSIONS, KeyChain
 from contextfold.store.models import (
-    CostEntry,
     CostReport,
     Depth,
     Job,
     NewSegment,
-    SessionDump,
     SessionRecord,
+    StoredRecord,
     StoredSegment,
     StoredTurn,
     TagSummary,
@@ -73,7 +74,11 @@ from contextfold.store.models import (
     match_key,
 )
 from contextfold.store.sqlite import FairLock, connect, transaction
-from contextfold.store.sqlite.memory_branches import BranchesMixin
+from contextfold.store.sqlite.memory_branches import (
+    KEY_CHAIN_SESSIONS,
+    BranchesMixin,
+    _KeyChain,
+)
 from contextfold.store.sqlite.memory_fts import _fts_query
 from contextfold.store.sqlite.memory_schema import MIGRATIONS
 from contextfold.store.sqlite.memory_schema import m001_create_memory as m001_create_memory
@@ -86,6 +91,7 @@ from contextfold.store.sqlite.memory_schema import (
 )
 from contextfold.store.sqlite.memory_segments import SegmentsMixin
 from contextfold.store.sqlite.memory_state import StateMixin
+from contextfold.store.sqlite.memory_transfer import TransferMixin
 from contextfold.tokens import TiktokenCounter, TokenCounter
 
 __all__ = [
@@ -107,7 +113,7 @@ __all__ = [
 _TurnTags = tuple[dict[str, float], list[str]]
 
 
-class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
+class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin, TransferMixin):
     """Sessions, raw turns, tags, segments, tag summaries, aliases, working sets and costs in one
     SQLite file (or ``":memory:"``).
 
@@ -140,7 +146,7 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
         self._writer = FairLock()  # this process's writers, one at a time, in order (``_tx``)
         self._shared = self.path == ":memory:"
         # Match keys of recently used sessions (``turn_keys``).
-        self._key_chains: SessionLRU[KeyChain] = SessionLRU(KEY_CHAIN_SESSIONS)
+        self._key_chains: SessionLRU[_KeyChain] = SessionLRU(KEY_CHAIN_SESSIONS)
         first = connect(self.path)
         self._local.conn = first
         self._connections.append(first)
@@ -215,7 +221,15 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
             parent_id=row["parent_id"],
             fork_seq=row["fork_seq"],
             derived_seq=row["derived_seq"],
+            born=row["born"],
+            generation=row["generation"],
         )
+
+    def session_version(self, session_id: str) -> tuple[int, int] | None:
+        row = self._conn.execute(
+            "SELECT born, generation FROM sessions WHERE id = ?", (session_id,)
+        ).fetchone()
+        return None if row is None else (int(row[0]), int(row[1]))
 
     def sessions(self) -> list[str]:
         return [r[0] for r in self._conn.execute("SELECT id FROM sessions ORDER BY created_at, id")]
@@ -624,6 +638,24 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
             (session_id, after),
         ).fetchall()
 
+    def turn_texts_with_incarnation(
+        self, session_id: str, after: int
+    ) -> tuple[int | None, list[tuple[int, str, str, str]]]:
+        """The session's incarnation (``None`` when there is no such session) and
+        ``turn_texts_after(session_id, after)``, in one query: one snapshot, so the turns are
+        those of that incarnation."""
+        cursor = self._conn.cursor()
+        cursor.row_factory = None  # plain tuples
+        rows = cursor.execute(
+            "SELECT s.born, t.seq, t.role, t.content_text, t.content_hash FROM sessions s"
+            " LEFT JOIN turns t ON t.session_id = s.id AND t.seq > ?"
+            " WHERE s.id = ? ORDER BY t.seq",
+            (after, session_id),
+        ).fetchall()
+        if not rows:
+            return None, []
+        return int(rows[0][0]), [tuple(row[1:]) for row in rows if row[1] is not None]
+
     def turn_hash(self, session_id: str, seq: int) -> str | None:
         """The content hash of one turn (``None`` when it is not stored)."""
         row = self._conn.execute(
@@ -662,13 +694,106 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin):
         rows = self._turn_columns(session_id, seqs, "role, content_text, created_at, token_count")
         return {r[0]: TurnRow(r[0], r[1], r[2], datetime.fromisoformat(r[3]), r[4]) for r in rows}
 
-    # -- moving whole sessions ----------------------------------------------------------------
+    # -- request records ------------------------------------------------------------------------
 
-    def cost_entries(self) -> list[CostEntry]:
-        raise NotImplementedError("cost_entries: being written")
+    def put_records(
+        self,
+        records: Sequence[tuple[str, str, str]],
+        *,
+        origin: str,
+        keep: int = 500,
+        max_bytes: int = 16 * 1024 * 1024,
+    ) -> None:
+        if not records:
+            return
+        with self._tx() as conn:
+            for record_id, session_id, body in records:
+                change = conn.execute(
+                    "UPDATE store_counters SET value = value + 1 WHERE name = 'records'"
+                    " RETURNING value"
+                ).fetchone()[0]
+                conn.execute(
+                    "INSERT INTO request_records (id, session_id, origin, change, size, body)"
+                    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET"
+                    " session_id = excluded.session_id, origin = excluded.origin,"
+                    " change = excluded.change, size = excluded.size, body = excluded.body",
+                    (record_id, session_id, origin, change, len(body.encode()), body),
+                )
+            count, total = conn.execute(
+                "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM request_records"
+            ).fetchone()
+            if count <= keep and total <= max_bytes:
+                return
+            kept, kept_bytes, cut = 0, 0, None
+            for pos, size in conn.execute(
+                "SELECT pos, size FROM request_records ORDER BY pos DESC"
+            ):
+                if kept and (kept >= keep or kept_bytes + size > max_bytes):
+                    cut = pos
+                    break
+                kept, kept_bytes = kept + 1, kept_bytes + size
+            if cut is not None:
+                conn.execute("DELETE FROM request_records WHERE pos <= ?", (cut,))
 
-    def dump_session(self, session_id: str) -> SessionDump:
-        raise NotImplementedError("dump_session: being written")
+    @staticmethod
+    def _record(row: sqlite3.Row) -> StoredRecord:
+        return StoredRecord(
+            id=row["id"],
+            session_id=row["session_id"],
+            origin=row["origin"],
+            change=row["change"],
+            body=row["body"],
+        )
 
-    def load_session(self, dump: SessionDump) -> None:
-        raise NotImplementedError("load_session: being written")
+    def recent_records(
+        self, limit: int = 500, *, session_id: str | None = None
+    ) -> list[StoredRecord]:
+        if session_id is None:
+            rows = self._conn.execute(
+                "SELECT * FROM request_records ORDER BY pos DESC LIMIT ?", (limit,)
+            )
+        else:
+            rows = self._conn.execute(
+                "SELECT * FROM request_records WHERE session_id = ? ORDER BY pos DESC LIMIT ?",
+                (session_id, limit),
+            )
+        return [self._record(r) for r in rows]
+
+    def record(self, record_id: str) -> StoredRecord | None:
+        row = self._conn.execute(
+            "SELECT * FROM request_records WHERE id = ?", (record_id,)
+        ).fetchone()
+        return None if row is None else self._record(row)
+
+    def records_after(self, change: int, *, limit: int = 1000) -> list[StoredRecord]:
+        rows = self._conn.execute(
+            "SELECT * FROM request_records WHERE change > ? ORDER BY change LIMIT ?",
+            (change, limit),
+        )
+        return [self._record(r) for r in rows]
+
+    def records_cursor(self) -> int:
+        row = self._conn.execute(
+            "SELECT value FROM store_counters WHERE name = 'records'"
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    # -- Responses API chains -------------------------------------------------------------------
+
+    def put_response_link(
+        self, principal: str, name: str, session_id: str, seq: int, start: int
+    ) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO response_links (principal, name, session_id, seq, start)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (principal, name) DO UPDATE SET"
+                " session_id = excluded.session_id, seq = excluded.seq, start = excluded.start",
+                (principal, name, session_id, seq, start),
+            )
+
+    def response_link(self, principal: str, name: str) -> tuple[str, int, int] | None:
+        row = self._conn.execute(
+            "SELECT session_id, seq, start FROM response_links WHERE principal = ? AND name = ?",
+            (principal, name),
+        ).fetchone()
+        return None if row is None else (str(row[0]), int(row[1]), int(row[2]))

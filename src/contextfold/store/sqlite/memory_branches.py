@@ -40,8 +40,10 @@ True
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -53,22 +55,72 @@ from typing import TYPE_CHECKING, Any
 from contextfold._bounded import SessionLRU
 from contextfold.errors import ConfigError
 from contextfold.items import Message
-from contextfold.store.keychain import KeyChain
-from contextfold.store.models import (
-    MAX_ATTEMPTS,
-    WRITE_CHUNK,
-    BranchMoved,
-    Job,
-    _iso,
-    _now,
-    pid_alive,
-)
+from contextfold.store.models import MAX_ATTEMPTS, WRITE_CHUNK, BranchMoved, Job, _iso, _now
 
 __all__ = ["BranchesMixin"]
 
 
+class _KeyChain:
+    """One session's turn match keys in seq order (``keys[i]`` is seq ``i + 1``), the content
+    hash of the last of them and the incarnation of the session they were read from,
+    extended from the store as turns are appended."""
+
+    __slots__ = ("incarnation", "keys", "last_hash", "lock")
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+        self.last_hash: str | None = None
+        self.incarnation: int | None = None
+        self.lock = threading.Lock()
+
+    def _reset(self) -> None:
+        self.keys, self.last_hash, self.incarnation = [], None, None
+
+    def extend(self, conn: sqlite3.Connection, session_id: str) -> bool:
+        """Read the turns stored since the last call, with the session's incarnation, in one
+        query (one snapshot): from the last known turn, whose hash must not have changed and
+        the incarnation neither, else from the start (the session was deleted and created
+        again, by this process or another, perhaps ending with the same turn); False when the
+        seqs are not 1, 2, … without gaps (the chain is then dropped and the caller reads the
+        store itself). No session: no keys."""
+        known = len(self.keys)
+        rows = conn.execute(
+            "SELECT s.born, t.seq, t.match_key, t.content_hash FROM sessions s"
+            " LEFT JOIN turns t ON t.session_id = s.id AND t.seq >= ?"
+            " WHERE s.id = ? ORDER BY t.seq",
+            (max(known, 1), session_id),
+        ).fetchall()
+        if not rows:  # no such session (now)
+            self._reset()
+            return True
+        incarnation = int(rows[0][0])
+        turns = [row[1:] for row in rows if row[1] is not None]
+        if known:
+            if (
+                incarnation == self.incarnation
+                and turns
+                and turns[0][0] == known
+                and turns[0][2] == self.last_hash
+            ):
+                turns = turns[1:]
+            else:  # deleted and written again: start over
+                self._reset()
+                return self.extend(conn, session_id)
+        self.incarnation = incarnation
+        for seq, key, content_hash in turns:
+            if seq != len(self.keys) + 1:
+                self._reset()
+                return False
+            self.keys.append(str(key))
+            self.last_hash = str(content_hash)
+        return True
+
+
 #: How long a claimed job is its worker's before another may take it (seconds).
 LEASE_SECONDS = 60.0
+#: Attempts before a job is marked failed (it stays in the table, with its error).
+#: Sessions whose turn match keys are kept in memory (``turn_keys``).
+KEY_CHAIN_SESSIONS = 256
 
 
 def _held(job_id: int, owner: str | None) -> tuple[str, tuple[object, ...]]:
@@ -83,7 +135,7 @@ class BranchesMixin:
     """Principals, branches, exchanges and jobs, for ``MemoryStore``."""
 
     if TYPE_CHECKING:
-        _key_chains: SessionLRU[KeyChain]
+        _key_chains: SessionLRU[_KeyChain]
 
         @property
         def _conn(self) -> sqlite3.Connection: ...
@@ -144,26 +196,21 @@ class BranchesMixin:
     def turn_keys(self, session_id: str, lo: int, hi: int) -> dict[int, str]:
         """seq -> match key of the session's turns with ``lo <= seq <= hi``.
 
-        Served from the session's key chain (``store.keychain.KeyChain``): turns are append-only, so
-        each call reads only the turns stored since the last one, plus the last known turn to check
-        that the session was not deleted and written again meanwhile (then it is read over).
-        Recognising a resent history then costs one short query, not one row per turn."""
-        chain = self._key_chains.get(session_id, KeyChain)
+        Served from the session's key chain (``_KeyChain``): turns are append-only, so each
+        call reads only the turns stored since the last one, plus the session's incarnation
+        and the last known turn, in the same query, to check that the session was not deleted
+        and written again meanwhile (then it is read over). Recognising a resent history then
+        costs one short query, not one row per turn."""
+        chain = self._key_chains.get(session_id, _KeyChain)
         with chain.lock:
-            if not chain.extend(lambda start: self._key_rows(session_id, start)):
+            if not chain.extend(self._conn, session_id):
                 rows = self._conn.execute(
                     "SELECT seq, match_key FROM turns WHERE session_id = ? AND seq BETWEEN ? AND ?",
                     (session_id, lo, hi),
                 )
                 return {int(r[0]): str(r[1]) for r in rows}
-            return chain.window(lo, hi)
-
-    def _key_rows(self, session_id: str, start: int) -> list[sqlite3.Row]:
-        return self._conn.execute(
-            "SELECT seq, match_key, content_hash FROM turns WHERE session_id = ? AND seq >= ?"
-            " ORDER BY seq",
-            (session_id, start),
-        ).fetchall()
+            keys = chain.keys
+            return {seq: keys[seq - 1] for seq in range(max(lo, 1), min(hi, len(keys)) + 1)}
 
     # -- branches -------------------------------------------------------------------------------
 
@@ -171,7 +218,7 @@ class BranchesMixin:
         """A new branch of ``session_id`` holding its turns ``1..upto`` (with their tags and
         vectors, the segments wholly inside them and the compaction watermark those segments
         reach); returns the new session's id. The derived state past the copy is queued as a
-        ``derive`` job."""
+        ``derive`` job. ``ConfigError`` (nothing written) when ``session_id_new`` exists."""
         new = session_id_new or uuid.uuid4().hex
         with self._tx() as conn:
             row = conn.execute(
@@ -188,20 +235,24 @@ class BranchesMixin:
                 (session_id, upto),
             ).fetchall()
             watermark = max((int(s["last_seq"]) + 1 for s in segments), default=0)
-            conn.execute(
-                "INSERT INTO sessions (id, created_at, metadata, principal, parent_id, fork_seq,"
-                " derived_seq, compaction_watermark) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    new,
-                    _iso(_now()),
-                    json.dumps({**json.loads(row["metadata"]), "forked_from": session_id}),
-                    row["principal"],
-                    session_id,
-                    upto,
-                    min(int(row["derived_seq"]), upto),
-                    watermark,
-                ),
-            )
+            try:
+                conn.execute(
+                    "INSERT INTO sessions (id, created_at, metadata, principal, parent_id,"
+                    " fork_seq, derived_seq, compaction_watermark)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        new,
+                        _iso(_now()),
+                        json.dumps({**json.loads(row["metadata"]), "forked_from": session_id}),
+                        row["principal"],
+                        session_id,
+                        upto,
+                        min(int(row["derived_seq"]), upto),
+                        watermark,
+                    ),
+                )
+            except sqlite3.IntegrityError as exc:  # the first write: the rollback undoes none
+                raise ConfigError(f"session {new!r} already exists") from exc
             conn.execute(
                 "INSERT INTO turns (session_id, seq, role, content_text, message_json,"
                 " content_hash, created_at, token_count, match_key, partial)"
@@ -399,7 +450,7 @@ class BranchesMixin:
         """Give back the running jobs whose owner is a process of this host that no longer
         runs (a crash); returns how many."""
         host = socket.gethostname()
-        check = alive or pid_alive
+        check = alive or _pid_alive
         dead = []
         for (owner,) in self._conn.execute(
             "SELECT DISTINCT owner FROM jobs WHERE state = 'running' AND owner IS NOT NULL"
@@ -441,3 +492,13 @@ class BranchesMixin:
         """Jobs by state (``pending``, ``running``, ``failed``)."""
         rows = self._conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state")
         return {str(r[0]): int(r[1]) for r in rows}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True

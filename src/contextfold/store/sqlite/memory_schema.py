@@ -13,6 +13,16 @@ on: never rename one, never reorder them, and add changes only as a new ``m00N_�
 - ``m005_branches_and_jobs`` — sessions get a principal (whose credential wrote them), the
   branch they were forked from and how far their turns are derived; turns get a match key
   and a partial flag; the jobs table holds derived work (tags, vectors, compaction).
+- ``m006_segment_ids_never_reused`` — segment ids are never reused (``segments``
+  rebuilt with ``AUTOINCREMENT``, ids kept, with ``segment_turns``, the FTS triggers and
+  index).
+- ``m007_generations_and_records`` — sessions get ``born`` and ``generation`` (numbers drawn
+  from one store-wide counter: when the session row is made, and again by every write that
+  changes its derived state in place), so the caches of every process sharing the file can
+  tell a session was rewritten; ``request_records`` keeps the dashboard's records.
+- ``m008_response_links`` — the Responses API ids the proxy relayed (``previous_response_id``,
+  ``conversation``), per principal, with the stored turn each names: a chain started through
+  one process is continued through another.
 """
 
 from __future__ import annotations
@@ -29,6 +39,9 @@ __all__ = [
     "m003_related_tags_and_vectors",
     "m004_session_scoped_fts",
     "m005_branches_and_jobs",
+    "m006_segment_ids_never_reused",
+    "m007_generations_and_records",
+    "m008_response_links",
 ]
 
 MIGRATIONS = MigrationRegistry("memory")
@@ -236,3 +249,152 @@ def m005_branches_and_jobs(conn: sqlite3.Connection) -> None:
         "CREATE UNIQUE INDEX jobs_one_pending ON jobs (session_id, kind) WHERE state = 'pending'"
     )
     conn.execute("CREATE INDEX jobs_by_state ON jobs (state, id)")
+
+
+#: The columns of ``segments`` as m001 and m003 left them, in their order.
+_SEGMENT_COLUMNS = (
+    "id, session_id, first_seq, last_seq, summary, full_text, tags, summary_tokens,"
+    " full_tokens, created_at, related_tags"
+)
+
+
+@MIGRATIONS.migration
+def m006_segment_ids_never_reused(conn: sqlite3.Connection) -> None:
+    # Segment ids never come back: a plain INTEGER PRIMARY KEY hands the largest id out again
+    # once its row is deleted (a session's newest segment, with ``delete_session``). SQLite
+    # cannot add AUTOINCREMENT to a table, so ``segments`` is rebuilt with its ids. Its rows
+    # and those of ``segment_turns`` (which references it, ON DELETE CASCADE) are first set
+    # aside and both tables dropped, child first: with foreign keys on, dropping ``segments``
+    # while ``segment_turns`` referenced it would cascade to its rows. Dropping ``segments``
+    # drops its FTS triggers too; the external-content index ``segments_fts`` is keyed by
+    # the kept ids and is rebuilt from the new table all the same.
+    conn.execute(f"CREATE TEMP TABLE m006_segments AS SELECT {_SEGMENT_COLUMNS} FROM segments")
+    conn.execute(
+        "CREATE TEMP TABLE m006_segment_turns AS SELECT segment_id, seq FROM segment_turns"
+    )
+    conn.execute("DROP TABLE segment_turns")
+    conn.execute("DROP TABLE segments")
+    conn.execute(
+        "CREATE TABLE segments ("
+        " id INTEGER PRIMARY KEY AUTOINCREMENT,"
+        " session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,"
+        " first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL, summary TEXT NOT NULL,"
+        " full_text TEXT NOT NULL, tags TEXT NOT NULL DEFAULT '[]',"
+        " summary_tokens INTEGER NOT NULL, full_tokens INTEGER NOT NULL,"
+        " created_at TEXT NOT NULL, related_tags TEXT NOT NULL DEFAULT '[]',"
+        " CHECK (first_seq <= last_seq))"
+    )
+    conn.execute("CREATE INDEX segments_by_session ON segments (session_id, first_seq)")
+    conn.execute(
+        "CREATE TABLE segment_turns ("
+        " segment_id INTEGER NOT NULL REFERENCES segments(id) ON DELETE CASCADE,"
+        " seq INTEGER NOT NULL, PRIMARY KEY (segment_id, seq))"
+    )
+    # Ids inserted as they were; AUTOINCREMENT's counter starts past the largest.
+    conn.execute(
+        f"INSERT INTO segments ({_SEGMENT_COLUMNS})"
+        f" SELECT {_SEGMENT_COLUMNS} FROM temp.m006_segments ORDER BY id"
+    )
+    conn.execute(
+        "INSERT INTO segment_turns (segment_id, seq)"
+        " SELECT segment_id, seq FROM temp.m006_segment_turns ORDER BY segment_id, seq"
+    )
+    conn.execute("DROP TABLE temp.m006_segments")
+    conn.execute("DROP TABLE temp.m006_segment_turns")
+    columns, new, old = (
+        "summary, session_id",
+        "NEW.summary, NEW.session_id",
+        "OLD.summary, OLD.session_id",
+    )
+    conn.execute(
+        "CREATE TRIGGER segments_fts_ai AFTER INSERT ON segments BEGIN"
+        f" INSERT INTO segments_fts (rowid, {columns}) VALUES (NEW.id, {new}); END"
+    )
+    conn.execute(
+        "CREATE TRIGGER segments_fts_ad AFTER DELETE ON segments BEGIN"
+        f" INSERT INTO segments_fts (segments_fts, rowid, {columns})"
+        f" VALUES ('delete', OLD.id, {old}); END"
+    )
+    conn.execute(
+        "CREATE TRIGGER segments_fts_au AFTER UPDATE ON segments BEGIN"
+        f" INSERT INTO segments_fts (segments_fts, rowid, {columns})"
+        f" VALUES ('delete', OLD.id, {old});"
+        f" INSERT INTO segments_fts (rowid, {columns}) VALUES (NEW.id, {new}); END"
+    )
+    conn.execute("INSERT INTO segments_fts (segments_fts) VALUES ('rebuild')")
+
+
+def _bump(session: str) -> str:
+    """The trigger body that draws a new generation for ``session`` (NEW.x / OLD.x)."""
+    return (
+        "UPDATE store_counters SET value = value + 1 WHERE name = 'generation';"
+        " UPDATE sessions SET generation ="
+        " (SELECT value FROM store_counters WHERE name = 'generation')"
+        f" WHERE id = {session};"
+    )
+
+
+@MIGRATIONS.migration
+def m007_generations_and_records(conn: sqlite3.Connection) -> None:
+    # One store-wide counter: a session row gets ``born`` (never changed, never drawn twice,
+    # so a session deleted and written again under the same id is told apart) and
+    # ``generation`` (drawn again by every write that changes its tags, segments, watermark
+    # or tag summaries in place). Appends (turns, vectors) draw nothing: a cache follows them
+    # by reading what was stored after the last seq it holds.
+    conn.execute("CREATE TABLE store_counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL)")
+    conn.execute("ALTER TABLE sessions ADD COLUMN born INTEGER NOT NULL DEFAULT 0")
+    conn.execute("ALTER TABLE sessions ADD COLUMN generation INTEGER NOT NULL DEFAULT 0")
+    conn.execute("UPDATE sessions SET born = rowid, generation = rowid")
+    conn.execute(
+        "INSERT INTO store_counters (name, value) VALUES"
+        " ('generation', (SELECT COALESCE(MAX(rowid), 0) FROM sessions)), ('records', 0)"
+    )
+    conn.execute(
+        "CREATE TRIGGER sessions_born AFTER INSERT ON sessions BEGIN"
+        " UPDATE store_counters SET value = value + 1 WHERE name = 'generation';"
+        " UPDATE sessions SET born = (SELECT value FROM store_counters WHERE name = 'generation'),"
+        " generation = (SELECT value FROM store_counters WHERE name = 'generation')"
+        " WHERE id = NEW.id; END"
+    )
+    conn.execute(
+        "CREATE TRIGGER sessions_watermark AFTER UPDATE OF compaction_watermark ON sessions"
+        f" BEGIN {_bump('NEW.id')} END"
+    )
+    for table in ("turn_tags", "segments", "tag_summaries"):
+        conn.execute(
+            f"CREATE TRIGGER {table}_gen_ai AFTER INSERT ON {table}"
+            f" BEGIN {_bump('NEW.session_id')} END"
+        )
+        conn.execute(
+            f"CREATE TRIGGER {table}_gen_au AFTER UPDATE ON {table}"
+            f" BEGIN {_bump('NEW.session_id')} END"
+        )
+        conn.execute(
+            f"CREATE TRIGGER {table}_gen_ad AFTER DELETE ON {table}"
+            f" BEGIN {_bump('OLD.session_id')} END"
+        )
+    # The dashboard's request records, from every process: ``body`` is the record's JSON
+    # (opaque here); ``pos`` orders them as first written (retention drops the lowest);
+    # ``change`` is drawn from the ``records`` counter at each write, so a reader polls for
+    # what changed after the last number it saw.
+    conn.execute(
+        "CREATE TABLE request_records ("
+        " pos INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT NOT NULL UNIQUE,"
+        " session_id TEXT NOT NULL, origin TEXT NOT NULL, change INTEGER NOT NULL,"
+        " size INTEGER NOT NULL, body TEXT NOT NULL)"
+    )
+    conn.execute("CREATE INDEX request_records_by_change ON request_records (change)")
+    conn.execute("CREATE INDEX request_records_by_session ON request_records (session_id, pos)")
+
+
+@MIGRATIONS.migration
+def m008_response_links(conn: sqlite3.Connection) -> None:
+    # ``name``: a response id, or ``conversation:<id>``; (session_id, seq) the stored reply it
+    # names and ``start`` the first turn of the chain the provider holds. Gone with the session.
+    conn.execute(
+        "CREATE TABLE response_links ("
+        " principal TEXT NOT NULL, name TEXT NOT NULL,"
+        " session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,"
+        " seq INTEGER NOT NULL, start INTEGER NOT NULL, PRIMARY KEY (principal, name))"
+    )
+    conn.execute("CREATE INDEX response_links_by_session ON response_links (session_id)")

@@ -1,6 +1,6 @@
 """``MemoryStore``'s paging state and bookkeeping: the one summary per tag, tag aliases, each
 session's working set (the topics paged in and at which depth) and the log of LLM calls with
-their cost.
+their cost (summed by ``cost_report``, read whole by ``cost_entries``).
 
 ``StateMixin`` holds these methods; ``MemoryStore`` (``store/memory.py``) inherits them and
 provides the connection and the token counter.
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from contextfold.errors import ConfigError
 from contextfold.store.models import (
+    CostEntry,
     CostReport,
     Depth,
     TagSummary,
@@ -187,3 +188,23 @@ class StateMixin:
             cost_usd=total[3],
             by_kind={r[0]: r[1] for r in by_kind},
         )
+
+    def cost_entries(self) -> list[CostEntry]:
+        """The whole cost log, oldest first (by ``at``; calls logged at the same moment in the
+        order they were written)."""
+        rows = self._conn.execute(
+            "SELECT session_id, at, kind, model, prompt_tokens, completion_tokens, cost_usd"
+            " FROM cost_log ORDER BY at, id"
+        )
+        return [
+            CostEntry(
+                session_id=r["session_id"],
+                at=datetime.fromisoformat(r["at"]),
+                kind=r["kind"],
+                model=r["model"],
+                prompt_tokens=r["prompt_tokens"],
+                completion_tokens=r["completion_tokens"],
+                cost_usd=r["cost_usd"],
+            )
+            for r in rows
+        ]
