@@ -4,9 +4,8 @@ behind a load balancer): whichever process a request reaches, it sees what the o
 The cross-process tests run real servers — ``python -m contextfold proxy`` on two ports, both
 on one store, in front of the fake LLM — and pin each request to one of them, as two hosts
 behind a load balancer would be. They are parametrized over where the store lives: an SQLite
-file, and PostgreSQL (``postgres``: expected to fail until that backend lands, see
-``STORES``). The in-process tests put two engines (two connections, as two processes have) on
-one file and check each per-process cache against the other's writes."""
+file, and PostgreSQL (``STORES``). The in-process tests put two engines (two connections, as
+two processes have) on one file and check each per-process cache against the other's writes."""
 
 from __future__ import annotations
 
@@ -44,17 +43,8 @@ from proxy_support import closed_after_test, free_port
 
 SECRET = "9f" * 32  # both servers sign and verify session markers with it, as hosts would
 
-#: Where the shared store lives. PostgreSQL is expected to fail with NotImplementedError until
-#: its backend lands (``store/postgres/memory.py``); then drop the mark (here, in one place).
-STORES = [
-    "sqlite",
-    pytest.param(
-        "postgres",
-        marks=pytest.mark.xfail(
-            raises=NotImplementedError, strict=True, reason="the PostgreSQL backend is coming"
-        ),
-    ),
-]
+#: Where the shared store lives.
+STORES = ["sqlite", "postgres"]
 
 
 @pytest.fixture(params=STORES)

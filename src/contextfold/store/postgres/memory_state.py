@@ -33,6 +33,7 @@ from contextfold.store.models import (
 from contextfold.store.postgres.connection import to_text, utc
 from contextfold.store.postgres.fts import Indexed, Tokenizer
 from contextfold.store.postgres.search import SEGMENTS, TURNS, index_rows, ranked
+from contextfold.store.transfer import check_dump
 from contextfold.tokens import TokenCounter
 
 if TYPE_CHECKING:
@@ -417,7 +418,7 @@ class StateMixin:
             models = [
                 r[0]
                 for r in conn.execute(
-                    "SELECT DISTINCT model FROM turn_vectors WHERE session_id = %s"
+                    "SELECT model FROM turn_vectors WHERE session_id = %s GROUP BY model"
                     ' ORDER BY model COLLATE "C"',
                     (session_id,),
                 )
@@ -436,6 +437,7 @@ class StateMixin:
         segments, watermark, branch and derived seq (``ConfigError`` when the id exists)."""
         import psycopg
 
+        check_dump(dump)
         record = dump.session
         sid = record.id
         id_tokens = self._tokenizer.session_tokens(sid)
@@ -486,6 +488,11 @@ class StateMixin:
                 [seg.first_seq for seg in dump.segments],
             )
             self._load_state(conn, sid, dump)
+            if dump.turns and dump.turns[-1].seq > record.derived_seq:
+                conn.execute(
+                    "INSERT INTO jobs (session_id, kind, created_at) VALUES (%s, 'derive', %s)",
+                    (sid, _now()),
+                )
 
     @staticmethod
     def _load_turns(
