@@ -33,6 +33,7 @@ from strategies import histories
 
 T0 = datetime(2025, 3, 1, 9, 30, 0, 123456, tzinfo=UTC)
 
+
 @pytest.fixture(params=["sqlite", "postgres"])
 def dst_location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """Where a destination store lives: an SQLite file, or a new PostgreSQL database."""
