@@ -195,18 +195,37 @@ def test_two_processes_committing_to_one_session_never_collide(
     pg: PostgresMemoryStore, postgres_url: str
 ) -> None:
     pg.create_session("s")
-    script = (
-        "import sys; from contextfold.items import Message;"
-        "from contextfold.store.postgres.memory import PostgresMemoryStore;"
-        "from contextfold.tokens import CharCounter;"
-        "s = PostgresMemoryStore(sys.argv[1], counter=CharCounter());"
-        "[s.commit_exchange('s', [Message(role='user', content=f'q{i}'),"
-        " Message(role='assistant', content='a')]) for i in range(40)]; s.close()"
+    # Each process continues the branch it last saw (``expect_last``), as a proxy host does,
+    # and reads it again when the other moved it first; it prints how often that happened.
+    script = "\n".join(
+        [
+            "import sys",
+            "from contextfold.items import Message",
+            "from contextfold.store.models import BranchMoved",
+            "from contextfold.store.postgres.memory import PostgresMemoryStore",
+            "from contextfold.tokens import CharCounter",
+            "s = PostgresMemoryStore(sys.argv[1], counter=CharCounter())",
+            "moved = done = 0",
+            "while done < 40:",
+            "    pair = [Message(role='user', content=f'q{done}'),",
+            "            Message(role='assistant', content='a')]",
+            "    try:",
+            "        s.commit_exchange('s', pair, expect_last=s.last_seq('s'))",
+            "        done += 1",
+            "    except BranchMoved:",
+            "        moved += 1",
+            "print(moved); s.close()",
+        ]
     )
-    _run_together(script, postgres_url, 2)
+    outputs = _run_together(script, postgres_url, 2)
     turns = pg.turns("s")
     assert [t.seq for t in turns] == list(range(1, 161))
     assert [t.message.role for t in turns] == ["user", "assistant"] * 80
+    assert all(int(out) >= 0 for out in outputs)
+    with pytest.raises(BranchMoved) as moved:  # a stale branch, from any process
+        pg.commit_exchange("s", [_msg("late")], expect_last=100)
+    assert (moved.value.expected, moved.value.last) == (100, 160)
+    assert pg.last_seq("s") == 160
 
 
 def test_workers_in_several_processes_claim_each_job_once(
