@@ -133,10 +133,8 @@ def src(tmp_path: Path) -> Iterator[MemoryStore]:
 
 
 def assert_same(a: SessionDump, b: SessionDump, *, vectors: bool = True) -> None:
-    """Every field equal, segment ids aside (a store gives its own), and the session's
-    ``born``/``generation`` aside: numbers of the store that holds it (a load is a new
-    incarnation, drawn from the destination's counter), equal across two stores only by
-    chance."""
+    """Every field equal, segment ids and the session's incarnation and generation aside (a
+    store draws its own)."""
     local = {"born": 0, "generation": 0}
     assert a.session.model_copy(update=local) == b.session.model_copy(update=local)
     assert a.turns == b.turns
