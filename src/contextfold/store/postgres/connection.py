@@ -129,7 +129,7 @@ class Database:
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
         try:
             import psycopg
-            from psycopg_pool import ConnectionPool
+            from psycopg_pool import ConnectionPool, PoolTimeout
         except ImportError as exc:
             raise ConfigError(
                 'the PostgreSQL store needs psycopg 3: pip install "contextfold[postgres]"'
@@ -156,7 +156,14 @@ class Database:
             open=False,
             name="contextfold-memory",
         )
-        self.pool.open(wait=True, timeout=30.0)
+        try:
+            self.pool.open(wait=True, timeout=30.0)
+        except PoolTimeout as exc:
+            self.pool.close()
+            raise StoreError(
+                f"the PostgreSQL store at {self.masked} accepted one connection but not"
+                f" {min_size} more within 30 s; is the server at its max_connections?"
+            ) from exc
 
     def close(self) -> None:
         self.pool.close()

@@ -136,7 +136,7 @@ class BranchesMixin:
 
             def read(start: int) -> list[tuple[Any, ...]]:
                 return conn.execute(
-                    "SELECT seq, match_key, id FROM turns WHERE session_id = %s"
+                    "SELECT seq, match_key, id::text FROM turns WHERE session_id = %s"
                     " AND seq >= %s ORDER BY seq",
                     (session_id, start),
                 ).fetchall()
