@@ -272,6 +272,12 @@ def test_an_unreachable_server_is_a_clear_store_error() -> None:
         PostgresMemoryStore("postgresql://u:pw@127.0.0.1:1/none", counter=CharCounter())
 
 
+def test_a_missing_driver_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # ``import psycopg`` fails
+    with pytest.raises(ConfigError, match=r'pip install "contextfold\[postgres\]"'):
+        PostgresMemoryStore("postgresql://u@127.0.0.1:1/none", counter=CharCounter())
+
+
 def test_batch_is_one_transaction(pg: PostgresMemoryStore) -> None:
     pg.create_session("s")
     with pytest.raises(ConfigError), pg.batch():
