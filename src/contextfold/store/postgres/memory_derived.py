@@ -1,0 +1,248 @@
+"""``PostgresMemoryStore``'s per-turn derived data: tags and related tags (with the sums tag
+recall ranks by, computed in the server) and turn vectors (float32 ``bytea``, returned as the
+numpy matrix the SQLite store returns; recall scans them exactly in numpy — pgvector is not
+used, so the store needs no extension).
+
+``DerivedMixin`` holds these methods; ``PostgresMemoryStore`` (``memory.py``) inherits them.
+Text is compared in byte order (``COLLATE "C"``), as SQLite's ``BINARY``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from contextfold.errors import ConfigError
+from contextfold.store.postgres.connection import from_text, utc
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["DerivedMixin"]
+
+
+class DerivedMixin:
+    """Turn tags and turn vectors, for ``PostgresMemoryStore``."""
+
+    if TYPE_CHECKING:
+
+        def _tx(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
+
+        def _read(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
+
+        def _guarded(self, conn: psycopg.Connection[Any]) -> AbstractContextManager[None]: ...
+
+    # -- tags -----------------------------------------------------------------------------------
+
+    def tag_turn(self, session_id: str, seq: int, tag: str, weight: float = 1.0) -> None:
+        """Add (or re-weight) one tag of a turn."""
+        self._write_tags(session_id, [seq], [(session_id, seq, tag, weight, False)], replace=False)
+
+    def set_turn_tags(
+        self,
+        session_id: str,
+        seq: int,
+        tags: Mapping[str, float],
+        related: Sequence[str] = (),
+    ) -> None:
+        """Replace all tags (and related tags) of a turn."""
+        self.set_tags_many(session_id, {seq: (tags, related)})
+
+    def set_tags_many(
+        self, session_id: str, tagged: Mapping[int, tuple[Mapping[str, float], Sequence[str]]]
+    ) -> None:
+        """Replace the tags and related tags of several turns in one transaction."""
+        rows: list[tuple[str, int, str, float, bool]] = []
+        for seq, (tags, related) in tagged.items():
+            rows.extend((session_id, seq, tag, float(w), False) for tag, w in tags.items())
+            rows.extend((session_id, seq, tag, 0.5, True) for tag in related if tag not in tags)
+        self._write_tags(session_id, list(tagged), rows, replace=True)
+
+    def _write_tags(
+        self,
+        session_id: str,
+        seqs: Sequence[int],
+        rows: Sequence[tuple[str, int, str, float, bool]],
+        *,
+        replace: bool,
+    ) -> None:
+        import psycopg
+
+        try:
+            with self._tx() as conn, self._guarded(conn), conn.cursor() as cur:
+                if replace:
+                    cur.execute(
+                        "DELETE FROM turn_tags WHERE session_id = %s AND seq = ANY(%s)",
+                        (session_id, list(seqs)),
+                    )
+                cur.executemany(
+                    "INSERT INTO turn_tags (session_id, seq, tag, weight, related)"
+                    " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (session_id, seq, tag) DO UPDATE"
+                    " SET weight = excluded.weight, related = excluded.related",
+                    rows,
+                )
+        except psycopg.errors.ForeignKeyViolation as exc:
+            with self._read() as conn:
+                known = {
+                    r[0]
+                    for r in conn.execute(
+                        "SELECT seq FROM turns WHERE session_id = %s", (session_id,)
+                    )
+                }
+            missing = ", ".join(str(seq) for seq in seqs if seq not in known)
+            raise ConfigError(f"session {session_id!r} has no turn {missing}") from exc
+
+    def tag_counts(
+        self, session_id: str, *, before: int | None = None, since: int | None = None
+    ) -> dict[str, int]:
+        """How many turns of the session carry each tag (related tags not counted); only the
+        turns with seq < ``before`` and seq >= ``since`` when given."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT tag, COUNT(*) FROM turn_tags WHERE session_id = %s AND NOT related"
+                ' AND seq < %s AND seq >= %s GROUP BY tag ORDER BY tag COLLATE "C"',
+                (session_id, before if before is not None else 2**62, since or 0),
+            ).fetchall()
+        return {r[0]: int(r[1]) for r in rows}
+
+    def turns_tagged(
+        self, session_id: str, tags: Sequence[str]
+    ) -> dict[int, list[tuple[str, bool]]]:
+        """The turns carrying any of ``tags`` (as a tag or a related tag): seq -> the matching
+        (tag, related) pairs."""
+        found: dict[int, list[tuple[str, bool]]] = {}
+        with self._read() as conn:
+            for seq, tag, related in conn.execute(
+                "SELECT seq, tag, related FROM turn_tags WHERE session_id = %s AND tag = ANY(%s)",
+                (session_id, list(tags)),
+            ):
+                found.setdefault(seq, []).append((tag, bool(related)))
+        return found
+
+    _WEIGHTS = (
+        "WITH w(tag, direct, rel) AS (SELECT * FROM unnest(%s::text[], %s::float8[],"
+        " %s::float8[])), s(seq, score) AS (SELECT t.seq, SUM(CASE WHEN t.related THEN w.rel"
+        " ELSE w.direct END) FROM turn_tags t JOIN w ON w.tag = t.tag WHERE t.session_id = %s"
+        " GROUP BY t.seq)"
+    )
+
+    @staticmethod
+    def _weight_params(
+        session_id: str, weights: Mapping[str, tuple[float, float]]
+    ) -> tuple[Any, ...]:
+        tags = list(weights)
+        return (
+            tags,
+            [float(weights[t][0]) for t in tags],
+            [float(weights[t][1]) for t in tags],
+            session_id,
+        )
+
+    def tag_overlap_scores(
+        self, session_id: str, weights: Mapping[str, tuple[float, float]]
+    ) -> dict[int, float]:
+        """For each turn carrying any tag of ``weights``: the sum, over its matching tags, of
+        the tag's weight (the first of the pair for a tag, the second for a related tag)."""
+        with self._read() as conn:
+            rows = conn.execute(
+                self._WEIGHTS + " SELECT seq, score FROM s",
+                self._weight_params(session_id, weights),
+            ).fetchall()
+        return {int(r[0]): float(r[1]) for r in rows}
+
+    def tag_overlap_top(
+        self, session_id: str, weights: Mapping[str, tuple[float, float]], limit: int
+    ) -> tuple[list[tuple[int, float]], float]:
+        """The ``limit`` best turns of ``tag_overlap_scores`` as (seq, score), best first
+        (ties: the later turn first), and the lowest score of all the turns that matched."""
+        with self._read() as conn:
+            rows = conn.execute(
+                self._WEIGHTS + " SELECT seq, score, MIN(score) OVER () FROM s"
+                " ORDER BY score DESC, seq DESC LIMIT %s",
+                (*self._weight_params(session_id, weights), limit),
+            ).fetchall()
+        if not rows:
+            return [], 0.0
+        return [(int(r[0]), float(r[1])) for r in rows], float(rows[0][2])
+
+    def tag_last_seen(
+        self, session_id: str, tags: Sequence[str] | None = None
+    ) -> dict[str, datetime]:
+        """When each tag of the session (each of ``tags`` when given) was last on a turn."""
+        query = (
+            "SELECT tt.tag, MAX(t.created_at) FROM turn_tags tt JOIN turns t"
+            " ON t.session_id = tt.session_id AND t.seq = tt.seq"
+            " WHERE tt.session_id = %s AND NOT tt.related{} GROUP BY tt.tag"
+        )
+        with self._read() as conn:
+            if tags is None:
+                rows = conn.execute(query.format(""), (session_id,)).fetchall()
+            else:
+                rows = conn.execute(
+                    query.format(" AND tt.tag = ANY(%s)"), (session_id, list(tags))
+                ).fetchall()
+        return {r[0]: utc(r[1]) for r in rows}
+
+    # -- turn vectors ---------------------------------------------------------------------------
+
+    def turns_without_vectors(
+        self, session_id: str, model: str, *, after: int = 0
+    ) -> list[tuple[int, str]]:
+        """(seq, text) of the session's turns after seq ``after`` with no vector from
+        ``model`` yet, in order."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT t.seq, t.content_text FROM turns t WHERE t.session_id = %s"
+                " AND t.seq > %s AND NOT EXISTS (SELECT 1 FROM turn_vectors v"
+                " WHERE v.session_id = t.session_id AND v.model = %s AND v.seq = t.seq)"
+                " ORDER BY t.seq",
+                (session_id, after, model),
+            ).fetchall()
+        return [(int(r[0]), from_text(r[1])) for r in rows]
+
+    def last_vector_seq(self, session_id: str, model: str) -> int:
+        """The highest seq of the session with a vector from ``model`` (0 when none)."""
+        with self._read() as conn:
+            row = conn.execute(
+                "SELECT MAX(seq) FROM turn_vectors WHERE session_id = %s AND model = %s",
+                (session_id, model),
+            ).fetchone()
+        return int(row[0] or 0) if row else 0
+
+    def add_turn_vectors(
+        self, session_id: str, model: str, seqs: Sequence[int], vectors: npt.NDArray[Any]
+    ) -> None:
+        """Store one float32 vector per turn (rows of ``vectors``, aligned with ``seqs``)."""
+        if len(seqs) != len(vectors):
+            raise ConfigError(f"{len(seqs)} seqs need as many vectors, got {len(vectors)}")
+        matrix = np.ascontiguousarray(vectors, dtype=np.float32)
+        with self._tx() as conn, conn.cursor() as cur:
+            cur.executemany(
+                "INSERT INTO turn_vectors (session_id, seq, model, vector)"
+                " VALUES (%s, %s, %s, %s) ON CONFLICT (session_id, model, seq)"
+                " DO UPDATE SET vector = excluded.vector",
+                [
+                    (session_id, seq, model, row.tobytes())
+                    for seq, row in zip(seqs, matrix, strict=True)
+                ],
+            )
+
+    def turn_vectors(
+        self, session_id: str, model: str, *, after: int = 0
+    ) -> tuple[list[int], npt.NDArray[np.float32]]:
+        """The seqs (> ``after``) with a vector from ``model`` and their vectors, in order."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT seq, vector FROM turn_vectors WHERE session_id = %s AND model = %s"
+                " AND seq > %s ORDER BY seq",
+                (session_id, model, after),
+            ).fetchall()
+        if not rows:
+            return [], np.zeros((0, 0), dtype=np.float32)
+        matrix = np.stack([np.frombuffer(bytes(r[1]), dtype=np.float32) for r in rows])
+        return [int(r[0]) for r in rows], matrix
