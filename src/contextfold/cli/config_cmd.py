@@ -20,6 +20,7 @@ from contextfold.cli.session import (
     print_pairs,
 )
 from contextfold.errors import ConfigError
+from contextfold.store import describe_store
 
 if TYPE_CHECKING:
     from contextfold.memory.config import MemoryConfig
@@ -58,7 +59,7 @@ def summary_rows(cfg: MemoryConfig) -> list[tuple[str, str]]:
             f"{cfg.paging.mode}, {cfg.paging.budget:,} tokens" if cfg.paging.enabled else "off",
         ),
         ("llm", llm),
-        ("storage", cfg.storage_path or "$CONTEXTFOLD_HOME/memory.db"),
+        ("storage", describe_store(cfg.store or cfg.storage_path)),
     ]
 
 

@@ -17,6 +17,8 @@ import typer
 from contextfold.cli.common import InputError, cli_errors
 from contextfold.cli.corpus import DbOption
 from contextfold.cli.session import ConfigOption, SessionOption, resolve_config
+from contextfold.errors import StoreError
+from contextfold.store import describe_store
 
 if TYPE_CHECKING:
     from contextfold.mcp_server import LogLevel
@@ -75,8 +77,8 @@ def mcp_command(
         cfg, _ = resolve_config(config)
         try:
             engine = MemoryEngine(cfg, store=store, session_id=session)
-        except (OSError, sqlite3.Error) as exc:
-            where = store or cfg.storage_path or "$CONTEXTFOLD_HOME/memory.db"
+        except (OSError, sqlite3.Error, StoreError) as exc:
+            where = describe_store(store or cfg.store or cfg.storage_path)
             raise InputError(f"cannot open the memory store {where}: {exc}") from None
     with engine:
         server = create_server(engine, corpus=db, embed=embed, log_level=level)

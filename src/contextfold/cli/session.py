@@ -19,8 +19,9 @@ from rich.console import Console
 from rich.table import Table
 
 from contextfold.cli.common import InputError, read_text
-from contextfold.errors import ConfigError
+from contextfold.errors import ConfigError, StoreError
 from contextfold.items import Message
+from contextfold.store import describe_store
 
 if TYPE_CHECKING:
     from contextfold.memory.config import MemoryConfig
@@ -103,8 +104,8 @@ def open_engine(
         engine = MemoryEngine(
             cfg, session_id=session, llm_client=None if llm or cfg.llm is None else _NoModel()
         )
-    except (OSError, sqlite3.Error) as exc:
-        where = cfg.storage_path or "$CONTEXTFOLD_HOME/memory.db"
+    except (OSError, sqlite3.Error, StoreError) as exc:
+        where = describe_store(cfg.store or cfg.storage_path)
         raise InputError(f"cannot open the memory store {where}: {exc}") from None
     if must_exist:
         sessions = engine.store.sessions()

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "STORE_URL_ENV",
+    "describe_store",
     "is_database_url",
     "masked_location",
     "open_catalogue",
@@ -70,6 +71,17 @@ def masked_location(location: str | Path) -> str:
 def store_url(configured: str | Path | None) -> str | Path | None:
     """Where memory lives: ``$CONTEXTFOLD_STORE_URL`` when set, else ``configured``."""
     return os.environ.get(STORE_URL_ENV) or configured
+
+
+def describe_store(configured: str | Path | None) -> str:
+    """Where memory lives, fit to print (a password masked; the default when nothing is
+    configured).
+
+    >>> describe_store(None)
+    '$CONTEXTFOLD_HOME/memory.db'
+    """
+    where = store_url(configured)
+    return masked_location(where) if where else "$CONTEXTFOLD_HOME/memory.db"
 
 
 def open_memory_store(
