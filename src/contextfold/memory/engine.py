@@ -340,8 +340,10 @@ class MemoryEngine:
         """The messages after the last stored turns (matched by role and text, as a block of up
         to 8); all of them when none matches (only new turns given, or a re-cut history) or
         when ``new_only``."""
+        if new_only or not messages:
+            return list(messages)
         last = self.store.last_seq(sid)
-        if new_only or last == 0 or not messages:
+        if last == 0:
             return list(messages)
         rows = self.store.turn_rows(sid, list(range(max(1, last - 7), last + 1)))
         stored = [(rows[s].role, rows[s].text) for s in sorted(rows)]
@@ -364,11 +366,23 @@ class MemoryEngine:
         """Store ``messages`` raw (no tagging, no model) and queue their derived work: the
         turns are durable when this returns. ``derive`` (or a worker) tags them later."""
         with self.lock(sid):
-            sid = self._session(sid)
-            seqs = self.store.append_turns(sid, messages, timestamps=timestamps, partial=partial)
-            if seqs:
-                self.store.enqueue_job(sid)
-            return seqs
+            return self._store_turns(
+                self._session(sid), messages, timestamps=timestamps, partial=partial
+            )
+
+    def _store_turns(
+        self,
+        sid: str,
+        messages: Sequence[Message],
+        *,
+        timestamps: Sequence[datetime] | None = None,
+        partial: Sequence[bool] | None = None,
+    ) -> list[int]:
+        """``store_turns`` for a session known to exist: the turns and their derive job in
+        one write (one round trip on a database server)."""
+        if not messages:
+            return []
+        return self.store.commit_exchange(sid, messages, timestamps=timestamps, partial=partial)
 
     def derive(self, session_id: str | None = None) -> CompactionReport | None:
         """Do a session's derived work: tag (and embed) its turns not derived yet, in order,
@@ -376,31 +390,35 @@ class MemoryEngine:
         compaction left missing or stale (so a crash between the two is repaired by the next
         run). Only the short writes hold the session's lock: a slow tagger or summarizer never
         holds up the session's requests."""
-        sid = self._session(session_id)
+        return self._derive(self._session(session_id))
+
+    def _derive(self, sid: str) -> CompactionReport | None:
+        """``derive`` for a session known to exist."""
         self._usage.session_id = sid
         try:
             with self._derive_locks[hash(sid) % _STRIPES]:
                 # This run covers every turn stored so far; a turn stored from here on
                 # queues a new job.
                 self.store.drop_pending_job(sid)
-                self._tag_pending(sid)
+                record = self.store.session(sid)
+                upto = self._tag_pending(sid, record.derived_seq)
                 if self.recaller.embedder is not None:
                     self.recaller.ensure_vectors(sid)
-                upto = self.store.session(sid).derived_seq
                 report = self.compactor.maybe_compact(sid, upto=upto)
-                if report is None and self.store.session(sid).compaction_watermark > 0:
+                # (A compaction another process ran meanwhile rebuilds its own summaries.)
+                if report is None and record.compaction_watermark > 0:
                     self.compactor.rebuild_tag_summaries(sid)
                 return report
         finally:
             self._usage.session_id = None
 
-    def _tag_pending(self, sid: str) -> None:
-        """Tag the turns after the session's ``derived_seq`` (tags computed outside the lock;
-        the tags, the new ``derived_seq`` and the vocabulary counts written together)."""
-        done = self.store.session(sid).derived_seq
+    def _tag_pending(self, sid: str, done: int) -> int:
+        """Tag the turns after ``done`` (the session's ``derived_seq``; tags computed outside
+        the lock; the tags, the new ``derived_seq`` and the vocabulary counts written
+        together); the ``derived_seq`` it leaves."""
         last = self.store.last_seq(sid)
         if last <= done:
-            return
+            return done
         rows = self.store.turn_rows(sid, list(range(max(1, done - 2), last + 1)))
         previous = [rows[seq].text for seq in range(max(1, done - 2), done + 1) if seq in rows]
         with self.lock(sid):
@@ -443,6 +461,7 @@ class MemoryEngine:
                         for tag in tagged[seq][0]:
                             counts[tag] = counts.get(tag, 0) + 1
                     self._vocab.put(sid, (after[1], counts))
+        return last
 
     def on_turn_complete(
         self,
@@ -476,8 +495,8 @@ class MemoryEngine:
             turns = [m for m in self._new_messages(sid, parsed, new_only) if m.role != "system"]
             if turns:
                 when = [stamps[id(m)] for m in turns] if stamps else None
-                self.store_turns(sid, turns, timestamps=when)
-        return self.derive(sid)
+                self._store_turns(sid, turns, timestamps=when)
+        return self._derive(sid)
 
     def ingest_history(
         self,

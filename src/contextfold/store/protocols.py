@@ -157,9 +157,11 @@ class MemoryStorage(Protocol):
         *,
         partial: Sequence[bool] | None = None,
         expect_last: int | None = None,
+        timestamps: Sequence[datetime] | None = None,
     ) -> list[int]:
-        """Append ``messages`` and queue the session's ``derive`` job in one transaction;
-        ``BranchMoved`` when ``expect_last`` is given and the session's last seq differs."""
+        """Append ``messages`` and queue the session's ``derive`` job in one transaction
+        (``timestamps``, one per message, default to now); ``BranchMoved`` when
+        ``expect_last`` is given and the session's last seq differs."""
         ...
 
     def turns(

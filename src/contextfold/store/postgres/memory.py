@@ -40,8 +40,8 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -123,13 +123,6 @@ class PostgresMemoryStore(DerivedMixin, BranchesMixin, StateMixin, TransferMixin
         """One transaction around several writes of this thread (each write method joins
         it): ``with store.batch(): ...`` commits them together or not at all."""
         return self._db.tx()
-
-    @contextmanager
-    def _guarded(self, conn: psycopg.Connection[Any]) -> Iterator[None]:
-        """A savepoint: a statement that fails inside leaves the enclosing transaction (a
-        ``batch``) usable, as a failed statement leaves SQLite's."""
-        with conn.transaction():
-            yield
 
     # -- sessions -------------------------------------------------------------------------------
 

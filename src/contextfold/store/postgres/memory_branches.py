@@ -273,13 +273,18 @@ class BranchesMixin:
         *,
         partial: Sequence[bool] | None = None,
         expect_last: int | None = None,
+        timestamps: Sequence[datetime] | None = None,
     ) -> list[int]:
         """Append ``messages`` raw and queue the session's ``derive`` job; their seqs. With
         ``expect_last``, raise ``BranchMoved`` instead when the session's last turn is no
         longer that seq. A history longer than ``WRITE_CHUNK`` turns is written one chunk per
         transaction, each checking that the branch still ends where the previous one left
         it (as the SQLite store does)."""
-        rows = self._turn_rows(session_id, messages, partial=partial)
+        if timestamps is not None and len(timestamps) != len(messages):
+            raise ConfigError(
+                f"{len(messages)} messages need as many timestamps, got {len(timestamps)}"
+            )
+        rows = self._turn_rows(session_id, messages, timestamps, partial)
         seqs: list[int] = []
         expected = expect_last
         starts = range(0, max(len(rows), 1), WRITE_CHUNK)

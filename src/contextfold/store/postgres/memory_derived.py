@@ -35,7 +35,9 @@ class DerivedMixin:
 
         def _read(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
 
-        def _guarded(self, conn: psycopg.Connection[Any]) -> AbstractContextManager[None]: ...
+        def _statement(
+            self, *, guarded: bool = False
+        ) -> AbstractContextManager[psycopg.Connection[Any]]: ...
 
     # -- tags -----------------------------------------------------------------------------------
 
@@ -71,20 +73,25 @@ class DerivedMixin:
         *,
         replace: bool,
     ) -> None:
+        """Write tag rows (the tags of ``seqs`` replaced first when ``replace``) in one call of
+        ``cf_set_tags``; a (seq, tag) given twice keeps its last row, as the SQLite upsert."""
         import psycopg
 
+        unique = {(seq, tag): (weight, related) for _, seq, tag, weight, related in rows}
+        pairs = list(unique)
         try:
-            with self._tx() as conn, self._guarded(conn), conn.cursor() as cur:
-                if replace:
-                    cur.execute(
-                        "DELETE FROM turn_tags WHERE session_id = %s AND seq = ANY(%s)",
-                        (session_id, list(seqs)),
-                    )
-                cur.executemany(
-                    "INSERT INTO turn_tags (session_id, seq, tag, weight, related)"
-                    " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (session_id, seq, tag) DO UPDATE"
-                    " SET weight = excluded.weight, related = excluded.related",
-                    rows,
+            with self._statement(guarded=True) as conn:
+                conn.execute(
+                    "SELECT cf_set_tags(%s, %s::int[], %s::int[], %s::text[],"
+                    " %s::float8[], %s::bool[])",
+                    (
+                        session_id,
+                        list(seqs) if replace else [],
+                        [seq for seq, _ in pairs],
+                        [tag for _, tag in pairs],
+                        [unique[p][0] for p in pairs],
+                        [unique[p][1] for p in pairs],
+                    ),
                 )
         except psycopg.errors.ForeignKeyViolation as exc:
             with self._read() as conn:

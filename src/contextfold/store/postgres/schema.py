@@ -17,6 +17,7 @@ on: never rename one, never reorder them, and add changes only as a new ``m00N_�
 - ``m003_generations_records_links`` — sessions' ``born`` and ``generation`` from one
   store-wide sequence (triggers draw them), the dashboard's ``request_records`` and the
   Responses API's ``response_links``, as the SQLite store's ``m007``/``m008``.
+- ``m004_set_tags_in_one_call`` — ``cf_set_tags``: a turn's tags replaced in one call.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ __all__ = [
     "m001_create_memory",
     "m002_full_text",
     "m003_generations_records_links",
+    "m004_set_tags_in_one_call",
 ]
 
 MIGRATIONS = PgMigrationRegistry("memory")
@@ -279,3 +281,24 @@ def m003_generations_records_links(conn: psycopg.Connection[Any]) -> None:
             )
     for statement in statements:
         conn.execute(statement)
+
+
+@MIGRATIONS.migration
+def m004_set_tags_in_one_call(conn: psycopg.Connection[Any]) -> None:
+    # Replacing the tags of derived turns is one server-side call, as appending turns is:
+    # the old rows of the given seqs deleted and the new ones inserted from arrays (one row
+    # per (seq, tag); the caller sends each pair once), so a derive pays one round trip.
+    conn.execute(
+        "CREATE FUNCTION cf_set_tags(p_session TEXT, p_replace INTEGER[], p_seq INTEGER[],"
+        " p_tag TEXT[], p_weight DOUBLE PRECISION[], p_related BOOLEAN[]) RETURNS VOID"
+        " LANGUAGE plpgsql AS $$ BEGIN"
+        " IF cardinality(p_replace) > 0 THEN"
+        "  DELETE FROM turn_tags WHERE session_id = p_session AND seq = ANY(p_replace);"
+        " END IF;"
+        " INSERT INTO turn_tags (session_id, seq, tag, weight, related)"
+        "  SELECT p_session, u.seq, u.tag, u.weight, u.related"
+        "  FROM unnest(p_seq, p_tag, p_weight, p_related) AS u(seq, tag, weight, related)"
+        "  ON CONFLICT (session_id, seq, tag) DO UPDATE"
+        "  SET weight = excluded.weight, related = excluded.related;"
+        " END $$"
+    )

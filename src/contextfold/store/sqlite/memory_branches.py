@@ -308,6 +308,7 @@ class BranchesMixin:
         *,
         partial: Sequence[bool] | None = None,
         expect_last: int | None = None,
+        timestamps: Sequence[datetime] | None = None,
     ) -> list[int]:
         """Append ``messages`` raw and queue the session's ``derive`` job; returns their seqs.
         With ``expect_last``, raise ``BranchMoved`` instead when the session's last turn is
@@ -321,7 +322,11 @@ class BranchesMixin:
         it (``BranchMoved`` otherwise). A crash between chunks leaves the first turns of the
         history stored without the reply: a prefix of what the client sent, which its next
         request continues or forks from like any history."""
-        rows = self._turn_rows(messages, partial=partial)
+        if timestamps is not None and len(timestamps) != len(messages):
+            raise ConfigError(
+                f"{len(messages)} messages need as many timestamps, got {len(timestamps)}"
+            )
+        rows = self._turn_rows(messages, timestamps, partial)
         seqs: list[int] = []
         expected = expect_last
         starts = range(0, max(len(rows), 1), WRITE_CHUNK)
