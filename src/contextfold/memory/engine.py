@@ -416,11 +416,15 @@ class MemoryEngine:
         """Tag the turns after ``done`` (the session's ``derived_seq``; tags computed outside
         the lock; the tags, the new ``derived_seq`` and the vocabulary counts written
         together); the ``derived_seq`` it leaves."""
-        last = self.store.last_seq(sid)
+        # One read: the last three derived turns (the tagger's context) and every turn after.
+        start = max(1, done - 2)
+        rows = {
+            seq: (role, text) for seq, role, text, _ in self.store.turn_texts_after(sid, start - 1)
+        }
+        last = max(rows, default=0)
         if last <= done:
             return done
-        rows = self.store.turn_rows(sid, list(range(max(1, done - 2), last + 1)))
-        previous = [rows[seq].text for seq in range(max(1, done - 2), done + 1) if seq in rows]
+        previous = [rows[seq][1] for seq in range(start, done + 1) if seq in rows]
         with self.lock(sid):
             vocab = dict(self._counts(sid))
         tagged: dict[int, tuple[dict[str, float], Sequence[str]]] = {}
@@ -428,17 +432,18 @@ class MemoryEngine:
             row = rows.get(seq)
             if row is None:
                 continue
-            if row.role == "system":
+            role, text = row
+            if role == "system":
                 tagged[seq] = ({}, ())
                 continue
-            result = self.tagger.tag(row.text, vocabulary=list(vocab), context=previous[-3:])
+            result = self.tagger.tag(text, vocabulary=list(vocab), context=previous[-3:])
             tagged[seq] = (
                 {tag: 1.0 if i == 0 else 0.9 for i, tag in enumerate(result.tags)},
                 result.related_tags,
             )
             for tag in result.tags:
                 vocab[tag] = vocab.get(tag, 0) + 1
-            previous.append(row.text)
+            previous.append(text)
         # Written a chunk of turns per transaction (the tags and ``derived_seq`` together), so
         # the tags of a long history do not keep other sessions' writes waiting.
         seqs = sorted(tagged)

@@ -74,35 +74,28 @@ class DerivedMixin:
         replace: bool,
     ) -> None:
         """Write tag rows (the tags of ``seqs`` replaced first when ``replace``) in one call of
-        ``cf_set_tags``; a (seq, tag) given twice keeps its last row, as the SQLite upsert."""
-        import psycopg
-
+        ``cf_set_tags``; a (seq, tag) given twice keeps its last row, as the SQLite upsert.
+        ``ConfigError`` naming the seqs with no turn (nothing written)."""
         unique = {(seq, tag): (weight, related) for _, seq, tag, weight, related in rows}
         pairs = list(unique)
-        try:
-            with self._statement(guarded=True) as conn:
-                conn.execute(
-                    "SELECT cf_set_tags(%s, %s::int[], %s::int[], %s::text[],"
-                    " %s::float8[], %s::bool[])",
-                    (
-                        session_id,
-                        list(seqs) if replace else [],
-                        [seq for seq, _ in pairs],
-                        [tag for _, tag in pairs],
-                        [unique[p][0] for p in pairs],
-                        [unique[p][1] for p in pairs],
-                    ),
-                )
-        except psycopg.errors.ForeignKeyViolation as exc:
-            with self._read() as conn:
-                known = {
-                    r[0]
-                    for r in conn.execute(
-                        "SELECT seq FROM turns WHERE session_id = %s", (session_id,)
-                    )
-                }
-            missing = ", ".join(str(seq) for seq in seqs if seq not in known)
-            raise ConfigError(f"session {session_id!r} has no turn {missing}") from exc
+        with self._statement() as conn:
+            row = conn.execute(
+                "SELECT cf_set_tags(%s, %s::int[], %s::int[], %s::text[], %s::float8[],"
+                " %s::bool[])",
+                (
+                    session_id,
+                    list(seqs) if replace else [],
+                    [seq for seq, _ in pairs],
+                    [tag for _, tag in pairs],
+                    [unique[p][0] for p in pairs],
+                    [unique[p][1] for p in pairs],
+                ),
+            ).fetchone()
+        missing = row[0] if row is not None else []
+        if missing:
+            raise ConfigError(
+                f"session {session_id!r} has no turn {', '.join(str(s) for s in missing)}"
+            )
 
     def tag_counts(
         self, session_id: str, *, before: int | None = None, since: int | None = None

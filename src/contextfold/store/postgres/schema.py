@@ -285,13 +285,19 @@ def m003_generations_records_links(conn: psycopg.Connection[Any]) -> None:
 
 @MIGRATIONS.migration
 def m004_set_tags_in_one_call(conn: psycopg.Connection[Any]) -> None:
-    # Replacing the tags of derived turns is one server-side call, as appending turns is:
-    # the old rows of the given seqs deleted and the new ones inserted from arrays (one row
-    # per (seq, tag); the caller sends each pair once), so a derive pays one round trip.
+    # Replacing the tags of derived turns is one server-side call, as appending turns is: the
+    # old rows of the given seqs deleted and the new ones inserted from arrays (one row per
+    # (seq, tag); the caller sends each pair once), so a derive pays one round trip. Seqs
+    # with no turn are returned instead of raised, before anything is written: an error would
+    # abort the caller's transaction (a ``batch``), which SQLite's failed statement does not.
     conn.execute(
         "CREATE FUNCTION cf_set_tags(p_session TEXT, p_replace INTEGER[], p_seq INTEGER[],"
-        " p_tag TEXT[], p_weight DOUBLE PRECISION[], p_related BOOLEAN[]) RETURNS VOID"
-        " LANGUAGE plpgsql AS $$ BEGIN"
+        " p_tag TEXT[], p_weight DOUBLE PRECISION[], p_related BOOLEAN[]) RETURNS INTEGER[]"
+        " LANGUAGE plpgsql AS $$ DECLARE missing INTEGER[]; BEGIN"
+        " missing := ARRAY(SELECT DISTINCT s FROM unnest(p_replace || p_seq) AS s"
+        "  WHERE NOT EXISTS (SELECT 1 FROM turns t WHERE t.session_id = p_session"
+        "  AND t.seq = s) ORDER BY s);"
+        " IF cardinality(missing) > 0 THEN RETURN missing; END IF;"
         " IF cardinality(p_replace) > 0 THEN"
         "  DELETE FROM turn_tags WHERE session_id = p_session AND seq = ANY(p_replace);"
         " END IF;"
@@ -300,5 +306,5 @@ def m004_set_tags_in_one_call(conn: psycopg.Connection[Any]) -> None:
         "  FROM unnest(p_seq, p_tag, p_weight, p_related) AS u(seq, tag, weight, related)"
         "  ON CONFLICT (session_id, seq, tag) DO UPDATE"
         "  SET weight = excluded.weight, related = excluded.related;"
-        " END $$"
+        " RETURN missing; END $$"
     )
