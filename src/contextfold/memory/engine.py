@@ -426,7 +426,11 @@ class MemoryEngine:
             return done
         previous = [rows[seq][1] for seq in range(start, done + 1) if seq in rows]
         with self.lock(sid):
-            vocab = dict(self._counts(sid))
+            # The tagger's vocabulary is a hint (tags converge on words already in use): the
+            # counts cached here serve, even a generation behind another process's writes;
+            # the counts themselves are checked against the store below, where they change.
+            cached = self._vocab.peek(sid)
+            vocab = dict(cached[1] if cached is not None else self._counts(sid))
         tagged: dict[int, tuple[dict[str, float], Sequence[str]]] = {}
         for seq in range(done + 1, last + 1):
             row = rows.get(seq)
