@@ -290,10 +290,13 @@ def m004_set_tags_in_one_call(conn: psycopg.Connection[Any]) -> None:
     # (seq, tag); the caller sends each pair once), so a derive pays one round trip. Seqs
     # with no turn are returned instead of raised, before anything is written: an error would
     # abort the caller's transaction (a ``batch``), which SQLite's failed statement does not.
+    # Planned at each call: a plan cached while the tables were small (no statistics yet on
+    # a new database) scans them whole once they have grown, until autovacuum analyzes.
     conn.execute(
         "CREATE FUNCTION cf_set_tags(p_session TEXT, p_replace INTEGER[], p_seq INTEGER[],"
         " p_tag TEXT[], p_weight DOUBLE PRECISION[], p_related BOOLEAN[]) RETURNS INTEGER[]"
-        " LANGUAGE plpgsql AS $$ DECLARE missing INTEGER[]; BEGIN"
+        " LANGUAGE plpgsql SET plan_cache_mode = force_custom_plan"
+        " AS $$ DECLARE missing INTEGER[]; BEGIN"
         " missing := ARRAY(SELECT DISTINCT s FROM unnest(p_replace || p_seq) AS s"
         "  WHERE NOT EXISTS (SELECT 1 FROM turns t WHERE t.session_id = p_session"
         "  AND t.seq = s) ORDER BY s);"
