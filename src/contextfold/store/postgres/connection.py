@@ -1,4 +1,4 @@
-"""PostgreSQL plumbing: the connection pool, per-thread transactions and migrations.
+"""PostgreSQL plumbing of the memory store: the connection pool and per-thread transactions.
 
 ``Database`` holds a ``psycopg_pool.ConnectionPool`` of autocommit connections, not checked
 at each checkout (that would be one more round trip per call): a connection the server
@@ -7,16 +7,16 @@ one connection for its transaction (``tx``); while a thread is inside one, every
 and read of that thread joins it, so ``store.batch()`` makes several writes one transaction,
 like the SQLite store's ``_tx``. One-statement writes run in autocommit (``statement``).
 
-Migrations are an ordered registry of named functions (as in ``store/sqlite``), recorded in
-``schema_migrations``. They run under a session-level ``pg_advisory_lock``: processes that
-open the store at the same moment take turns, and the second finds the work done.
+Migrations use every PostgreSQL store's registry (``pool.PgMigrationRegistry``: named
+functions recorded in ``schema_migrations``, applied under one advisory lock, so processes
+opening any of the stores at the same moment take turns).
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -27,12 +27,7 @@ from contextfold.store import masked_location
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["Database", "PgMigrationRegistry", "from_text", "to_text", "utc"]
-
-PgMigration = Callable[["psycopg.Connection[Any]"], None]
-
-#: The advisory lock key migrations run under (any fixed 64-bit number; "cfmigrat").
-_MIGRATION_LOCK = 0x63666D6967726174
+__all__ = ["Database", "from_text", "to_text", "utc"]
 
 
 def utc(moment: datetime) -> datetime:
@@ -66,61 +61,6 @@ def from_text(stored: str) -> str:
     if stored.startswith(_ENCODED):
         return str(json.loads(stored[1:]))
     return stored
-
-
-class PgMigrationRegistry:
-    """Ordered, named migrations for one PostgreSQL schema."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._migrations: list[tuple[str, PgMigration]] = []
-
-    @property
-    def names(self) -> list[str]:
-        return [name for name, _ in self._migrations]
-
-    def migration(self, fn: PgMigration) -> PgMigration:
-        """Register ``fn`` as the next migration; its ``__name__`` is its permanent id."""
-        if fn.__name__ in self.names:
-            raise StoreError(f"migration {fn.__name__} is registered twice in {self.name}")
-        self._migrations.append((fn.__name__, fn))
-        return fn
-
-    def apply(self, conn: psycopg.Connection[Any]) -> list[str]:
-        """Apply the pending migrations in order, each in its own transaction with its
-        bookkeeping row, holding the migration lock throughout; the names applied."""
-        import psycopg
-
-        applied: list[str] = []
-        conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK,))
-        try:
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS schema_migrations ("
-                " schema TEXT NOT NULL, name TEXT NOT NULL,"
-                " applied_at TIMESTAMPTZ NOT NULL DEFAULT now(), PRIMARY KEY (schema, name))"
-            )
-            done = {
-                row[0]
-                for row in conn.execute(
-                    "SELECT name FROM schema_migrations WHERE schema = %s", (self.name,)
-                )
-            }
-            for name, fn in self._migrations:
-                if name in done:
-                    continue
-                try:
-                    with conn.transaction():
-                        fn(conn)
-                        conn.execute(
-                            "INSERT INTO schema_migrations (schema, name) VALUES (%s, %s)",
-                            (self.name, name),
-                        )
-                except psycopg.Error as exc:
-                    raise StoreError(f"migration {self.name}/{name} failed: {exc}") from exc
-                applied.append(name)
-        finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK,))
-        return applied
 
 
 class Database:

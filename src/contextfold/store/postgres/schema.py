@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from contextfold.store.postgres.connection import PgMigrationRegistry
+from contextfold.store.postgres.pool import PgMigrationRegistry
 
 if TYPE_CHECKING:
     import psycopg
