@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import socket
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple
@@ -41,6 +42,7 @@ __all__ = [
     "TagSummary",
     "TurnRow",
     "WorkingSetEntry",
+    "check_compaction",
     "match_key",
     "owner_id",
     "pid_alive",
@@ -270,3 +272,25 @@ class SessionDump:
     tag_summaries: list[TagSummary] = field(default_factory=list)
     working_set: list[WorkingSetEntry] = field(default_factory=list)
     vectors: dict[str, tuple[list[int], npt.NDArray[np.float32]]] = field(default_factory=dict)
+
+
+def check_compaction(
+    current: int, last: int, segments: Sequence[NewSegment], watermark: int
+) -> None:
+    """Refuse a compaction (``ConfigError``) whose watermark moves back or past the last turn
+    ``last`` + 1, or whose segments lie outside the turns it compacts (``current`` is the
+    session's watermark now): every backend checks the same, before it writes."""
+    if watermark < current:
+        raise ConfigError(
+            f"the compaction watermark only moves forward: {watermark} < current {current}"
+        )
+    if watermark > last + 1:
+        raise ConfigError(
+            f"watermark {watermark} is beyond the last turn ({last}); at most {last + 1}"
+        )
+    for seg in segments:
+        if not max(current, 1) <= seg.first_seq <= seg.last_seq < watermark:
+            raise ConfigError(
+                f"segment {seg.first_seq}..{seg.last_seq} is not within the turns being "
+                f"compacted ({max(current, 1)}..{watermark - 1})"
+            )

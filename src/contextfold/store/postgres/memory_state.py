@@ -25,6 +25,7 @@ from contextfold.store.models import (
     TagSummary,
     WorkingSetEntry,
     _now,
+    check_compaction,
 )
 from contextfold.store.postgres.connection import utc
 from contextfold.store.postgres.fts import Indexed, Tokenizer
@@ -95,7 +96,7 @@ class StateMixin:
                 if row is None:
                     raise ConfigError(f"unknown session {session_id!r}")
                 current, last = int(row[0]), self._last_seq(conn, session_id)
-                _check_compaction(current, last, segments, watermark)
+                check_compaction(current, last, segments, watermark)
                 ids = [
                     self._insert_segment(
                         conn,
@@ -400,22 +401,3 @@ class StateMixin:
             )
             for r in rows
         ]
-
-
-def _check_compaction(
-    current: int, last: int, segments: Sequence[NewSegment], watermark: int
-) -> None:
-    if watermark < current:
-        raise ConfigError(
-            f"the compaction watermark only moves forward: {watermark} < current {current}"
-        )
-    if watermark > last + 1:
-        raise ConfigError(
-            f"watermark {watermark} is beyond the last turn ({last}); at most {last + 1}"
-        )
-    for seg in segments:
-        if not max(current, 1) <= seg.first_seq <= seg.last_seq < watermark:
-            raise ConfigError(
-                f"segment {seg.first_seq}..{seg.last_seq} is not within the turns being "
-                f"compacted ({max(current, 1)}..{watermark - 1})"
-            )

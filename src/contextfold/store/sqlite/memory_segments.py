@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from contextfold.errors import ConfigError, StoreError
-from contextfold.store.models import NewSegment, StoredSegment, _iso, _now
+from contextfold.store.models import NewSegment, StoredSegment, _iso, _now, check_compaction
 from contextfold.store.sqlite.memory_fts import _fts_query
 from contextfold.tokens import TokenCounter
 
@@ -62,7 +62,7 @@ class SegmentsMixin:
                 if row is None:
                     raise ConfigError(f"unknown session {session_id!r}")
                 current, last = int(row[0]), self._last_seq(conn, session_id)
-                self._check_compaction(current, last, segments, watermark)
+                check_compaction(current, last, segments, watermark)
                 ids = [self._insert_segment(conn, session_id, seg) for seg in segments]
                 if _before_commit is not None:
                     _before_commit()
@@ -73,25 +73,6 @@ class SegmentsMixin:
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"compaction of session {session_id!r} failed: {exc}") from exc
         return ids
-
-    @staticmethod
-    def _check_compaction(
-        current: int, last: int, segments: Sequence[NewSegment], watermark: int
-    ) -> None:
-        if watermark < current:
-            raise ConfigError(
-                f"the compaction watermark only moves forward: {watermark} < current {current}"
-            )
-        if watermark > last + 1:
-            raise ConfigError(
-                f"watermark {watermark} is beyond the last turn ({last}); at most {last + 1}"
-            )
-        for seg in segments:
-            if not max(current, 1) <= seg.first_seq <= seg.last_seq < watermark:
-                raise ConfigError(
-                    f"segment {seg.first_seq}..{seg.last_seq} is not within the turns being "
-                    f"compacted ({max(current, 1)}..{watermark - 1})"
-                )
 
     def _insert_segment(self, conn: sqlite3.Connection, session_id: str, seg: NewSegment) -> int:
         summary_tokens = seg.summary_tokens
