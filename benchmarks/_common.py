@@ -1031,7 +1031,8 @@ def _render_scaleout(path: Path, data: dict[str, Any]) -> list[str]:
         f"at once); then {p['load_sessions']} sessions for {p['load_seconds']:.0f} s.",
         "",
         "| backend | workers | added p50 / p99 ms | null p50 ms | "
-        "contextfold req/s (beside direct + null) | load req/s | load p50 / p99 ms | errors | lost turns |",
+        "contextfold req/s (beside direct + null) | load req/s | load p50 / p99 ms | "
+        "errors | lost turns |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in data["runs"]:
