@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+from abc import ABC, abstractmethod
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -256,7 +257,7 @@ def node_fields(
     return prepared
 
 
-class GraphBase:
+class GraphBase(ABC):
     """What every graph backend shares: the single-item forms of the bulk writes,
     auto-linking, cached views and node embeddings. A backend sets ``_lock`` (re-entrant),
     calls ``_init_caches()`` and implements the ``GraphStorage`` reads and writes plus
@@ -278,36 +279,38 @@ class GraphBase:
 
     # -- what a backend provides -------------------------------------------------------
 
-    def close(self) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def close(self) -> None: ...
 
-    def _change_stamp(self) -> Any:
-        raise NotImplementedError
+    @abstractmethod
+    def _change_stamp(self) -> Any: ...
 
-    def _link(self, pairs: list[tuple[int, int]], kind: EdgeType, weights: list[float]) -> int:
-        raise NotImplementedError
+    @abstractmethod
+    def _link(self, pairs: list[tuple[int, int]], kind: EdgeType, weights: list[float]) -> int: ...
 
-    def add_nodes(self, nodes: Iterable[KnowledgeNode | Mapping[str, Any]]) -> list[KnowledgeNode]:
-        raise NotImplementedError
+    @abstractmethod
+    def add_nodes(
+        self, nodes: Iterable[KnowledgeNode | Mapping[str, Any]]
+    ) -> list[KnowledgeNode]: ...
 
-    def add_edges(self, edges: Iterable[KnowledgeEdge]) -> list[KnowledgeEdge]:
-        raise NotImplementedError
+    @abstractmethod
+    def add_edges(self, edges: Iterable[KnowledgeEdge]) -> list[KnowledgeEdge]: ...
 
+    @abstractmethod
     def remove_nodes(
         self, node_ids: Iterable[int], *, tenant_ids: Iterable[str] | None = None
-    ) -> int:
-        raise NotImplementedError
+    ) -> int: ...
 
+    @abstractmethod
     def nodes(
         self,
         *,
         tenant_ids: Iterable[str] | None = None,
         node_types: Iterable[NodeType | str] | None = None,
-    ) -> list[KnowledgeNode]:
-        raise NotImplementedError
+    ) -> list[KnowledgeNode]: ...
 
-    def edges(self, *, tenant_ids: Iterable[str] | None = None) -> list[KnowledgeEdge]:
-        raise NotImplementedError
+    @abstractmethod
+    def edges(self, *, tenant_ids: Iterable[str] | None = None) -> list[KnowledgeEdge]: ...
 
     # -- shared ------------------------------------------------------------------------
 

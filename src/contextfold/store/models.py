@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple
@@ -46,6 +46,7 @@ __all__ = [
     "match_key",
     "owner_id",
     "pid_alive",
+    "retention_cut",
 ]
 
 Depth = Literal["none", "summary", "segments", "full"]
@@ -294,3 +295,21 @@ def check_compaction(
                 f"segment {seg.first_seq}..{seg.last_seq} is not within the turns being "
                 f"compacted ({max(current, 1)}..{watermark - 1})"
             )
+
+
+def retention_cut(newest_first: Iterable[tuple[int, int]], keep: int, max_bytes: int) -> int | None:
+    """The position at and below which request records go: ``newest_first`` yields
+    (position, size) from the newest record back; the newest ``keep`` records within
+    ``max_bytes`` stay (the newest one always does). ``None`` when all stay.
+
+    >>> retention_cut([(5, 10), (4, 10), (3, 10)], keep=2, max_bytes=100)
+    3
+    >>> retention_cut([(5, 500), (4, 10)], keep=10, max_bytes=100)
+    4
+    """
+    kept, kept_bytes = 0, 0
+    for pos, size in newest_first:
+        if kept and (kept >= keep or kept_bytes + size > max_bytes):
+            return pos
+        kept, kept_bytes = kept + 1, kept_bytes + size
+    return None

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from contextfold.store.models import StoredRecord
+from contextfold.store.models import StoredRecord, retention_cut
 
 if TYPE_CHECKING:
     import psycopg
@@ -73,14 +73,11 @@ class RecordsMixin:
             ).fetchone()
             if totals is None or (totals[0] <= keep and totals[1] <= max_bytes):
                 return
-            kept, kept_bytes, cut = 0, 0, None
-            for pos, size in conn.execute(
-                "SELECT pos, size FROM request_records ORDER BY pos DESC"
-            ).fetchall():
-                if kept and (kept >= keep or kept_bytes + size > max_bytes):
-                    cut = pos
-                    break
-                kept, kept_bytes = kept + 1, kept_bytes + size
+            cut = retention_cut(
+                conn.execute("SELECT pos, size FROM request_records ORDER BY pos DESC"),
+                keep,
+                max_bytes,
+            )
             if cut is not None:
                 conn.execute("DELETE FROM request_records WHERE pos <= %s", (cut,))
 

@@ -72,6 +72,7 @@ from contextfold.store.models import (
     _message_json,
     _now,
     match_key,
+    retention_cut,
 )
 from contextfold.store.sqlite import FairLock, connect, transaction
 from contextfold.store.sqlite.memory_branches import (
@@ -724,14 +725,11 @@ class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin, TransferMixin):
             ).fetchone()
             if count <= keep and total <= max_bytes:
                 return
-            kept, kept_bytes, cut = 0, 0, None
-            for pos, size in conn.execute(
-                "SELECT pos, size FROM request_records ORDER BY pos DESC"
-            ):
-                if kept and (kept >= keep or kept_bytes + size > max_bytes):
-                    cut = pos
-                    break
-                kept, kept_bytes = kept + 1, kept_bytes + size
+            cut = retention_cut(
+                conn.execute("SELECT pos, size FROM request_records ORDER BY pos DESC"),
+                keep,
+                max_bytes,
+            )
             if cut is not None:
                 conn.execute("DELETE FROM request_records WHERE pos <= ?", (cut,))
 
