@@ -311,9 +311,33 @@ class MemoryStorage(Protocol):
 
     # -- aliases, working set, costs -----------------------------------------------------------
 
-    def set_alias(self, alias: str, canonical: str) -> None: ...
+    def set_alias(self, alias: str, canonical: str, *, session_id: str | None = None) -> None:
+        """``alias`` → ``canonical`` in every session, or only in ``session_id``
+        (``ConfigError`` when there is no such session)."""
+        ...
 
-    def aliases(self) -> dict[str, str]: ...
+    def aliases(self, session_id: str | None = None) -> dict[str, str]:
+        """The store-wide aliases, or only the ones scoped to ``session_id``."""
+        ...
+
+    def remove_alias(self, alias: str, *, session_id: str | None = None) -> bool:
+        """Remove a store-wide (or ``session_id``-scoped) alias; whether it existed."""
+        ...
+
+    # -- vocabulary ----------------------------------------------------------------------------
+
+    def record_split(self, session_id: str, tag: str, sub_tags: Sequence[str]) -> bool:
+        """Record that the splitter examined ``tag`` and split it into ``sub_tags`` (none: kept
+        as it is). Once per tag: ``False``, nothing written, when it was recorded already."""
+        ...
+
+    def tag_splits(self, session_id: str) -> dict[str, tuple[str, ...]]:
+        """Every tag the splitter examined in the session with its sub-tags."""
+        ...
+
+    def related_tag_counts(self, session_id: str) -> dict[str, int]:
+        """How many of the session's turns carry each related tag."""
+        ...
 
     def set_working_set(
         self,

@@ -23,7 +23,8 @@ orderings and tie-breaks — so the conformance suite runs unchanged against bot
 The store is split over modules by responsibility: ``memory.py`` (sessions, raw turns, turn
 search), ``memory_derived.py`` (turn tags and vectors), ``memory_branches.py`` (lookups,
 turn keys, forks, exchanges, jobs), ``memory_state.py`` (segments and compaction, tag
-summaries, aliases, the working set, the cost log), ``memory_transfer.py`` (dumping and
+summaries, the working set, the cost log), ``memory_vocab.py`` (aliases, tag splits,
+related-tag counts), ``memory_transfer.py`` (dumping and
 loading whole sessions), ``memory_records.py`` (request records, response links),
 ``schema.py`` (migrations), ``connection.py`` (the pool), ``search.py`` and ``fts.py`` (full
 text).
@@ -65,6 +66,7 @@ from contextfold.store.postgres.memory_derived import DerivedMixin
 from contextfold.store.postgres.memory_records import RecordsMixin
 from contextfold.store.postgres.memory_state import StateMixin
 from contextfold.store.postgres.memory_transfer import TransferMixin
+from contextfold.store.postgres.memory_vocab import VocabMixin
 from contextfold.store.postgres.schema import BRANCH_MOVED, MIGRATIONS, UNKNOWN_SESSION
 from contextfold.store.postgres.search import SEGMENTS, TURNS, add_totals, ranked, shard
 from contextfold.tokens import TiktokenCounter, TokenCounter
@@ -80,7 +82,9 @@ _TurnTags = tuple[dict[str, float], list[str]]
 _TURN_COLUMNS = "session_id, seq, message_json, created_at, content_hash, token_count, partial"
 
 
-class PostgresMemoryStore(DerivedMixin, BranchesMixin, StateMixin, TransferMixin, RecordsMixin):
+class PostgresMemoryStore(
+    DerivedMixin, BranchesMixin, StateMixin, VocabMixin, TransferMixin, RecordsMixin
+):
     """The ``MemoryStorage`` of a PostgreSQL database at ``url`` (``postgresql://…``).
 
     ``counter`` counts each turn's text once, when it is appended (default ``cl100k_base``);

@@ -1,6 +1,6 @@
 """``PostgresMemoryStore``'s derived and bookkeeping state: compaction (segments stored and the
 watermark moved in one transaction, under the session's row lock), segments and their
-full-text search, the one summary per tag, aliases, each session's working set and the cost
+full-text search, the one summary per tag, each session's working set and the cost
 log.
 
 ``StateMixin`` holds these methods; ``PostgresMemoryStore`` (``memory.py``) inherits them.
@@ -41,7 +41,7 @@ __all__ = ["StateMixin"]
 
 
 class StateMixin:
-    """Segments, tag summaries, aliases, the working set and the cost log, for
+    """Segments, tag summaries, the working set and the cost log, for
     ``PostgresMemoryStore``."""
 
     counter: TokenCounter
@@ -270,23 +270,6 @@ class StateMixin:
             )
             for r in rows
         }
-
-    # -- aliases --------------------------------------------------------------------------------
-
-    def set_alias(self, alias: str, canonical: str) -> None:
-        with self._statement() as conn:
-            conn.execute(
-                "INSERT INTO aliases (alias, canonical) VALUES (%s, %s)"
-                " ON CONFLICT (alias) DO UPDATE SET canonical = excluded.canonical",
-                (alias, canonical),
-            )
-
-    def aliases(self) -> dict[str, str]:
-        with self._read() as conn:
-            rows = conn.execute(
-                'SELECT alias, canonical FROM aliases ORDER BY alias COLLATE "C"'
-            ).fetchall()
-        return {r[0]: r[1] for r in rows}
 
     # -- working set ----------------------------------------------------------------------------
 

@@ -18,6 +18,8 @@ on: never rename one, never reorder them, and add changes only as a new ``m00N_�
   store-wide sequence (triggers draw them), the dashboard's ``request_records`` and the
   Responses API's ``response_links``, as the SQLite store's ``m007``/``m008``.
 - ``m004_set_tags_in_one_call`` — ``cf_set_tags``: a turn's tags replaced in one call.
+- ``m009_scoped_aliases_and_splits`` — ``session_aliases`` and ``tag_splits``, as the SQLite
+  store's ``m012``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ __all__ = [
     "m002_full_text",
     "m003_generations_records_links",
     "m004_set_tags_in_one_call",
+    "m009_scoped_aliases_and_splits",
 ]
 
 MIGRATIONS = PgMigrationRegistry("memory")
@@ -310,4 +313,19 @@ def m004_set_tags_in_one_call(conn: psycopg.Connection[Any]) -> None:
         "  ON CONFLICT (session_id, seq, tag) DO UPDATE"
         "  SET weight = excluded.weight, related = excluded.related;"
         " RETURN missing; END $$"
+    )
+
+
+@MIGRATIONS.migration
+def m009_scoped_aliases_and_splits(conn: psycopg.Connection[Any]) -> None:
+    conn.execute(
+        "CREATE TABLE session_aliases ("
+        " session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,"
+        " alias TEXT NOT NULL, canonical TEXT NOT NULL, PRIMARY KEY (session_id, alias))"
+    )
+    conn.execute(
+        "CREATE TABLE tag_splits ("
+        " session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,"
+        " tag TEXT NOT NULL, sub_tags TEXT NOT NULL DEFAULT '[]',"
+        " created_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (session_id, tag))"
     )

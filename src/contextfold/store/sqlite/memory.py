@@ -17,8 +17,9 @@ from here too):
 
 - ``memory.py`` — ``MemoryStore``: sessions, raw turns, tags, turn vectors, turn search;
 - ``memory_segments.py`` — compaction, segments and segment search (``SegmentsMixin``);
-- ``memory_state.py`` — tag summaries, aliases, the working set, the cost log
-  (``StateMixin``);
+- ``memory_state.py`` — tag summaries, the working set, the cost log (``StateMixin``);
+- ``memory_vocab.py`` — aliases (store-wide and per session), tag splits, related-tag counts
+  (``VocabMixin``);
 - ``memory_branches.py`` — principals, branches (forks), exchanges committed with their
   derive job, and the jobs table (``BranchesMixin``);
 - ``memory_transfer.py`` — whole sessions dumped and loaded as they were (``TransferMixin``:
@@ -93,6 +94,7 @@ from contextfold.store.sqlite.memory_schema import (
 from contextfold.store.sqlite.memory_segments import SegmentsMixin
 from contextfold.store.sqlite.memory_state import StateMixin
 from contextfold.store.sqlite.memory_transfer import TransferMixin
+from contextfold.store.sqlite.memory_vocab import VocabMixin
 from contextfold.tokens import TiktokenCounter, TokenCounter
 
 __all__ = [
@@ -114,7 +116,7 @@ __all__ = [
 _TurnTags = tuple[dict[str, float], list[str]]
 
 
-class MemoryStore(SegmentsMixin, StateMixin, BranchesMixin, TransferMixin):
+class MemoryStore(SegmentsMixin, StateMixin, VocabMixin, BranchesMixin, TransferMixin):
     """Sessions, raw turns, tags, segments, tag summaries, aliases, working sets and costs in one
     SQLite file (or ``":memory:"``).
 

@@ -23,6 +23,9 @@ on: never rename one, never reorder them, and add changes only as a new ``m00N_�
 - ``m008_response_links`` — the Responses API ids the proxy relayed (``previous_response_id``,
   ``conversation``), per principal, with the stored turn each names: a chain started through
   one process is continued through another.
+- ``m012_scoped_aliases_and_splits`` — aliases scoped to one session (``session_aliases``)
+  and the tags the splitter has examined (``tag_splits``: the sub-tags, none for a tag
+  judged uniform), both gone with their session.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ __all__ = [
     "m006_segment_ids_never_reused",
     "m007_generations_and_records",
     "m008_response_links",
+    "m012_scoped_aliases_and_splits",
 ]
 
 MIGRATIONS = MigrationRegistry("memory")
@@ -398,3 +402,20 @@ def m008_response_links(conn: sqlite3.Connection) -> None:
         " seq INTEGER NOT NULL, start INTEGER NOT NULL, PRIMARY KEY (principal, name))"
     )
     conn.execute("CREATE INDEX response_links_by_session ON response_links (session_id)")
+
+
+@MIGRATIONS.migration
+def m012_scoped_aliases_and_splits(conn: sqlite3.Connection) -> None:
+    # ``sub_tags``: a JSON list, empty when the tag was examined and judged uniform (each tag
+    # is examined once).
+    conn.execute(
+        "CREATE TABLE session_aliases ("
+        " session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,"
+        " alias TEXT NOT NULL, canonical TEXT NOT NULL, PRIMARY KEY (session_id, alias))"
+    )
+    conn.execute(
+        "CREATE TABLE tag_splits ("
+        " session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,"
+        " tag TEXT NOT NULL, sub_tags TEXT NOT NULL DEFAULT '[]', created_at TEXT NOT NULL,"
+        " PRIMARY KEY (session_id, tag))"
+    )

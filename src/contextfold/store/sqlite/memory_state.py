@@ -1,4 +1,4 @@
-"""``MemoryStore``'s paging state and bookkeeping: the one summary per tag, tag aliases, each
+"""``MemoryStore``'s paging state and bookkeeping: the one summary per tag, each
 session's working set (the topics paged in and at which depth) and the log of LLM calls with
 their cost (summed by ``cost_report``, read whole by ``cost_entries``).
 
@@ -29,7 +29,8 @@ __all__ = ["StateMixin"]
 
 
 class StateMixin:
-    """Tag summaries, aliases, the working set and the cost log, for ``MemoryStore``."""
+    """Tag summaries, the working set and the cost log, for ``MemoryStore`` (aliases:
+    ``memory_vocab.py``)."""
 
     counter: TokenCounter
 
@@ -82,20 +83,6 @@ class StateMixin:
             )
             for r in rows
         }
-
-    # -- aliases --------------------------------------------------------------------------------
-
-    def set_alias(self, alias: str, canonical: str) -> None:
-        with self._tx() as conn:
-            conn.execute(
-                "INSERT INTO aliases (alias, canonical) VALUES (?, ?)"
-                " ON CONFLICT (alias) DO UPDATE SET canonical = excluded.canonical",
-                (alias, canonical),
-            )
-
-    def aliases(self) -> dict[str, str]:
-        rows = self._conn.execute("SELECT alias, canonical FROM aliases ORDER BY alias")
-        return {r[0]: r[1] for r in rows}
 
     # -- working set ----------------------------------------------------------------------------
 
