@@ -8,6 +8,7 @@ import pytest
 from contextfold.errors import ConfigError
 from contextfold.store.protocols import MemoryStorage
 from memory_support import filled
+from vocab_support import broad_conversation, make_engine, turn_by_turn
 
 
 def test_session_aliases_stay_in_their_session(memory_store: MemoryStorage) -> None:
@@ -57,3 +58,24 @@ def test_related_tag_counts(memory_store: MemoryStorage) -> None:
     store.set_turn_tags("s1", 2, {"release": 1.0}, related=["rollout"])
     assert store.related_tag_counts("s1") == {"release": 1, "rollout": 2}
     assert store.tag_counts("s1") == {"deploy": 1, "release": 1}
+
+
+# -- through the engine ------------------------------------------------------------------------
+
+
+def test_a_48_turn_conversation_gets_its_over_broad_tag_split(memory_store: MemoryStorage) -> None:
+    engine = make_engine(memory_store)
+    turn_by_turn(engine, broad_conversation())
+    subs = engine.vocab.splits("s")["reservation"]
+    assert len(subs) >= 2 and all(s.startswith("reservation-") for s in subs)
+    vocab = engine.vocabulary(session_id="s")
+    # The old tag no longer sits on every turn: each turn carries its sub-tag instead.
+    assert vocab.get("reservation", 0) < 48
+    assert sum(vocab.get(s, 0) for s in subs) >= 15
+    # The split is an alias: a question naming the old tag is matched to the sub-tags.
+    ctx = engine.on_message_inbound("What about the reservation?", session_id="s")
+    assert set(subs) <= set(ctx.matched_tags) and ctx.recalled
+    # The stored turns keep the old tag as a related tag.
+    first = engine.store.turns("s", 1, 1)[0]
+    assert "reservation" in first.related_tags
+    assert set(first.tags) & set(subs)

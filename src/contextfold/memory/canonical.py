@@ -261,6 +261,12 @@ class TagCanonicalizer:
         self._aliases[source] = target
         self._cache.clear()
 
+    def remove_alias(self, alias: str) -> bool:
+        """Forget the alias ``alias``; whether there was one."""
+        found = self._aliases.pop(self.fold(alias), None) is not None
+        self._cache.clear()
+        return found
+
     @property
     def aliases(self) -> dict[str, str]:
         """Every alias with the tag it finally resolves to, sorted by alias."""

@@ -24,6 +24,7 @@ from contextfold.memory.rules import TagRule
 
 __all__ = [
     "TEMPLATES",
+    "AliasSettings",
     "AssemblySettings",
     "CompactionSettings",
     "HistorySettings",
@@ -66,22 +67,40 @@ class LLMSettings(_Section):
 
 
 class SplittingSettings(_Section):
+    """Over-broad tags split into sub-tags (``memory/vocabulary.py``): a tag on at least
+    ``frequency_threshold`` turns and ``frequency_pct_threshold`` of them is examined once,
+    at most ``max_splits_per_turn`` tags per ``on_turn_complete``."""
+
     enabled: bool = False
     frequency_threshold: int = Field(15, ge=2)
     frequency_pct_threshold: float = Field(0.15, gt=0, le=1)
+    max_splits_per_turn: int = Field(1, ge=1)
+
+
+class AliasSettings(_Section):
+    """Automatic aliases: a new tag at least ``min_similarity`` alike (normalized Levenshtein
+    similarity; or the same letters hyphenated otherwise) to a tag of the session, both at
+    least ``min_length`` characters, becomes a session alias of the more frequent one
+    (``kubernetez`` → ``kubernetes``). ``auto: false`` turns it off."""
+
+    auto: bool = True
+    min_similarity: float = Field(0.9, gt=0, le=1)
+    min_length: int = Field(5, ge=2)
 
 
 class TaggerSettings(_Section):
     """``type`` tags stored turns; ``inbound`` tags new messages before recall (closed set:
-    only tags already stored can match)."""
+    only tags already stored, as tags or related tags, can match; ``llm`` also asks the model
+    for related tags of the message, and needs an ``llm:`` section)."""
 
     type: Literal["keyword", "llm"] = "keyword"
-    inbound: Literal["keyword", "embedding"] = "keyword"
+    inbound: Literal["keyword", "embedding", "llm"] = "keyword"
     keywords: dict[str, list[str]] = Field(default_factory=dict)
     max_tags: int = Field(5, ge=1, le=20)
     embedding_threshold: float = Field(0.25, ge=-1, le=1)
     lookback_words: int = Field(8, ge=0)
     splitting: SplittingSettings = SplittingSettings()
+    aliases: AliasSettings = AliasSettings()
 
 
 class CompactionSettings(_Section):
@@ -215,6 +234,7 @@ class MemoryConfig(_Section):
             name
             for name, on in (
                 ("tagger.type: llm", self.tagger.type == "llm"),
+                ("tagger.inbound: llm", self.tagger.inbound == "llm"),
                 ("compaction.summarizer: llm", self.compaction.summarizer == "llm"),
             )
             if on

@@ -42,6 +42,7 @@ from contextfold.memory.summarize import ExtractiveSummarizer, LLMSummarizer, Su
 from contextfold.memory.tagging import EmbeddingTagger, KeywordTagger, LLMTagger, Tagger, TagResult
 from contextfold.memory.tools import TOOL_NAMES, tool_definitions
 from contextfold.memory.turnkeys import TurnKeys, key_of
+from contextfold.memory.vocabulary import SplitReport, Vocabulary
 from contextfold.retrieval.base import Embedder
 from contextfold.store import open_memory_store, store_url
 from contextfold.store.models import WRITE_CHUNK, CostReport, Depth
@@ -166,6 +167,17 @@ class MemoryEngine:
             inbound_tagger if inbound_tagger is not None else self._make_inbound(keyword)
         )
         self.summarizer: Summarizer = summarizer or self._make_summarizer()
+        self.vocab = Vocabulary(
+            self.store,
+            cfg.tagger,
+            self.canonicalizer,
+            self.rules,
+            llm=self.llm_client if cfg.llm is not None else None,
+            model=cfg.llm.model if cfg.llm is not None else None,
+            on_usage=self._log_usage("splitting"),
+            sessions=cfg.cached_sessions,
+        )
+        self.last_splits: list[SplitReport] = []
         self.compactor = Compactor(
             self.store,
             self.summarizer,
@@ -273,6 +285,15 @@ class MemoryEngine:
         return keyword
 
     def _make_inbound(self, keyword: KeywordTagger) -> Tagger:
+        cfg = self.config
+        if cfg.tagger.inbound == "llm" and cfg.llm is not None:
+            return LLMTagger(
+                self.llm_client,
+                cfg.llm.model,
+                fallback=keyword,
+                max_tags=cfg.tagger.max_tags,
+                on_usage=self._log_usage("tagging"),
+            )
         if self.config.tagger.inbound == "embedding":
             if self.embedder is None:
                 raise ConfigError("tagger.inbound: embedding needs an embedder (recall.embedder)")
@@ -402,6 +423,9 @@ class MemoryEngine:
                 self.store.drop_pending_job(sid)
                 record = self.store.session(sid)
                 upto = self._tag_pending(sid, record.derived_seq)
+                self.last_splits = self.vocab.evolve(
+                    sid, self._counts(sid), self.store.last_seq(sid)
+                )
                 if self.recaller.embedder is not None:
                     self.recaller.ensure_vectors(sid)
                 report = self.compactor.maybe_compact(sid, upto=upto)
@@ -440,7 +464,9 @@ class MemoryEngine:
             if role == "system":
                 tagged[seq] = ({}, ())
                 continue
-            result = self.tagger.tag(text, vocabulary=list(vocab), context=previous[-3:])
+            result = self.vocab.resolve_result(
+                sid, self.tagger.tag(text, vocabulary=list(vocab), context=previous[-3:])
+            )
             tagged[seq] = (
                 {tag: 1.0 if i == 0 else 0.9 for i, tag in enumerate(result.tags)},
                 result.related_tags,
@@ -533,11 +559,9 @@ class MemoryEngine:
         with self.lock(session_id):
             sid = self._session(session_id)
             vocab = self._counts(sid)
-            raw = self.inbound_tagger.tag(message, vocabulary=list(vocab))
-            tags = tuple(t for t in raw.tags if t in vocab)
-            related = tuple(t for t in raw.related_tags if t in vocab and t not in tags)
-            return raw.model_copy(
-                update={"tags": tags, "related_tags": related, "primary": tags[0] if tags else None}
+            known = self.vocab.inbound_vocabulary(sid, vocab)
+            return self.vocab.inbound(
+                sid, self.inbound_tagger.tag(message, vocabulary=known), vocab
             )
 
     def prefetch(self, message: str) -> None:
@@ -769,13 +793,16 @@ class MemoryEngine:
     ) -> CostReport:
         return self.store.cost_report(None if all_sessions else session_id or self.session_id)
 
-    def add_alias(self, alias: str, canonical: str) -> None:
-        """Register ``alias`` → ``canonical`` (stored; used by every later tagging)."""
+    def add_alias(self, alias: str, canonical: str, *, session_id: str | None = None) -> None:
+        """Register ``alias`` → ``canonical`` (stored; used by every later tagging and lookup)
+        in every session, or only in ``session_id``."""
         with self._vocab_lock:
-            self.canonicalizer.add_alias(alias, canonical)
-            self.store.set_alias(
-                self.canonicalizer.normalize(alias), self.canonicalizer.canonical(canonical)
-            )
+            self.vocab.add_alias(alias, canonical, session_id=session_id)
+
+    def remove_alias(self, alias: str, *, session_id: str | None = None) -> bool:
+        """Remove a store-wide (or ``session_id``-scoped) alias; whether there was one."""
+        with self._vocab_lock:
+            return self.vocab.remove_alias(alias, session_id=session_id)
 
     def close(self) -> None:
         if self._owns_client and self.llm_client is not None:

@@ -329,3 +329,12 @@ def m009_scoped_aliases_and_splits(conn: psycopg.Connection[Any]) -> None:
         " tag TEXT NOT NULL, sub_tags TEXT NOT NULL DEFAULT '[]',"
         " created_at TIMESTAMPTZ NOT NULL, PRIMARY KEY (session_id, tag))"
     )
+    # A change to either draws a new generation for its session (``sessions_new_generation``,
+    # m003): every process's cache of them, keyed by the generation, sees it.
+    for table in ("session_aliases", "tag_splits"):
+        for event, rows in (("INSERT", "NEW"), ("UPDATE", "NEW"), ("DELETE", "OLD")):
+            conn.execute(
+                f"CREATE TRIGGER {table}_generation_{event.lower()} AFTER {event} ON {table}"
+                f" REFERENCING {rows} TABLE AS changed FOR EACH STATEMENT"
+                " EXECUTE FUNCTION sessions_new_generation()"
+            )

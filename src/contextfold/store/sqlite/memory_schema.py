@@ -419,3 +419,15 @@ def m012_scoped_aliases_and_splits(conn: sqlite3.Connection) -> None:
         " tag TEXT NOT NULL, sub_tags TEXT NOT NULL DEFAULT '[]', created_at TEXT NOT NULL,"
         " PRIMARY KEY (session_id, tag))"
     )
+    # A change to either draws a new generation for its session: every process's cache of
+    # them (keyed by the generation) sees it.
+    for table in ("session_aliases", "tag_splits"):
+        for suffix, event, row in (("ai", "INSERT", "NEW"), ("au", "UPDATE", "NEW")):
+            conn.execute(
+                f"CREATE TRIGGER {table}_gen_{suffix} AFTER {event} ON {table}"
+                f" BEGIN {_bump(row + '.session_id')} END"
+            )
+        conn.execute(
+            f"CREATE TRIGGER {table}_gen_ad AFTER DELETE ON {table}"
+            f" BEGIN {_bump('OLD.session_id')} END"
+        )

@@ -1,0 +1,162 @@
+"""A vocabulary that evolves: over-broad tags split (keyphrases, or the LLM when configured),
+split tags answering for the old one, related tags matched inbound, automatic and
+session-scoped aliases, and expired tags held back from recall."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from contextfold.errors import ConfigError
+from contextfold.llm import OpenAICompatibleClient
+from contextfold.memory.config import MemoryConfig
+from contextfold.memory.engine import MemoryEngine
+from contextfold.store.sqlite.memory import MemoryStore
+from fake_llm import FakeLLMServer
+from vocab_support import COUNTER, broad_conversation, make_engine, turn_by_turn
+
+# -- splitting -------------------------------------------------------------------------------------
+
+
+def test_a_tag_is_split_once_and_sub_tags_never_reuse_a_name() -> None:
+    engine = make_engine()
+    engine.on_turn_complete(
+        [{"role": "user", "content": "Reservation browser tips"}], session_id="s", new_only=True
+    )
+    engine.store.set_turn_tags("s", 1, {"reservation-browser-session": 1.0})
+    messages = broad_conversation()
+    turn_by_turn(engine, messages)
+    subs = engine.vocab.splits("s")["reservation"]
+    assert "reservation-browser-session" not in subs  # taken: the next free name is used
+    before = engine.vocabulary(session_id="s")
+    more = [
+        {"role": "user", "content": f"Reservation for a table, round {n}"} for n in range(30)
+    ]
+    for message in more:
+        engine.on_turn_complete([message], session_id="s", new_only=True)
+    assert engine.vocab.splits("s")["reservation"] == subs  # examined once, never again
+    assert engine.vocabulary(session_id="s").get("reservation", 0) > before.get("reservation", 0)
+
+
+def test_split_settings_gate_the_split() -> None:
+    off = make_engine(tagger={"keywords": {"reservation": ["reservation"]}})
+    turn_by_turn(off, broad_conversation())
+    assert off.vocab.splits("s") == {} and off.vocabulary(session_id="s")["reservation"] == 48
+    high = make_engine(
+        tagger={
+            "keywords": {"reservation": ["reservation"]},
+            "splitting": {"enabled": True, "frequency_threshold": 100},
+        }
+    )
+    turn_by_turn(high, broad_conversation())
+    assert high.vocab.splits("s") == {}
+
+
+def test_max_splits_per_turn_bounds_each_derive() -> None:
+    keywords = {"reservation": ["reservation"], "checkout": ["reservation"]}
+    one = make_engine(tagger={"keywords": keywords, "splitting": {"enabled": True}})
+    one.on_turn_complete(broad_conversation(), session_id="s")
+    assert len(one.vocab.splits("s")) == 1
+    two = make_engine(
+        tagger={"keywords": keywords, "splitting": {"enabled": True, "max_splits_per_turn": 2}}
+    )
+    two.on_turn_complete(broad_conversation(), session_id="s")
+    assert set(two.vocab.splits("s")) == {"reservation", "checkout"}
+
+
+@pytest.fixture
+def llm() -> Iterator[FakeLLMServer]:
+    with FakeLLMServer() as server:
+        yield server
+
+
+LLMEngines = Callable[..., MemoryEngine]
+
+
+@pytest.fixture
+def llm_engine(llm: FakeLLMServer) -> Iterator[LLMEngines]:
+    """``llm_engine(**tagger)``: an engine whose LLM is the fake one (closed at the end)."""
+    made: list[tuple[MemoryEngine, OpenAICompatibleClient]] = []
+
+    def make(**tagger: Any) -> MemoryEngine:
+        cfg = MemoryConfig.model_validate(
+            {
+                "llm": {"provider": "openai", "model": "fake-model", "base_url": llm.base_url},
+                "tagger": {
+                    "keywords": {"reservation": ["reservation"]},
+                    "splitting": {"enabled": True},
+                    **tagger,
+                },
+                "recall": {"embedder": "none"},
+            }
+        )
+        client = OpenAICompatibleClient(llm.base_url, max_retries=1, sleep=lambda _: None)
+        engine = MemoryEngine(
+            cfg,
+            store=MemoryStore(counter=COUNTER),
+            embedder=None,
+            counter=COUNTER,
+            llm_client=client,
+        )
+        made.append((engine, client))
+        return engine
+
+    yield make
+    for engine, client in made:
+        engine.close()
+        client.close()
+
+
+def split_reply(body: dict[str, Any]) -> str:
+    """The fake model's split: turns by the word they contain, one of them left out."""
+    prompt = body["messages"][-1]["content"]
+    groups: dict[str, list[int]] = {"reservation-browser-access": [], "checkout-trouble": []}
+    for line in prompt.splitlines():
+        if line.startswith("["):
+            seq = int(line[1 : line.index("]")])
+            if "browser" in line:
+                groups["reservation-browser-access"].append(seq)
+            elif "payment" in line:
+                groups["checkout-trouble"].append(seq)
+    return json.dumps(
+        {"uniform": False, "groups": [{"tag": k, "turns": v} for k, v in groups.items()]}
+    )
+
+
+def test_the_llm_splits_when_one_is_configured(
+    llm: FakeLLMServer, llm_engine: LLMEngines
+) -> None:
+    llm.reply = split_reply
+    engine = llm_engine()
+    engine.on_turn_complete(broad_conversation(), session_id="s")
+    [report] = engine.last_splits
+    assert report.source == "llm"
+    assert set(report.sub_tags) == {
+        "reservation-browser-access",
+        "checkout-trouble",
+        "reservation-general",
+    }
+    browser = report.sub_tags["reservation-browser-access"]
+    assert browser and all(
+        "browser" in engine.store.turns("s", seq, seq)[0].message.text() for seq in browser
+    )
+    prompt = llm.requests[-1].body["messages"][0]["content"]
+    assert "reservation" in prompt and "splitting" in engine.cost_report(session_id="s").by_kind
+
+
+def test_a_uniform_verdict_keeps_the_tag_and_a_failed_call_falls_back(
+    llm: FakeLLMServer, llm_engine: LLMEngines
+) -> None:
+    llm.reply = '{"uniform": true, "groups": []}'
+    engine = llm_engine()
+    engine.on_turn_complete(broad_conversation(), session_id="s")
+    assert engine.vocab.splits("s") == {"reservation": ()}
+    assert engine.vocabulary(session_id="s")["reservation"] == 48
+    llm.reply = "I cannot decide."
+    other = llm_engine()
+    other.on_turn_complete(broad_conversation(), session_id="s")
+    [report] = other.last_splits
+    assert report.source == "keyword-fallback" and len(report.sub_tags) >= 2
