@@ -160,3 +160,47 @@ def test_a_uniform_verdict_keeps_the_tag_and_a_failed_call_falls_back(
     other.on_turn_complete(broad_conversation(), session_id="s")
     [report] = other.last_splits
     assert report.source == "keyword-fallback" and len(report.sub_tags) >= 2
+
+
+# -- related tags ----------------------------------------------------------------------------------
+
+FEED = [
+    {"role": "user", "content": "The home feed takes four seconds to render for big accounts."},
+    {"role": "assistant", "content": "We can precompute it with a materialized view refreshed"
+     " every minute, so the feed reads one row per account."},
+    {"role": "user", "content": "Separately, the login page needs a dark mode toggle."},
+    {"role": "assistant", "content": "Add a theme switch that stores the choice in a cookie."},
+]
+
+
+def tag_reply(body: dict[str, Any]) -> str:
+    """The fake LLM tagger: the materialized-view turn gets related tags a later question may
+    use; the question about "that caching trick" gets related tags of its own."""
+    prompt = body["messages"][-1]["content"]
+    message = prompt.rsplit("Message to tag:\n", 1)[-1]
+    if "materialized view" in message:
+        reply = {"tags": ["materialized-view", "feed"], "related_tags": ["caching", "precomputed"]}
+    elif "caching trick" in message:
+        reply = {"tags": ["caching-trick"], "related_tags": ["caching", "materialized-view"]}
+    elif "dark mode" in message or "theme" in message:
+        reply = {"tags": ["dark-mode", "login"], "related_tags": ["theme"]}
+    else:
+        reply = {"tags": ["feed", "performance"], "related_tags": ["latency"]}
+    return json.dumps(reply)
+
+
+@pytest.mark.parametrize("inbound", ["keyword", "llm"])
+def test_that_caching_trick_recalls_the_materialized_view_turn(
+    llm: FakeLLMServer, llm_engine: LLMEngines, inbound: str
+) -> None:
+    llm.reply = tag_reply
+    engine = llm_engine(type="llm", inbound=inbound, keywords={})
+    engine.on_turn_complete(FEED, session_id="s")
+    assert "caching" in engine.store.turns("s", 2, 2)[0].related_tags
+    ctx = engine.on_message_inbound("Remind me of that caching trick?", session_id="s")
+    assert "caching" in ctx.related_tags
+    if inbound == "llm":  # the model's related tags for the query reach the stored tags too
+        assert "materialized-view" in ctx.related_tags + ctx.matched_tags
+    assert ctx.recalled and ctx.recalled[0].seq == 2
+    assert ctx.recalled[0].ranks.get("tags") == 1 and "fts" not in ctx.recalled[0].ranks
+    assert "materialized view" in ctx.prepend_text

@@ -560,9 +560,12 @@ class MemoryEngine:
             sid = self._session(session_id)
             vocab = self._counts(sid)
             known = self.vocab.inbound_vocabulary(sid, vocab)
-            return self.vocab.inbound(
-                sid, self.inbound_tagger.tag(message, vocabulary=known), vocab
-            )
+            outer, self._usage.session_id = getattr(self._usage, "session_id", None), sid
+            try:  # an LLM inbound tagger's cost goes to this session
+                raw = self.inbound_tagger.tag(message, vocabulary=known)
+            finally:
+                self._usage.session_id = outer
+            return self.vocab.inbound(sid, raw, vocab)
 
     def prefetch(self, message: str) -> None:
         """Start the work of a recall for ``message`` that does not need the session (its
