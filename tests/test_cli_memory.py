@@ -152,10 +152,35 @@ def test_aliases_add_then_list(fresh: Path) -> None:
     assert_error(cycle, "would make a cycle")
 
 
+def test_aliases_added_with_a_session_stay_in_it_and_are_removed(compacted: Path) -> None:
+    added = invoke("memory", "aliases", "add", "slab", "marble", "-s", "default", "-c", compacted)
+    assert added.exit_code == 0, added.output
+    assert added.stdout.strip() == "alias slab → marble in session 'default'"
+    scoped = invoke("memory", "aliases", "list", "-s", "default", "-c", compacted, "--json")
+    assert json.loads(scoped.stdout)["slab"] == "marble"
+    everywhere = invoke("memory", "aliases", "list", "-c", compacted, "--json")
+    assert "slab" not in json.loads(everywhere.stdout)
+    other = invoke("memory", "aliases", "add", "x", "y", "-s", "nope", "-c", compacted)
+    assert_error(other, "no session 'nope'")
+    removed = invoke("memory", "aliases", "remove", "slab", "-s", "default", "-c", compacted)
+    assert removed.exit_code == 0 and "removed alias slab" in removed.stdout
+    again = invoke("memory", "aliases", "remove", "slab", "-s", "default", "-c", compacted)
+    assert_error(again, "no alias 'slab' in session 'default'")
+
+
+def test_aliases_remove_a_store_wide_alias(fresh: Path) -> None:
+    assert invoke("memory", "aliases", "add", "db", "database", "-c", fresh).exit_code == 0
+    removed = invoke("memory", "aliases", "remove", "DB", "-c", fresh)
+    assert removed.exit_code == 0, removed.output
+    assert invoke("memory", "aliases", "list", "-c", fresh, "--json").stdout.strip() == "{}"
+    assert_error(invoke("memory", "aliases", "remove", "db", "-c", fresh), "no alias 'db'")
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
         (["aliases", "frob"], "unknown action 'frob'"),
+        (["aliases", "remove"], "remove takes ALIAS"),
         (["aliases", "add", "db"], "add takes ALIAS CANONICAL"),
         (["aliases", "list", "db"], "list takes no tags"),
         (["status", "-s", "nope"], "no session 'nope'"),

@@ -204,3 +204,64 @@ def test_that_caching_trick_recalls_the_materialized_view_turn(
     assert ctx.recalled and ctx.recalled[0].seq == 2
     assert ctx.recalled[0].ranks.get("tags") == 1 and "fts" not in ctx.recalled[0].ranks
     assert "materialized view" in ctx.prepend_text
+
+
+# -- aliases ---------------------------------------------------------------------------------------
+
+KUBE = [
+    {"role": "user", "content": "Our kubernetes cluster needs a kubernetes upgrade plan."},
+    {"role": "assistant", "content": "Drain each kubernetes node, then upgrade kubelet."},
+    {"role": "user", "content": "And kubernetez ingress certificates expire next week."},
+]
+
+
+def plain_engine(**tagger: Any) -> MemoryEngine:
+    cfg = MemoryConfig.model_validate(
+        {"tagger": {"keywords": {"kubernetes": ["kubernetes"], "kubernetez": ["kubernetez"]},
+                    **tagger}, "recall": {"embedder": "none"}}
+    )
+    return MemoryEngine(cfg, store=MemoryStore(counter=COUNTER), embedder=None, counter=COUNTER)
+
+
+def test_a_near_spelling_is_aliased_automatically_and_its_turns_retagged() -> None:
+    engine = plain_engine()
+    engine.on_turn_complete(KUBE, session_id="s")
+    assert engine.vocab.session_aliases("s") == {"kubernetez": "kubernetes"}
+    assert "kubernetez" not in engine.vocabulary(session_id="s")
+    assert "kubernetes" in engine.store.turns("s", 3, 3)[0].tags
+    # Later tagging and lookups resolve it too; other sessions are untouched.
+    ctx = engine.on_message_inbound("kubernetez ingress?", session_id="s")
+    assert "kubernetes" in ctx.matched_tags and 3 in [r.seq for r in ctx.recalled]
+    assert engine.vocab.session_aliases("t") == {} and engine.canonicalizer.aliases == {}
+
+
+@pytest.mark.parametrize(
+    "aliases", [{"auto": False}, {"min_similarity": 0.95}], ids=["off", "threshold"]
+)
+def test_automatic_aliases_have_an_off_switch_and_a_threshold(aliases: dict[str, Any]) -> None:
+    engine = plain_engine(aliases=aliases)
+    engine.on_turn_complete(KUBE, session_id="s")
+    assert engine.vocab.session_aliases("s") == {}
+    assert "kubernetez" in engine.vocabulary(session_id="s")
+
+
+def test_session_aliases_apply_to_their_session_only() -> None:
+    engine = plain_engine(aliases={"auto": False})
+    for sid in ("s", "t"):
+        engine.on_turn_complete([{"role": "user", "content": "Postgres vacuum settings"}],
+                                session_id=sid)
+    engine.add_alias("pg", "postgres", session_id="s")
+    def tags(sid: str) -> tuple[str, ...]:
+        found = engine.tag_message("pg vacuum", session_id=sid)
+        return found.tags + found.related_tags
+
+    assert "postgres" in tags("s")
+    assert "postgres" not in tags("t")
+    engine.on_turn_complete([{"role": "user", "content": "pg replication lag"}], session_id="s")
+    assert "postgres" in engine.store.turns("s", 2, 2)[0].tags
+    with pytest.raises(ConfigError, match="cycle"):
+        engine.add_alias("postgres", "pg", session_id="s")
+    with pytest.raises(ConfigError, match="no session 'ghost'"):
+        engine.add_alias("pg", "postgres", session_id="ghost")
+    assert engine.remove_alias("pg", session_id="s") is True
+    assert "postgres" not in tags("s")

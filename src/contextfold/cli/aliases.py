@@ -1,7 +1,9 @@
-"""``contextfold memory aliases list | suggest | add ALIAS CANONICAL``: one spelling per topic.
+"""``contextfold memory aliases list | suggest | add ALIAS CANONICAL | remove ALIAS``: one
+spelling per topic.
 
-An alias (``db`` → ``database``) applies to every session of the store and to every later
-tagging and lookup; turns already stored keep their tags. One command with an action argument
+An alias (``db`` → ``database``) applies to every session of the store — or, added with
+``-s SESSION``, to that session only — and to every later tagging and lookup; turns already
+stored keep their tags. One command with an action argument
 (rather than three subcommands) keeps the whole story on one ``--help`` page.
 """
 
@@ -14,49 +16,82 @@ from rich.console import Console
 from rich.table import Table
 
 from contextfold.cli.common import InputError, cli_errors
-from contextfold.cli.session import ConfigOption, JsonOption, SessionOption, echo_json, open_engine
+from contextfold.cli.session import ConfigOption, JsonOption, echo_json, open_engine
 
 if TYPE_CHECKING:
     from contextfold.memory.canonical import AliasSuggestion
 
 __all__ = ["aliases_command"]
 
-ACTIONS = ("list", "suggest", "add")
+ACTIONS = ("list", "suggest", "add", "remove")
+_ARITY = {"list": 0, "suggest": 0, "add": 2, "remove": 1}
+_USAGE = {"add": "add takes ALIAS CANONICAL", "remove": "remove takes ALIAS"}
 
 
 def aliases_command(
-    action: Annotated[str, typer.Argument(metavar="ACTION", help="list, suggest or add.")],
+    action: Annotated[
+        str, typer.Argument(metavar="ACTION", help="list, suggest, add or remove.")
+    ],
     tags: Annotated[
         list[str] | None,
-        typer.Argument(metavar="ALIAS CANONICAL", help="For add: the spelling and its tag."),
+        typer.Argument(
+            metavar="[ALIAS [CANONICAL]]",
+            help="For add: the spelling and its tag; for remove: the spelling.",
+        ),
     ] = None,
     config: ConfigOption = None,
-    session: SessionOption = "default",
+    session: Annotated[
+        str | None,
+        typer.Option(
+            "--session",
+            "-s",
+            metavar="ID",
+            help="Only this session's aliases (add, remove, list); suggest reads its tags "
+            "(default: 'default').",
+        ),
+    ] = None,
     json_out: JsonOption = False,
 ) -> None:
-    """List, suggest or add tag aliases (db → database).
+    """List, suggest, add or remove tag aliases (db → database).
 
-    `list`: every alias with the tag it resolves to. `suggest`: aliases proposed among the
-    session's tags (near-identical spellings, numeronyms such as k8s, initialisms such as ml);
-    nothing is applied. `add ALIAS CANONICAL`: make ALIAS resolve to CANONICAL from now on, in
-    every session (stored turns keep their tags)."""
+    `list`: every store-wide alias with the tag it resolves to; with -s, also the session's own
+    aliases and its split tags (an over-broad tag split into sub-tags answers for all of them).
+    `suggest`: aliases proposed among the session's tags (near-identical spellings, numeronyms
+    such as k8s, initialisms such as ml); nothing is applied. `add ALIAS CANONICAL`: make
+    ALIAS resolve to CANONICAL from now on, in every session or, with -s, in that session
+    only (stored turns keep their tags). `remove ALIAS`: forget a store-wide alias (with -s,
+    one of the session's)."""
     with cli_errors():
         if action not in ACTIONS:
             raise InputError(f"unknown action {action!r}; choose one of {', '.join(ACTIONS)}")
         args = tags or []
-        if (action == "add") != bool(args) or (args and len(args) != 2):
-            usage = "add takes ALIAS CANONICAL" if action == "add" else f"{action} takes no tags"
+        if len(args) != _ARITY[action]:
+            usage = _USAGE.get(action, f"{action} takes no tags")
             raise InputError(f"aliases {action}: {usage}, got {len(args)} argument(s)")
-        with open_engine(config, session, must_exist=action == "suggest") as engine:
+        scoped = session is not None and action != "suggest"
+        with open_engine(
+            config, session or "default", must_exist=action == "suggest" or scoped
+        ) as engine:
+            where = f" in session {session!r}" if scoped else ""
             if action == "add":
-                engine.add_alias(args[0], args[1])
+                engine.add_alias(args[0], args[1], session_id=session)
                 source = engine.canonicalizer.fold(args[0])
-                typer.echo(f"alias {source} → {engine.canonicalizer.canonical(source)}")
+                target = engine.canonicalizer.canonical(args[1] if scoped else source)
+                typer.echo(f"alias {source} → {target}{where}")
+                return
+            if action == "remove":
+                if not engine.remove_alias(args[0], session_id=session):
+                    raise InputError(f"no alias {args[0]!r}{where}")
+                typer.echo(f"removed alias {engine.canonicalizer.fold(args[0])}{where}")
                 return
             if action == "suggest":
                 _show_suggestions(engine.canonicalizer.suggest(engine.vocabulary()), json_out)
                 return
             aliases = engine.canonicalizer.aliases
+            if session is not None:
+                aliases = {**aliases, **engine.vocab.session_aliases(session)}
+                splits = engine.vocab.splits(session)
+                aliases.update({t: " | ".join(subs) for t, subs in splits.items() if subs})
     if json_out:
         echo_json(aliases)
     elif not aliases:
