@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner, Result
 
 from contextfold.cli import app
+from contextfold.memory.config import load_config
+from contextfold.memory.engine import MemoryEngine
 
 pytestmark = pytest.mark.integration
 
@@ -450,3 +453,21 @@ def test_chat_replay_asks_the_configured_llm_and_logs_its_cost(tmp_path: Path, f
 )
 def test_chat_bad_input(fresh: Path, args: list[str], fragment: str) -> None:
     assert_error(invoke("chat", *args, "-c", fresh), fragment)
+
+
+def test_transform_says_what_expiry_held_back(tmp_path: Path) -> None:
+    config = write_config(
+        tmp_path,
+        "tagger: {keywords: {debugging: [websocket]}}\n"
+        "tag_rules: [{match: 'debug*', ttl_days: 7}]\n",
+    )
+    with MemoryEngine(load_config(config), embedder=None) as engine:
+        engine.on_turn_complete(
+            [{"role": "user", "content": "The websocket test is flaky."}],
+            timestamps=[datetime(2020, 1, 1, tzinfo=UTC)],
+        )
+    result = invoke("memory", "transform", "-m", "the websocket test?", "-c", config)
+    assert result.exit_code == 0, result.output
+    assert "expired (held back)" in result.stderr and "1 turn(s) of debugging" in result.stderr
+    as_json = invoke("memory", "retrieve", "-m", "the websocket test?", "-c", config)
+    assert json.loads(as_json.stdout)["expired"] == {"tags": ["debugging"], "turns_held_back": 1}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -265,3 +266,45 @@ def test_session_aliases_apply_to_their_session_only() -> None:
         engine.add_alias("pg", "postgres", session_id="ghost")
     assert engine.remove_alias("pg", session_id="s") is True
     assert "postgres" not in tags("s")
+
+
+# -- expiry ----------------------------------------------------------------------------------------
+
+
+def test_an_expired_tags_turns_and_summary_are_not_recalled_but_stay_stored() -> None:
+    cfg = MemoryConfig.model_validate(
+        {
+            "tagger": {"keywords": {"debugging": ["websocket", "flaky"]}},
+            "tag_rules": [{"match": "debug*", "ttl_days": 7}],
+            "recall": {"embedder": "none"},
+            "compaction": {"protected_recent_turns": 4},
+        }
+    )
+    engine = MemoryEngine(cfg, store=MemoryStore(counter=COUNTER), embedder=None, counter=COUNTER)
+    old = datetime.now(UTC) - timedelta(days=30)
+    debug = [
+        {"role": "user", "content": "The flaky websocket test fails when the heartbeat is 5s."},
+        {"role": "assistant", "content": "Raise the websocket heartbeat timeout to 15s."},
+    ]
+    engine.on_turn_complete(debug, session_id="s", timestamps=[old, old])
+    garden = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"Tomato seedlings, row {i}."}
+        for i in range(6)
+    ]
+    engine.on_turn_complete(garden, session_id="s")
+    assert engine.compact(session_id="s") is not None
+    assert "debugging" in engine.store.tag_summaries("s")
+    ctx = engine.on_message_inbound("What fixed the flaky websocket heartbeat?", session_id="s")
+    assert ctx.expired_tags == ("debugging",) and ctx.expired_turns == 2
+    assert not {1, 2} & {r.seq for r in ctx.recalled}
+    memory = ctx.prepend_text.partition("<memory>")[2]
+    assert "heartbeat" not in memory and "websocket" not in memory
+    # Still stored, and found by a full-text search of the raw turns.
+    assert [t.seq for t in engine.store.turns("s", 1, 2)] == [1, 2]
+    assert engine.find_quote("websocket heartbeat", session_id="s")
+    # A fresh mention makes the tag live again.
+    engine.on_turn_complete(
+        [{"role": "user", "content": "The websocket test is flaky again."}], session_id="s"
+    )
+    again = engine.on_message_inbound("What fixed the flaky websocket heartbeat?", session_id="s")
+    assert again.expired_tags == () and {1, 2} & {r.seq for r in again.recalled}

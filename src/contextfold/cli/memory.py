@@ -296,6 +296,7 @@ def retrieve_command(
             "tagger": ctx.tagger,
             "recalled_total": len(ctx.recalled),
             "recalled": recalled,
+            "expired": {"tags": list(ctx.expired_tags), "turns_held_back": ctx.expired_turns},
             "budget": ctx.budget.model_dump(),
         }
     )
@@ -322,6 +323,7 @@ def transform_command(
                 "broad": ctx.broad,
                 "temporal": ctx.temporal,
                 "budget": ctx.budget.model_dump(),
+                "expired": {"tags": list(ctx.expired_tags), "turns_held_back": ctx.expired_turns},
             }
         )
         return
@@ -342,6 +344,16 @@ def transform_command(
             ("summaries", f"{b.summaries:,}"),
             ("recalled turns", f"{b.turns:,} ({b.turns_recalled} in, {b.turns_skipped} skipped)"),
             ("total", f"{b.used:,} / {b.budget:,}"),
+            *(
+                [
+                    (
+                        "expired (held back)",
+                        f"{ctx.expired_turns:,} turn(s) of {', '.join(ctx.expired_tags)}",
+                    )
+                ]
+                if ctx.expired_tags
+                else []
+            ),
         ],
         stderr=True,
     )

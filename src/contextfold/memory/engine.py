@@ -73,6 +73,8 @@ class AssembledContext(BaseModel):
     recalled: tuple[RankedTurn, ...]
     history: FilteredHistory | None = None
     tagger: str = "keyword"
+    expired_tags: tuple[str, ...] = ()  # tags whose TTL ran out: their turns not recalled
+    expired_turns: int = 0  # stored turns those tags held back from recall
 
 
 class MemoryStatus(BaseModel):
@@ -593,12 +595,15 @@ class MemoryEngine:
         history = [as_message(m) for m in conversation_history]
         with self.lock(session_id):
             sid = self._session(session_id)
-            tags = self.tag_message(text, session_id=sid)
+            tags, expired, held_back = self.vocab.hold_back(
+                sid, self.tag_message(text, session_id=sid), self._counts(sid)
+            )
             filtered = self._filter(sid, history, tags, protected) if history else None
             # Turns the model will see in its (filtered) history are not recalled again; the
             # ones the filter drops (compacted, off-topic) stay candidates.
             kept = [history[i] for i in self._kept_inputs(filtered)]
             exclude = self._turn_keys.seqs_held(sid, kept) if kept else set()
+            exclude |= held_back
             ranked = (
                 []
                 if self._holds_everything(sid, exclude)
@@ -641,6 +646,8 @@ class MemoryEngine:
             recalled=tuple(ranked),
             history=filtered,
             tagger=tags.source,
+            expired_tags=expired,
+            expired_turns=len(held_back),
         )
 
     def _below_floor(self, ranked: Sequence[RankedTurn]) -> bool:

@@ -110,6 +110,7 @@ class Vocabulary:
         )
         self._related: SessionLRU[tuple[int, dict[str, int]]] = SessionLRU(sessions)
         self._seen: SessionLRU[set[str]] = SessionLRU(sessions)
+        self._last_seen: SessionLRU[tuple[int, dict[str, datetime]]] = SessionLRU(sessions)
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -242,13 +243,53 @@ class Vocabulary:
     def expired(
         self, sid: str, counts: Mapping[str, int], now: datetime | None = None
     ) -> list[str]:
-        """The session's tags whose ``ttl_days`` ran out since they were last on a turn."""
+        """The session's tags whose ``ttl_days`` ran out since they were last on a turn (when
+        each was last seen is read once per generation of the session)."""
         now = now or datetime.now(UTC)
         ttl = [tag for tag in counts if self.rules.for_tag(tag).ttl_days is not None]
         if not ttl:
             return []
-        last_seen = self.store.tag_last_seen(sid, tags=ttl)
-        return sorted(t for t, seen in last_seen.items() if self.rules.expired(t, seen, now))
+        generation = self._generation(sid)
+        cached = self._last_seen.peek(sid)
+        if cached is None or cached[0] != generation:
+            cached = (generation, self.store.tag_last_seen(sid, tags=ttl))
+            self._last_seen.put(sid, cached)
+        return sorted(t for t, seen in cached[1].items() if self.rules.expired(t, seen, now))
+
+    def hold_back(
+        self, sid: str, tags: TagResult, counts: Mapping[str, int], now: datetime | None = None
+    ) -> tuple[TagResult, tuple[str, ...], set[int]]:
+        """An inbound tagging without the expired tags (so their summaries and topics are not
+        loaded), the expired tags, and the turns that carry one of them as a tag (recall
+        leaves them out; they stay stored and exportable)."""
+        expired = self.expired(sid, counts, now)
+        if not expired:
+            return tags, (), set()
+        gone = set(expired)
+        held = {
+            seq
+            for seq, pairs in self.store.turns_tagged(sid, expired).items()
+            if any(not related for _, related in pairs)
+        }
+        # A tag of the message whose every turn is held back is expired content too: its
+        # summary (and paged topic) would bring those turns back.
+        others = [t for t in (*tags.tags, *tags.related_tags) if t not in gone]
+        if others and held:
+            seqs: dict[str, set[int]] = {}
+            for seq, pairs in self.store.turns_tagged(sid, others).items():
+                for tag, related in pairs:
+                    if not related:
+                        seqs.setdefault(tag, set()).add(seq)
+            gone |= {tag for tag, on in seqs.items() if on <= held}
+        kept = tuple(t for t in tags.tags if t not in gone)
+        narrowed = tags.model_copy(
+            update={
+                "tags": kept,
+                "related_tags": tuple(t for t in tags.related_tags if t not in gone),
+                "primary": kept[0] if kept else None,
+            }
+        )
+        return narrowed, tuple(expired), held
 
     # -- evolution ------------------------------------------------------------------------------
 
