@@ -651,3 +651,82 @@ def test_history_compacted_into_memory_is_left_out(fake_llm: FakeLLMServer, tmp_
     assert len(forwarded) < len(history) - 1 and record.dropped_turns > 0
     assert all(reason.startswith("compacted: ") for reason in record.dropped)
     assert forwarded[1]["role"] == "user"
+
+
+def test_a_new_conversations_history_is_stored_and_tagged_before_its_first_recall(
+    proxy: Served, fake_llm: FakeLLMServer, engine: MemoryEngine
+) -> None:
+    """A client arriving with a conversation the proxy never saw: its earlier turns are
+    ingested first, so the first request's message is tagged against them."""
+    fake_llm.reply = "Noted."
+    history: list[Any] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Our kiln firing schedule peaks at cone six."},
+        {"role": "assistant", "content": "Cone six it is; hold the kiln there ten minutes."},
+        {"role": "user", "content": "The glaze crawled on the last kiln load."},
+        {"role": "assistant", "content": "Crawling glaze usually means dust under it."},
+        {"role": "user", "content": "How do I keep the glaze from crawling next time?"},
+    ]
+    oa(proxy).chat.completions.create(model="m", messages=history)
+    proxy.drain()
+    [record] = proxy.events.recent()
+    assert "glaze" in record.inbound_tags
+    sid = record.session_id
+    texts = [t.message.text() for t in engine.store.turns(sid)]
+    # Every turn stored once, in order, the reply last.
+    assert texts == [m["content"] for m in history[1:]] + ["Noted."]
+
+
+# --------------------------------------------------------------------------- envelopes
+
+ENVELOPED = (
+    "[Telegram Ada (@ada) id:42 +2m 2026-01-05 10:00 UTC] Book the rooftop table for Friday.\n"
+    "[message_id: 881]"
+)
+
+
+def test_a_client_envelope_is_not_tagged_or_stored_and_goes_upstream_unchanged(
+    proxy: Served, fake_llm: FakeLLMServer, engine: MemoryEngine
+) -> None:
+    fake_llm.reply = "Booked."
+    event = "System: [2026-01-05 10:01:00] Node connected"
+    messages = [{"role": "user", "content": f"{event}\n{ENVELOPED}"}]
+    oa(proxy).chat.completions.create(model="m", messages=messages)
+    proxy.drain()
+    # Upstream got the body as the client sent it.
+    assert sent(fake_llm)["messages"][0]["content"] == messages[0]["content"]
+    [record] = proxy.events.recent()
+    notes = " ".join(record.extra["notes"])
+    assert "channel-header ×1" in notes and "message-footer ×1" in notes
+    assert "event-line ×1" in notes
+    [user, reply] = engine.store.turns(record.session_id)
+    assert user.message.text() == "Book the rooftop table for Friday."
+    tags = set(user.tags) | set(user.related_tags)
+    assert not {t for t in tags if "telegram" in t or "message-id" in t or "node" in t}
+    # The next request resends the enveloped message: found by content, stored once.
+    messages += [
+        {"role": "assistant", "content": "Booked."},
+        {"role": "user", "content": ENVELOPED.replace("rooftop table", "cake")},
+    ]
+    oa(proxy).chat.completions.create(model="m", messages=messages)
+    proxy.drain()
+    texts = [t.message.text() for t in engine.store.turns(record.session_id)]
+    assert texts == [user.message.text(), "Booked.", "Book the cake for Friday.", "Booked."]
+
+
+def test_envelope_patterns_are_configurable(fake_llm: FakeLLMServer, engine: MemoryEngine) -> None:
+    proxy_settings = ProxySettings(
+        upstream=fake_llm.url,
+        envelope={"defaults": False, "patterns": {"ticket": r"^TICKET-\d+:\s*"}},
+    )
+    with serve(ServerConfig(port=0, proxy=proxy_settings), engine) as served:
+        fake_llm.reply = "Done."
+        oa(served).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": f"TICKET-7: {ENVELOPED}"}]
+        )
+        served.drain()
+        [record] = served.events.recent()
+    [user, _] = engine.store.turns(record.session_id)
+    assert user.message.text() == ENVELOPED  # the built-in patterns are off
+    with pytest.raises(ValueError, match="not a regular expression"):
+        ProxySettings(envelope={"patterns": {"bad": "(unclosed"}})

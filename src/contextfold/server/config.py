@@ -31,6 +31,7 @@ __all__ = [
     "ID_PATTERN",
     "ContextApiSettings",
     "DashboardSettings",
+    "EnvelopeSettings",
     "InstanceSettings",
     "LimitSettings",
     "OutputSettings",
@@ -93,6 +94,27 @@ class OutputSettings(_Section):
     min_tokens: int = Field(256, ge=1)
 
 
+class EnvelopeSettings(_Section):
+    """Client envelopes (channel headers, message footers, event lines, plugin markers) removed
+    from user messages before memory tags and stores them; the request itself goes upstream
+    unchanged (``server/proxy/envelope.py``). ``patterns``: more regular expressions by name
+    (a built-in name replaces that pattern); ``defaults: false`` drops the built-in ones."""
+
+    enabled: bool = True
+    defaults: bool = True
+    patterns: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("patterns")
+    @classmethod
+    def _compiles(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, pattern in value.items():
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"pattern {name!r} is not a regular expression: {exc}") from None
+        return value
+
+
 class ProxySettings(_Section):
     """``upstream``: where the main port's proxy forwards; ``instances``: more listeners.
     ``markers``: append the session marker to assistant replies — an opt-in for clients that
@@ -114,6 +136,7 @@ class ProxySettings(_Section):
     # agent's sessions share one memory).
     recall_scope: Literal["conversation", "principal"] = "conversation"
     tool_outputs: OutputSettings = Field(default_factory=OutputSettings)
+    envelope: EnvelopeSettings = Field(default_factory=EnvelopeSettings)
 
     @field_validator("upstream")
     @classmethod

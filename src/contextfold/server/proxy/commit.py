@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from contextfold.server.proxy.envelope import strip_envelope
 from contextfold.server.proxy.session import locate
 from contextfold.store.models import BranchMoved
 
@@ -36,6 +37,7 @@ def commit_exchange(
         assert plan.wire is not None and plan.original is not None
         stripped, tokens = plan.wire.strip(plan.original)
         parsed = plan.wire.parse(stripped)
+        strip_envelope(proxy.state.config.proxy.envelope, parsed.messages)
         position, _ = locate(
             store,
             plan.principal,
@@ -48,13 +50,17 @@ def commit_exchange(
     new = [m for m in parsed.messages[position.new_from :] if m.role != "system"]
     messages = [*new, reply]
     flags = [False] * len(new) + [partial]
+    # The rest of an exchange whose first turns were stored before the recall (``ingest``).
+    when = [plan.exchange_time] * len(messages) if plan.exchange_time is not None else None
     sid = position.session_id
     if sid is None:
         sid = store.create_session(plan.new_session, principal=plan.principal)
         return sid, store.commit_exchange(sid, messages, partial=flags, expect_last=0)
     try:
-        seqs = store.commit_exchange(sid, messages, partial=flags, expect_last=position.expect_last)
+        seqs = store.commit_exchange(
+            sid, messages, partial=flags, expect_last=position.expect_last, timestamps=when
+        )
     except BranchMoved:
         sid = store.fork(sid, position.anchor)
-        seqs = store.commit_exchange(sid, messages, partial=flags)
+        seqs = store.commit_exchange(sid, messages, partial=flags, timestamps=when)
     return sid, seqs

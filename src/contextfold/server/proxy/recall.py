@@ -6,7 +6,9 @@ threads; the proxy takes the draft only when it is ready within ``proxy.memory_d
 and otherwise forwards the request as the client sent it (the late draft is never read).
 
 - **Position** (``session.locate``): the branch and turn the request continues, forked when
-  its history diverges; a new conversation gets its session id now and its row at commit.
+  its history diverges; a new conversation gets its session id now and its row at commit —
+  or, when it arrives with earlier turns before its query, its row and those turns now,
+  derived before the recall (``ingest``), so its first message is tagged against them.
 - **Recall**: ``MemoryEngine.on_message_inbound`` for the last user message with text, over
   the branch, with the request's **whole** history — every message it holds, the in-flight
   tool loop after that user message included. Nothing the request already holds is recalled
@@ -32,10 +34,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import uuid
+from datetime import UTC, datetime
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from contextfold.items import Message
+from contextfold.server.proxy.envelope import strip_envelope
 from contextfold.server.proxy.record import Plan
 from contextfold.server.proxy.session import Position, locate, side_call
 from contextfold.server.proxy.wire import ParsedRequest, Wire, dumps
@@ -44,7 +48,7 @@ if TYPE_CHECKING:
     from contextfold.memory.engine import AssembledContext
     from contextfold.server.state import ServerState
 
-__all__ = ["draft", "drop_compacted", "place", "prepare", "recall", "split_memory"]
+__all__ = ["draft", "drop_compacted", "ingest", "place", "prepare", "recall", "split_memory"]
 
 
 def draft(plan: Plan) -> Plan:
@@ -66,6 +70,8 @@ def prepare(
     parsed = wire.parse(stripped)
     plan.parsed = parsed
     plan.notes.extend(parsed.notes)
+    if (note := strip_envelope(state.config.proxy.envelope, parsed.messages)) is not None:
+        plan.notes.append(note)
     if state.config.proxy.recall_scope == "principal" and plan.header is None:
         reason = side_call(parsed.messages, body)
         if reason is not None:
@@ -75,6 +81,7 @@ def prepare(
             plan.wire = None
             return
     place(state, plan, parsed, tokens, create=tools)
+    ingest(state, plan, parsed)
     forwarded = stripped
     assembled = recall(state, plan, parsed)
     if assembled is not None:
@@ -132,6 +139,35 @@ def place(
     plan.session_source = position.source
     if position.session_id is None:  # created with this id when the exchange commits
         plan.new_session = uuid.uuid4().hex
+
+
+def ingest(state: ServerState, plan: Plan, parsed: ParsedRequest) -> None:
+    """A conversation the proxy has not stored, arriving with earlier turns before its query
+    (a client switched to the proxy mid-conversation): store those turns and derive them
+    (tags, vectors, compaction) now, before the recall, so the first request's message is
+    tagged and recalled against its own history. The commit then stores only the query, what
+    follows it and the reply."""
+    position = plan.position
+    if position is None or position.source != "new" or position.anchor or position.fork:
+        return  # it continues a stored conversation (or the caller's latest one)
+    if parsed.query is None:
+        return
+    earlier = [m for m in parsed.messages[position.new_from : parsed.query] if m.role != "system"]
+    if not earlier:
+        return
+    memory = state.memory
+    sid = position.session_id or memory.store.create_session(
+        plan.new_session, principal=plan.principal
+    )
+    # One exchange: its turns share one time (the commit stores the rest at it too), so the
+    # earlier turns are not taken for replies (``session._agrees_short_of_a_reply``).
+    plan.exchange_time = datetime.now(UTC)
+    seqs = memory.store_turns(sid, earlier, timestamps=[plan.exchange_time] * len(earlier))
+    memory.derive(sid)
+    plan.position = Position(sid, seqs[-1], parsed.query, position.source, expect_last=seqs[-1])
+    plan.session_id = sid
+    plan.new_session = None
+    plan.notes.append(f"history of {len(earlier)} turn(s) stored and derived before recall")
 
 
 def recall(state: ServerState, plan: Plan, parsed: ParsedRequest) -> AssembledContext | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from contextfold._bounded import BoundedMemo, clip, text_size
@@ -54,6 +55,7 @@ class Plan:
     original: dict[str, Any] | None = None  # the client's body as parsed
     committed: tuple[str, list[int]] | None = None  # (session, seqs) stored
     new_session: str | None = None  # the id a new conversation's session will get
+    exchange_time: datetime | None = None  # the time of turns stored before the commit
     parsed: ParsedRequest | None = None
     assembled: AssembledContext | None = None
     dropped: list[int] = field(default_factory=list)  # parsed indices left out of the history

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from contextfold.errors import FormatError
 from contextfold.items import Message, ToolResultBlock, ToolUseBlock
+from contextfold.server.proxy.envelope import strip_envelope
 from contextfold.server.proxy.recall import drop_compacted, place, recall, split_memory
 from contextfold.server.proxy.session import make_token
 from contextfold.server.proxy.stream import Reply, StreamState, _args
@@ -487,6 +488,8 @@ def prepare(state: ServerState, chains: ResponseChains, plan: Plan, body: JSON) 
     memory = state.memory
     wire = WIRE
     input_parsed = wire.parse(body)
+    if (note := strip_envelope(state.config.proxy.envelope, input_parsed.messages)) is not None:
+        plan.notes.append(note)
     unread = wire.unread(body)
     if unread:
         listed = ", ".join(f"{k} ×{n}" for k, n in sorted(unread.items()))
