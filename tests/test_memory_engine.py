@@ -173,6 +173,21 @@ def test_expand_evicts_least_recently_used_topics_to_fit_the_budget() -> None:
     assert any(c.reason.startswith("evicted") for c in result.changes)
 
 
+def test_tools_mode_keeps_automatic_paging_as_the_fallback() -> None:
+    eng = engine(window=600, paging={"budget": 400, "mode": "tools"})
+    eng.on_turn_complete(conversation(6))
+    eng.compact()
+    tags = [t for t in eng.status().tags if eng.pager.topic_tokens("default", t, "summary") > 0]
+    first, second = tags[0], tags[1]
+    eng.expand_topic(first, "summary")
+    eng.expand_topic(second, "summary")
+    assert list(eng.store.working_set("default"))[-2:] == [first, second]
+    # A message about the first topic keeps it warm, though the model called no tool: the
+    # second is now the one an expansion past the budget collapses first.
+    eng.on_message_inbound(f"What about the {first.replace('-', ' ')}?")
+    assert list(eng.store.working_set("default"))[-2:] == [second, first]
+
+
 def test_collapse_cannot_go_deeper_and_unknown_topics_are_errors() -> None:
     eng = engine(window=600)
     eng.on_turn_complete(conversation(6))

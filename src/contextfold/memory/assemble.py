@@ -14,7 +14,7 @@ whole and is never over budget.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -136,7 +136,9 @@ class Assembler:
             sessions
         )
 
-    def _topics(self, sid: str, now: datetime, tools: bool, limit: int) -> tuple[list[str], str]:
+    def _topics(
+        self, sid: str, now: datetime, tools: bool | str, limit: int
+    ) -> tuple[list[str], str]:
         """The live stored topics (summarised or segmented, TTL not run out), best first by
         rule priority then compacted turn count, and the ``<context-topics>`` hint listing
         them within ``limit`` tokens. Both change only at compaction (or at a TTL's day
@@ -199,12 +201,19 @@ class Assembler:
         return cached[1]
 
     def _hint(
-        self, tags: list[str], counts: dict[str, int], compacted: int, tools: bool, limit: int
+        self,
+        tags: list[str],
+        counts: dict[str, int],
+        compacted: int,
+        tools: bool | str,
+        limit: int,
     ) -> str:
         if not self.settings.context_hint_enabled or not tags:
             return ""
         lines = ["<context-topics>"]
-        if tools:
+        if tools == "weak":
+            lines.append("Use expand_topic to read one of these topics in detail.")
+        elif tools:
             lines.append(
                 "Use find_quote for specific facts, expand_topic for detail on a topic, "
                 "collapse_topic to free budget."
@@ -261,10 +270,14 @@ class Assembler:
         tags: TagResult,
         paged: Sequence[PagedTopic],
         budget: int,
-        tools: bool = False,
+        tools: bool | str = False,
         now: datetime | None = None,
         held: Held | None = None,
+        dashboard: Callable[[list[str]], str] | None = None,
     ) -> MemoryBlock:
+        """``tools``: the memory tools are offered (``"weak"``/``"strong"``: to a model of
+        that tier, ``delegation.py``); ``dashboard(topics)``: the strong tier's budget
+        dashboard, placed after the hint when it fits (counted as hint tokens)."""
         now = now or datetime.now(UTC)
         hint_limit = min(
             self.settings.context_hint_max_tokens, int(budget * self.settings.context_hint_share)
@@ -275,6 +288,12 @@ class Assembler:
         if hint_tokens > room:
             hint, hint_tokens = "", 0
         room -= hint_tokens
+        board = dashboard(live) if dashboard is not None else ""
+        board_tokens = self.counter.count(board) + 1 if board else 0
+        if board and board_tokens <= room // 2:
+            hint = f"{hint}\n{board}" if hint else board
+            hint_tokens += board_tokens
+            room -= board_tokens
         paged_parts: list[_Part] = []
         for topic in paged:
             text = f"## {topic.tag} ({topic.depth})\n{topic.text}"

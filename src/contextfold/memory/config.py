@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from contextfold._envnames import check_env_name
 from contextfold.errors import ConfigError
+from contextfold.memory.delegation import DEFAULT_TIERS
 from contextfold.memory.rules import TagRule
 
 __all__ = [
@@ -190,12 +191,20 @@ class RecallSettings(_Section):
 
 
 class PagingSettings(_Section):
-    """``mode: tools`` offers expand/collapse/find_quote tools to the model; ``auto`` pages
-    topics silently. ``budget``: tokens paged-in topics may hold in total."""
+    """``mode: tools`` offers memory tools to the model (automatic paging stays on as the
+    fallback); ``auto`` pages topics silently. ``budget``: tokens paged-in topics may hold in
+    total. ``tiers``: model-name fnmatch patterns for the ``weak`` tier (the topic list and
+    ``expand_topic``; contextfold decides eviction) and the ``strong`` one (a budget
+    dashboard, ``expand_topic`` / ``collapse_topic`` / ``find_quote``); a model no pattern
+    matches is ``default_tier`` (``memory/delegation.py``)."""
 
     enabled: bool = True
     mode: Literal["auto", "tools"] = "auto"
     budget: int = Field(4096, ge=0)
+    tiers: dict[Literal["weak", "strong"], list[str]] = Field(
+        default_factory=lambda: {k: list(v) for k, v in DEFAULT_TIERS.items()}  # type: ignore[misc]
+    )
+    default_tier: Literal["weak", "strong"] = "strong"
 
 
 class HistorySettings(_Section):

@@ -33,6 +33,7 @@ from contextfold.items import ContextItem, Message, QueryBundle
 from contextfold.memory.assemble import Assembler, Held, MemoryBlock, MemoryBudget
 from contextfold.memory.canonical import TagCanonicalizer
 from contextfold.memory.compactor import CompactionReport, Compactor, Level, TokenMonitor
+from contextfold.memory.delegation import TIER_TOOLS, Delegation, Tier, tier_of
 from contextfold.memory.config import MemoryConfig, load_config
 from contextfold.memory.history import FilteredHistory, filter_history
 from contextfold.memory.paging import Pager, PagingResult
@@ -215,6 +216,9 @@ class MemoryEngine:
             tag_limit=cfg.recall.tag_limit,
         )
         self.pager = Pager(self.store, budget=cfg.paging.budget)
+        self.delegation = Delegation(
+            self.store, self.pager, self.counter, sessions=cfg.cached_sessions
+        )
         self.assembler = Assembler(
             self.store, self.counter, self.rules, cfg.assembly, sessions=cfg.cached_sessions
         )
@@ -583,11 +587,14 @@ class MemoryEngine:
         session_id: str | None = None,
         budget: int | None = None,
         protected: int = 0,
+        model: str | None = None,
     ) -> AssembledContext:
         """Memory for ``message`` within ``budget`` tokens (default: assembly.memory_budget).
         Turns already in ``conversation_history`` are not recalled again (by content, runs of
         whitespace aside: ``TurnKeys.seqs_held``), nor turns that are mostly older versions
-        of it (``assemble.Held``). The history filter keeps the last ``protected`` messages
+        of it (``assemble.Held``). ``model`` (the model the request goes to) picks the
+        memory tools' tier in ``paging.mode: tools`` (``tier``). The history filter keeps the
+        last ``protected`` messages
         of the history whatever it decides (beside ``compaction.protected_recent_turns``): a
         caller that sends the message being answered inside the history, with a tool loop
         after it, keeps them all."""
@@ -622,17 +629,26 @@ class MemoryEngine:
                 ranked = []
                 block = MemoryBlock(text="", items=[], budget=MemoryBudget(budget=limit))
             else:
-                if self.config.paging.enabled and self.config.paging.mode == "auto":
+                paging = self.config.paging
+                # Automatic paging in both modes: in ``tools`` it is the fallback for a model
+                # that does not manage its memory.
+                if paging.enabled:
                     self.pager.touch(sid, list(tags.tags))
-                paged = self.pager.loaded(sid) if self.config.paging.enabled else []
+                paged = self.pager.loaded(sid) if paging.enabled else []
+                tier = self.tier(model) if paging.enabled and paging.mode == "tools" else None
                 block = self.assembler.assemble(
                     sid,
                     ranked,
                     tags=tags,
                     paged=paged,
                     budget=limit,
-                    tools=self.config.paging.enabled and self.config.paging.mode == "tools",
+                    tools=tier or False,
                     held=Held(m.text() for m in kept) if kept else None,
+                    dashboard=(
+                        (lambda topics: self.delegation.dashboard(sid, topics))
+                        if tier == "strong"
+                        else None
+                    ),
                 )
         return AssembledContext(
             session_id=sid,
@@ -729,9 +745,17 @@ class MemoryEngine:
         with self.lock(session_id):
             return self.recaller.find_quote(self._session(session_id), query, limit=limit)
 
-    def tool_definitions(self, format: str = "openai") -> list[dict[str, Any]]:
-        """JSON tool definitions (expand_topic, collapse_topic, find_quote) for ``format``."""
-        return tool_definitions(format)
+    def tier(self, model: str | None) -> Tier:
+        """The delegation tier of ``model`` (``paging.tiers``; ``memory/delegation.py``)."""
+        paging = self.config.paging
+        return tier_of(model, paging.tiers, paging.default_tier)
+
+    def tool_definitions(
+        self, format: str = "openai", *, model: str | None = None
+    ) -> list[dict[str, Any]]:
+        """JSON tool definitions for ``format``: the ones ``model``'s tier is offered
+        (expand_topic; with collapse_topic and find_quote for a strong model)."""
+        return tool_definitions(format, TIER_TOOLS[self.tier(model)])
 
     def handle_tool_call(
         self, name: str, arguments: Mapping[str, Any], *, session_id: str | None = None

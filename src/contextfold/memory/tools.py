@@ -7,6 +7,7 @@ and ``find_quote``, as tool definitions in each provider's wire format.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from contextfold.errors import ConfigError
@@ -53,16 +54,19 @@ _TOOLS: list[tuple[str, str, dict[str, Any]]] = [
 TOOL_NAMES = tuple(name for name, _, _ in _TOOLS)
 
 
-def tool_definitions(format: str = "openai") -> list[dict[str, Any]]:
-    """The three tools for ``format``: openai (function tools), anthropic (``input_schema``)
-    or gemini (function declarations)."""
+def tool_definitions(
+    format: str = "openai", names: Sequence[str] = TOOL_NAMES
+) -> list[dict[str, Any]]:
+    """The tools ``names`` (default: all three) for ``format``: openai (function tools),
+    anthropic (``input_schema``) or gemini (function declarations)."""
+    tools = [tool for tool in _TOOLS if tool[0] in names]
     if format == "openai":
         return [
             {"type": "function", "function": {"name": n, "description": d, "parameters": p}}
-            for n, d, p in _TOOLS
+            for n, d, p in tools
         ]
     if format == "anthropic":
-        return [{"name": n, "description": d, "input_schema": p} for n, d, p in _TOOLS]
+        return [{"name": n, "description": d, "input_schema": p} for n, d, p in tools]
     if format == "gemini":
-        return [{"name": n, "description": d, "parameters": p} for n, d, p in _TOOLS]
+        return [{"name": n, "description": d, "parameters": p} for n, d, p in tools]
     raise ConfigError(f"unknown tool format {format!r}; use openai, anthropic or gemini")

@@ -94,7 +94,7 @@ def prepare(
                 plan.hint = plan.dynamic = ""
             forwarded = injected
     if tools:
-        forwarded = wire.add_tools(forwarded, memory.tool_definitions(wire.name))
+        forwarded = wire.add_tools(forwarded, memory.tool_definitions(wire.name, model=plan.model))
     plan.body = forwarded
     if forwarded is not body:  # unchanged: the client's own bytes go upstream
         plan.content = dumps(forwarded)
@@ -186,6 +186,7 @@ def recall(state: ServerState, plan: Plan, parsed: ParsedRequest) -> AssembledCo
         parsed.messages,
         session_id=plan.session_id,
         protected=len(parsed.messages) - parsed.query,
+        model=plan.model,
     )
     plan.assembled = assembled
     if assembled.budget.turns_held:
