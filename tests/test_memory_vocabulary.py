@@ -33,9 +33,7 @@ def test_a_tag_is_split_once_and_sub_tags_never_reuse_a_name() -> None:
     subs = engine.vocab.splits("s")["reservation"]
     assert "reservation-browser-session" not in subs  # taken: the next free name is used
     before = engine.vocabulary(session_id="s")
-    more = [
-        {"role": "user", "content": f"Reservation for a table, round {n}"} for n in range(30)
-    ]
+    more = [{"role": "user", "content": f"Reservation for a table, round {n}"} for n in range(30)]
     for message in more:
         engine.on_turn_complete([message], session_id="s", new_only=True)
     assert engine.vocab.splits("s")["reservation"] == subs  # examined once, never again
@@ -127,9 +125,7 @@ def split_reply(body: dict[str, Any]) -> str:
     )
 
 
-def test_the_llm_splits_when_one_is_configured(
-    llm: FakeLLMServer, llm_engine: LLMEngines
-) -> None:
+def test_the_llm_splits_when_one_is_configured(llm: FakeLLMServer, llm_engine: LLMEngines) -> None:
     llm.reply = split_reply
     engine = llm_engine()
     engine.on_turn_complete(broad_conversation(), session_id="s")
@@ -167,8 +163,11 @@ def test_a_uniform_verdict_keeps_the_tag_and_a_failed_call_falls_back(
 
 FEED = [
     {"role": "user", "content": "The home feed takes four seconds to render for big accounts."},
-    {"role": "assistant", "content": "We can precompute it with a materialized view refreshed"
-     " every minute, so the feed reads one row per account."},
+    {
+        "role": "assistant",
+        "content": "We can precompute it with a materialized view refreshed"
+        " every minute, so the feed reads one row per account.",
+    },
     {"role": "user", "content": "Separately, the login page needs a dark mode toggle."},
     {"role": "assistant", "content": "Add a theme switch that stores the choice in a cookie."},
 ]
@@ -218,8 +217,13 @@ KUBE = [
 
 def plain_engine(**tagger: Any) -> MemoryEngine:
     cfg = MemoryConfig.model_validate(
-        {"tagger": {"keywords": {"kubernetes": ["kubernetes"], "kubernetez": ["kubernetez"]},
-                    **tagger}, "recall": {"embedder": "none"}}
+        {
+            "tagger": {
+                "keywords": {"kubernetes": ["kubernetes"], "kubernetez": ["kubernetez"]},
+                **tagger,
+            },
+            "recall": {"embedder": "none"},
+        }
     )
     return MemoryEngine(cfg, store=MemoryStore(counter=COUNTER), embedder=None, counter=COUNTER)
 
@@ -249,9 +253,11 @@ def test_automatic_aliases_have_an_off_switch_and_a_threshold(aliases: dict[str,
 def test_session_aliases_apply_to_their_session_only() -> None:
     engine = plain_engine(aliases={"auto": False})
     for sid in ("s", "t"):
-        engine.on_turn_complete([{"role": "user", "content": "Postgres vacuum settings"}],
-                                session_id=sid)
+        engine.on_turn_complete(
+            [{"role": "user", "content": "Postgres vacuum settings"}], session_id=sid
+        )
     engine.add_alias("pg", "postgres", session_id="s")
+
     def tags(sid: str) -> tuple[str, ...]:
         found = engine.tag_message("pg vacuum", session_id=sid)
         return found.tags + found.related_tags

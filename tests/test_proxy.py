@@ -699,7 +699,7 @@ def test_a_client_envelope_is_not_tagged_or_stored_and_goes_upstream_unchanged(
     notes = " ".join(record.extra["notes"])
     assert "channel-header ×1" in notes and "message-footer ×1" in notes
     assert "event-line ×1" in notes
-    [user, reply] = engine.store.turns(record.session_id)
+    [user, _] = engine.store.turns(record.session_id)
     assert user.message.text() == "Book the rooftop table for Friday."
     tags = set(user.tags) | set(user.related_tags)
     assert not {t for t in tags if "telegram" in t or "message-id" in t or "node" in t}

@@ -61,5 +61,3 @@ def make_engine(store: MemoryStorage | None = None, **overrides: Any) -> MemoryE
 def turn_by_turn(engine: MemoryEngine, messages: list[dict[str, str]], sid: str = "s") -> None:
     for i in range(0, len(messages), 2):
         engine.on_turn_complete(messages[i : i + 2], session_id=sid)
-
-

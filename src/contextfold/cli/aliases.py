@@ -29,9 +29,7 @@ _USAGE = {"add": "add takes ALIAS CANONICAL", "remove": "remove takes ALIAS"}
 
 
 def aliases_command(
-    action: Annotated[
-        str, typer.Argument(metavar="ACTION", help="list, suggest, add or remove.")
-    ],
+    action: Annotated[str, typer.Argument(metavar="ACTION", help="list, suggest, add or remove.")],
     tags: Annotated[
         list[str] | None,
         typer.Argument(

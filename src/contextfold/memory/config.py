@@ -201,10 +201,18 @@ class PagingSettings(_Section):
     enabled: bool = True
     mode: Literal["auto", "tools"] = "auto"
     budget: int = Field(4096, ge=0)
-    tiers: dict[Literal["weak", "strong"], list[str]] = Field(
-        default_factory=lambda: {k: list(v) for k, v in DEFAULT_TIERS.items()}  # type: ignore[misc]
+    tiers: dict[str, list[str]] = Field(
+        default_factory=lambda: {k: list(v) for k, v in DEFAULT_TIERS.items()}
     )
     default_tier: Literal["weak", "strong"] = "strong"
+
+    @field_validator("tiers")
+    @classmethod
+    def _known_tiers(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        unknown = sorted(set(value) - {"weak", "strong"})
+        if unknown:
+            raise ValueError(f"unknown tier(s) {', '.join(unknown)}; the tiers are weak, strong")
+        return value
 
 
 class HistorySettings(_Section):

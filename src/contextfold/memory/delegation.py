@@ -87,7 +87,7 @@ def tier_of(model: str | None, tiers: Mapping[str, Sequence[str]], default: Tier
     name = model.lower().rsplit("/", 1)[-1]  # "models/gemini-…", "openai/gpt-4o"
     for tier in ("weak", "strong"):
         if any(fnmatchcase(name, pattern.lower()) for pattern in tiers.get(tier, ())):
-            return tier  # type: ignore[return-value]
+            return "weak" if tier == "weak" else "strong"
     return default
 
 
@@ -153,4 +153,3 @@ class Delegation:
         )
         lines.append("</memory-budget>")
         return "\n".join(lines)
-

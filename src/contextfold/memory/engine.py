@@ -27,21 +27,21 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from contextfold._bounded import SessionLRU, clip
+from contextfold._bounded import SessionLRU
 from contextfold.errors import ConfigError
 from contextfold.items import ContextItem, Message, QueryBundle
 from contextfold.memory.assemble import Assembler, Held, MemoryBlock, MemoryBudget
 from contextfold.memory.canonical import TagCanonicalizer
 from contextfold.memory.compactor import CompactionReport, Compactor, Level, TokenMonitor
-from contextfold.memory.delegation import TIER_TOOLS, Delegation, Tier, tier_of
 from contextfold.memory.config import MemoryConfig, load_config
+from contextfold.memory.delegation import TIER_TOOLS, Delegation, Tier, tier_of
 from contextfold.memory.history import FilteredHistory, filter_history
 from contextfold.memory.paging import Pager, PagingResult
 from contextfold.memory.recall import Quote, RankedTurn, Recaller
 from contextfold.memory.rules import TagRules
 from contextfold.memory.summarize import ExtractiveSummarizer, LLMSummarizer, Summarizer
 from contextfold.memory.tagging import EmbeddingTagger, KeywordTagger, LLMTagger, Tagger, TagResult
-from contextfold.memory.tools import TOOL_NAMES, tool_definitions
+from contextfold.memory.tools import run_tool_call, tool_definitions
 from contextfold.memory.turnkeys import TurnKeys, key_of
 from contextfold.memory.vocabulary import SplitReport, Vocabulary
 from contextfold.retrieval.base import Embedder
@@ -762,41 +762,7 @@ class MemoryEngine:
     ) -> str:
         """Run a memory tool call from a model; returns the tool result text (JSON). A bad
         call returns an error text for the model instead of raising."""
-        import json
-
-        if name not in TOOL_NAMES:
-            return json.dumps(
-                {"error": f"unknown tool {clip(name)!r}; tools: {', '.join(TOOL_NAMES)}"}
-            )
-        if not isinstance(arguments, Mapping):
-            return json.dumps({"error": f"{name}: the arguments must be a JSON object"})
-        try:
-            if name == "find_quote":
-                limit = arguments.get("limit", 5)
-                if isinstance(limit, str) and limit.strip().isdigit():
-                    limit = int(limit)  # models often quote numbers
-                if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 20:
-                    return json.dumps(
-                        {
-                            "error": f"find_quote: limit must be a whole number from 1 to 20, "
-                            f"not {clip(json.dumps(limit), 40)}"
-                        }
-                    )
-                quotes = self.find_quote(
-                    str(arguments["query"]), limit=limit, session_id=session_id
-                )
-                return json.dumps([q.model_dump() for q in quotes])
-            op = self.expand_topic if name == "expand_topic" else self.collapse_topic
-            default = "full" if name == "expand_topic" else "summary"
-            result = op(
-                str(arguments["tag"]), arguments.get("depth", default), session_id=session_id
-            )
-            text = self.pager.topic_text(self._session(session_id), result.tag, result.depth)
-            return json.dumps({**result.model_dump(), "content": text})
-        except KeyError as exc:
-            return json.dumps({"error": f"{name} needs the argument {exc.args[0]!r}"})
-        except (ConfigError, ValueError, TypeError) as exc:  # a bad argument, for the model
-            return json.dumps({"error": f"{name}: {clip(str(exc))}"})
+        return run_tool_call(self, name, arguments, session_id=session_id)
 
     # -- reports --------------------------------------------------------------------------------
 

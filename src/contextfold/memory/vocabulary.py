@@ -370,7 +370,7 @@ class Vocabulary:
             reply = self.llm.chat(messages, self.model, temperature=0.0)
         except Exception as exc:  # any client, any failure: keyphrases instead
             return None, f"LLM call failed: {exc}"
-        if self.on_usage is not None:
+        if self.on_usage is not None and self.model is not None:
             self.on_usage(self.model, reply.usage)
         raw = _json_object(reply.text)
         if raw is None:

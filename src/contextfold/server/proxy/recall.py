@@ -34,8 +34,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import uuid
-from datetime import UTC, datetime
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from contextfold.items import Message

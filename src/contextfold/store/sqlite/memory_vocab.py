@@ -58,8 +58,7 @@ class VocabMixin:
             rows = self._conn.execute("SELECT alias, canonical FROM aliases ORDER BY alias")
         else:
             rows = self._conn.execute(
-                "SELECT alias, canonical FROM session_aliases WHERE session_id = ?"
-                " ORDER BY alias",
+                "SELECT alias, canonical FROM session_aliases WHERE session_id = ? ORDER BY alias",
                 (session_id,),
             )
         return {r[0]: r[1] for r in rows}
