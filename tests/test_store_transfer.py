@@ -119,6 +119,9 @@ def _filled(path: Path) -> MemoryStore:
     plain = store.create_session("plain")
     store.append_turns(plain, [Message(role="user", content="hi")], timestamps=[T0])
     store.set_alias("k8s", "kubernetes")
+    store.set_alias("pg", "postgres", session_id="main")
+    store.record_split("main", "weather", ["weather-zurich", "weather-general"])
+    store.record_split("main", "deploy", [])
     store.log_cost("main", "tagging", "gpt-x", 10, 2, 0.001, at=T0)
     store.log_cost(None, "summary", "gpt-x", 100, 20, 0.01, at=T0 + timedelta(seconds=1))
     store.log_cost("branch", "tagging", "gpt-x", 10, 2, 0.001, at=T0 + timedelta(seconds=2))
@@ -143,6 +146,7 @@ def assert_same(a: SessionDump, b: SessionDump, *, vectors: bool = True) -> None
     ]
     assert a.tag_summaries == b.tag_summaries
     assert a.working_set == b.working_set
+    assert a.aliases == b.aliases and a.tag_splits == b.tag_splits
     if vectors:
         assert a.vectors.keys() == b.vectors.keys()
         for model, (seqs, matrix) in a.vectors.items():
@@ -175,6 +179,8 @@ def test_dump_holds_everything(src: MemoryStore) -> None:
     assert {s.tag for s in dump.tag_summaries} == {"deploy", "weather"}
     assert [w.tag for w in dump.working_set] == ["weather", "deploy"]
     assert dump.vectors["mini"][0] == [1, 2, 3] and dump.vectors["mini"][1].shape == (3, 4)
+    assert dump.aliases == {"pg": "postgres"}
+    assert dump.tag_splits == {"deploy": (), "weather": ("weather-zurich", "weather-general")}
     branch = src.dump_session("branch")
     assert (branch.session.parent_id, branch.session.fork_seq) == ("main", 6)
     with pytest.raises(KeyError):

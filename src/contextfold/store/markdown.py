@@ -210,6 +210,8 @@ def write_session(dump: SessionDump, folder: Path) -> None:
                 }
                 for w in dump.working_set
             ],
+            "aliases": dict(dump.aliases),
+            "tag_splits": {tag: list(subs) for tag, subs in dump.tag_splits.items()},
         },
         _session_body(dump),
     )
@@ -315,7 +317,12 @@ def read_session(folder: Path) -> SessionDump:
             )
             for w in data.get("working_set") or []
         ]
-    except (ValidationError, KeyError, TypeError) as exc:
+        aliases = {str(k): str(v) for k, v in (data.get("aliases") or {}).items()}
+        splits = {
+            str(tag): tuple(str(s) for s in subs)
+            for tag, subs in (data.get("tag_splits") or {}).items()
+        }
+    except (ValidationError, KeyError, TypeError, AttributeError) as exc:
         raise ConfigError(f"{path}: invalid session record: {exc}") from None
     sid = record.id
     turns = [_read_turn(p, sid) for p in _numbered(folder / "turns")]
@@ -333,6 +340,8 @@ def read_session(folder: Path) -> SessionDump:
         segments=segments,
         tag_summaries=summaries,
         working_set=working,
+        aliases=aliases,
+        tag_splits=splits,
     )
 
 

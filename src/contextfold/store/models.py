@@ -264,8 +264,8 @@ class SessionDump:
     """Everything a store holds for one session, as ``dump_session`` reads it and
     ``load_session`` writes it back (into the same backend or another): the session record
     (watermark, principal, branch, derived seq), its raw turns with their tags, hashes and
-    times, its segments, tag summaries and working set, and its turn vectors by model
-    (seqs, float32 matrix)."""
+    times, its segments, tag summaries and working set, its turn vectors by model
+    (seqs, float32 matrix), its own aliases and the tags the splitter examined."""
 
     session: SessionRecord
     turns: list[StoredTurn]
@@ -273,6 +273,8 @@ class SessionDump:
     tag_summaries: list[TagSummary] = field(default_factory=list)
     working_set: list[WorkingSetEntry] = field(default_factory=list)
     vectors: dict[str, tuple[list[int], npt.NDArray[np.float32]]] = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)  # scoped to the session
+    tag_splits: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 def check_compaction(

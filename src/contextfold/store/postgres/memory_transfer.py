@@ -102,6 +102,8 @@ class TransferMixin:
             tag_summaries=list(self.tag_summaries(session_id).values()),
             working_set=list(self.working_set(session_id).values()),
             vectors={model: self.turn_vectors(session_id, model) for model in models},
+            aliases=self.aliases(session_id),
+            tag_splits=self.tag_splits(session_id),
         )
 
     def load_session(self, dump: SessionDump) -> None:
@@ -160,6 +162,20 @@ class TransferMixin:
                 [seg.first_seq for seg in dump.segments],
             )
             self._load_state(conn, sid, dump)
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO session_aliases (session_id, alias, canonical)"
+                    " VALUES (%s, %s, %s)",
+                    [(sid, alias, canonical) for alias, canonical in dump.aliases.items()],
+                )
+                cur.executemany(
+                    "INSERT INTO tag_splits (session_id, tag, sub_tags, created_at)"
+                    " VALUES (%s, %s, %s, %s)",
+                    [
+                        (sid, tag, json.dumps(list(subs)), _now())
+                        for tag, subs in dump.tag_splits.items()
+                    ],
+                )
             if dump.turns and dump.turns[-1].seq > record.derived_seq:
                 conn.execute(
                     "INSERT INTO jobs (session_id, kind, created_at) VALUES (%s, 'derive', %s)",

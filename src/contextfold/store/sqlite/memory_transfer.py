@@ -125,6 +125,8 @@ class TransferMixin:
                 tag_summaries=list(self.tag_summaries(session_id).values()),
                 working_set=list(self.working_set(session_id).values()),
                 vectors=vectors,
+                aliases=self.aliases(session_id),
+                tag_splits=self.tag_splits(session_id),
             )
 
     def load_session(self, dump: SessionDump) -> None:
@@ -232,6 +234,14 @@ class TransferMixin:
             "INSERT INTO working_set (session_id, tag, depth, last_used, tokens)"
             " VALUES (?, ?, ?, ?, ?)",
             [(sid, w.tag, w.depth, _iso(w.last_used), w.tokens) for w in dump.working_set],
+        )
+        conn.executemany(
+            "INSERT INTO session_aliases (session_id, alias, canonical) VALUES (?, ?, ?)",
+            [(sid, alias, canonical) for alias, canonical in dump.aliases.items()],
+        )
+        conn.executemany(
+            "INSERT INTO tag_splits (session_id, tag, sub_tags, created_at) VALUES (?, ?, ?, ?)",
+            [(sid, tag, json.dumps(list(subs)), now) for tag, subs in dump.tag_splits.items()],
         )
         for model, (seqs, matrix) in dump.vectors.items():
             if len(seqs) != len(matrix):
