@@ -111,6 +111,7 @@ class Vocabulary:
         self._related: SessionLRU[tuple[int, dict[str, int]]] = SessionLRU(sessions)
         self._seen: SessionLRU[set[str]] = SessionLRU(sessions)
         self._last_seen: SessionLRU[tuple[int, dict[str, datetime]]] = SessionLRU(sessions)
+        self._held: SessionLRU[tuple[tuple[int, tuple[str, ...]], set[int]]] = SessionLRU(sessions)
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -266,11 +267,19 @@ class Vocabulary:
         if not expired:
             return tags, (), set()
         gone = set(expired)
-        held = {
-            seq
-            for seq, pairs in self.store.turns_tagged(sid, expired).items()
-            if any(not related for _, related in pairs)
-        }
+        key = (self._generation(sid), tuple(expired))
+        cached = self._held.peek(sid)
+        if cached is None or cached[0] != key:
+            cached = (
+                key,
+                {
+                    seq
+                    for seq, pairs in self.store.turns_tagged(sid, expired).items()
+                    if any(not related for _, related in pairs)
+                },
+            )
+            self._held.put(sid, cached)
+        held = cached[1]
         # A tag of the message whose every turn is held back is expired content too: its
         # summary (and paged topic) would bring those turns back.
         others = [t for t in (*tags.tags, *tags.related_tags) if t not in gone]
@@ -289,7 +298,7 @@ class Vocabulary:
                 "primary": kept[0] if kept else None,
             }
         )
-        return narrowed, tuple(expired), held
+        return narrowed, tuple(expired), set(held)
 
     # -- evolution ------------------------------------------------------------------------------
 
