@@ -38,6 +38,24 @@ def test_session_aliases_and_splits_go_with_their_session(memory_store: MemorySt
     assert store.aliases("s1") == {} and store.tag_splits("s1") == {}
 
 
+def test_session_aliases_and_splits_draw_a_new_generation(memory_store: MemoryStorage) -> None:
+    """Every process's cache of them is keyed by the session's generation."""
+    store = filled(memory_store)
+
+    def generation() -> int:
+        version = store.session_version("s1")
+        assert version is not None
+        return version[1]
+
+    first = generation()
+    store.set_alias("pg", "postgres", session_id="s1")
+    second = generation()
+    store.record_split("s1", "deploy", [])
+    third = generation()
+    store.remove_alias("pg", session_id="s1")
+    assert first < second < third < generation()
+
+
 def test_a_tag_is_recorded_as_split_once(memory_store: MemoryStorage) -> None:
     store = filled(memory_store)
     assert store.tag_splits("s1") == {}

@@ -44,9 +44,27 @@ def test_migrations_are_recorded_once() -> None:
             "m006_segment_ids_never_reused",
             "m007_generations_and_records",
             "m008_response_links",
+            "m012_scoped_aliases_and_splits",
         ]
     )
     assert MIGRATIONS.apply(store._conn) == []
+
+
+def test_m012_gives_an_older_store_session_aliases_and_splits(tmp_path: Path) -> None:
+    conn = connect(tmp_path / "old.db")
+    MIGRATIONS.apply(conn, upto="m008_response_links")
+    conn.execute("INSERT INTO sessions (id, created_at) VALUES ('s1', '2026-01-01T00:00:00+00:00')")
+    conn.commit()
+    conn.close()
+    store = _store(tmp_path / "old.db")
+    before = store.session_version("s1")
+    store.set_alias("pg", "postgres", session_id="s1")
+    store.record_split("s1", "deploy", ["deploy-rollback", "deploy-general"])
+    assert store.aliases("s1") == {"pg": "postgres"}
+    assert store.tag_splits("s1") == {"deploy": ("deploy-rollback", "deploy-general")}
+    after = store.session_version("s1")
+    assert before is not None and after is not None and after[1] > before[1]  # caches see it
+    store.close()
 
 
 def test_fts_migration_indexes_turns_stored_by_the_oldest_schema(tmp_path: Path) -> None:
