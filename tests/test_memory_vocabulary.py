@@ -314,3 +314,23 @@ def test_an_expired_tags_turns_and_summary_are_not_recalled_but_stay_stored() ->
     )
     again = engine.on_message_inbound("What fixed the flaky websocket heartbeat?", session_id="s")
     assert again.expired_tags == () and {1, 2} & {r.seq for r in again.recalled}
+
+
+def test_versions_are_not_merged_as_near_spellings() -> None:
+    cfg = MemoryConfig.model_validate(
+        {
+            "tagger": {"keywords": {"windows-10": ["win10"], "windows-11": ["win11"]}},
+            "recall": {"embedder": "none"},
+        }
+    )
+    engine = MemoryEngine(cfg, store=MemoryStore(counter=COUNTER), embedder=None, counter=COUNTER)
+    engine.on_turn_complete(
+        [
+            {"role": "user", "content": "win10 drivers"},
+            {"role": "user", "content": "win11 drivers"},
+        ],
+        session_id="s",
+        new_only=True,
+    )
+    assert engine.vocab.session_aliases("s") == {}
+    assert {"windows-10", "windows-11"} <= set(engine.vocabulary(session_id="s"))

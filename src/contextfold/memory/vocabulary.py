@@ -16,7 +16,8 @@ derive (``evolve``) and in front of every inbound tagging (``inbound``):
 - **automatic aliases** (``tagger.aliases``): a new tag whose spelling is within
   ``min_similarity`` (normalized Levenshtein similarity) of a tag the session has, or the same
   letters hyphenated differently, is made an alias of the more frequent one — scoped to the
-  session, and its stored turns retagged (``kubernetez`` → ``kubernetes``).
+  session, and its stored turns retagged (``kubernetez`` → ``kubernetes``). Tags whose digits
+  differ (``windows-10`` / ``windows-11``) and the tags of a split are never merged.
 - **session aliases**: ``contextfold memory aliases add -s SESSION`` aliases apply to that
   session's tagging and lookups only, on top of the store-wide ones.
 - **expiry** (``tag_rules[].ttl_days``): ``expired`` names the session's tags whose TTL has run
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -47,6 +49,8 @@ from contextfold.store.protocols import MemoryStorage
 __all__ = ["SplitReport", "Vocabulary"]
 
 logger = logging.getLogger(__name__)
+
+_DIGITS = re.compile(r"\D+")
 
 #: Turns shown to the LLM when it splits a tag, and characters of each.
 _LLM_TURNS = 120
@@ -456,6 +460,9 @@ class Vocabulary:
         for name in names:
             letters.setdefault(name.replace("-", ""), []).append(name)
         applied: dict[str, str] = {}
+        # A split's tags are kept apart on purpose (a sub-tag may be ``name-2``).
+        examined = self.splits(sid)
+        split = set(examined) | {sub for subs in examined.values() for sub in subs}
         for tag in new:
             if tag in applied or len(tag) < self.settings.aliases.min_length:
                 continue
@@ -472,8 +479,10 @@ class Vocabulary:
                 if name != tag and len(name) >= self.settings.aliases.min_length
             ]
             for other in near:
-                if other in applied or tag in applied:
+                if other in applied or tag in applied or {tag, other} & split:
                     continue
+                if _DIGITS.sub("", tag) != _DIGITS.sub("", other):
+                    continue  # windows-10 / windows-11, python-2 / python-3: not one topic
                 canonical = min((tag, other), key=lambda t: (-counts[t], -len(t), t))
                 alias = other if canonical == tag else tag
                 applied[alias] = canonical
