@@ -60,10 +60,15 @@ class PipelineStep:
 def retriever_step(
     name: str, retriever: Retriever, top_k: int = 10, *, on_error: OnError = "raise"
 ) -> PipelineStep:
-    """Appends the retriever's top ``top_k`` items for the query."""
+    """Appends the retriever's top ``top_k`` items for the query. A seed-002 retriever
+    (``retrieve(query: str, k)`` returning ``{"text", "metadata", "score"}`` dicts) is adapted
+    (``contextfold.retrieval.adapters.as_retriever``)."""
+    from contextfold.retrieval.adapters import as_retriever
+
+    adapted = as_retriever(retriever)
 
     def run(items: list[ContextItem], query: QueryBundle) -> list[ContextItem]:
-        return [*items, *retriever.retrieve(query, top_k)]
+        return [*items, *adapted.retrieve(query, top_k)]
 
     return PipelineStep(name, run, on_error)
 

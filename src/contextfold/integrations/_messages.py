@@ -28,4 +28,3 @@ def item_metadata(item: ContextItem) -> dict[str, object]:
     if item.section is not None:
         meta["section"] = item.section
     return meta
-
