@@ -24,6 +24,7 @@ from langchain_core.prompt_values import ChatPromptValue
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
 
+from contextfold.client import APIError
 from contextfold.errors import ConfigError
 from contextfold.integrations.langchain import (
     ContextApiRetriever,
@@ -128,7 +129,7 @@ def test_context_api_retriever_against_a_real_server(tmp_path: Path) -> None:
         assert docs[0].metadata["section"] == "entry_points"
 
         bad = ContextApiRetriever(url=server.url, tenant_ids=["not a tenant!"])
-        with pytest.raises(ConfigError, match="422"):
+        with pytest.raises(APIError, match="422"):
             bad.invoke("refund")
 
 

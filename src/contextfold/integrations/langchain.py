@@ -26,7 +26,6 @@ from contextfold.integrations._messages import item_metadata, require
 
 require("langchain_core", "langchain")
 
-import httpx  # noqa: E402
 from langchain_core.callbacks import (  # noqa: E402
     AsyncCallbackManagerForRetrieverRun,
     CallbackManagerForRetrieverRun,
@@ -183,8 +182,9 @@ class ContextApiRetriever(BaseRetriever):
     """A LangChain retriever over a contextfold server's ``POST /api/context``: the entry
     points, expanded nodes and entities of the knowledge graph, as ``Document``s (metadata:
     ``node_id``, ``node_type``, ``section``, ``score``, ``path`` …). ``api_key`` is sent as
-    ``Authorization: Bearer``; an error answer raises ``ConfigError`` with the server's
-    message. Sync and async (``ainvoke``)."""
+    ``Authorization: Bearer``; an error answer raises ``contextfold.client.APIError`` with
+    the status and the server's message. Sync and async (``ainvoke``), through
+    ``contextfold.client``."""
 
     url: str = "http://127.0.0.1:5757"
     tenant_ids: list[str] = Field(default_factory=list)
@@ -196,45 +196,39 @@ class ContextApiRetriever(BaseRetriever):
     max_tokens: int | None = None
     timeout: float = 30.0
 
-    def _request(self, query: str) -> tuple[str, dict[str, Any], dict[str, str]]:
-        body: dict[str, Any] = {
-            "query": query,
-            "tenant_ids": self.tenant_ids,
+    def _request(self, query: str) -> Any:
+        from contextfold.client import Requests
+
+        options: dict[str, Any] = {
             "entry_limit": self.entry_limit,
             "max_depth": self.max_depth,
             "expand": self.expand,
             "include_entities": self.include_entities,
+            "max_tokens": self.max_tokens,
         }
-        if self.max_tokens is not None:
-            body["max_tokens"] = self.max_tokens
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        return self.url.rstrip("/") + "/api/context", body, headers
+        return Requests().context(query, self.tenant_ids, **options)
 
     @staticmethod
-    def _documents(response: httpx.Response) -> list[Document]:
-        from contextfold.retrieval.graph import GraphContextResponse, to_context_items
+    def _documents(result: Any) -> list[Document]:
+        from contextfold.retrieval.graph import to_context_items
 
-        if response.status_code != 200:
-            try:
-                message = response.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = response.text[:300]
-            raise ConfigError(f"POST /api/context answered {response.status_code}: {message}")
-        result = GraphContextResponse.model_validate(response.json())
         return [_document(item) for item in to_context_items(result)]
 
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun
     ) -> list[Document]:
-        url, body, headers = self._request(query)
-        return self._documents(httpx.post(url, json=body, headers=headers, timeout=self.timeout))
+        from contextfold.client import Client
+
+        with Client(self.url, api_key=self.api_key, timeout=self.timeout) as client:
+            return self._documents(client.send(self._request(query)))
 
     async def _aget_relevant_documents(
         self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun
     ) -> list[Document]:
-        url, body, headers = self._request(query)
-        async with httpx.AsyncClient(timeout=self.timeout) as client:
-            return self._documents(await client.post(url, json=body, headers=headers))
+        from contextfold.client import AsyncClient
+
+        async with AsyncClient(self.url, api_key=self.api_key, timeout=self.timeout) as client:
+            return self._documents(await client.send(self._request(query)))
 
 
 # -- memory ---------------------------------------------------------------------------------
