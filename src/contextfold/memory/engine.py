@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from contextfold import telemetry
 from contextfold._bounded import SessionLRU, clip
 from contextfold.errors import ConfigError
 from contextfold.items import ContextItem, Message, QueryBundle
@@ -562,6 +563,7 @@ class MemoryEngine:
         of the history whatever it decides (beside ``compaction.protected_recent_turns``): a
         caller that sends the message being answered inside the history, with a tool loop
         after it, keeps them all."""
+        started = telemetry.now()
         text = message if isinstance(message, str) else as_message(message).text()
         history = [as_message(m) for m in conversation_history]
         with self.lock(session_id):
@@ -602,7 +604,7 @@ class MemoryEngine:
                     tools=self.config.paging.enabled and self.config.paging.mode == "tools",
                     held=Held(m.text() for m in kept) if kept else None,
                 )
-        return AssembledContext(
+        result = AssembledContext(
             session_id=sid,
             prepend_text=block.text,
             matched_tags=tags.tags,
@@ -615,6 +617,8 @@ class MemoryEngine:
             history=filtered,
             tagger=tags.source,
         )
+        telemetry.record_recall(result, started)
+        return result
 
     def _below_floor(self, ranked: Sequence[RankedTurn]) -> bool:
         """Whether the relevance floor (``recall.relevance_floor``) withholds memory: it is on,
