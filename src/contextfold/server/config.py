@@ -198,7 +198,9 @@ class DashboardSettings(_Section):
     """``token_env``: the variable holding the dashboard token; required when the server
     binds to anything but loopback. ``corpus``: the document database the Ask page searches
     (default ``$CONTEXTFOLD_HOME/documents.db``, where ``contextfold ingest`` writes);
-    ``examples``: the Ask page's example-question buttons."""
+    ``examples``: the Ask page's example-question buttons. ``chat_tool``: the tool whose
+    output fills a chat turn's tool-outputs section (``find_quote``: the memory's exact
+    earlier lines for the question; ``null``: none)."""
 
     enabled: bool = True
     token_env: str | None = "CONTEXTFOLD_DASHBOARD_TOKEN"
@@ -209,6 +211,7 @@ class DashboardSettings(_Section):
         "Can I fly business class to Singapore?",
         "Do I need receipts for meals under 10 euros?",
     )
+    chat_tool: Literal["find_quote"] | None = "find_quote"
 
     @field_validator("token_env")
     @classmethod
