@@ -276,3 +276,22 @@ def test_trim_messages_as_a_runnable_in_a_chain() -> None:
     assert isinstance(out[0], SystemMessage)
     with pytest.raises(ConfigError, match="list of messages"):
         trim_messages("hello", max_tokens=10)
+
+
+def test_recall_memory_reads_the_session_from_the_config() -> None:
+    engine = _engine()
+    engine.on_turn_complete(
+        [
+            {"role": "user", "content": "The Henninger filing deadline is March 3."},
+            {"role": "assistant", "content": "Noted."},
+        ],
+        session_id="alice",
+    )
+    recall = recall_memory(engine)
+    question = {"input": "When is the Henninger filing deadline?", "history": []}
+    mine = recall.invoke(question, {"configurable": {"session_id": "alice"}})
+    theirs = recall.invoke(question, {"configurable": {"session_id": "bob"}})
+    assert "March 3" in mine["memory"]
+    assert theirs["memory"] == ""  # another session's memory is not recalled
+    with pytest.raises(ConfigError, match="'input'"):
+        recall.invoke({"question": "x"})
