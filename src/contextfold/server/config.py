@@ -198,9 +198,7 @@ class DashboardSettings(_Section):
     """``token_env``: the variable holding the dashboard token; required when the server
     binds to anything but loopback. ``corpus``: the document database the Ask page searches
     (default ``$CONTEXTFOLD_HOME/documents.db``, where ``contextfold ingest`` writes);
-    ``examples``: the Ask page's example-question buttons. ``chat_tool``: the tool whose
-    output fills a chat turn's tool-outputs section (``find_quote``: the memory's exact
-    earlier lines for the question; ``null``: none)."""
+    ``examples``: the Ask page's example-question buttons."""
 
     enabled: bool = True
     token_env: str | None = "CONTEXTFOLD_DASHBOARD_TOKEN"
@@ -211,6 +209,8 @@ class DashboardSettings(_Section):
         "Can I fly business class to Singapore?",
         "Do I need receipts for meals under 10 euros?",
     )
+    #: The tool whose output fills an Ask chat turn's tool-outputs section (``find_quote``:
+    #: the memory's exact earlier lines for the question; ``None``: no tool).
     chat_tool: Literal["find_quote"] | None = "find_quote"
 
     @field_validator("token_env")

@@ -612,10 +612,10 @@ class Proxy:
     ) -> None:
         """Queue the dashboard record of a finished request (writer thread); its reply tags
         follow when the session's derived work is done (``ReplyTags``)."""
+        span = telemetry.start_proxy_span(plan.started)
         message = reply_message(reply.text, reply.calls) if reply is not None else None
         memory, events = self.state.memory, self.state.events
         committed = plan.committed
-        span = telemetry.start_proxy_span(plan.started)
 
         def job() -> None:
             record = build_record(
