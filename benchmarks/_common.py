@@ -1048,6 +1048,34 @@ def _render_scaleout(path: Path, data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _render_telemetry(path: Path, data: dict[str, Any]) -> list[str]:
+    modes = ("absent", "api", "sdk")
+    lines = [
+        "## OpenTelemetry hooks (`bench_telemetry.py`)",
+        "",
+        "A pipeline build (300 retrieval items into 4,000 tokens) and a memory recall (a "
+        f"{data['session_turns']}-turn session), each with `opentelemetry` *absent*, the *api* "
+        "only (no SDK: non-recording spans) and the *sdk* recording every span into an "
+        "in-memory exporter; the modes interleaved round by round in one process.",
+        "",
+        f"- Command: `{data['command']}` → `{_relative(str(path))}`",
+        f"- Machine: {_machine_line(data)}",
+        "",
+        "| work | mode | median ms | p95 ms | CPU median ms | CPU ratio to absent "
+        "| CPU overhead µs | runs |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in data["rows"]:
+        for mode in modes:
+            stats = row["stats"][mode]
+            lines.append(
+                f"| {row['work']} | {mode} | {_ms(stats, 'median_ms')} | {_ms(stats, 'p95_ms')} "
+                f"| {_ms(stats, 'cpu_median_ms')} | {row['ratio_cpu'][mode]:.3f}× "
+                f"| {row['overhead_us_cpu'][mode]:,.1f} | {stats['n']} |"
+            )
+    return lines
+
+
 _RENDERERS = {
     "memory": _render_memory,
     "memory_scale": _render_memory_scale,
@@ -1065,6 +1093,7 @@ _RENDERERS = {
     "memory_floor": _render_memory_floor,
     "store": _render_store,
     "scaleout": _render_scaleout,
+    "telemetry": _render_telemetry,
 }
 
 

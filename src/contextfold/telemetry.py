@@ -32,6 +32,7 @@ span                           attributes (``contextfold.`` prefix)
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -92,14 +93,18 @@ def _get_tracer() -> Any:
     if trace is None:
         return None
     if _tracer is None:
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            release = version("contextfold")
-        except PackageNotFoundError:
-            release = None
-        _tracer = trace.get_tracer("contextfold", release, tracer_provider=_provider)
+        _tracer = trace.get_tracer("contextfold", _release(), tracer_provider=_provider)
     return _tracer
+
+
+@functools.cache
+def _release() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("contextfold")
+    except PackageNotFoundError:
+        return None
 
 
 def now() -> int:
