@@ -195,3 +195,32 @@ def test_without_opentelemetry_every_hook_is_a_no_op() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok True"
+
+
+def test_the_benchmark_runs_and_its_modes_do_what_they_say(tmp_path: Path) -> None:
+    """``bench_telemetry.py --quick`` (it exits non-zero when a mode records the wrong spans);
+    its table renders from the JSON it writes."""
+    import json
+    import os
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "bench_telemetry.py"),
+            "--quick",
+            "--results-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    (result,) = [json.loads(p.read_text()) for p in tmp_path.glob("telemetry-*-quick.json")]
+    assert [row["work"] for row in result["rows"]] == ["pipeline build", "memory recall"]
+    for row in result["rows"]:
+        assert set(row["stats"]) == {"absent", "api", "sdk"}
+        assert row["ratio_cpu"]["absent"] == 1.0
+    assert "## OpenTelemetry hooks" in (tmp_path / "RESULTS.md").read_text()
