@@ -37,6 +37,7 @@ from contextfold.memory.config import MemoryConfig, load_config
 from contextfold.memory.history import FilteredHistory, filter_history
 from contextfold.memory.paging import Pager, PagingResult
 from contextfold.memory.recall import Quote, RankedTurn, Recaller
+from contextfold.memory.relevance import KnownNames, names_in
 from contextfold.memory.rules import TagRules
 from contextfold.memory.summarize import ExtractiveSummarizer, LLMSummarizer, Summarizer
 from contextfold.memory.tagging import EmbeddingTagger, KeywordTagger, LLMTagger, Tagger, TagResult
@@ -211,6 +212,7 @@ class MemoryEngine:
         # (``MemoryStorage.session_version``): another process's tags make it stale.
         self._vocab: SessionLRU[tuple[int, dict[str, int]]] = SessionLRU(cfg.cached_sessions)
         self._turn_keys = TurnKeys(self.store, sessions=cfg.cached_sessions)
+        self._known_names = KnownNames(self.store, sessions=cfg.cached_sessions)
         # One lock per session (striped: a bounded set shared by hash), so a session only ever
         # waits on itself; ``_derive_locks`` keep one session's derived work in order without
         # holding up its requests.
@@ -585,7 +587,7 @@ class MemoryEngine:
                 )
             )
             limit = budget if budget is not None else self.config.assembly.memory_budget
-            if self._below_floor(ranked):
+            if self._below_floor(sid, text, ranked):
                 # Nothing stored is close enough to the message: no memory at all.
                 ranked = []
                 block = MemoryBlock(text="", items=[], budget=MemoryBudget(budget=limit))
@@ -616,16 +618,27 @@ class MemoryEngine:
             tagger=tags.source,
         )
 
-    def _below_floor(self, ranked: Sequence[RankedTurn]) -> bool:
-        """Whether the relevance floor (``recall.relevance_floor``) withholds memory: it is on,
-        the dense signal scored the candidates, and the best cosine similarity among them is
-        under it. A recall that ranked nothing (the history holds every turn), or whose
-        candidates have no vector yet (``Recaller.catch_up`` off), is not judged."""
-        floor = self.config.recall.relevance_floor
-        if floor is None or self.recaller.embedder is None or not ranked:
+    def _below_floor(self, sid: str, text: str, ranked: Sequence[RankedTurn]) -> bool:
+        """Whether the relevance floor withholds memory (``memory.relevance``): it is on, the
+        dense signal scored the candidates, and the best cosine similarity among them is under
+        ``recall.relevance_floor`` — or under ``recall.unknown_name_floor`` when the message
+        names something no stored turn contains. A recall that ranked nothing (the history
+        holds every turn), or whose candidates have no vector yet (``Recaller.catch_up``
+        off), is not judged."""
+        recall = self.config.recall
+        floor, strict = recall.relevance_floor, recall.unknown_name_floor
+        if (floor is None and strict is None) or self.recaller.embedder is None or not ranked:
             return False
         scored = [r.similarity for r in ranked if r.similarity is not None]
-        return bool(scored) and max(scored) < floor
+        if not scored:
+            return False
+        best = max(scored)
+        if floor is not None and best < floor:
+            return True
+        if strict is None or best >= strict:
+            return False
+        # Only a message the first floor passes, and the stricter one would not, looks up names.
+        return bool(self._known_names.unknown(sid, names_in(text)))
 
     def _holds_everything(self, sid: str, exclude: set[int]) -> bool:
         """Whether the history the caller sends holds every stored turn of the session, with
