@@ -24,6 +24,12 @@ conversation never stored, so the name floor is scored the same way.
    the floors off, the relevance floor alone, and both shipped floors. Nothing is chosen from
    it.
 
+A diagnostic beside the curve: the same negative questions with the names swapped for the
+conversation's own speakers ("What did Caroline research?" asked of Jon and Gina becomes "What
+did Jon research?"). Their answers are still never said in the conversation, but nothing in them
+names a stranger, so they show what the floors do for a question about something never said when
+the name floor cannot help. It is reported, never chosen from.
+
 Result: ``memory_floor_calibration-*.json`` / ``memory_floor-*.json`` and a ``.md`` beside each.
 Point ``CONTEXTFOLD_HOME`` at a folder whose ``embedding-cache.db`` holds the LoCoMo turns'
 vectors (``contextfold eval locomo`` writes it) to skip embedding them again.
@@ -32,7 +38,9 @@ vectors (``contextfold eval locomo`` writes it) to skip embedding them again.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import re
 import statistics
 import sys
 import time
@@ -40,7 +48,13 @@ from pathlib import Path
 from typing import Any
 
 import _common as common
-from contextfold.eval.locomo import load_locomo, negative_questions, split_conversations
+from contextfold.eval.locomo import (
+    LocomoConversation,
+    LocomoQA,
+    load_locomo,
+    negative_questions,
+    split_conversations,
+)
 from contextfold.eval.locomo_memory import MemoryEngineSystem, eval_config
 from contextfold.eval.locomo_run import evidence_recall
 from contextfold.eval.locomo_systems import SystemContext
@@ -57,6 +71,18 @@ CALIBRATION = "memory_floor_calibration"
 MEASURE = "memory_floor"
 
 
+def swapped(
+    qa: LocomoQA, conv: LocomoConversation, convs: list[LocomoConversation]
+) -> LocomoQA:
+    """``qa`` (a negative question for ``conv``) with its own conversation's speakers renamed
+    to ``conv``'s, in order."""
+    own = next(c for c in convs if c.qa and qa in c.qa)
+    text = qa.question
+    for theirs, ours in zip(own.speakers, conv.speakers, strict=False):
+        text = re.sub(rf"\b{re.escape(theirs)}\b", ours, text)
+    return dataclasses.replace(qa, question=text)
+
+
 def observe(split: str, data: Path, limit: int | None) -> dict[str, list[dict[str, Any]]]:
     """Every question of ``split`` asked once with the floor off: recall or tokens, and best
     similarity."""
@@ -68,16 +94,21 @@ def observe(split: str, data: Path, limit: int | None) -> dict[str, list[dict[st
     ctx = SystemContext(embedding_cache=home_dir() / "embedding-cache.db")
     real: list[dict[str, Any]] = []
     negative: list[dict[str, Any]] = []
+    renamed: list[dict[str, Any]] = []
     try:
         for conv in convs:
             system = MemoryEngineSystem(ctx, cfg)
             system.ingest(conv)
             assert system.engine is not None
             known = KnownNames(system.engine.store)
-            asks = [(qa, True) for qa in conv.qa if qa.category != 5 and qa.evidence]
-            asks += [
-                (qa, False) for qa in negative_questions(conv, convs, per_conversation=NEGATIVES)
+            # True: a real question; False: the negative set; None: it with names swapped.
+            asks: list[tuple[LocomoQA, bool | None]] = [
+                (qa, True) for qa in conv.qa if qa.category != 5 and qa.evidence
             ]
+            negatives = negative_questions(conv, convs, per_conversation=NEGATIVES)
+            asks += [(qa, False) for qa in negatives]
+            if split == "tune":
+                asks += [(swapped(qa, conv, convs), None) for qa in negatives]
             for qa, is_real in asks:
                 got = system.engine.on_message_inbound(qa.question, budget=BUDGET)
                 sims = [r.similarity for r in got.recalled if r.similarity is not None]
@@ -94,11 +125,14 @@ def observe(split: str, data: Path, limit: int | None) -> dict[str, list[dict[st
                     real.append(row)
                 else:
                     row["tokens"] = ctx.counter.count(got.prepend_text)
-                    negative.append(row)
+                    (negative if is_real is False else renamed).append(row)
             print(f"{split} {conv.sample_id}: {len(asks)} questions", file=sys.stderr)
     finally:
         ctx.close()
-    return {"real": real, "negative": negative}
+    rows = {"real": real, "negative": negative}
+    if renamed:
+        rows["renamed"] = renamed
+    return rows
 
 
 def _passes(row: dict[str, Any], floor: float | None, names: float | None = None) -> bool:
@@ -125,6 +159,13 @@ def score(
         if (v := [r["recall"] if passes(r) else 0.0 for r in real if r["category"] == c])
     }
     tokens = [r["tokens"] if passes(r) else 0 for r in negative]
+    extra: dict[str, Any] = {}
+    if rows.get("renamed"):
+        renamed = [r["tokens"] if passes(r) else 0 for r in rows["renamed"]]
+        extra = {
+            "renamed_mean_tokens": round(statistics.fmean(renamed), 1),
+            "renamed_p95_tokens": round(common.percentile(renamed, 95), 1),
+        }
     return {
         "floor": floor,
         "name_floor": names,
@@ -136,6 +177,7 @@ def score(
         "negative_mean_tokens": round(statistics.fmean(tokens), 1),
         "negative_p95_tokens": round(common.percentile(tokens, 95), 1),
         "negative_empty_share": round(sum(t == 0 for t in tokens) / len(tokens), 3),
+        **extra,
     }
 
 
@@ -237,6 +279,16 @@ def markdown(result: dict[str, Any], path: Path) -> str:
                     head,
                     _row(result["name_chosen"], off),
                 ]
+                chosen = result["name_chosen"]
+                if "renamed_mean_tokens" in chosen:
+                    lines += [
+                        "",
+                        "Diagnostic, the negative set with its names swapped for the "
+                        "conversation's own speakers (nothing names a stranger): "
+                        f"{off['renamed_mean_tokens']:,.1f} mean tokens with the floors off, "
+                        f"{chosen['renamed_mean_tokens']:,.1f} (p95 "
+                        f"{chosen['renamed_p95_tokens']:,.0f}) with the floors chosen.",
+                    ]
     else:
         lines += [_row(off, off)]
         if "floor_only" in result:

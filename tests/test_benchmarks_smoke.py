@@ -274,7 +274,7 @@ def test_forwarded_tokens_benchmark_quick_run(tmp_path: Path) -> None:
     and counts what the client sent against what the fake upstream received."""
     result, md = run_quick(tmp_path, "bench_forwarded.py", "forwarded")
     labels = [r["label"] for r in result["runs"]]
-    assert labels == ["full history", "last 6 messages", "full history, 8k window"]
+    assert labels == ["full history", "last 6 messages", "full history, 4k window"]
     for run in result["runs"]:
         assert run["turns"] == 12
         assert run["ratio"] == pytest.approx(

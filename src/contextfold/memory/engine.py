@@ -574,9 +574,12 @@ class MemoryEngine:
             # ones the filter drops (compacted, off-topic) stay candidates.
             kept = [history[i] for i in self._kept_inputs(filtered)]
             exclude = self._turn_keys.seqs_held(sid, kept) if kept else set()
+            # A history that holds every stored turn leaves memory nothing to add: no turn to
+            # recall, and the hint and summaries would only restate what the request holds.
+            holds_all = self._holds_everything(sid, exclude)
             ranked = (
                 []
-                if self._holds_everything(sid, exclude)
+                if holds_all
                 else self.recaller.rank(
                     sid,
                     text,
@@ -587,14 +590,17 @@ class MemoryEngine:
                 )
             )
             limit = budget if budget is not None else self.config.assembly.memory_budget
-            if self._below_floor(sid, text, ranked):
-                # Nothing stored is close enough to the message: no memory at all.
+            below = self._below_floor(sid, text, ranked)
+            auto = self.config.paging.enabled and self.config.paging.mode == "auto"
+            if auto and not below and not holds_all:
+                self.pager.touch(sid, list(tags.tags))
+            paged = self.pager.loaded(sid) if self.config.paging.enabled and not below else []
+            if below or (holds_all and not paged):
+                # Nothing stored is close enough to the message, or the history holds it all:
+                # no memory at all. (Topics the model paged in itself still come.)
                 ranked = []
                 block = MemoryBlock(text="", items=[], budget=MemoryBudget(budget=limit))
             else:
-                if self.config.paging.enabled and self.config.paging.mode == "auto":
-                    self.pager.touch(sid, list(tags.tags))
-                paged = self.pager.loaded(sid) if self.config.paging.enabled else []
                 block = self.assembler.assemble(
                     sid,
                     ranked,
@@ -641,13 +647,12 @@ class MemoryEngine:
         return bool(self._known_names.unknown(sid, names_in(text)))
 
     def _holds_everything(self, sid: str, exclude: set[int]) -> bool:
-        """Whether the history the caller sends holds every stored turn of the session, with
-        nothing compacted: then no turn can be recalled, and ranking (the full-text search and
-        the query's embedding) is skipped — its result would be empty. Topics paged in are
-        not ranked turns and are loaded either way."""
-        if len(exclude) < self.store.last_seq(sid):
-            return False
-        return self.store.session(sid).compaction_watermark == 0
+        """Whether the history the caller sends holds every stored turn of the session: then
+        no turn can be recalled, and ranking (the full-text search and the query's embedding)
+        is skipped — its result would be empty — and no hint or summary is added either: they
+        are made of turns the request holds. Topics paged in are not ranked turns and are
+        loaded either way."""
+        return len(exclude) >= self.store.last_seq(sid)
 
     @staticmethod
     def _kept_inputs(filtered: FilteredHistory | None) -> list[int]:
