@@ -2,10 +2,10 @@
 
 The floor (``recall.relevance_floor``) withholds all memory from a message whose best cosine
 similarity with a stored turn is under it; the stricter ``recall.unknown_name_floor`` does the
-same for a message naming something no stored turn contains (``contextfold.memory.relevance``). Every question is asked once at ``BUDGET`` tokens
-with the floor off, through the same ``contextfold`` system as ``contextfold eval locomo``
-(the real ``MemoryEngine``); the answer keeps its evidence recall (real questions, categories
-1–4 with evidence), its injected tokens (the negative set:
+same for a message naming something no stored turn contains (``contextfold.memory.relevance``).
+Every question is asked once at ``BUDGET`` tokens with the floors off, through the same
+``contextfold`` system as ``contextfold eval locomo`` (the real ``MemoryEngine``); the answer
+keeps its evidence recall (real questions, categories 1–4 with evidence), its injected tokens (the negative set:
 :func:`contextfold.eval.locomo.negative_questions`, ``NEGATIVES`` per conversation from the
 split's other conversations) and its best similarity (``RankedTurn.similarity``). Since the
 floor is all or nothing, a floor ``f`` gives exactly: recall 0 and tokens 0 for a question
@@ -71,9 +71,7 @@ CALIBRATION = "memory_floor_calibration"
 MEASURE = "memory_floor"
 
 
-def swapped(
-    qa: LocomoQA, conv: LocomoConversation, convs: list[LocomoConversation]
-) -> LocomoQA:
+def swapped(qa: LocomoQA, conv: LocomoConversation, convs: list[LocomoConversation]) -> LocomoQA:
     """``qa`` (a negative question for ``conv``) with its own conversation's speakers renamed
     to ``conv``'s, in order."""
     own = next(c for c in convs if c.qa and qa in c.qa)
@@ -189,9 +187,7 @@ def calibrate(data: Path, limit: int | None) -> dict[str, Any]:
     chosen = max(ok, key=lambda c: c["floor"])
     # The name floor, with the relevance floor as shipped (its choice above is the record of
     # how that one was made).
-    name_curve = [
-        score(rows, RELEVANCE_FLOOR, f) for f in CANDIDATES if f >= RELEVANCE_FLOOR
-    ]
+    name_curve = [score(rows, RELEVANCE_FLOOR, f) for f in CANDIDATES if f >= RELEVANCE_FLOOR]
     quiet = [c for c in name_curve if c["negative_mean_tokens"] <= TOKEN_GOAL]
     name_chosen = min(quiet, key=lambda c: c["name_floor"]) if quiet else None
     return {
@@ -262,8 +258,7 @@ def markdown(result: dict[str, Any], path: Path) -> str:
         if result.get("name_curve"):
             lines += [
                 "",
-                "The name floor, with the relevance floor as shipped "
-                f"({RELEVANCE_FLOOR}):",
+                f"The name floor, with the relevance floor as shipped ({RELEVANCE_FLOOR}):",
                 "",
                 head,
             ]
@@ -326,9 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     md = path.with_suffix(".md")
     md.write_text(markdown(result, path), encoding="utf-8")
     summary = {
-        k: v
-        for k, v in result.items()
-        if k in ("off", "floor_only", "on", "chosen", "name_chosen")
+        k: v for k, v in result.items() if k in ("off", "floor_only", "on", "chosen", "name_chosen")
     }
     print(json.dumps(summary, indent=2))
     print(f"wrote {path} and {md}", file=sys.stderr)

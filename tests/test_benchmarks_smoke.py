@@ -5,6 +5,7 @@ asserted: these are benchmarks, not timed tests."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import subprocess
@@ -259,7 +260,7 @@ def test_memory_floor_calibration_quick_run(tmp_path: Path) -> None:
     # The name floor's curve: stricter floors never inject more, nor recall more.
     curve = result["name_curve"]
     assert curve and all(c["floor"] == curve[0]["floor"] for c in curve)
-    for low, high in zip(curve, curve[1:], strict=False):
+    for low, high in itertools.pairwise(curve):
         assert high["negative_mean_tokens"] <= low["negative_mean_tokens"]
         assert high["recall"] <= low["recall"]
     chosen = result["name_chosen"]

@@ -406,7 +406,7 @@ class _Summaries(_HandBuilt):
             text = "Summary: Ann adopted a grey cat from the shelter."
         else:
             text = ""
-        return {b: text for b in budgets}
+        return dict.fromkeys(budgets, text)
 
 
 def test_answer_beyond_evidence_credits_what_summaries_keep(

@@ -135,7 +135,8 @@ tune split (conversations 1–5), with the default MiniLM embedder
 UNKNOWN_NAME_FLOOR = 0.54
 """The default ``recall.unknown_name_floor``: on LoCoMo's tune split, the lowest floor at which
 the negative set's mean injected tokens at 2,048 fell to at most 25 (half the 50-token bar);
-it cost 0.13 points of recall beyond ``RELEVANCE_FLOOR`` (``benchmarks/calibrate_memory_floor.py``)."""
+it cost 0.13 points of recall beyond ``RELEVANCE_FLOOR``
+(``benchmarks/calibrate_memory_floor.py``)."""
 
 
 class RecallSettings(_Section):

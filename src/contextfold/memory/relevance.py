@@ -37,7 +37,9 @@ from contextfold.store.protocols import MemoryStorage
 __all__ = ["KnownNames", "names_in"]
 
 _WORD = re.compile(r"\b[A-Z][A-Za-z]+\b")
-_WEEKDAYS = frozenset("monday tuesday wednesday thursday friday saturday sunday".split())
+_WEEKDAYS = frozenset(
+    ["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"]
+)
 # Characters after which a capital opens a sentence (or a quote) rather than marks a name.
 _OPENERS = frozenset(".?!:;\"'(“‘[")
 _NAMES_PER_SESSION = 4096  # known names kept per session, at most
