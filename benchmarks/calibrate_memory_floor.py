@@ -5,9 +5,9 @@ similarity with a stored turn is under it; the stricter ``recall.unknown_name_fl
 same for a message naming something no stored turn contains (``contextfold.memory.relevance``).
 Every question is asked once at ``BUDGET`` tokens with the floors off, through the same
 ``contextfold`` system as ``contextfold eval locomo`` (the real ``MemoryEngine``); the answer
-keeps its evidence recall (real questions, categories 1–4 with evidence), its injected tokens (the negative set:
-:func:`contextfold.eval.locomo.negative_questions`, ``NEGATIVES`` per conversation from the
-split's other conversations) and its best similarity (``RankedTurn.similarity``). Since the
+keeps its evidence recall (real questions, categories 1–4 with evidence), its injected tokens
+(the negative set: :func:`contextfold.eval.locomo.negative_questions`, ``NEGATIVES`` per
+conversation from the split's other conversations) and its best similarity (``RankedTurn.similarity``). Since the
 floor is all or nothing, a floor ``f`` gives exactly: recall 0 and tokens 0 for a question
 whose best similarity is under ``f``, the floor-off values otherwise — every candidate is
 scored without asking again. Each question also records whether it names something the
