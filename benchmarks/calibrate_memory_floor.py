@@ -7,11 +7,12 @@ Every question is asked once at ``BUDGET`` tokens with the floors off, through t
 ``contextfold`` system as ``contextfold eval locomo`` (the real ``MemoryEngine``); the answer
 keeps its evidence recall (real questions, categories 1–4 with evidence), its injected tokens
 (the negative set: :func:`contextfold.eval.locomo.negative_questions`, ``NEGATIVES`` per
-conversation from the split's other conversations) and its best similarity (``RankedTurn.similarity``). Since the
-floor is all or nothing, a floor ``f`` gives exactly: recall 0 and tokens 0 for a question
-whose best similarity is under ``f``, the floor-off values otherwise — every candidate is
-scored without asking again. Each question also records whether it names something the
-conversation never stored, so the name floor is scored the same way.
+conversation from the split's other conversations) and its best similarity
+(``RankedTurn.similarity``). Since the floors are all or nothing, a floor ``f`` gives exactly:
+recall 0 and tokens 0 for a question whose best similarity is under ``f``, the floor-off
+values otherwise — every candidate is scored without asking again. Each question also records
+whether it names something the conversation never stored, so the name floor is scored the
+same way.
 
 1. ``python benchmarks/calibrate_memory_floor.py`` reads conversations 1–5 only and reports
    the trade-off curve (recall at ``BUDGET`` and negative-set tokens, mean and p95, per
