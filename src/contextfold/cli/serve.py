@@ -69,6 +69,30 @@ WorkersOption = Annotated[
 LogOption = Annotated[
     str, typer.Option("--log-level", help="uvicorn log level: debug, info, warning, error.")
 ]
+EventLogOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--event-log/--no-event-log",
+        help="One line per event on stdout (INGEST, REQUEST, RESPONSE, COMPLETE, COMPACT); "
+        "default on (the config's event_log.enabled).",
+    ),
+]
+LogContentOption = Annotated[
+    bool,
+    typer.Option(
+        "--log-content",
+        help="Add an excerpt of each query and reply to the event log (default: counts, tags "
+        "and times only, no message text).",
+    ),
+]
+CaptureOption = Annotated[
+    bool,
+    typer.Option(
+        "--capture-bodies",
+        help="Keep the last 50 request bodies sent upstream (credentials redacted) for the "
+        "dashboard's request capture (dashboard.capture).",
+    ),
+]
 
 
 # What the ``server`` extra installs (and what its imports pull in).
@@ -83,6 +107,10 @@ def _run(
     upstream: str | None,
     log_level: str,
     workers: int = 1,
+    *,
+    event_log: bool | None = None,
+    log_content: bool = False,
+    capture: bool = False,
 ) -> None:
     try:
         from contextfold.server.config import ProxySettings, ServerConfig, load_server_config
@@ -112,6 +140,15 @@ def _run(
         update["proxy"] = ProxySettings.model_validate(
             {**config.proxy.model_dump(), "upstream": upstream}
         )
+    if event_log is not None or log_content:
+        settings = config.event_log.model_dump()
+        if event_log is not None:
+            settings["enabled"] = event_log
+        if log_content:
+            settings["content"] = True
+        update["event_log"] = settings
+    if capture:
+        update["dashboard"] = {**config.dashboard.model_dump(), "capture": True}
     if update:
         config = ServerConfig.model_validate({**config.model_dump(), **update})
     if workers > 1:
@@ -229,6 +266,9 @@ def serve_command(
     ] = None,
     log_level: LogOption = "info",
     workers: WorkersOption = 1,
+    event_log: EventLogOption = None,
+    log_content: LogContentOption = False,
+    capture_bodies: CaptureOption = False,
 ) -> None:
     """Run the server: the LLM proxy, POST /api/context and the dashboard.
 
@@ -238,7 +278,18 @@ def serve_command(
     shutdown_timeout seconds (default 5); every exchange is already stored, and derived work
     left pending stays in the store for the next start; a second Ctrl-C quits at once."""
     with cli_errors():
-        _run(config, memory_config, host, port, None, log_level, workers)
+        _run(
+            config,
+            memory_config,
+            host,
+            port,
+            None,
+            log_level,
+            workers,
+            event_log=event_log,
+            log_content=log_content,
+            capture=capture_bodies,
+        )
 
 
 def proxy_command(
@@ -262,6 +313,9 @@ def proxy_command(
     host: HostOption = None,
     log_level: LogOption = "info",
     workers: WorkersOption = 1,
+    event_log: EventLogOption = None,
+    log_content: LogContentOption = False,
+    capture_bodies: CaptureOption = False,
 ) -> None:
     """Run the transparent LLM proxy in front of one upstream.
 
@@ -270,4 +324,15 @@ def proxy_command(
     seconds (default 5); every exchange is already stored, and derived work left pending stays
     in the store for the next start; a second Ctrl-C quits at once."""
     with cli_errors():
-        _run(config, memory_config, host, port, upstream, log_level, workers)
+        _run(
+            config,
+            memory_config,
+            host,
+            port,
+            upstream,
+            log_level,
+            workers,
+            event_log=event_log,
+            log_content=log_content,
+            capture=capture_bodies,
+        )
