@@ -140,13 +140,14 @@ def _run(
         update["proxy"] = ProxySettings.model_validate(
             {**config.proxy.model_dump(), "upstream": upstream}
         )
-    if event_log is not None or log_content:
-        settings = config.event_log.model_dump()
-        if event_log is not None:
-            settings["enabled"] = event_log
-        if log_content:
-            settings["content"] = True
-        update["event_log"] = settings
+    settings = config.event_log.model_dump()
+    if event_log is not None:
+        settings["enabled"] = event_log
+    elif settings["enabled"] is None:  # the command line's default: on
+        settings["enabled"] = True
+    if log_content:
+        settings["content"] = True
+    update["event_log"] = settings
     if capture:
         update["dashboard"] = {**config.dashboard.model_dump(), "capture": True}
     if update:

@@ -223,10 +223,11 @@ class DashboardSettings(_Section):
 
 class EventLogSettings(_Section):
     """The terminal event log (``contextfold.server.event_log``): one line per event on
-    stdout. ``content``: add an excerpt of the query and the reply (off: counts, tags and
-    times only)."""
+    stdout. ``enabled``: unset, ``contextfold serve`` and ``proxy`` write it and an app built
+    in code (``create_app``) does not. ``content``: add an excerpt of the query and the reply
+    (off: counts, tags and times only)."""
 
-    enabled: bool = True
+    enabled: bool | None = None
     content: bool = False
 
 

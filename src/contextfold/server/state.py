@@ -65,7 +65,7 @@ class ServerState:
 
     def __post_init__(self) -> None:
         settings = self.config.event_log
-        self.log = EventLog(enabled=settings.enabled, content=settings.content)
+        self.log = EventLog(enabled=bool(settings.enabled), content=settings.content)
         self.captures = BodyCapture(
             keep=self.config.dashboard.capture_keep, enabled=self.config.dashboard.capture
         )
