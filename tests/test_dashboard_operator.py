@@ -179,3 +179,33 @@ def test_capture_is_off_unless_asked(fake_llm: FakeLLMServer, tmp_path: Path) ->
         (rec,) = httpx.get(f"{served.url}/dashboard/api/records").json()
         missing = httpx.get(f"{served.url}/dashboard/api/captures/{rec['id']}")
         assert missing.status_code == 404 and "capture is off" in missing.text
+
+
+def test_ingested_history_and_compactions_survive_a_restart(
+    fake_llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    fake_llm.reply = lambda body: _answer(body["messages"][-1]["content"])
+    settings: dict[str, Any] = {
+        "context_window": 600,
+        "compaction": {"soft_threshold": 0.5, "protected_recent_turns": 2},
+    }
+    config = ServerConfig(port=0, proxy=ProxySettings(upstream=fake_llm.url))
+    messages: list[dict[str, str]] = []
+    for n in range(1, 6):
+        messages += [
+            {"role": "user", "content": _question(n)},
+            {"role": "assistant", "content": _answer(_question(n))},
+        ]
+    messages.append({"role": "user", "content": _question(6)})
+    seen: list[Any] = []
+    for restart in (False, True):
+        engine = make_engine(tmp_path, **settings)
+        with engine, serve(config, engine) as served:
+            if not restart:
+                body = {"model": "m", "messages": messages}
+                httpx.post(f"{served.url}/v1/chat/completions", json=body, timeout=30)
+                served.drain()
+            ingested = httpx.get(f"{served.url}/dashboard/api/ingested").json()
+            counts = httpx.get(f"{served.url}/dashboard/api/stats").json()
+            seen.append(([len(c["turns"]) for c in ingested], counts["compactions"]))
+    assert seen[0] == seen[1] and seen[0][0] == [5] and seen[0][1] >= 1
