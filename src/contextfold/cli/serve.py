@@ -206,6 +206,16 @@ def serve_app(
         typer.echo(f"{who}stopped in {time.monotonic() - stop_began[0]:.1f} s; {left}", err=True)
 
 
+def _configured_upstream(path: Path | None) -> bool:
+    """Whether the server config at ``path`` names an upstream or proxy instances."""
+    if path is None:
+        return False
+    from contextfold.server.config import load_server_config
+
+    config = load_server_config(path)
+    return config.proxy.upstream is not None or bool(config.proxy.instances)
+
+
 def _stopping_line(runner: Runner) -> str:
     """What the first Ctrl-C (or SIGTERM) says: what the stop waits for, and for how long."""
     open_now = runner.open_connections()
@@ -295,20 +305,24 @@ def serve_command(
 
 def proxy_command(
     upstream: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--upstream",
             "-u",
             metavar="URL",
-            help="The provider API to forward to, e.g. https://api.openai.com.",
+            help="The provider API to forward to, e.g. https://api.openai.com. Without it, "
+            "--config's proxy.upstream and proxy.instances are started.",
         ),
-    ],
+    ] = None,
     port: Annotated[
-        int,
+        int | None,
         typer.Option(
-            "--port", "-p", envvar="CONTEXTFOLD_PORT", help="Port to listen on ($CONTEXTFOLD_PORT)."
+            "--port",
+            "-p",
+            envvar="CONTEXTFOLD_PORT",
+            help="Port to listen on ($CONTEXTFOLD_PORT; default: --config's port, else 5757).",
         ),
-    ] = 5757,
+    ] = None,
     config: ServerConfigOption = None,
     memory_config: MemoryConfigOption = None,
     host: HostOption = None,
@@ -318,13 +332,20 @@ def proxy_command(
     log_content: LogContentOption = False,
     capture_bodies: CaptureOption = False,
 ) -> None:
-    """Run the transparent LLM proxy in front of one upstream.
+    """Run the transparent LLM proxy in front of one upstream, or the configured instances.
 
-    Point a client's base_url at http://127.0.0.1:PORT (OpenAI SDK: .../v1); every request
+    With --upstream: one listener forwarding there. Without it: the upstream and the proxy
+    instances of --config (each instance's port forwards to its own upstream; all share one
+    memory). Point a client's base_url at http://127.0.0.1:PORT (OpenAI SDK: .../v1); every request
     gains conversation memory. Ctrl-C stops it: requests in flight get up to shutdown_timeout
     seconds (default 5); every exchange is already stored, and derived work left pending stays
     in the store for the next start; a second Ctrl-C quits at once."""
     with cli_errors():
+        if upstream is None and not _configured_upstream(config):
+            raise InputError(
+                "no upstream: pass --upstream URL, or --config FILE with proxy.upstream or "
+                "proxy.instances (`contextfold init --from virtual-context.yaml` writes one)"
+            )
         _run(
             config,
             memory_config,
