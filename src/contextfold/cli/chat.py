@@ -16,6 +16,7 @@ shows what memory did; ``--out`` keeps every turn's data as JSON.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -221,6 +222,11 @@ def _interactive(
     export: Path,
 ) -> None:
     """The chat terminal (``contextfold.tui.app.ChatApp``) on ``session``."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise InputError(
+            "the chat needs a terminal (stdin and stdout are not one here); run a file "
+            "headless with --replay FILE"
+        )
     try:
         from contextfold.tui.app import ChatApp
     except ModuleNotFoundError as exc:

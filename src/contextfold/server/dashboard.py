@@ -289,9 +289,13 @@ def ingested_history(state: ServerState, records: Sequence[RequestRecord]) -> li
     from the store with their tags as they are now (tagged by the session's derive job)."""
     out: list[dict[str, Any]] = []
     store = state.memory.store
-    for r in sorted(records, key=lambda r: r.created_at):
-        info = r.extra.get("ingested") if r.kind == "proxy" else None
-        if not isinstance(info, dict) or r.session_id not in store.sessions():
+    brought = [
+        r for r in records if r.kind == "proxy" and isinstance(r.extra.get("ingested"), dict)
+    ]
+    known = set(store.sessions()) if brought else set()
+    for r in sorted(brought, key=lambda r: r.created_at):
+        info = r.extra["ingested"]
+        if r.session_id not in known:
             continue
         lo, hi = info["seqs"]
         turns: list[dict[str, Any]] = []

@@ -624,6 +624,11 @@ class Proxy:
         chars = len(reply.text) if reply is not None else 0
 
         def job() -> None:
+            if committed is not None:  # counted up to the stored reply (forks, fail-open too)
+                try:
+                    plan.turn = self.turns.upto(committed[0], committed[1][-1])
+                except Exception as exc:
+                    logger.warning("request %s: turn not counted: %s", plan.id, exc)
             self.state.log.response(
                 plan.turn,
                 status=status,

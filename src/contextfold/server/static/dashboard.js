@@ -146,7 +146,7 @@
 
   function scheduleStats() {
     if (statsTimer) return;
-    statsTimer = setTimeout(() => { statsTimer = null; refreshStats(); scheduleIngested(); }, 250);
+    statsTimer = setTimeout(() => { statsTimer = null; refreshStats(); }, 250);
   }
 
   // --- ingested history --------------------------------------------------------------------
