@@ -182,6 +182,29 @@ def test_no_event_log_writes_nothing(start: Any, fake_llm: FakeLLMServer) -> Non
     assert proxy.stdout() == ""
 
 
+def test_a_stdout_nobody_reads_holds_nothing_up_and_says_what_it_lost() -> None:
+    gate = threading.Event()
+
+    class Stuck(io.StringIO):
+        def write(self, text: str) -> int:
+            gate.wait(10)  # a pipe left full: the write blocks until someone reads
+            return super().write(text)
+
+    out = Stuck()
+    log = EventLog(stream=out, backlog=5)
+    started = time.monotonic()
+    for n in range(20):
+        log.ingest(f"s{n}", 2)
+    assert time.monotonic() - started < 1.0  # the callers never waited on stdout
+    gate.set()
+    assert log.flush()
+    lines = out.getvalue().splitlines()
+    (said,) = [x for x in lines if x.endswith("event lines dropped: stdout was not read")]
+    dropped = int(said.split()[1])
+    assert dropped > 0
+    assert len([x for x in lines if x.startswith("[INGEST]")]) + dropped == 20
+
+
 def test_a_broken_stdout_loses_the_line_not_the_caller() -> None:
     stream = io.StringIO()
     log = EventLog(stream=stream)
@@ -202,3 +225,4 @@ def test_a_broken_stdout_loses_the_line_not_the_caller() -> None:
             duration_ms=3.0,
         )
     )  # no exception
+    assert log.flush()

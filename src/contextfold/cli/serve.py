@@ -201,6 +201,7 @@ def serve_app(
     with asyncio.Runner(loop_factory=_loop_factory()) as loop_runner:
         loop_runner.run(main())
     left = _written(app) if stop_began else ""
+    app.state.contextfold.log.flush(1.0)  # the last event lines
     app.state.contextfold.memory.close()
     if stop_began:
         typer.echo(f"{who}stopped in {time.monotonic() - stop_began[0]:.1f} s; {left}", err=True)

@@ -14,20 +14,26 @@ event is one line; the two long ones are wrapped here)::
 
 Lines carry counts, tags, times and ids, never message text: an excerpt of the query (and of
 the reply, on ``COMPLETE``) is added only with ``content`` (``--log-content``). ``enabled``
-off (``--no-event-log``, or ``event_log.enabled: false``) writes nothing. Writing is
-thread-safe, never raises (a closed or broken stdout loses the line, not the request), and
-happens on the proxy's writer and job threads, off the response path.
+off (``--no-event-log``, or ``event_log.enabled: false``) writes nothing.
+
+Writing never holds anything up: the proxy's writer and job threads queue a line and go on,
+and a thread of the log writes the lines out. A stdout nobody reads (a pipe left full) or a
+closed one loses lines, never a request or a job: past ``backlog`` queued lines the new ones
+are dropped and counted, and the count is written once stdout takes lines again.
 
 >>> import io
 >>> out = io.StringIO()
 >>> log = EventLog(stream=out)
 >>> log.ingest("a1b2c3d4e5f6a7b8", 3)
+>>> log.flush()
+True
 >>> out.getvalue()
 "[INGEST] 3 turns from the client's history (session=a1b2c3d4e5f6)\\n"
 """
 
 from __future__ import annotations
 
+import queue
 import sys
 import threading
 from collections.abc import Sequence
@@ -63,24 +69,64 @@ class EventLog:
     """One line per event on ``stream`` (default: the process's stdout at write time)."""
 
     def __init__(
-        self, *, enabled: bool = True, content: bool = False, stream: TextIO | None = None
+        self,
+        *,
+        enabled: bool = True,
+        content: bool = False,
+        stream: TextIO | None = None,
+        backlog: int = 10_000,
     ) -> None:
         self.enabled = enabled
         self.content = content
         self.stream = stream
+        self.dropped = 0  # lines lost to a full backlog (stdout not read)
+        self._queue: queue.Queue[str] = queue.Queue(maxsize=backlog)
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def write(self, line: str) -> None:
-        """Write one line (flushed at once: a terminal or a pipe sees it now)."""
+        """Queue one line for the log's thread (started on the first line)."""
         if not self.enabled:
             return
-        out = self.stream if self.stream is not None else sys.stdout
         try:
+            self._queue.put_nowait(line)
+        except queue.Full:
             with self._lock:
+                self.dropped += 1
+            return
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="contextfold-event-log", daemon=True
+                )
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            line = self._queue.get()
+            try:
+                with self._lock:
+                    dropped, self.dropped = self.dropped, 0
+                out = self.stream if self.stream is not None else sys.stdout
+                if dropped:
+                    out.write(f"[LOG] {dropped} event lines dropped: stdout was not read\n")
                 out.write(line + "\n")
-                out.flush()
-        except (OSError, ValueError):  # stdout closed or gone: the line is lost, not the request
-            pass
+                out.flush()  # a terminal or a pipe sees it now
+            except (OSError, ValueError):  # stdout closed or gone: the line is lost
+                pass
+            finally:
+                self._queue.task_done()
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until the queued lines are written (at most ``timeout`` seconds)."""
+        done = threading.Event()
+
+        def wait() -> None:
+            self._queue.join()
+            done.set()
+
+        threading.Thread(target=wait, daemon=True).start()
+        return done.wait(timeout)
 
     def ingest(self, session_id: str, turns: int) -> None:
         """A new conversation brought ``turns`` earlier turns of its history: stored now,
