@@ -633,19 +633,20 @@ def _render_floor(path: Path, data: dict[str, Any]) -> list[str]:
 
 def _memory_floor_row(c: dict[str, Any], off: dict[str, Any]) -> str:
     floor = "off" if c["floor"] is None else f"{c['floor']:.2f}"
+    names = "off" if c.get("name_floor") is None else f"{c['name_floor']:.2f}"
     return (
-        f"| {floor} | {c['recall']:.4f} | {off['recall'] - c['recall']:+.4f} "
+        f"| {floor} | {names} | {c['recall']:.4f} | {off['recall'] - c['recall']:+.4f} "
         f"| {c['real_withheld']} | {c['negative_mean_tokens']:,.1f} "
         f"| {c['negative_p95_tokens']:,.0f} | {c['negative_empty_share']:.3f} |"
     )
 
 
 def _render_memory_floor(path: Path, data: dict[str, Any]) -> list[str]:
-    """``calibrate_memory_floor.py``: the tune curve, or the held-out measurement."""
+    """``calibrate_memory_floor.py``: the tune curves, or the held-out measurement."""
     q, off = data["questions"], data["off"]
     calibration = "curve" in data
     lines = [
-        "## Memory relevance floor on LoCoMo "
+        "## Memory relevance floors on LoCoMo "
         + (
             "tune (`calibrate_memory_floor.py`)"
             if calibration
@@ -658,17 +659,27 @@ def _render_memory_floor(path: Path, data: dict[str, Any]) -> list[str]:
         f"- Split {data['split']}, budget {data['budget']:,} tokens; {q['real']:,} real questions "
         f"(categories 1–4 with evidence), {q['negative']:,} negative-set questions.",
     ]
+    if "real_naming_unknown" in off:
+        lines.append(
+            f"- Questions naming something their conversation never stored: "
+            f"{off['real_naming_unknown']} real, {off['negative_naming_unknown']} negative."
+        )
     if calibration:
         chosen = data["chosen"]
         lines.append(
             f"- Chosen: {chosen['floor']:.2f}, the highest floor with tune loss ≤ "
             f"{data['tolerance']}."
         )
+        if data.get("name_chosen"):
+            lines.append(
+                f"- Name floor chosen: {data['name_chosen']['name_floor']:.2f}, the lowest with "
+                f"negative mean tokens ≤ {data['token_goal']:g}."
+            )
     lines += [
         "",
-        "| floor | recall 1–4 | loss | real withheld | negative mean tokens | negative p95 "
-        "| negative share empty |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| floor | name floor | recall 1–4 | loss | real withheld | negative mean tokens "
+        "| negative p95 | negative share empty |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
         _memory_floor_row(off, off),
     ]
     if calibration:
@@ -678,8 +689,42 @@ def _render_memory_floor(path: Path, data: dict[str, Any]) -> list[str]:
             if c["floor"] >= 0.25
             and (round(c["floor"] * 100) % 5 == 0 or c["floor"] == chosen["floor"])
         ]
+        named = data.get("name_chosen")
+        lines += [
+            _memory_floor_row(c, off)
+            for c in data.get("name_curve", [])
+            if round(c["name_floor"] * 100) % 5 == 0
+            or (named is not None and c["name_floor"] == named["name_floor"])
+        ]
     else:
+        if "floor_only" in data:
+            lines.append(_memory_floor_row(data["floor_only"], off))
         lines.append(_memory_floor_row(data["on"], off))
+    return lines
+
+
+def _render_forwarded(path: Path, data: dict[str, Any]) -> list[str]:
+    """``bench_forwarded.py``: forwarded ÷ client tokens per run."""
+    lines = [
+        "## Forwarded ÷ client tokens through the proxy (`bench_forwarded.py`)",
+        "",
+        data["description"],
+        "",
+        f"- Command: `{data['command']}` → `{_relative(str(path))}`",
+        f"- Goal: full history ≤ {data['goal']['full_history_ratio_max']:.2f}; "
+        f"met: {'yes' if data['goal_met'] else 'no'}.",
+        "",
+        "| run | client tokens | forwarded tokens | forwarded ÷ client | per-request median "
+        "| per-request p95 | requests with memory | memory tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in data["runs"]:
+        per = r["per_request_ratio"]
+        lines.append(
+            f"| {r['label']} | {r['client_tokens']:,} | {r['forwarded_tokens']:,} "
+            f"| {r['ratio']:.3f} | {per['median']:.3f} | {per['p95']:.3f} "
+            f"| {r['memory']['with_memory']} of {r['turns']} | {r['memory_tokens_recorded']:,} |"
+        )
     return lines
 
 
@@ -1048,6 +1093,34 @@ def _render_scaleout(path: Path, data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _render_telemetry(path: Path, data: dict[str, Any]) -> list[str]:
+    modes = ("absent", "api", "sdk")
+    lines = [
+        "## OpenTelemetry hooks (`bench_telemetry.py`)",
+        "",
+        "A pipeline build (300 retrieval items into 4,000 tokens) and a memory recall (a "
+        f"{data['session_turns']}-turn session), each with `opentelemetry` *absent*, the *api* "
+        "only (no SDK: non-recording spans) and the *sdk* recording every span into an "
+        "in-memory exporter; the modes interleaved round by round in one process.",
+        "",
+        f"- Command: `{data['command']}` → `{_relative(str(path))}`",
+        f"- Machine: {_machine_line(data)}",
+        "",
+        "| work | mode | median ms | p95 ms | CPU median ms | CPU ratio to absent "
+        "| CPU overhead µs | runs |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in data["rows"]:
+        for mode in modes:
+            stats = row["stats"][mode]
+            lines.append(
+                f"| {row['work']} | {mode} | {_ms(stats, 'median_ms')} | {_ms(stats, 'p95_ms')} "
+                f"| {_ms(stats, 'cpu_median_ms')} | {row['ratio_cpu'][mode]:.3f}× "
+                f"| {row['overhead_us_cpu'][mode]:,.1f} | {stats['n']} |"
+            )
+    return lines
+
+
 _RENDERERS = {
     "memory": _render_memory,
     "memory_scale": _render_memory_scale,
@@ -1063,8 +1136,10 @@ _RENDERERS = {
     "retrieval_floor_calibration": _render_floor_calibration,
     "memory_floor_calibration": _render_memory_floor,
     "memory_floor": _render_memory_floor,
+    "forwarded": _render_forwarded,
     "store": _render_store,
     "scaleout": _render_scaleout,
+    "telemetry": _render_telemetry,
 }
 
 
@@ -1089,7 +1164,8 @@ def render_results(results_dir: Path) -> str:
         "`python benchmarks/bench_proxy.py`, "
         "`python benchmarks/bench_durability.py`, `python benchmarks/bench_warm_start.py`, "
         "`python benchmarks/bench_tool_outputs.py` (`--synthesized` for the synthesized "
-        "session) and `python benchmarks/calibrate_memory_floor.py`.",
+        "session), `python benchmarks/calibrate_memory_floor.py` and "
+        "`python benchmarks/bench_forwarded.py`.",
         "",
     ]
     for name, (path, data) in latest_results(results_dir).items():

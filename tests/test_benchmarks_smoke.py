@@ -5,6 +5,7 @@ asserted: these are benchmarks, not timed tests."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import subprocess
@@ -256,7 +257,36 @@ def test_memory_floor_calibration_quick_run(tmp_path: Path) -> None:
     conversations = {row["conversation"] for row in result["rows"]["real"]}
     assert conversations <= {"conv-26", "conv-30", "conv-41", "conv-42", "conv-43"}
     assert result["chosen"]["recall"] >= result["off"]["recall"] - result["tolerance"]
-    assert "Memory relevance floor on LoCoMo tune" in md.read_text(encoding="utf-8")
+    # The name floor's curve: stricter floors never inject more, nor recall more.
+    curve = result["name_curve"]
+    assert curve and all(c["floor"] == curve[0]["floor"] for c in curve)
+    for low, high in itertools.pairwise(curve):
+        assert high["negative_mean_tokens"] <= low["negative_mean_tokens"]
+        assert high["recall"] <= low["recall"]
+    chosen = result["name_chosen"]
+    if chosen is not None:
+        assert chosen["negative_mean_tokens"] <= result["token_goal"]
+    assert "Memory relevance floors on LoCoMo tune" in md.read_text(encoding="utf-8")
+
+
+@needs_data
+def test_forwarded_tokens_benchmark_quick_run(tmp_path: Path) -> None:
+    """``bench_forwarded.py`` drives a real proxy process through a conversation, three ways,
+    and counts what the client sent against what the fake upstream received."""
+    result, md = run_quick(tmp_path, "bench_forwarded.py", "forwarded")
+    labels = [r["label"] for r in result["runs"]]
+    assert labels == ["full history", "last 6 messages", "full history, 4k window"]
+    for run in result["runs"]:
+        assert run["turns"] == 12
+        assert run["ratio"] == pytest.approx(
+            run["forwarded_tokens"] / run["client_tokens"], abs=1e-4
+        )
+        assert run["memory"]["memory_failed_forwarded_unmodified"] == 0
+    full = result["runs"][0]
+    # A client sending its whole history holds every stored turn: nothing to recall.
+    assert full["memory"]["with_memory"] == 0 and full["ratio"] == 1.0
+    assert result["correctness"]["every request reached the upstream"] is True
+    assert "## Forwarded ÷ client tokens" in md.read_text(encoding="utf-8")
 
 
 @needs_data

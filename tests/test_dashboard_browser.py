@@ -298,3 +298,72 @@ def test_api_docs_render_offline(page: Page, serve: Serve) -> None:
     expect(page.locator(".swagger-ui .info .title")).to_contain_text("contextfold")
     expect(page.locator(".opblock-summary-path", has_text="/api/context").first).to_be_visible()
     assert outside == []
+
+
+# --------------------------------------------------------------------------- the Ask page as a chat
+# Seed 004's demo (issue 17, point 3): the conversation history fills the goal section, a fact
+# from turn 1 comes back in turn 6's memory section, the memory tool fills tool outputs.
+
+CHAT_QUESTIONS = [
+    "Please remember: my cost centre is KX-42 for every travel booking.",
+    "Can I expense Uber rides during business travel?",
+    "What is the hotel cap in London?",
+    "Can I fly business class to Singapore?",
+    "Do I need receipts for meals under 10 euros?",
+    "Which cost centre should I charge my London hotel to?",
+]
+
+
+def chat_ask(page: Page, turn: int, text: str) -> None:
+    page.locator("#question").fill(text)
+    page.locator("#ask").click()
+    expect(page.locator(f'#transcript li[data-turn="{turn}"]')).to_be_visible()
+
+
+def section_used(page: Page, section: str) -> int:
+    cells = page.locator(f'#budget-table tr[data-section="{section}"] td.num')
+    return int(cells.nth(1).inner_text().replace(",", ""))
+
+
+def test_a_fact_from_turn_1_is_in_turn_6s_memory_section(
+    page: Page, serve: Serve, corpus: Path, fake_llm: FakeLLMServer
+) -> None:
+    fake_llm.reply = "Noted, thank you."
+    llm: dict[str, Any] = {
+        "provider": "openai",
+        "model": "fake-model",
+        "base_url": fake_llm.base_url,
+    }
+    memory = memory_engine(llm=llm)
+    server = serve(make_app(corpus=corpus, memory=memory))
+    page.goto(f"{server.url}/dashboard/ask")
+    expect(page.locator("#llm-status")).to_have_text("LLM: openai · fake-model")
+
+    for turn, text in enumerate(CHAT_QUESTIONS[:-1], start=1):
+        chat_ask(page, turn, text)
+        expect(page.locator("#answer .answer-text")).to_have_text(fake_llm.reply)
+    assert "KX-42" not in page.locator("#chat-memory").inner_text()
+
+    chat_ask(page, 6, CHAT_QUESTIONS[-1])
+    expect(page.locator("#transcript li")).to_have_count(6)
+    expect(page.locator("#chat-memory")).to_contain_text("KX-42")
+    expect(page.locator("#chat-memory")).to_contain_text("History in the goal section: 4 messages")
+    context = page.locator("#context")
+    expect(context).to_contain_text("KX-42")
+    expect(context).to_contain_text(CHAT_QUESTIONS[4])  # the recent history, in the goal section
+    assert CHAT_QUESTIONS[1] not in context.inner_text()  # older history is memory's, not goal's
+
+    for section in ("instructions", "goal", "memory", "retrieval", "tool_outputs"):
+        assert section_used(page, section) > 0, section  # all five sections are live
+    expect(page.locator("#sources tbody tr").first).to_contain_text("[Source 1]")
+    shot(page, "ask-chat")
+
+    sent = fake_llm.requests[-1].body
+    assert "KX-42" in str(sent["messages"])  # the model got the recalled fact
+    stored = memory.store.turns(memory.store.sessions()[0])
+    assert [t.message.text() for t in stored if t.message.role == "user"] == CHAT_QUESTIONS
+
+    page.locator("#new-chat").click()
+    expect(page.locator("#chat-panel")).to_be_hidden()
+    chat_ask(page, 1, "What did I say my cost centre was?")
+    expect(page.locator("#chat-memory")).not_to_contain_text("KX-42")  # a new conversation

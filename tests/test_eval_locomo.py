@@ -386,6 +386,48 @@ def test_report_scores_hand_built_contexts(convs: list[LocomoConversation]) -> N
     ]
     assert questions["locomo_0_qa2"].contained == [None]  # category 5 is not scored
     assert "PARTIAL" not in report.to_markdown()
+    # the answer is only in the gold turns: nothing beyond the evidence holds it
+    assert questions["locomo_0_qa4"].beyond_evidence == [False]
+    assert result.answer_beyond_evidence["1"].mean == 0.0
+    # every scored answer is said in the conversation ("a grey cat", "2022", "salmon")
+    assert report.dataset["answer_said_1_4"] == 1.0
+
+
+class _Summaries(_HandBuilt):
+    """The gold turns of category-1 questions plus a summary line naming the answer; for the
+    cat-4 question a summary alone (no gold turn)."""
+
+    name = "summaries"
+
+    def contexts(self, question: str, budgets: Sequence[int]) -> dict[int, str]:
+        if question in self.gold:
+            text = self.gold[question] + "\nSummary: Pixel eats salmon every day."
+        elif question == "What cat did Ann adopt?":
+            text = "Summary: Ann adopted a grey cat from the shelter."
+        else:
+            text = ""
+        return dict.fromkeys(budgets, text)
+
+
+def test_answer_beyond_evidence_credits_what_summaries_keep(
+    convs: list[LocomoConversation],
+) -> None:
+    ctx = SystemContext(embedder=HashEmbedder())
+    report = run_locomo(
+        convs[:1], {"summaries": _Summaries}, [500], progress=False, context=ctx,
+        per_question=True,
+    )  # fmt: skip
+    result = report.system("summaries").at(500)
+    questions = {q.question_id: q for q in report.system("summaries").questions or []}
+    # cat 1: gold turns and a summary both hold "salmon"; cat 4: no gold turn, the summary
+    # holds "a grey cat" (evidence recall 0, the answer kept all the same)
+    assert questions["locomo_0_qa4"].beyond_evidence == [True]
+    assert questions["locomo_0_qa0"].recall == [0.0]
+    assert questions["locomo_0_qa0"].beyond_evidence == [True]
+    assert questions["locomo_0_qa1"].beyond_evidence == [False]
+    beyond = {g: s.mean for g, s in result.answer_beyond_evidence.items()}
+    assert beyond == {"1-4": 2 / 4, "1": 1.0, "2": 0.0, "3": 0.0, "4": 1.0}
+    assert "answer beyond evidence 1–4" in report.to_markdown()
 
 
 # --------------------------------------------------------------------------- protocol

@@ -457,7 +457,9 @@ class _CountingEmbedder(HashEmbedder):
 
 
 # The hash embedder's cosines are not the MiniLM ones the relevance floor is calibrated for.
-_NO_FLOOR = MemoryConfig.model_validate({"recall": {"relevance_floor": False}})
+_NO_FLOOR = MemoryConfig.model_validate(
+    {"recall": {"relevance_floor": False, "unknown_name_floor": False}}
+)
 
 
 def test_a_prefetched_query_is_embedded_once_and_ranks_the_recall() -> None:
@@ -501,6 +503,20 @@ def test_a_history_that_holds_every_stored_turn_recalls_without_ranking() -> Non
     assert full.prepend_text == "" and full.recalled == () and query not in embedder.seen
     partial = engine.on_message_inbound(query, history[-2:])  # the client dropped old turns
     assert partial.recalled and embedder.seen.count(query) == 1
+
+
+def test_a_history_that_holds_every_turn_gets_no_hint_or_summary_after_compaction() -> None:
+    """Compacted, but the caller still sends (and keeps) every turn: the topic hint and the tag
+    summaries would restate what the request holds, so nothing is injected; a caller that
+    dropped its old turns gets them back from memory."""
+    engine = MemoryEngine(_NO_FLOOR, store=MemoryStore(), embedder=HashEmbedder())
+    history = _exchanges(engine, 12)
+    assert engine.compact() is not None
+    query = "How much does step 3 of the kitchen renovation cost?"
+    held = engine.on_message_inbound(query, history, protected=len(history))
+    assert held.prepend_text == "" and held.items == () and held.recalled == ()
+    trimmed = engine.on_message_inbound(query, history[-4:])
+    assert "costs 300 euros" in trimmed.prepend_text
 
 
 @settings(max_examples=25, deadline=None)

@@ -1,12 +1,15 @@
-"""The relevance floor of memory recall (``recall.relevance_floor``): a message nothing stored
-is close to gets no memory at all; a related one still recalls; the floor can be turned off."""
+"""The relevance floors of memory recall (``recall.relevance_floor``, and
+``recall.unknown_name_floor`` for a message naming something memory never stored): a message
+nothing stored is close to gets no memory at all; a related one still recalls; each floor can be
+turned off."""
 
 from __future__ import annotations
 
 import pytest
 
-from contextfold.memory.config import RELEVANCE_FLOOR, MemoryConfig
+from contextfold.memory.config import RELEVANCE_FLOOR, UNKNOWN_NAME_FLOOR, MemoryConfig
 from contextfold.memory.engine import MemoryEngine
+from contextfold.memory.relevance import KnownNames
 from contextfold.store.sqlite.memory import MemoryStore
 from contextfold.testing import HashEmbedder
 from contextfold.tokens import TiktokenCounter
@@ -15,6 +18,7 @@ COUNTER = TiktokenCounter("cl100k_base")
 
 CHAT = [
     {"role": "user", "content": "Planted twelve tomato seedlings and basil by the greenhouse."},
+    {"role": "assistant", "content": "Did Mel help you plant them?"},
     {"role": "assistant", "content": "Lovely, basil likes the greenhouse warmth."},
     {"role": "user", "content": "My deadlift plan: five sets at ninety kilograms, then rowing."},
     {"role": "assistant", "content": "Rest well between the deadlift sets."},
@@ -23,8 +27,10 @@ UNRELATED = "Which quantum chromodynamics lattice paper did Marek cite?"
 RELATED = "How many tomato seedlings went by the greenhouse?"
 
 
-def engine(floor: object) -> MemoryEngine:
-    cfg = MemoryConfig.model_validate({"recall": {"relevance_floor": floor}})
+def engine(floor: object, names: object = False) -> MemoryEngine:
+    cfg = MemoryConfig.model_validate(
+        {"recall": {"relevance_floor": floor, "unknown_name_floor": names}}
+    )
     eng = MemoryEngine(
         cfg, store=MemoryStore(counter=COUNTER), embedder=HashEmbedder(), counter=COUNTER
     )
@@ -53,6 +59,44 @@ def test_the_floor_can_be_turned_off() -> None:
         assert assembled.prepend_text != ""
 
 
+def test_a_message_naming_what_memory_never_stored_meets_the_stricter_floor() -> None:
+    # The same question about the seedlings: naming someone the chat mentions, it recalls;
+    # naming someone it never mentions, the stricter floor (here: above any similarity)
+    # withholds everything.
+    known = "How many tomato seedlings did Mel plant by the greenhouse?"
+    unknown = "How many tomato seedlings did Caroline plant by the greenhouse?"
+    eng = engine(0.3, 0.99)
+    assert "twelve tomato seedlings" in eng.on_message_inbound(known, budget=2048).prepend_text
+    withheld = eng.on_message_inbound(unknown, budget=2048)
+    assert withheld.prepend_text == "" and withheld.recalled == ()
+    # Off, the plain floor alone decides, and the question recalls.
+    for off in (None, False):
+        text = engine(0.3, off).on_message_inbound(unknown, budget=2048).prepend_text
+        assert "twelve tomato seedlings" in text
+
+
+def test_known_names_are_looked_up_once_and_unknown_ones_each_time() -> None:
+    store = MemoryStore(counter=COUNTER)
+    eng = MemoryEngine(MemoryConfig(), store=store, embedder=HashEmbedder(), counter=COUNTER)
+    eng.on_turn_complete(CHAT)
+    sid = eng.session_id
+    lookups: list[str] = []
+    search = store.search_turn_seqs
+
+    def counted(session_id: str, query: str, limit: int = 10) -> list[tuple[int, float]]:
+        lookups.append(query)
+        return search(session_id, query, limit)
+
+    store.search_turn_seqs = counted  # type: ignore[method-assign]
+    names = KnownNames(store)
+    assert names.unknown(sid, ["mel", "caroline"]) == ["caroline"]
+    assert names.unknown(sid, ["mel", "caroline"]) == ["caroline"]
+    assert lookups == ["mel", "caroline", "caroline"]
+    # A name said later is found the next time it is asked about.
+    eng.on_turn_complete([*CHAT, {"role": "user", "content": "Caroline brought compost."}])
+    assert names.unknown(sid, ["caroline"]) == []
+
+
 def test_config_values() -> None:
     def floor(value: object) -> float | None:
         return MemoryConfig.model_validate(
@@ -65,3 +109,9 @@ def test_config_values() -> None:
     assert floor(0.25) == 0.25
     with pytest.raises(ValueError, match="relevance_floor"):
         floor(1.5)
+    names = MemoryConfig().recall.unknown_name_floor
+    assert names == UNKNOWN_NAME_FLOOR and names > RELEVANCE_FLOOR
+    strict = MemoryConfig.model_validate({"recall": {"unknown_name_floor": True}})
+    assert strict.recall.unknown_name_floor == UNKNOWN_NAME_FLOOR
+    off = MemoryConfig.model_validate({"recall": {"unknown_name_floor": False}})
+    assert off.recall.unknown_name_floor is None

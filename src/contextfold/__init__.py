@@ -90,6 +90,7 @@ _LAZY = {
     "GeminiClient": "contextfold.llm",
     "GraphContextRequest": "contextfold.retrieval.graph",
     "GraphContextResponse": "contextfold.retrieval.graph",
+    "GraphRetriever": "contextfold.retrieval.seed_retrievers",
     "HybridRetriever": "contextfold.retrieval.retrievers",
     "InMemoryContextStore": "contextfold.retrieval.retrievers",
     "InMemoryVectorStore": "contextfold.retrieval.retrievers",
@@ -118,6 +119,7 @@ _LAZY = {
     "TagCanonicalizer": "contextfold.memory",
     "TextChunker": "contextfold.retrieval.chunking",
     "USearchVectorIndex": "contextfold.retrieval.dense",
+    "VectorRetriever": "contextfold.retrieval.seed_retrievers",
     "default_embedder": "contextfold.retrieval.embedders",
     "filter_history": "contextfold.memory",
     "graph_context": "contextfold.retrieval.graph",
@@ -200,6 +202,10 @@ if TYPE_CHECKING:
         InMemoryVectorStore,
         SparseRetriever,
     )
+    from contextfold.retrieval.seed_retrievers import (
+        GraphRetriever,
+        VectorRetriever,
+    )
     from contextfold.retrieval.sparse import (
         BM25Index,
     )
@@ -264,6 +270,7 @@ __all__ = [
     "GenericTextFormatter",
     "GraphContextRequest",
     "GraphContextResponse",
+    "GraphRetriever",
     "HybridRetriever",
     "InMemoryContextStore",
     "InMemoryVectorStore",
@@ -317,6 +324,7 @@ __all__ = [
     "ToolResultBlock",
     "ToolUseBlock",
     "USearchVectorIndex",
+    "VectorRetriever",
     "Window",
     "__version__",
     "counter_for_model",

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from contextfold import telemetry
 from contextfold.budget import TokenBudget
 from contextfold.errors import ConfigError, PipelineError, StepError
 from contextfold.formats import BaseFormatter, Formatter, GenericTextFormatter
@@ -60,10 +61,15 @@ class PipelineStep:
 def retriever_step(
     name: str, retriever: Retriever, top_k: int = 10, *, on_error: OnError = "raise"
 ) -> PipelineStep:
-    """Appends the retriever's top ``top_k`` items for the query."""
+    """Appends the retriever's top ``top_k`` items for the query. A seed-002 retriever
+    (``retrieve(query: str, k)`` returning ``{"text", "metadata", "score"}`` dicts) is adapted
+    (``contextfold.retrieval.adapters.as_retriever``)."""
+    from contextfold.retrieval.adapters import as_retriever
+
+    adapted = as_retriever(retriever)
 
     def run(items: list[ContextItem], query: QueryBundle) -> list[ContextItem]:
-        return [*items, *retriever.retrieve(query, top_k)]
+        return [*items, *adapted.retrieve(query, top_k)]
 
     return PipelineStep(name, run, on_error)
 
@@ -220,7 +226,15 @@ class ContextPipeline:
     # ------------------------------------------------------------------ building
 
     def build(self, query: str | QueryBundle) -> ContextResult:
-        """Pack the context for ``query`` and format it. Async steps need ``abuild()``."""
+        """Pack the context for ``query`` and format it. Async steps need ``abuild()``.
+        With OpenTelemetry installed, each build is a ``contextfold.pipeline.build`` span
+        (``contextfold.telemetry``)."""
+        with telemetry.pipeline_span() as span:
+            result = self._build(query)
+            telemetry.set_build(span, result)
+            return result
+
+    def _build(self, query: str | QueryBundle) -> ContextResult:
         started = time.perf_counter()
         bundle, items = self._start(query)
         records: list[StepRecord] = []
@@ -240,6 +254,12 @@ class ContextPipeline:
 
     async def abuild(self, query: str | QueryBundle) -> ContextResult:
         """``build()`` for async code: awaits async steps, runs sync ones inline."""
+        with telemetry.pipeline_span() as span:
+            result = await self._abuild(query)
+            telemetry.set_build(span, result)
+            return result
+
+    async def _abuild(self, query: str | QueryBundle) -> ContextResult:
         started = time.perf_counter()
         bundle, items = self._start(query)
         records: list[StepRecord] = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import textwrap
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -78,9 +79,11 @@ def build_answer_context(
     memory: list[str] | None = None,
     tool_outputs: list[str] | None = None,
     format_name: str = "text",
+    extra: Sequence[ContextItem] = (),
 ) -> ContextResult:
     """The packed context for ``query``: instructions, the query, memory notes, the hits
-    (labelled ``Source n: file``, best first) and tool outputs, under the named budget."""
+    (labelled ``Source n: file``, best first) and tool outputs, under the named budget;
+    ``extra`` items (conversation turns, scored memory) compete in their sections too."""
     pipeline = ContextPipeline(
         budget=budget_for(budget, max_tokens),
         formatter=formatter_for(format_name),
@@ -103,7 +106,7 @@ def build_answer_context(
     ]
     items += [ContextItem(content=m, source=SourceType.MEMORY) for m in memory or []]
     items += [ContextItem(content=t, source=SourceType.TOOL) for t in tool_outputs or []]
-    return pipeline.add_items(items).build(query)
+    return pipeline.add_items([*items, *extra]).build(query)
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,7 @@ def answer_question(
     tool_outputs: list[str] | None = None,
     llm: ChatClient | None = None,
     model: str | None = None,
+    extra: Sequence[ContextItem] = (),
 ) -> AskOutcome:
     """Search ``index``, pack the five-section context, and ask ``llm`` (with ``model``) when
     one is given: the path of ``contextfold ask`` and of the dashboard's Ask page."""
@@ -197,6 +201,7 @@ def answer_question(
         memory=memory,
         tool_outputs=tool_outputs,
         format_name="openai" if llm is not None else "text",
+        extra=extra,
     )
     answer = None
     if llm is not None and model is not None:

@@ -14,7 +14,10 @@ the system, the question and the numbers. The metrics, per system and budget:
 - **answer containment**: the normalised gold answer (lower case, punctuation and the articles
   a / an / the removed, whitespace collapsed) occurs in the normalised context as whole words;
   categories 1–4 together and per category (category 5's "answer" is the adversarial trap, so
-  it is not scored).
+  it is not scored). **Answer beyond evidence** is the same test on the context with the
+  question's gold turns taken out: the answer kept by summaries and other turns. The dataset
+  counts say how many scored answers occur in their conversation's turns at all
+  (``answer_said_1_4``), the ceiling of containment.
 - mean / max context tokens, median and p95 latency of ``contexts`` (one call serves every
   budget), ingest seconds per conversation.
 - with ``negative_per_conversation``: the **negative set**, each conversation asked questions
@@ -109,6 +112,31 @@ def answer_contained(answer: str, normalized_context: str) -> bool | None:
     return f" {wanted} " in f" {normalized_context} "
 
 
+def _without(context: str, gold_turns: Sequence[str]) -> str:
+    """``context`` with every occurrence of each gold turn's text cut out.
+
+    >>> _without("Ann: I adopted a cat. Bo: Nice!", ["Ann: I adopted a cat."])
+    ' Bo: Nice!'
+    """
+    for turn in gold_turns:
+        context = context.replace(turn, "")
+    return context
+
+
+def _answers_said(conversations: Sequence[LocomoConversation]) -> float | None:
+    """The share of scored questions (categories 1–4 with evidence) whose answer occurs, as
+    whole words, in their conversation's turns: what containment can reach at most."""
+    hits: list[bool] = []
+    for conv in conversations:
+        said = normalize_answer("\n".join(t.turn_text for t in conv.turns))
+        for qa in conv.qa:
+            if qa.category != 5 and qa.evidence:
+                found = answer_contained(qa.answer, said)
+                if found is not None:
+                    hits.append(found)
+    return round(sum(hits) / len(hits), 4) if hits else None
+
+
 # --------------------------------------------------------------------------- runner
 
 
@@ -178,6 +206,12 @@ class _Tally:
         gold_fixed = gold if fixed is None else [conv.turn(d).turn_text for d in fixed]
         scored = qa.category != 5  # category 5's "answer" is the adversarial trap
         normalized = [normalize_answer(contexts[b]) if scored else "" for b in self.budgets]
+        beyond = [
+            answer_contained(qa.answer, normalize_answer(_without(contexts[b], gold)))
+            if scored
+            else None
+            for b in self.budgets
+        ]
         self.questions.append(
             QuestionResult(
                 question_id=qa.question_id,
@@ -186,6 +220,7 @@ class _Tally:
                 recall_corrected=[evidence_recall(gold_fixed, contexts[b]) for b in self.budgets],
                 contained=[answer_contained(qa.answer, n) if scored else None for n in normalized],
                 tokens=tokens,
+                beyond_evidence=beyond,
             )
         )
 
@@ -199,6 +234,9 @@ class _Tally:
                     [(q.category, q.recall_corrected[i]) for q in qs], GROUPS
                 ),
                 answer_containment=_scores([(q.category, q.contained[i]) for q in qs], GROUPS[:-1]),
+                answer_beyond_evidence=_scores(
+                    [(q.category, q.beyond_evidence[i]) for q in qs], GROUPS[:-1]
+                ),
                 mean_tokens=statistics.fmean(q.tokens[i] for q in qs) if qs else 0.0,
                 max_tokens=max((q.tokens[i] for q in qs), default=0),
             )
@@ -334,6 +372,7 @@ def run_locomo(
     counts["qa_scored_1_4"] = sum(
         bool(qa.evidence) and qa.category != 5 for c in conversations for qa in c.qa
     )
+    counts["answer_said_1_4"] = _answers_said(conversations)
     partial = partial_of is not None and partial_of > len(conversations)
     note = (
         f"first {len(conversations)} of {partial_of} conversations only (a smoke run); "

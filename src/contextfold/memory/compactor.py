@@ -21,6 +21,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from contextfold import telemetry
 from contextfold.errors import ConfigError
 from contextfold.memory.rules import TagRules
 from contextfold.memory.summarize import Summarizer
@@ -235,7 +236,7 @@ class Compactor:
         compacted = sum(t.token_count for t in batch)
         stored = {s.id: s for s in self.store.segments(session_id)}
         summary_tokens = sum(stored[i].summary_tokens for i in ids)
-        return CompactionReport(
+        report = CompactionReport(
             session_id=session_id,
             level=level,
             turns_compacted=len(batch),
@@ -249,6 +250,8 @@ class Compactor:
             tag_summaries_rebuilt=tuple(rebuilt),
             duration_ms=(time.perf_counter() - started) * 1000,
         )
+        telemetry.record_compaction(report)
+        return report
 
     def _map(self, fn: Callable[[_T], str], items: Sequence[_T]) -> list[str]:
         """``fn`` over ``items`` in order: concurrently for a summarizer that waits on a

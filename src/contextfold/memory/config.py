@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from contextfold._envnames import check_env_name
 from contextfold.errors import ConfigError
@@ -124,6 +132,12 @@ highest cosine floor whose recall loss at 2,048 tokens was at most half a point 
 tune split (conversations 1–5), with the default MiniLM embedder
 (``benchmarks/calibrate_memory_floor.py``)."""
 
+UNKNOWN_NAME_FLOOR = 0.54
+"""The default ``recall.unknown_name_floor``: on LoCoMo's tune split, the lowest floor at which
+the negative set's mean injected tokens at 2,048 fell to at most 25 (half the 50-token bar);
+it cost 0.13 points of recall beyond ``RELEVANCE_FLOOR``
+(``benchmarks/calibrate_memory_floor.py``)."""
+
 
 class RecallSettings(_Section):
     """How stored turns are ranked: the tag, full-text and dense signals, each scaled by its
@@ -144,7 +158,10 @@ class RecallSettings(_Section):
     ``relevance_floor``: memory is injected only when the message's best cosine similarity
     with a stored turn it could recall reaches this floor; below it the message gets no memory
     at all (no turns, summaries, paged topics or topic hint). ``null`` or ``false`` turns it
-    off; it needs the dense signal (with ``embedder: none`` it is off)."""
+    off; it needs the dense signal (with ``embedder: none`` it is off).
+    ``unknown_name_floor`` replaces it for a message that names something no stored turn
+    contains (a capitalised word that does not open a sentence, months and weekdays aside:
+    ``memory.relevance``); ``null`` or ``false`` turns that off."""
 
     embedder: Literal["minilm", "none"] = "minilm"
     fusion: Literal["score", "rrf"] = "score"
@@ -161,12 +178,13 @@ class RecallSettings(_Section):
     vector_cache_mb: float = Field(512, gt=0)
     tag_limit: int | None = Field(1000, ge=10)
     relevance_floor: float | None = Field(RELEVANCE_FLOOR, ge=-1, le=1)
+    unknown_name_floor: float | None = Field(UNKNOWN_NAME_FLOOR, ge=-1, le=1)
 
-    @field_validator("relevance_floor", mode="before")
+    @field_validator("relevance_floor", "unknown_name_floor", mode="before")
     @classmethod
-    def _floor_off(cls, value: object) -> object:
+    def _floor_off(cls, value: object, info: ValidationInfo) -> object:
         if value is True:
-            return RELEVANCE_FLOOR
+            return RELEVANCE_FLOOR if info.field_name == "relevance_floor" else UNKNOWN_NAME_FLOOR
         return None if value is False else value
 
 

@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from contextfold import telemetry
 from contextfold._bounded import SessionLRU, clip
 from contextfold.errors import ConfigError
 from contextfold.items import ContextItem, Message, QueryBundle
@@ -37,6 +38,7 @@ from contextfold.memory.config import MemoryConfig, load_config
 from contextfold.memory.history import FilteredHistory, filter_history
 from contextfold.memory.paging import Pager, PagingResult
 from contextfold.memory.recall import Quote, RankedTurn, Recaller
+from contextfold.memory.relevance import KnownNames, names_in
 from contextfold.memory.rules import TagRules
 from contextfold.memory.summarize import ExtractiveSummarizer, LLMSummarizer, Summarizer
 from contextfold.memory.tagging import EmbeddingTagger, KeywordTagger, LLMTagger, Tagger, TagResult
@@ -211,6 +213,7 @@ class MemoryEngine:
         # (``MemoryStorage.session_version``): another process's tags make it stale.
         self._vocab: SessionLRU[tuple[int, dict[str, int]]] = SessionLRU(cfg.cached_sessions)
         self._turn_keys = TurnKeys(self.store, sessions=cfg.cached_sessions)
+        self._known_names = KnownNames(self.store, sessions=cfg.cached_sessions)
         # One lock per session (striped: a bounded set shared by hash), so a session only ever
         # waits on itself; ``_derive_locks`` keep one session's derived work in order without
         # holding up its requests.
@@ -562,6 +565,7 @@ class MemoryEngine:
         of the history whatever it decides (beside ``compaction.protected_recent_turns``): a
         caller that sends the message being answered inside the history, with a tool loop
         after it, keeps them all."""
+        started = telemetry.now()
         text = message if isinstance(message, str) else as_message(message).text()
         history = [as_message(m) for m in conversation_history]
         with self.lock(session_id):
@@ -572,9 +576,12 @@ class MemoryEngine:
             # ones the filter drops (compacted, off-topic) stay candidates.
             kept = [history[i] for i in self._kept_inputs(filtered)]
             exclude = self._turn_keys.seqs_held(sid, kept) if kept else set()
+            # A history that holds every stored turn leaves memory nothing to add: no turn to
+            # recall, and the hint and summaries would only restate what the request holds.
+            holds_all = self._holds_everything(sid, exclude)
             ranked = (
                 []
-                if self._holds_everything(sid, exclude)
+                if holds_all
                 else self.recaller.rank(
                     sid,
                     text,
@@ -585,14 +592,17 @@ class MemoryEngine:
                 )
             )
             limit = budget if budget is not None else self.config.assembly.memory_budget
-            if self._below_floor(ranked):
-                # Nothing stored is close enough to the message: no memory at all.
+            below = self._below_floor(sid, text, ranked)
+            auto = self.config.paging.enabled and self.config.paging.mode == "auto"
+            if auto and not below and not holds_all:
+                self.pager.touch(sid, list(tags.tags))
+            paged = self.pager.loaded(sid) if self.config.paging.enabled and not below else []
+            if below or (holds_all and not paged):
+                # Nothing stored is close enough to the message, or the history holds it all:
+                # no memory at all. (Topics the model paged in itself still come.)
                 ranked = []
                 block = MemoryBlock(text="", items=[], budget=MemoryBudget(budget=limit))
             else:
-                if self.config.paging.enabled and self.config.paging.mode == "auto":
-                    self.pager.touch(sid, list(tags.tags))
-                paged = self.pager.loaded(sid) if self.config.paging.enabled else []
                 block = self.assembler.assemble(
                     sid,
                     ranked,
@@ -602,7 +612,7 @@ class MemoryEngine:
                     tools=self.config.paging.enabled and self.config.paging.mode == "tools",
                     held=Held(m.text() for m in kept) if kept else None,
                 )
-        return AssembledContext(
+        result = AssembledContext(
             session_id=sid,
             prepend_text=block.text,
             matched_tags=tags.tags,
@@ -615,26 +625,38 @@ class MemoryEngine:
             history=filtered,
             tagger=tags.source,
         )
+        telemetry.record_recall(result, started)
+        return result
 
-    def _below_floor(self, ranked: Sequence[RankedTurn]) -> bool:
-        """Whether the relevance floor (``recall.relevance_floor``) withholds memory: it is on,
-        the dense signal scored the candidates, and the best cosine similarity among them is
-        under it. A recall that ranked nothing (the history holds every turn), or whose
-        candidates have no vector yet (``Recaller.catch_up`` off), is not judged."""
-        floor = self.config.recall.relevance_floor
-        if floor is None or self.recaller.embedder is None or not ranked:
+    def _below_floor(self, sid: str, text: str, ranked: Sequence[RankedTurn]) -> bool:
+        """Whether the relevance floor withholds memory (``memory.relevance``): it is on, the
+        dense signal scored the candidates, and the best cosine similarity among them is under
+        ``recall.relevance_floor`` — or under ``recall.unknown_name_floor`` when the message
+        names something no stored turn contains. A recall that ranked nothing (the history
+        holds every turn), or whose candidates have no vector yet (``Recaller.catch_up``
+        off), is not judged."""
+        recall = self.config.recall
+        floor, strict = recall.relevance_floor, recall.unknown_name_floor
+        if (floor is None and strict is None) or self.recaller.embedder is None or not ranked:
             return False
         scored = [r.similarity for r in ranked if r.similarity is not None]
-        return bool(scored) and max(scored) < floor
+        if not scored:
+            return False
+        best = max(scored)
+        if floor is not None and best < floor:
+            return True
+        if strict is None or best >= strict:
+            return False
+        # Only a message the first floor passes, and the stricter one would not, looks up names.
+        return bool(self._known_names.unknown(sid, names_in(text)))
 
     def _holds_everything(self, sid: str, exclude: set[int]) -> bool:
-        """Whether the history the caller sends holds every stored turn of the session, with
-        nothing compacted: then no turn can be recalled, and ranking (the full-text search and
-        the query's embedding) is skipped — its result would be empty. Topics paged in are
-        not ranked turns and are loaded either way."""
-        if len(exclude) < self.store.last_seq(sid):
-            return False
-        return self.store.session(sid).compaction_watermark == 0
+        """Whether the history the caller sends holds every stored turn of the session: then
+        no turn can be recalled, and ranking (the full-text search and the query's embedding)
+        is skipped — its result would be empty — and no hint or summary is added either: they
+        are made of turns the request holds. Topics paged in are not ranked turns and are
+        loaded either way."""
+        return len(exclude) >= self.store.last_seq(sid)
 
     @staticmethod
     def _kept_inputs(filtered: FilteredHistory | None) -> list[int]:

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-__all__ = ["Period", "query_period"]
+__all__ = ["MONTH_NAMES", "Period", "query_period"]
 
 _MONTHS = {
     name: number
@@ -47,6 +47,8 @@ _MONTHS = {
     )
     for name in names
 }
+MONTH_NAMES = frozenset(_MONTHS)
+"""Month names and their abbreviations, lower case ("january", "jan", …)."""
 _MONTH = r"(?P<{0}>" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
 _DAY = r"(?P<{0}>[0-3]?\d)(?:st|nd|rd|th)?"
 _YEAR = r"(?P<{0}>(?:19|20)\d\d)"

@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 from contextfold.errors import ConfigError
 from contextfold.items import ContextItem, QueryBundle
 from contextfold.protocols import Retriever
+from contextfold.retrieval.adapters import as_chunker, as_composer, as_retriever
 from contextfold.retrieval.base import Chunker
 from contextfold.retrieval.index import DocumentIndex
 from contextfold.retrieval.retrievers import HybridRetriever
@@ -133,6 +134,9 @@ class ContextEngine:
     ``memory`` defaults to an in-memory ``DocumentIndex`` (pass ``DocumentIndex(path=...)`` to
     persist), ``retriever`` to hybrid BM25 + dense over that memory, ``composer`` to
     ``ContextComposer``. A ``chunker`` given here is used for every document this engine adds.
+    Seed 002's own part shapes are accepted: a chunker with only ``chunk(text)``, a retriever
+    ``retrieve(query: str, k)`` returning ``{"text", "metadata", "score"}`` dicts, a composer
+    that reads such dicts (``contextfold.retrieval.adapters``).
     """
 
     def __init__(
@@ -144,10 +148,19 @@ class ContextEngine:
         *,
         cache_size: int = 256,
     ) -> None:
-        self.memory = memory if memory is not None else DocumentIndex(chunker=chunker)
-        self.chunker = chunker or self.memory.chunker
-        self.retriever = retriever if retriever is not None else HybridRetriever(memory=self.memory)
-        self.composer: Composer = composer if composer is not None else ContextComposer()
+        # Seed 002's own shapes (a bare chunk(text), dict-returning retrievers and composers
+        # that read dicts) are adapted here, at the boundary (``retrieval.adapters``).
+        adapted = as_chunker(chunker) if chunker is not None else None
+        self.memory = memory if memory is not None else DocumentIndex(chunker=adapted)
+        self.chunker = adapted or self.memory.chunker
+        self.retriever = (
+            as_retriever(retriever)
+            if retriever is not None
+            else HybridRetriever(memory=self.memory)
+        )
+        self.composer: Composer = (
+            as_composer(composer) if composer is not None else ContextComposer()
+        )
         self.document_ids: dict[str, bool] = {}
         self._cache: OrderedDict[tuple[str, int, int], str] = OrderedDict()
         self._cache_size = cache_size

@@ -214,6 +214,9 @@ class DashboardSettings(_Section):
         "Can I fly business class to Singapore?",
         "Do I need receipts for meals under 10 euros?",
     )
+    #: The tool whose output fills an Ask chat turn's tool-outputs section (``find_quote``:
+    #: the memory's exact earlier lines for the question; ``None``: no tool).
+    chat_tool: Literal["find_quote"] | None = "find_quote"
 
     @field_validator("token_env")
     @classmethod

@@ -46,6 +46,7 @@ from contextfold.retrieval.graph import (
     graph_context,
     to_context_items,
 )
+from contextfold.server.auto_links import AutoLinkRequest, AutoLinkResult, auto_link
 from contextfold.server.config import ID_PATTERN
 from contextfold.server.events import BudgetRow, RequestRecord, preview
 from contextfold.server.guards import ERROR_RESPONSES, ApiError
@@ -428,6 +429,14 @@ def router(state: ServerState) -> APIRouter:
     def add_edges(body: BulkEdges, who: Who) -> EdgeList:
         """Store up to 1,000 edges in one transaction (all or none)."""
         return EdgeList(edges=graph.add_edges([check_edge(who, e) for e in body.edges]))
+
+    @api.post("/edges/auto", response_model=AutoLinkResult, tags=["edges"])
+    def add_auto_edges(body: AutoLinkRequest, who: Who) -> AutoLinkResult:
+        """Add seed 003's automatic ``shared_tag`` and ``similar`` edges among the named
+        tenants (each must be the caller's), or all the caller's (``server/auto_links.py``)."""
+        for tenant in body.tenant_ids:
+            who.require(tenant)
+        return auto_link(graph, body, scope(who, body.tenant_ids), state.memory.embedder)
 
     @api.get("/edges", response_model=EdgeList, tags=["edges"])
     def list_edges(

@@ -23,6 +23,7 @@ from contextfold.cli.corpus import open_index
 from contextfold.errors import ConfigError, ContextfoldError, LLMError
 from contextfold.result import ContextResult
 from contextfold.retrieval.index import DocumentIndex
+from contextfold.server.dashboard_chat import ChatTurn
 from contextfold.server.state import ServerState
 from contextfold.store.sqlite import home_dir
 from contextfold.window import SectionUsage
@@ -44,6 +45,8 @@ class AskRequest(BaseModel):
     max_tokens: int | None = Field(None, ge=512, le=2_000_000)
     k: int = Field(8, ge=1, le=50)
     mode: Literal["hybrid", "bm25", "dense"] = "hybrid"
+    #: A chat's id: the question is one turn of that conversation (``dashboard_chat``).
+    chat_id: str | None = Field(None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
 
 
 def budget_rows(result: ContextResult) -> list[dict[str, Any]]:
@@ -117,6 +120,16 @@ class AskService:
                 )
             with self._lock:
                 index = self._index(embed=request.mode != "bm25")
+                turn = (
+                    ChatTurn(
+                        self.state.memory,
+                        request.chat_id,
+                        request.question,
+                        self.state.config.dashboard.chat_tool,
+                    )
+                    if request.chat_id
+                    else None
+                )
                 outcome = answer_question(
                     index,
                     request.question,
@@ -126,7 +139,11 @@ class AskService:
                     max_tokens=request.max_tokens,
                     llm=self.state.memory.llm_client if llm["configured"] else None,
                     model=llm.get("model"),
+                    tool_outputs=turn.tool_outputs if turn is not None else None,
+                    extra=turn.items() if turn is not None else (),
                 )
+                if turn is not None:
+                    turn.store(outcome.answer)
         except InputError as exc:
             raise HTTPException(422, str(exc)) from None
         except LLMError as exc:
@@ -167,6 +184,7 @@ class AskService:
             "decisions": [
                 d.model_dump(mode="json") for d in result.decisions if d.action.value != "kept"
             ],
+            "chat": turn.summary(outcome.answer) if turn is not None else None,
             "elapsed_ms": round((time.perf_counter() - started) * 1000, 1),
         }
 

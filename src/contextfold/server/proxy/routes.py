@@ -58,6 +58,7 @@ import anyio
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from contextfold import telemetry
 from contextfold._bounded import clip
 from contextfold.memory.tools import TOOL_NAMES
 from contextfold.server.events import RequestRecord
@@ -617,6 +618,7 @@ class Proxy:
     ) -> None:
         """Queue the dashboard record of a finished request (writer thread); its reply tags
         follow when the session's derived work is done (``ReplyTags``)."""
+        span = telemetry.start_proxy_span(plan.started)
         message = reply_message(reply.text, reply.calls) if reply is not None else None
         memory, events = self.state.memory, self.state.events
         committed = plan.committed
@@ -646,6 +648,7 @@ class Proxy:
                 error=error,
                 extra=extra,
             )
+            telemetry.end_proxy_span(span, record)
             if committed is None:
                 events.publish(record.model_copy(update={"response_tags": ()}))
             else:

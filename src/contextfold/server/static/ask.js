@@ -1,5 +1,7 @@
-// The Ask page: a question over the ingested corpus under a budget preset; shows the answer
-// (or that no LLM is configured), the per-section budget table, the sources and the context.
+// The Ask page: a chat over the ingested corpus under a budget preset. Every question is a turn
+// of the page's conversation (chat_id): the history fills the goal section and the server's
+// memory recalls older turns into the memory section. Shows the answer (or that no LLM is
+// configured), the conversation, the per-section budget table, the sources and the context.
 "use strict";
 
 (() => {
@@ -13,6 +15,17 @@
   const button = document.getElementById("ask");
   const error = document.getElementById("error");
   const results = document.getElementById("results");
+  const transcript = document.getElementById("transcript");
+  const chatPanel = document.getElementById("chat-panel");
+  const newChatId = () => "c" + Date.now().toString(36) + Math.random().toString(36).slice(2, 10);
+  let chatId = newChatId();
+  document.getElementById("new-chat").addEventListener("click", () => {
+    chatId = newChatId();
+    transcript.replaceChildren();
+    document.getElementById("chat-memory").replaceChildren();
+    chatPanel.hidden = true;
+    results.hidden = true;
+  });
 
   function syncWindow() {
     // fixed5 has five fixed sections: its size is not adjustable.
@@ -49,7 +62,7 @@
 
   async function submit() {
     if (!question.value.trim()) { question.focus(); return; }
-    const body = { question: question.value.trim(), budget: budget.value, mode: mode.value, k: Number(k.value || 8) };
+    const body = { question: question.value.trim(), budget: budget.value, mode: mode.value, k: Number(k.value || 8), chat_id: chatId };
     if (!maxTokens.disabled && maxTokens.value) body.max_tokens = Number(maxTokens.value);
     error.hidden = true;
     button.disabled = true;
@@ -99,6 +112,22 @@
     if (!r.sources.length) document.querySelector("#sources tbody").replaceChildren(h("tr", {}, h("td", { colspan: "5", class: "muted" }, "no matching chunks")));
     document.getElementById("context").textContent = r.context;
     results.hidden = false;
+    if (r.chat) renderChat(r);
+  }
+
+  function renderChat(r) {
+    const c = r.chat;
+    transcript.append(h("li", { class: "turn", "data-turn": String(c.turn) },
+      h("p", { class: "you" }, h("strong", {}, `Turn ${c.turn} · you: `), r.question),
+      h("p", { class: c.answer ? "assistant" : "muted" }, c.answer ?? "(no answer: no LLM configured)")));
+    const recalled = c.memory.length
+      ? [h("strong", {}, "Memory recalled this turn:"), h("ul", {}, ...c.memory.map((m) => h("li", {}, m)))]
+      : [h("span", {}, "Memory recalled this turn: nothing")];
+    const tools = c.tool_outputs.length ? [h("strong", {}, "Tool outputs:"), ...c.tool_outputs.map((t) => h("pre", { class: "context" }, t))] : [];
+    document.getElementById("chat-memory").replaceChildren(
+      h("p", {}, `History in the goal section: ${c.history.length} message${c.history.length === 1 ? "" : "s"}`),
+      ...recalled, ...tools);
+    chatPanel.hidden = false;
   }
 
   form.addEventListener("submit", (e) => { e.preventDefault(); submit(); });
