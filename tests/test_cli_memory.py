@@ -445,7 +445,8 @@ def test_chat_replay_asks_the_configured_llm_and_logs_its_cost(tmp_path: Path, f
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
-        ([], "contextfold chat is headless: pass --replay FILE"),
+        ([], "the chat needs a terminal"),
+        (["--headless"], "--headless runs a file: pass --replay FILE"),
         (["--replay", "/no/such/prompts.txt"], "no such file"),
         (["--replay", str(CONVERSATION), "--budget", "8"], "--budget must be at least 64"),
         (["--replay", str(CONVERSATION), "--out", "/no/such/dir/s.json"], "cannot write"),

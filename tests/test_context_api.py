@@ -189,6 +189,7 @@ def test_each_context_call_is_published_for_the_dashboard(
         "/api/context",
     )
     assert record.extra["tenants"] == ["support"] and record.extra["query"] == "refund"
+    assert record.response_tags == ()  # complete: nothing is tagged after a context call
     assert record.context == "Refund steps"  # the text the agent receives
     rows = {row.section: (row.budget, row.items) for row in record.budget}
     assert rows == {"entry_points": (600, 1), "expanded": (300, 0), "entities": (100, 0)}

@@ -1,16 +1,22 @@
-"""``contextfold chat --replay FILE``: run a conversation through the memory hooks, headless.
+"""``contextfold chat``: the interactive chat terminal (``contextfold.tui``), or, with
+``--replay FILE``, a conversation run through the memory hooks headless.
 
-Each user turn goes through ``on_message_inbound`` with the live history so far (the turns not
-compacted yet: what an app keeps sending once memory holds the older ones), gets a reply
+Without ``--replay`` the chat TUI starts (Textual; the ``tui`` extra): tag panel, budget bar,
+turn list, turn inspector, ``/compact``, brief mode, session export, against the configured
+``llm:``. ``--headless`` (seed 001's flag) asks for the headless run and needs ``--replay``.
+
+In a replay, each user turn goes through ``on_message_inbound`` with the live history so far
+(the turns not compacted yet: what an app keeps sending once memory holds the older ones), gets
+a reply
 — the file's own, the configured ``llm:``'s, or a placeholder — and is stored with
 ``on_turn_complete``, which compacts when the live turns cross a threshold. One line per turn
-shows what memory did; ``--out`` keeps every turn's data as JSON. An interactive chat TUI is out
-of scope: this command only replays.
+shows what memory did; ``--out`` keeps every turn's data as JSON.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -207,6 +213,38 @@ def _table(turns: list[ReplayTurn], session: str) -> Table:
     return table
 
 
+def _interactive(
+    config: Path | None,
+    session: str,
+    budget: int | None,
+    context_window: int | None,
+    reset: bool,
+    export: Path,
+) -> None:
+    """The chat terminal (``contextfold.tui.app.ChatApp``) on ``session``."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise InputError(
+            "the chat needs a terminal (stdin and stdout are not one here); run a file "
+            "headless with --replay FILE"
+        )
+    try:
+        from contextfold.tui.app import ChatApp
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").split(".")[0] not in ("textual", "rich"):
+            raise
+        raise InputError(
+            "the chat terminal needs the tui extra (textual is missing): "
+            'pip install "contextfold[tui]"; or run a file headless with --replay FILE'
+        ) from None
+    from contextfold.tui.session import ChatSession
+
+    opened = open_engine(config, session, llm=True, context_window=context_window)
+    with opened as engine, _closing_client(engine):
+        if reset:
+            engine.store.delete_session(session)
+        ChatApp(ChatSession(engine, budget=budget), export_path=export).run()
+
+
 def chat_command(
     replay: Annotated[
         str | None,
@@ -239,21 +277,37 @@ def chat_command(
     ] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
     json_out: JsonOption = False,
+    headless: Annotated[
+        bool,
+        typer.Option(
+            "--headless", help="Run --replay FILE without the terminal UI (the default with it)."
+        ),
+    ] = False,
+    export: Annotated[
+        Path,
+        typer.Option(
+            metavar="FILE.json", help="Where the chat's Ctrl+S / /export writes the session."
+        ),
+    ] = Path("vc-session.json"),
 ) -> None:
-    """Replay a conversation through the memory hooks (headless; no interactive chat).
+    """Chat with the configured LLM through memory (a terminal UI), or replay a file headless.
 
-    Per user turn: the inbound hook (tags, broad / temporal, memory tokens, recalled turns,
-    time), a reply (the file's, else the `llm:` model's when one is configured, else a
-    placeholder), then the turn-complete hook, which may compact. One table row per turn. An
-    interactive chat TUI is out of scope."""
+    Without --replay: the chat terminal — tag panel with activity, budget bar (core / hint /
+    tags / conversation), turn list (Ctrl+B / Ctrl+F), turn inspector (Ctrl+I / F2), /compact
+    (Ctrl+K), brief mode (Ctrl+T), session export (Ctrl+S); needs the tui extra.
+
+    With --replay FILE (headless): per user turn, the inbound hook (tags, broad / temporal,
+    memory tokens, recalled turns, time), a reply (the file's, else the `llm:` model's when
+    one is configured, else a placeholder), then the turn-complete hook, which may compact.
+    One table row per turn."""
     with cli_errors():
-        if replay is None:
-            raise InputError(
-                "contextfold chat is headless: pass --replay FILE (an interactive chat is "
-                "out of scope)"
-            )
         if budget is not None and budget < 64:
             raise InputError(f"--budget must be at least 64 tokens, got {budget}")
+        if replay is None:
+            if headless:
+                raise InputError("--headless runs a file: pass --replay FILE (.txt or .json)")
+            _interactive(config, session, budget, context_window, reset, export)
+            return
         preamble, pairs = read_replay(replay)
         turns: list[ReplayTurn] = []
         history = [m for m in preamble if m.role == "system"]

@@ -152,30 +152,132 @@ def validate_command(
 
 
 def init_command(
-    kind: Annotated[str, typer.Argument(metavar="KIND", help="chat, coding or rag.")],
+    kind: Annotated[
+        str | None,
+        typer.Argument(metavar="KIND", help="chat, coding or rag (not with --from)."),
+    ] = None,
     path: Annotated[Path, typer.Option(metavar="FILE", help="Where to write it.")] = DEFAULT_CONFIG,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+    source: Annotated[
+        Path | None,
+        typer.Option(
+            "--from",
+            metavar="FILE",
+            help="Convert a virtual-context.yaml (seed 001's config) instead of a template: "
+            "its memory keys into --path, its proxy instances into --server-path.",
+        ),
+    ] = None,
+    server_path: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="With --from: where the server config goes (default: server.yaml beside "
+            "--path), for `contextfold proxy -c FILE`.",
+        ),
+    ] = None,
 ) -> None:
-    """Write a commented starter contextfold.yaml (chat, coding or rag).
+    """Write a commented starter contextfold.yaml (chat, coding or rag), or convert one.
 
-    Every key is shown with its default and what it does. Refuses to overwrite a file unless
-    --force."""
+    Every key is shown with its default and what it does. With --from virtual-context.yaml,
+    its keys are converted (proxy instances, `label` -> `name`, go to a server config that
+    `contextfold proxy -c server.yaml` starts without --upstream) and every key that could
+    not be carried over is listed. Refuses to overwrite a file unless --force."""
     from contextfold.memory.config import template
 
     with cli_errors():
+        if source is not None:
+            if kind is not None:
+                raise InputError("pass a template KIND or --from FILE, not both")
+            _init_from(source, path, server_path, force)
+            return
+        if kind is None:
+            raise InputError("pass a template KIND (chat, coding or rag) or --from FILE")
         text = template(kind)
-        if path.is_dir():
-            raise InputError(f"{path}: is a directory; pass --path FILE")
-        if path.exists() and not force:
-            raise InputError(f"{path} already exists; pass --force to overwrite it")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise InputError(f"{path}: cannot write ({exc.strerror or exc})") from None
+        _check_target(path, force)
+        _write(path, text)
     typer.echo(
         f"wrote {path} ({kind} template); check it with `contextfold config validate {path}`"
     )
+
+
+def _check_target(path: Path, force: bool) -> None:
+    if path.is_dir():
+        raise InputError(f"{path}: is a directory; pass --path FILE")
+    if path.exists() and not force:
+        raise InputError(f"{path} already exists; pass --force to overwrite it")
+
+
+def _write(path: Path, text: str) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{path}: cannot write ({exc.strerror or exc})") from None
+
+
+def _validated(model: type[Any], data: dict[str, Any], what: str, source: Path) -> None:
+    from pydantic import ValidationError
+
+    try:
+        model.model_validate(data)
+    except ValidationError as exc:
+        lines = [
+            f"  {'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}"
+            for err in exc.errors()
+        ]
+        raise InputError(
+            f"{source}: converted to an invalid {what}; fix these keys in it:\n" + "\n".join(lines)
+        ) from None
+
+
+def _init_from(source: Path, path: Path, server_path: Path | None, force: bool) -> None:
+    """``init --from``: convert ``source``, validate both results, then write them."""
+    import yaml
+
+    from contextfold.cli.convert import convert
+    from contextfold.memory.config import MemoryConfig, SplittingSettings
+    from contextfold.server.config import ServerConfig
+
+    try:
+        data = yaml.safe_load(source.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{source}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{source}: cannot read ({exc})") from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"{source}: invalid YAML: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{source}: expected a mapping at the top level")
+    splitting = tuple(
+        k
+        for k in (
+            "enabled",
+            "frequency_threshold",
+            "frequency_pct_threshold",
+            "max_splits_per_turn",
+        )
+        if k in SplittingSettings.model_fields
+    )
+    memory, server, notes = convert(data, splitting_keys=splitting)
+    _validated(MemoryConfig, memory, "contextfold.yaml", source)
+    header = f"# converted from {source} by `contextfold init --from`\n"
+    targets = [(path, header + yaml.safe_dump(memory, sort_keys=False, allow_unicode=True))]
+    if server is not None:
+        server_file = server_path or path.parent / "server.yaml"
+        server = {**server, "memory_config": str(path.resolve())}
+        _validated(ServerConfig, server, "server config", source)
+        targets.append(
+            (server_file, header + yaml.safe_dump(server, sort_keys=False, allow_unicode=True))
+        )
+    for target, _ in targets:
+        _check_target(target, force)
+    for target, text in targets:
+        _write(target, text)
+        typer.echo(f"wrote {target}")
+    for note in notes:
+        typer.echo(f"  note: {note}")
+    if server is not None:
+        typer.echo(f"start the proxy instances with `contextfold proxy -c {targets[1][0]}`")
 
 
 def cost_report_command(

@@ -1,6 +1,7 @@
 """``contextfold memory``: look inside a conversation's memory and drive its hooks by hand.
 
-``status``, ``tags``, ``recall`` and ``quote`` read what is stored; ``compact`` ingests a
+``status``, ``tags``, ``domains`` (``contextfold.cli.domains``), ``recall`` and ``quote`` read
+what is stored; ``compact`` ingests a
 message file and compacts it; ``retrieve`` and ``transform`` run the inbound hook on one
 message (what a request would get); ``aliases`` lists, suggests and adds tag aliases;
 ``export`` / ``import`` write memory to a folder of markdown files and read it back
@@ -19,6 +20,7 @@ from rich.table import Table
 
 from contextfold.cli.aliases import aliases_command
 from contextfold.cli.common import InputError, cli_errors
+from contextfold.cli.domains import domains_command
 from contextfold.cli.memory_files import export_command, import_command
 from contextfold.cli.session import (
     ConfigOption,
@@ -390,6 +392,7 @@ def quote_command(
     Console().print(table)
 
 
+memory_app.command("domains")(domains_command)
 memory_app.command("aliases")(aliases_command)
 memory_app.command("export")(export_command)
 memory_app.command("import")(import_command)

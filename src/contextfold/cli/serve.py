@@ -69,6 +69,30 @@ WorkersOption = Annotated[
 LogOption = Annotated[
     str, typer.Option("--log-level", help="uvicorn log level: debug, info, warning, error.")
 ]
+EventLogOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--event-log/--no-event-log",
+        help="One line per event on stdout (INGEST, REQUEST, RESPONSE, COMPLETE, COMPACT); "
+        "default on (the config's event_log.enabled).",
+    ),
+]
+LogContentOption = Annotated[
+    bool,
+    typer.Option(
+        "--log-content",
+        help="Add an excerpt of each query and reply to the event log (default: counts, tags "
+        "and times only, no message text).",
+    ),
+]
+CaptureOption = Annotated[
+    bool,
+    typer.Option(
+        "--capture-bodies",
+        help="Keep the last 50 request bodies sent upstream (credentials redacted) for the "
+        "dashboard's request capture (dashboard.capture).",
+    ),
+]
 
 
 # What the ``server`` extra installs (and what its imports pull in).
@@ -83,6 +107,10 @@ def _run(
     upstream: str | None,
     log_level: str,
     workers: int = 1,
+    *,
+    event_log: bool | None = None,
+    log_content: bool = False,
+    capture: bool = False,
 ) -> None:
     try:
         from contextfold.server.config import ProxySettings, ServerConfig, load_server_config
@@ -112,6 +140,16 @@ def _run(
         update["proxy"] = ProxySettings.model_validate(
             {**config.proxy.model_dump(), "upstream": upstream}
         )
+    settings = config.event_log.model_dump()
+    if event_log is not None:
+        settings["enabled"] = event_log
+    elif settings["enabled"] is None:  # the command line's default: on
+        settings["enabled"] = True
+    if log_content:
+        settings["content"] = True
+    update["event_log"] = settings
+    if capture:
+        update["dashboard"] = {**config.dashboard.model_dump(), "capture": True}
     if update:
         config = ServerConfig.model_validate({**config.model_dump(), **update})
     if workers > 1:
@@ -163,9 +201,20 @@ def serve_app(
     with asyncio.Runner(loop_factory=_loop_factory()) as loop_runner:
         loop_runner.run(main())
     left = _written(app) if stop_began else ""
+    app.state.contextfold.log.flush(1.0)  # the last event lines
     app.state.contextfold.memory.close()
     if stop_began:
         typer.echo(f"{who}stopped in {time.monotonic() - stop_began[0]:.1f} s; {left}", err=True)
+
+
+def _configured_upstream(path: Path | None) -> bool:
+    """Whether the server config at ``path`` names an upstream or proxy instances."""
+    if path is None:
+        return False
+    from contextfold.server.config import load_server_config
+
+    config = load_server_config(path)
+    return config.proxy.upstream is not None or bool(config.proxy.instances)
 
 
 def _stopping_line(runner: Runner) -> str:
@@ -229,6 +278,9 @@ def serve_command(
     ] = None,
     log_level: LogOption = "info",
     workers: WorkersOption = 1,
+    event_log: EventLogOption = None,
+    log_content: LogContentOption = False,
+    capture_bodies: CaptureOption = False,
 ) -> None:
     """Run the server: the LLM proxy, POST /api/context and the dashboard.
 
@@ -238,36 +290,72 @@ def serve_command(
     shutdown_timeout seconds (default 5); every exchange is already stored, and derived work
     left pending stays in the store for the next start; a second Ctrl-C quits at once."""
     with cli_errors():
-        _run(config, memory_config, host, port, None, log_level, workers)
+        _run(
+            config,
+            memory_config,
+            host,
+            port,
+            None,
+            log_level,
+            workers,
+            event_log=event_log,
+            log_content=log_content,
+            capture=capture_bodies,
+        )
 
 
 def proxy_command(
     upstream: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--upstream",
             "-u",
             metavar="URL",
-            help="The provider API to forward to, e.g. https://api.openai.com.",
+            help="The provider API to forward to, e.g. https://api.openai.com. Without it, "
+            "--config's proxy.upstream and proxy.instances are started.",
         ),
-    ],
+    ] = None,
     port: Annotated[
-        int,
+        int | None,
         typer.Option(
-            "--port", "-p", envvar="CONTEXTFOLD_PORT", help="Port to listen on ($CONTEXTFOLD_PORT)."
+            "--port",
+            "-p",
+            envvar="CONTEXTFOLD_PORT",
+            help="Port to listen on ($CONTEXTFOLD_PORT; default: --config's port, else 5757).",
         ),
-    ] = 5757,
+    ] = None,
     config: ServerConfigOption = None,
     memory_config: MemoryConfigOption = None,
     host: HostOption = None,
     log_level: LogOption = "info",
     workers: WorkersOption = 1,
+    event_log: EventLogOption = None,
+    log_content: LogContentOption = False,
+    capture_bodies: CaptureOption = False,
 ) -> None:
-    """Run the transparent LLM proxy in front of one upstream.
+    """Run the transparent LLM proxy in front of one upstream, or the configured instances.
 
-    Point a client's base_url at http://127.0.0.1:PORT (OpenAI SDK: .../v1); every request
+    With --upstream: one listener forwarding there. Without it: the upstream and the proxy
+    instances of --config (each instance's port forwards to its own upstream; all share one
+    memory). Point a client's base_url at http://127.0.0.1:PORT (OpenAI SDK: .../v1); every request
     gains conversation memory. Ctrl-C stops it: requests in flight get up to shutdown_timeout
     seconds (default 5); every exchange is already stored, and derived work left pending stays
     in the store for the next start; a second Ctrl-C quits at once."""
     with cli_errors():
-        _run(config, memory_config, host, port, upstream, log_level, workers)
+        if upstream is None and not _configured_upstream(config):
+            raise InputError(
+                "no upstream: pass --upstream URL, or --config FILE with proxy.upstream or "
+                "proxy.instances (`contextfold init --from virtual-context.yaml` writes one)"
+            )
+        _run(
+            config,
+            memory_config,
+            host,
+            port,
+            upstream,
+            log_level,
+            workers,
+            event_log=event_log,
+            log_content=log_content,
+            capture=capture_bodies,
+        )

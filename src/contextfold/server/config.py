@@ -32,6 +32,7 @@ __all__ = [
     "ContextApiSettings",
     "DashboardSettings",
     "EnvelopeSettings",
+    "EventLogSettings",
     "InstanceSettings",
     "LimitSettings",
     "OutputSettings",
@@ -221,11 +222,15 @@ class DashboardSettings(_Section):
     """``token_env``: the variable holding the dashboard token; required when the server
     binds to anything but loopback. ``corpus``: the document database the Ask page searches
     (default ``$CONTEXTFOLD_HOME/documents.db``, where ``contextfold ingest`` writes);
-    ``examples``: the Ask page's example-question buttons."""
+    ``examples``: the Ask page's example-question buttons. ``capture``: keep the raw bodies
+    sent upstream (the last ``capture_keep``, credentials redacted) for the dashboard's
+    request capture; off by default (bodies hold the conversations)."""
 
     enabled: bool = True
     token_env: str | None = "CONTEXTFOLD_DASHBOARD_TOKEN"
     corpus: str | None = None
+    capture: bool = False
+    capture_keep: int = Field(50, ge=1, le=1000)
     examples: tuple[str, ...] = (
         "Can I expense Uber rides during business travel?",
         "What is the hotel cap in London?",
@@ -240,6 +245,16 @@ class DashboardSettings(_Section):
     @classmethod
     def _a_name_not_a_token(cls, value: str | None) -> str | None:
         return None if value is None else check_env_name(value)
+
+
+class EventLogSettings(_Section):
+    """The terminal event log (``contextfold.server.event_log``): one line per event on
+    stdout. ``enabled``: unset, ``contextfold serve`` and ``proxy`` write it and an app built
+    in code (``create_app``) does not. ``content``: add an excerpt of the query and the reply
+    (off: counts, tags and times only)."""
+
+    enabled: bool | None = None
+    content: bool = False
 
 
 class LimitSettings(_Section):
@@ -269,6 +284,7 @@ class ServerConfig(_Section):
     proxy: ProxySettings = ProxySettings()
     context_api: ContextApiSettings = ContextApiSettings()
     dashboard: DashboardSettings = DashboardSettings()
+    event_log: EventLogSettings = EventLogSettings()
     limits: LimitSettings = LimitSettings()
 
     @field_validator("secret_env")

@@ -533,6 +533,7 @@ def _publish(
             path="/api/context",
             model=request.token_model,
             status=200,
+            response_tags=(),  # nothing is tagged after a context call: the row is complete
             tokens_forwarded=result.stats.total_tokens,
             overhead_ms=elapsed_ms,
             context=preview("\n\n".join(item.content for item in to_context_items(result))),

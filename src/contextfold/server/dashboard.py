@@ -12,6 +12,9 @@ nothing loaded from elsewhere) over a small JSON API:
 ``GET  /dashboard/api/stats``                  request counts and latencies over the records
 ``GET  /dashboard/api/sessions``               the sessions seen, with their request counts
 ``GET  /dashboard/api/sessions/{id}``          one session's memory status and its requests
+``GET  /dashboard/api/ingested``               the turns new conversations brought, tagged
+``GET  /dashboard/api/captures``               the raw bodies sent upstream (opt-in), listed
+``GET  /dashboard/api/captures/{id}``          one of them, credentials redacted
 ``GET  /dashboard/api/export``                 everything above as one JSON download
 ``GET  /dashboard/api/ask``                    the Ask page's presets, examples and LLM
 ``POST /dashboard/api/ask``                    answer a question (``AskRequest``)
@@ -77,7 +80,13 @@ def stats(
     records: Sequence[RequestRecord], started: float, passed: PassThroughCounts | None = None
 ) -> dict[str, Any]:
     """Counts, tokens and mean latencies over ``records`` (the bus keeps the recent ones),
-    and the requests passed through without memory since the start, per route."""
+    the compactions among them (events, tokens freed, and the compression ratio: the
+    compacted turns' tokens over their summaries'), and the requests passed through without
+    memory since the start, per route."""
+    compactions = [r.extra for r in records if r.kind == "compaction"]
+    records = [r for r in records if r.kind != "compaction"]
+    compacted = sum(int(c.get("tokens_compacted", 0)) for c in compactions)
+    summaries = sum(int(c.get("summary_tokens", 0)) for c in compactions)
     upstream = [r.upstream_ms for r in records if r.upstream_ms is not None]
     overhead = [r.overhead_ms for r in records]
     return {
@@ -94,6 +103,10 @@ def stats(
         "memory_tokens": sum(r.memory_tokens for r in records),
         "avg_overhead_ms": round(sum(overhead) / len(overhead), 2) if overhead else None,
         "avg_upstream_ms": round(sum(upstream) / len(upstream), 2) if upstream else None,
+        "compactions": len(compactions),
+        "turns_compacted": sum(int(c.get("turns_compacted", 0)) for c in compactions),
+        "tokens_freed": sum(int(c.get("tokens_freed", 0)) for c in compactions),
+        "compression_ratio": round(compacted / summaries, 2) if summaries else None,
         "passed_through": (passed or PassThroughCounts()).snapshot(),
     }
 
@@ -186,10 +199,35 @@ def router(state: ServerState) -> APIRouter:
     def stats_route() -> dict[str, Any]:
         return stats(state.events.recent(), started, state.passed)
 
+    @api.get("/api/ingested")
+    def ingested(session_id: str | None = None) -> list[dict[str, Any]]:
+        """Per new conversation that brought earlier turns (its first request), those turns
+        as the store has them: each user turn with its reply, tags and previews."""
+        return ingested_history(state, state.events.recent(session_id))
+
+    @api.get("/api/captures")
+    def captures() -> dict[str, Any]:
+        """The raw bodies kept (``dashboard.capture``), newest first, without the bodies."""
+        return {
+            "enabled": state.captures.enabled,
+            "keep": state.captures.keep,
+            "captures": state.captures.entries(),
+        }
+
+    @api.get("/api/captures/{record_id}")
+    def capture(record_id: str) -> dict[str, Any]:
+        found = state.captures.get(record_id)
+        if found is None:
+            why = "" if state.captures.enabled else " (capture is off: dashboard.capture)"
+            raise HTTPException(404, f"no captured body for {record_id!r}{why}")
+        return found
+
     @api.get("/api/sessions")
     def sessions() -> list[dict[str, Any]]:
         counts: dict[str, int] = {}
         for r in state.events.recent():
+            if r.kind == "compaction":
+                continue
             counts[r.session_id] = counts.get(r.session_id, 0) + 1
         return [{"session_id": sid, "requests": n} for sid, n in sorted(counts.items())]
 
@@ -203,7 +241,7 @@ def router(state: ServerState) -> APIRouter:
         return {
             "session_id": session_id,
             "memory": memory,
-            "requests": len(seen),
+            "requests": sum(r.kind != "compaction" for r in seen),
             "stats": stats(seen, started, state.passed),
         }
 
@@ -219,6 +257,8 @@ def router(state: ServerState) -> APIRouter:
                 sid: _memory_status(state, sid) for sid in sorted({r.session_id for r in recent})
             },
             "records": [r.model_dump(mode="json") for r in recent],
+            "ingested": ingested_history(state, recent),
+            "captures": state.captures.export(),
         }
         name = f"contextfold-dashboard-{now:%Y%m%d-%H%M%S}.json"
         return JSONResponse(body, headers={"Content-Disposition": f'attachment; filename="{name}"'})
@@ -238,6 +278,57 @@ def router(state: ServerState) -> APIRouter:
     routes.include_router(api)
     routes.include_router(static)
     return routes
+
+
+#: The characters of each message the ingested-history grid shows.
+PREVIEW = 240
+
+
+def ingested_history(state: ServerState, records: Sequence[RequestRecord]) -> list[dict[str, Any]]:
+    """The turns each new conversation brought (``extra.ingested`` of its first record), read
+    from the store with their tags as they are now (tagged by the session's derive job)."""
+    out: list[dict[str, Any]] = []
+    store = state.memory.store
+    brought = [
+        r for r in records if r.kind == "proxy" and isinstance(r.extra.get("ingested"), dict)
+    ]
+    known = set(store.sessions()) if brought else set()
+    for r in sorted(brought, key=lambda r: r.created_at):
+        info = r.extra["ingested"]
+        if r.session_id not in known:
+            continue
+        lo, hi = info["seqs"]
+        turns: list[dict[str, Any]] = []
+        for stored in store.turns(r.session_id, start=lo, end=hi):
+            message = stored.message
+            if message.role == "user" and turns and not turns[-1]["assistant"]:
+                pass  # consecutive user messages (batched clients) fold into one turn
+            elif message.role == "user":
+                turns.append(
+                    {"turn": len(turns) + 1, "seqs": [], "user": "", "assistant": "", "tags": []}
+                )
+            if not turns:
+                continue
+            turn = turns[-1]
+            turn["seqs"].append(stored.seq)
+            text = message.text()
+            if message.role in ("user", "assistant"):
+                key = message.role
+                joined = (turn[key] + "\n" + text).strip()
+                turn[key] = joined if len(joined) <= PREVIEW else joined[:PREVIEW] + "…"
+            for tag in stored.tags:
+                if tag not in turn["tags"]:
+                    turn["tags"].append(tag)
+        turns = turns[: info["turns"]]  # the request's own question is not history
+        out.append(
+            {
+                "session_id": r.session_id,
+                "record_id": r.id,
+                "turns": turns,
+                "tagged": all(t["tags"] for t in turns),
+            }
+        )
+    return out
 
 
 def _memory_status(state: ServerState, session_id: str) -> dict[str, Any] | None:

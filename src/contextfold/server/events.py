@@ -95,13 +95,14 @@ class InspectedMessage(BaseModel):
 
 
 class RequestRecord(BaseModel):
-    """One proxied request (or one ``/api/context`` call) as the dashboard sees it."""
+    """One proxied request (or one ``/api/context`` call, or one compaction: kind
+    ``compaction``, its report in ``extra``) as the dashboard sees it."""
 
     model_config = ConfigDict(frozen=True)
     id: str
     session_id: str
     turn: int = 0
-    kind: Literal["proxy", "context"] = "proxy"
+    kind: Literal["proxy", "context", "compaction"] = "proxy"
     format: str = "openai"
     path: str = ""
     model: str | None = None

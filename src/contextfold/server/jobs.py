@@ -26,6 +26,7 @@ from contextfold._bounded import clip
 from contextfold.store.models import owner_id
 
 if TYPE_CHECKING:
+    from contextfold.memory.compactor import CompactionReport
     from contextfold.memory.engine import MemoryEngine
 
 __all__ = ["Foreground", "JobWorker"]
@@ -92,6 +93,9 @@ class JobWorker:
         self.reap_every = 2.0
         self._reaped = time.monotonic()
         self.on_tick: Callable[[], object] | None = None
+        #: Called with the report of each compaction a job ran (the terminal log's
+        #: ``COMPACT`` line, the dashboard's compaction events).
+        self.on_compacted: Callable[[CompactionReport], object] | None = None
 
     def start(self) -> None:
         """Give back the jobs of dead processes, then start the threads."""
@@ -137,7 +141,7 @@ class JobWorker:
                 self._wake.clear()
                 continue
             try:
-                self.engine.derive(job.session_id)
+                report = self.engine.derive(job.session_id)
             except Exception as exc:  # kept in the store with its error, retried
                 message = f"{type(exc).__name__}: {clip(str(exc))}"
                 self.failed += 1
@@ -147,6 +151,13 @@ class JobWorker:
             else:
                 self.done += 1
                 self._settle(partial(store.finish_job, job.id, self.owner))
+                if report is not None and self.on_compacted is not None:
+                    try:
+                        self.on_compacted(report)
+                    except Exception as exc:
+                        logger.warning(
+                            "after compaction: %s: %s", type(exc).__name__, clip(str(exc))
+                        )
                 if self.on_done is not None:
                     try:
                         self.on_done(job.session_id)

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from contextfold.errors import ConfigError
+from contextfold.server.capture import BodyCapture
 from contextfold.server.config import ServerConfig
+from contextfold.server.event_log import EventLog
 from contextfold.server.events import EventBus, PassThroughCounts
 from contextfold.store.sqlite import home_dir
 
@@ -56,8 +58,17 @@ class ServerState:
     # Freeze what start-up loaded out of the garbage collector once the models are warm, before
     # the server answers (``contextfold serve`` / ``proxy`` set it: it is process-wide).
     freeze_gc: bool = False
+    # The terminal event log (``config.event_log``), and the raw bodies sent upstream
+    # (``config.dashboard.capture``).
+    log: EventLog = field(default_factory=lambda: EventLog(enabled=False))
+    captures: BodyCapture = field(default_factory=BodyCapture)
 
     def __post_init__(self) -> None:
+        settings = self.config.event_log
+        self.log = EventLog(enabled=bool(settings.enabled), content=settings.content)
+        self.captures = BodyCapture(
+            keep=self.config.dashboard.capture_keep, enabled=self.config.dashboard.capture
+        )
         if not self.secret:
             value = os.environ.get(self.config.secret_env)
             self.secret = value.encode() if value else load_secret(home_dir() / "secret")

@@ -7,12 +7,14 @@ the reply has gone out, never on the response path.
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from contextfold._bounded import BoundedMemo, clip, text_size
-from contextfold.items import Message, TextBlock
+from contextfold.items import Message
 from contextfold.server.events import (
     BudgetRow,
     EventBus,
@@ -20,6 +22,7 @@ from contextfold.server.events import (
     RequestRecord,
     preview,
 )
+from contextfold.server.proxy.turns import user_turns
 from contextfold.tokens import OVERHEADS, TokenCounter
 
 if TYPE_CHECKING:
@@ -70,6 +73,8 @@ class Plan:
     compaction: Compaction | None = None  # the tool outputs stubbed (``outputs``)
     overhead_ms: float = 0.0
     started: float = 0.0
+    turn: int | None = None  # the conversation turn, counted in the store (``turns``)
+    ingested: int = 0  # earlier turns of the client's history a new conversation brought
 
 
 #: ``counter.count(text)``, remembered: a chat client resends its history every turn. Both
@@ -182,9 +187,7 @@ def build_record(
     memory_tokens = counter.count(memory_text) if memory_text else 0
     shown = [*kept, *([reply] if reply is not None else [])]
     omitted = max(0, len(shown) - MAX_MESSAGES)
-    turn = sum(
-        1 for m in messages if m.role == "user" and any(isinstance(b, TextBlock) for b in m.content)
-    )
+    turn = plan.turn if plan.turn is not None else user_turns(messages)
     assembled = plan.assembled
     info: dict[str, Any] = {"session_source": plan.session_source}
     if plan.instance:
@@ -195,6 +198,10 @@ def build_record(
         info["notes"] = plan.notes
     if omitted:
         info["messages_omitted"] = omitted
+    if plan.ingested and plan.committed is not None:
+        # The earlier turns the first request brought: the dashboard's ingested-history grid.
+        seqs = plan.committed[1]
+        info["ingested"] = {"turns": plan.ingested, "seqs": [seqs[0], seqs[-1]]}
     info.update(extra or {})
     return RequestRecord(
         id=plan.id,
@@ -228,6 +235,7 @@ class _Awaiting:
     seqs: list[int]
     record: RequestRecord | None = None
     tags: tuple[str, ...] | None = None
+    at: float = field(default_factory=time.monotonic)  # when the exchange was committed
 
 
 class ReplyTags:
@@ -243,6 +251,9 @@ class ReplyTags:
         self.limit = limit
         self._waiting: dict[str, dict[str, _Awaiting]] = {}
         self._lock = threading.Lock()
+        #: Called with a record and the milliseconds since its exchange was committed, once
+        #: its reply tags are known (the terminal log's ``COMPLETE`` line).
+        self.on_tagged: Callable[[RequestRecord, float], object] | None = None
 
     def expect(self, session_id: str, record_id: str, seqs: list[int]) -> None:
         with self._lock:
@@ -259,9 +270,13 @@ class ReplyTags:
             else:
                 self._forget(session_id, record.id)
         tags = () if entry is None else entry.tags
-        self.events.publish(
-            record if tags is None else record.model_copy(update={"response_tags": tags})
-        )
+        if tags is None:
+            self.events.publish(record)
+            return
+        tagged = record.model_copy(update={"response_tags": tags})
+        self.events.publish(tagged)
+        if entry is not None:
+            self._tagged(tagged, entry)
 
     def derived(self, session_id: str) -> None:
         """The session's derived work is done: tag its waiting records whose turns it covers."""
@@ -284,7 +299,13 @@ class ReplyTags:
                 if record is not None:  # else the record takes them when it is built
                     self._forget(session_id, key)
             if record is not None:
-                self.events.publish(record.model_copy(update={"response_tags": ordered}))
+                tagged = record.model_copy(update={"response_tags": ordered})
+                self.events.publish(tagged)
+                self._tagged(tagged, entry)
+
+    def _tagged(self, record: RequestRecord, entry: _Awaiting) -> None:
+        if self.on_tagged is not None:
+            self.on_tagged(record, (time.monotonic() - entry.at) * 1000)
 
     def sweep(self) -> None:
         """``derived`` for every session with records waiting: their jobs may have run in

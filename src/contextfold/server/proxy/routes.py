@@ -61,6 +61,7 @@ from fastapi.responses import Response, StreamingResponse
 from contextfold import telemetry
 from contextfold._bounded import clip
 from contextfold.memory.tools import TOOL_NAMES
+from contextfold.server.events import RequestRecord
 from contextfold.server.jobs import Foreground, JobWorker
 from contextfold.server.proxy import limits, outputs, recall, responses
 from contextfold.server.proxy.commit import commit_exchange
@@ -95,12 +96,13 @@ from contextfold.server.proxy.stream import (
     synthesize,
 )
 from contextfold.server.proxy.tools import unstreamed, without_memory_tools
+from contextfold.server.proxy.turns import TurnNumbers, user_turns
 from contextfold.server.proxy.wire import WIRES, Wire, dumps, reply_message
 from contextfold.server.proxy.writer import TurnWriter
 from contextfold.server.state import ServerState
 
 if TYPE_CHECKING:
-    pass
+    from contextfold.memory.compactor import CompactionReport
 
 __all__ = ["Proxy", "ProxyRouter", "router"]
 
@@ -131,6 +133,9 @@ class Proxy:
         self._pool = ThreadPoolExecutor(32, thread_name_prefix="contextfold-memory")
         self.upstream = Upstream(state.config.proxy.timeout)
         self.tags = ReplyTags(state.memory.store, state.events)
+        self.turns = TurnNumbers(state.memory.store)
+        self.tags.on_tagged = self._log_complete
+        self.jobs.on_compacted = self._compacted
         # Responses API ids -> stored turns, kept in the store (every worker process sees them)
         self.chains = responses.ResponseChains(store=state.memory.store)
         self.jobs.on_done = self.tags.derived
@@ -255,6 +260,7 @@ class Proxy:
         if isinstance(prepared, Response):
             return prepared
         plan, url, headers, raw = prepared
+        self._log_request(plan)
         # The Responses API has no in-proxy memory tool loop (``responses``).
         memory_tools = self.tools_mode and plan.format != responses.FORMAT
         restore = plan.compaction is not None and outputs.restores(plan.format)
@@ -616,8 +622,23 @@ class Proxy:
         message = reply_message(reply.text, reply.calls) if reply is not None else None
         memory, events = self.state.memory, self.state.events
         committed = plan.committed
+        total_ms = (time.perf_counter() - plan.started) * 1000 if plan.started else 0.0
+        chars = len(reply.text) if reply is not None else 0
 
         def job() -> None:
+            if committed is not None:  # counted up to the stored reply (forks, fail-open too)
+                try:
+                    plan.turn = self.turns.upto(committed[0], committed[1][-1])
+                except Exception as exc:
+                    logger.warning("request %s: turn not counted: %s", plan.id, exc)
+            self.state.log.response(
+                plan.turn,
+                status=status,
+                stream=plan.stream,
+                upstream_ms=upstream_ms,
+                total_ms=total_ms,
+                chars=chars,
+            )
             record = build_record(
                 plan,
                 memory,
@@ -634,6 +655,71 @@ class Proxy:
                 self.tags.publish(committed[0], record)
 
         self.writer.submit(job)
+
+    # -- the terminal log and the dashboard's extras ------------------------------------------
+
+    def _log_request(self, plan: Plan) -> None:
+        """On the writer thread, before the request's record: count its turn in the store
+        (``TurnNumbers``), keep its body when capture is on, write its ``INGEST`` and
+        ``REQUEST`` lines."""
+        content = plan.content
+
+        def job() -> None:
+            try:
+                plan.turn = self.turns.of(plan)
+            except Exception as exc:  # the store is down: the record counts the request's
+                logger.warning("request %s: turn not counted: %s", plan.id, exc)
+            position, parsed = plan.position, plan.parsed
+            messages = parsed.messages if parsed is not None else []
+            sid = plan.session_id or plan.new_session
+            if position is not None and position.session_id is None and position.fork is None:
+                plan.ingested = max(0, user_turns(messages[position.new_from :]) - 1)
+                if plan.ingested:
+                    self.state.log.ingest(sid or "", plan.ingested)
+            self.state.captures.add(
+                plan.id,
+                sid or "",
+                plan.format,
+                plan.path,
+                content,
+                model=plan.model,
+                turn=plan.turn,
+                memory=plan.body is not None,
+            )
+            assembled = plan.assembled
+            query = next((m.text() for m in reversed(messages) if m.role == "user"), "")
+            memory_text = "\n".join(t for t in (plan.hint, plan.dynamic) if t)
+            self.state.log.request(
+                plan.turn,
+                label=plan.instance or plan.format,
+                model=plan.model,
+                stream=plan.stream,
+                tags=assembled.matched_tags if assembled is not None else (),
+                messages=len(messages),
+                dropped=len(plan.dropped_notes),
+                memory_tokens=self.state.memory.counter.count(memory_text) if memory_text else 0,
+                overhead_ms=plan.overhead_ms,
+                session_id=sid,
+                query=query,
+                error=plan.error,
+            )
+
+        self.writer.submit(_quiet(job))
+
+    def _log_complete(self, record: RequestRecord, elapsed_ms: float) -> None:
+        reply = record.messages[-1].text if record.messages else ""
+        self.state.log.complete(
+            record.turn,
+            elapsed_ms=elapsed_ms,
+            tags=record.response_tags or (),
+            session_id=record.session_id,
+            reply=reply if record.messages and record.messages[-1].role == "assistant" else "",
+        )
+
+    def _compacted(self, report: CompactionReport) -> None:
+        """A job compacted a session: the ``COMPACT`` line and a dashboard event."""
+        self.state.log.compact(report)
+        self.state.events.publish(compaction_record(report))
 
     # -- pass-through ----------------------------------------------------------------------------
 
@@ -673,6 +759,40 @@ class Proxy:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _quiet(job: Callable[[], None]) -> Callable[[], None]:
+    """``job`` for the writer, which retries a job that raises: a log line is written once."""
+
+    def run() -> None:
+        try:
+            job()
+        except Exception as exc:
+            logger.warning("event log: %s: %s", type(exc).__name__, clip(str(exc)))
+
+    return run
+
+
+def compaction_record(report: CompactionReport) -> RequestRecord:
+    """The dashboard's record of a compaction (kind ``compaction``; the report in ``extra``)."""
+    return RequestRecord(
+        id=f"compaction-{uuid.uuid4().hex}",
+        session_id=report.session_id,
+        kind="compaction",
+        format="compaction",
+        status=200,
+        response_tags=report.tag_summaries_rebuilt,
+        overhead_ms=round(report.duration_ms, 3),
+        extra={
+            "turns_compacted": report.turns_compacted,
+            "segments_compacted": report.segments_compacted,
+            "tokens_compacted": report.tokens_compacted,
+            "summary_tokens": report.summary_tokens,
+            "tokens_freed": report.tokens_freed,
+            "level": report.level,
+            "watermark": [report.watermark_before, report.watermark_after],
+        },
+    )
 
 
 class _EngineError(Exception):

@@ -9,6 +9,8 @@
   let selected = null;
   let filter = "";
   let statsTimer = null;
+  let ingestedTimer = null;
+  let captureEnabled = false;
 
   const tbody = document.querySelector("#grid tbody");
   const inspector = document.getElementById("inspector");
@@ -35,6 +37,12 @@
     return out.length ? out : h("span", { class: "muted" }, "–");
   }
 
+  // A context call is never tagged afterwards: its row is complete when it appears.
+  function responseCell(r, pending) {
+    if (r.kind === "context") return h("span", { class: "muted" }, "–");
+    return pending ? h("span", { class: "pending" }, "pending…") : chips(r.response_tags, "tag resp");
+  }
+
   function cells(r) {
     const pending = r.response_tags === null || r.response_tags === undefined;
     return [
@@ -43,7 +51,7 @@
       h("td", { class: "mono", title: r.session_id }, r.session_id.slice(0, 12)),
       h("td", { class: "request" }, h("span", { class: "fmt" }, r.format), " ", r.model || r.path || r.kind),
       h("td", { class: "inbound" }, chips(r.inbound_tags)),
-      h("td", { class: "response" }, pending ? h("span", { class: "pending" }, "pending…") : chips(r.response_tags, "tag resp")),
+      h("td", { class: "response" }, responseCell(r, pending)),
       h("td", { class: "num" }, `${fmt(r.tokens_in)} → ${fmt(r.tokens_forwarded)}`),
       h("td", { class: "num" }, fmt(r.memory_tokens)),
       h("td", { class: "num" }, ms(r.overhead_ms)),
@@ -55,6 +63,8 @@
   }
 
   function upsert(r, fresh) {
+    if (r.kind === "compaction") return; // counted in the stats tiles, not a request row
+    if (r.extra && r.extra.ingested) scheduleIngested();
     const known = records.get(r.id);
     records.set(r.id, r);
     if (!sessions.has(r.session_id)) {
@@ -123,6 +133,9 @@
         tile("tokens in → fwd", `${fmt(s.tokens_in)} → ${fmt(s.tokens_forwarded)}`, "tokens"),
         tile("dropped turns", fmt(s.dropped_turns), "dropped"),
         tile("errors", fmt(s.errors), "errors"),
+        tile("compactions", fmt(s.compactions), "compactions"),
+        tile("tokens freed", fmt(s.tokens_freed), "freed"),
+        tile("compression", s.compression_ratio === null ? "–" : `${s.compression_ratio.toFixed(2)}×`, "ratio"),
         passedTile(s.passed_through),
         tile("uptime", uptime(s.uptime_s), "uptime"),
       );
@@ -134,6 +147,47 @@
   function scheduleStats() {
     if (statsTimer) return;
     statsTimer = setTimeout(() => { statsTimer = null; refreshStats(); }, 250);
+  }
+
+  // --- ingested history --------------------------------------------------------------------
+  function scheduleIngested() {
+    if (ingestedTimer) return;
+    ingestedTimer = setTimeout(() => { ingestedTimer = null; refreshIngested(); }, 250);
+  }
+
+  async function refreshIngested() {
+    const panel = document.getElementById("ingested");
+    try {
+      const conversations = await api("/dashboard/api/ingested");
+      const rowsOut = [];
+      for (const c of conversations) {
+        for (const t of c.turns) {
+          rowsOut.push(h("tr", { dataset: { session: c.session_id } },
+            h("td", { class: "mono", title: c.session_id }, c.session_id.slice(0, 12)),
+            h("td", { class: "num" }, String(t.turn)),
+            h("td", { class: "tags" }, t.tags.length ? chips(t.tags) : h("span", { class: "pending" }, "tagging…")),
+            h("td", { class: "preview" }, t.user),
+            h("td", { class: "preview" }, t.assistant)));
+        }
+      }
+      panel.hidden = rowsOut.length === 0;
+      document.querySelector("#ingested-grid tbody").replaceChildren(...rowsOut);
+      const turns = conversations.reduce((n, c) => n + c.turns.length, 0);
+      document.getElementById("ingested-count").textContent =
+        `${turns} turn${turns === 1 ? "" : "s"} from ${conversations.length} conversation${conversations.length === 1 ? "" : "s"}`;
+      if (conversations.some((c) => !c.tagged)) setTimeout(scheduleIngested, 1000);
+    } catch (err) {
+      panel.hidden = false;
+      document.querySelector("#ingested-grid tbody").replaceChildren(h("tr", {}, h("td", { colspan: "5", class: "error" }, String(err.message))));
+    }
+  }
+
+  async function loadCaptureSetting() {
+    try {
+      captureEnabled = (await api("/dashboard/api/captures")).enabled;
+    } catch (_) {
+      captureEnabled = false;
+    }
   }
 
   // --- inspector ---------------------------------------------------------------------------
@@ -171,12 +225,16 @@
       section("Tags",
         h("div", { class: "tags-compare" },
           h("div", {}, h("h4", {}, "inbound"), chips(r.inbound_tags)),
-          h("div", { class: "response-tags" }, h("h4", {}, "response"), pending ? h("span", { class: "pending" }, "pending…") : chips(r.response_tags, "tag resp"))),
+          h("div", { class: "response-tags" }, h("h4", {}, "response"), responseCell(r, pending))),
         r.broad || r.temporal || r.error ? h("p", {}, flags(r)) : null),
       r.error ? section("Engine error (forwarded unmodified)", h("pre", { class: "error" }, r.error)) : null,
       section(`Messages (${r.messages.length})`, messages),
       section("Assembled context", r.context ? h("pre", { class: "context" }, r.context) : h("p", { class: "muted" }, "nothing injected")),
       section("Budget", budget),
+      r.kind === "proxy"
+        ? h("section", { class: "panel", id: "capture-panel" }, h("h3", {}, "Sent upstream (raw body)"),
+            h("p", { class: "muted" }, captureEnabled ? "loading…" : "not captured: start the server with --capture-bodies (dashboard.capture) to keep the last bodies sent upstream"))
+        : null,
       r.dropped_turns || r.dropped.length
         ? section(`Dropped turns (${r.dropped_turns})`, h("ul", { class: "dropped" }, r.dropped.map((d) => h("li", {}, d))))
         : null,
@@ -184,6 +242,21 @@
     ].filter(Boolean));
     inspector.hidden = false;
     loadSession(r.session_id);
+    if (r.kind === "proxy" && captureEnabled) loadCapture(r.id);
+  }
+
+  async function loadCapture(id) {
+    const panel = document.getElementById("capture-panel");
+    const title = h("h3", {}, "Sent upstream (raw body)");
+    try {
+      const c = await api("/dashboard/api/captures/" + encodeURIComponent(id));
+      const text = JSON.stringify(c.body, null, 2);
+      const download = h("a", { class: "button", download: `contextfold-request-${id}.json`,
+        href: URL.createObjectURL(new Blob([text], { type: "application/json" })) }, "Download JSON");
+      if (panel.isConnected) panel.replaceChildren(title, h("p", { class: "muted" }, `${fmt(c.bytes)} bytes · ${c.path} · credentials redacted `, download), h("pre", { class: "capture" }, text));
+    } catch (err) {
+      if (panel.isConnected) panel.replaceChildren(title, h("p", { class: "muted" }, String(err.message)));
+    }
   }
 
   async function loadSession(sessionId) {
@@ -233,6 +306,8 @@
   }
 
   updateCount();
+  loadCaptureSetting();
+  refreshIngested();
   refreshStats();
   setInterval(refreshStats, 5000);
   connect();
