@@ -74,6 +74,10 @@ class Server:
             yaml.write_text(f"storage_path: {store}\nrecall:\n  embedder: none\n")
             extra = {}
         self.memory_yaml = yaml
+        # A loaded machine must not turn memory off: what is tested is what the store holds,
+        # not how fast recall answers (the default 50 ms deadline is for production latency).
+        self.server_yaml = folder / f"{name}-server.yaml"
+        self.server_yaml.write_text("proxy:\n  memory_deadline_ms: 10000\n")
         self.env = {
             **os.environ,
             "CONTEXTFOLD_HOME": str(folder / "home"),
@@ -89,6 +93,7 @@ class Server:
         self.url = f"http://127.0.0.1:{port}"
         command = [sys.executable, "-m", "contextfold", "proxy", "--upstream", self.upstream]
         command += ["--port", str(port), "--memory-config", str(self.memory_yaml)]
+        command += ["--config", str(self.server_yaml)]
         command += ["--workers", str(self.workers), "--log-level", "warning"]
         with self.logfile.open("ab") as log:
             self.process = subprocess.Popen(command, env=self.env, stderr=log)
