@@ -4,11 +4,14 @@ benchmarks/bench_memory_scale.py, not here."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
+from contextfold.memory.summarize import ExtractiveSummarizer
 from contextfold.store.sqlite.memory import MemoryStore
 from contextfold.testing import HashEmbedder
 from contextfold.tokens import CharCounter
@@ -51,15 +54,24 @@ def test_recall_on_an_embedded_session_reads_no_turn_for_missing_vectors() -> No
     assert calls == []  # nothing to embed: the scan over the session's turns is not run
 
 
-def test_turns_stored_without_derive_are_embedded_from_the_last_vector_on() -> None:
+def test_recall_never_embeds_stored_turns_and_says_how_many_wait_for_vectors() -> None:
     engine = _engine()
     engine.on_turn_complete(_pairs(0, 20))
     last = engine.store.last_seq("default")
+    assert engine.on_message_inbound("walnut veneer").unembedded == 0
     engine.store_turns("default", [engine_message("Shipment 99 of teak arrives at dock 3.")])
     calls = _spy(engine.store)
-    recalled = engine.on_message_inbound("teak shipment 99").recalled
-    assert calls == [last]  # only the turns after the last vector are read
-    assert any(r.seq == last + 1 and "dense" in r.ranks for r in recalled)
+    added = _count_calls(engine.store, "add_turn_vectors")
+    assembled = engine.on_message_inbound("teak shipment 99")
+    assert calls == [] and added == []  # no missing-vector scan, nothing embedded
+    assert assembled.unembedded == 1
+    new = [r for r in assembled.recalled if r.seq == last + 1]
+    assert new and "fts" in new[0].ranks and "dense" not in new[0].ranks  # found by its text
+    engine.derive()  # the derived work embeds it, from the last vector on
+    assert calls == [last]
+    assembled = engine.on_message_inbound("teak shipment 99")
+    assert assembled.unembedded == 0
+    assert any(r.seq == last + 1 and "dense" in r.ranks for r in assembled.recalled)
 
 
 def engine_message(text: str) -> Any:
@@ -71,8 +83,7 @@ def engine_message(text: str) -> Any:
 def test_an_engine_sees_the_vectors_another_engine_wrote_to_the_same_store(
     tmp_path: Path,
 ) -> None:
-    reader = _engine(tmp_path / "m.db")
-    reader.recaller.catch_up = False  # it ranks by the vectors stored, as the proxy does
+    reader = _engine(tmp_path / "m.db")  # it ranks by the vectors stored
     writer = _engine(tmp_path / "m.db")
     writer.on_turn_complete(_pairs(0, 10))
     assert reader.on_message_inbound("walnut veneer").recalled  # its cache now holds 20 turns
@@ -178,3 +189,81 @@ def test_tag_candidates_are_capped_and_the_kept_ones_ranked_as_uncapped() -> Non
     hits_a, low_a = capped.recaller._tag_scores("default", tags.tags, tags.related_tags, counts)
     hits_b, low_b = whole.recaller._tag_scores("default", tags.tags, tags.related_tags, counts)
     assert hits_a == hits_b[:10] and low_a == low_b
+
+
+class _GatedSummarizer(ExtractiveSummarizer):
+    """An extractive summarizer that waits for ``gate`` before each summary."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        super().__init__(CharCounter())
+        self.gate = gate
+
+    def summarize(
+        self,
+        texts: Sequence[str],
+        *,
+        max_tokens: int,
+        tags: Sequence[str] = (),
+        instructions: str | None = None,
+    ) -> str:
+        assert self.gate.wait(30), "the test never opened the gate"
+        return super().summarize(texts, max_tokens=max_tokens, tags=tags)
+
+
+def _background(store: MemoryStore, gate: threading.Event) -> MemoryEngine:
+    config = MemoryConfig.model_validate(
+        {
+            "context_window": 512,
+            "compaction": {"protected_recent_turns": 4, "run": "background"},
+            "recall": {"embedder": "none"},
+        }
+    )
+    return MemoryEngine(
+        config,
+        store=store,
+        embedder=None,
+        counter=CharCounter(),
+        summarizer=_GatedSummarizer(gate),
+    )
+
+
+def test_a_compaction_on_turn_complete_trips_runs_as_a_background_job() -> None:
+    gate = threading.Event()
+    engine = _background(MemoryStore(counter=CharCounter()), gate)
+    # The summarizer is held: an inline compaction would never return here.
+    assert engine.on_turn_complete(_pairs(0, 40)) is None
+    assert engine.store.session("default").compaction_watermark == 0
+    assert engine.vocabulary()  # tagged in the call: only the compaction waits
+    assert engine.on_message_inbound("walnut veneer dock 3").recalled  # recall goes on
+    gate.set()
+    assert engine.flush(30)
+    assert engine.store.session("default").compaction_watermark > 1
+    assert engine.status().level == "none"
+    assert engine.store.pending_jobs() == 0
+    engine.close()
+
+
+def test_a_background_compaction_left_by_a_stopped_engine_is_kept_in_the_store(
+    tmp_path: Path,
+) -> None:
+    gate = threading.Event()
+    gate.set()
+    first = _background(MemoryStore(tmp_path / "m.db", counter=CharCounter()), gate)
+    first.background.close()  # stopped before its thread runs anything
+    first.on_turn_complete(_pairs(0, 40))
+    assert first.store.session("default").compaction_watermark == 0
+    assert first.store.pending_jobs() == 1  # the compaction waits in the store
+    first.close()
+    store = MemoryStore(tmp_path / "m.db", counter=CharCounter())
+    second = _background(store, gate)
+    report = second.derive()  # what a job worker runs for the job
+    assert report is not None and report.segments_compacted > 0
+    assert store.pending_jobs() == 0
+    second.close()
+
+
+def test_inline_compaction_stays_the_library_default() -> None:
+    engine = _compacting()
+    reports = [engine.on_turn_complete(_pairs(n, 4)) for n in range(0, 40, 4)]
+    assert any(r is not None and r.segments_compacted for r in reports)
+    assert engine.background.pending == 0

@@ -31,6 +31,7 @@ from contextfold._bounded import SessionLRU, clip
 from contextfold.errors import ConfigError
 from contextfold.items import ContextItem, Message, QueryBundle
 from contextfold.memory.assemble import Assembler, Held, MemoryBlock, MemoryBudget
+from contextfold.memory.background import Background
 from contextfold.memory.canonical import TagCanonicalizer
 from contextfold.memory.compactor import CompactionReport, Compactor, Level, TokenMonitor
 from contextfold.memory.config import MemoryConfig, load_config
@@ -72,6 +73,9 @@ class AssembledContext(BaseModel):
     recalled: tuple[RankedTurn, ...]
     history: FilteredHistory | None = None
     tagger: str = "keyword"
+    #: The session's turns with no vector yet when it was recalled: ranked by full text and
+    #: tags only (recall never embeds them; the derived work does).
+    unembedded: int = 0
 
 
 class MemoryStatus(BaseModel):
@@ -216,6 +220,10 @@ class MemoryEngine:
         # holding up its requests.
         self._locks = [threading.RLock() for _ in range(_STRIPES)]
         self._derive_locks = [threading.Lock() for _ in range(_STRIPES)]
+        # Compactions run under their own lock, so new turns are tagged while one runs.
+        self._compact_locks = [threading.Lock() for _ in range(_STRIPES)]
+        # Compactions ``on_turn_complete`` trips, with ``compaction.run: background``.
+        self.background = Background(self.store, self.derive)
         self._vocab_lock = threading.Lock()
         self._usage = threading.local()
 
@@ -392,8 +400,10 @@ class MemoryEngine:
         holds up the session's requests."""
         return self._derive(self._session(session_id))
 
-    def _derive(self, sid: str) -> CompactionReport | None:
-        """``derive`` for a session known to exist."""
+    def _derive(self, sid: str, *, compact: bool = True) -> CompactionReport | None:
+        """``derive`` for a session known to exist. ``compact=False``: tag and embed only, and
+        hand a compaction the thresholds call for to the background (``Background``: kept in
+        the store as the session's job first)."""
         self._usage.session_id = sid
         try:
             with self._derive_locks[hash(sid) % _STRIPES]:
@@ -404,6 +414,12 @@ class MemoryEngine:
                 upto = self._tag_pending(sid, record.derived_seq)
                 if self.recaller.embedder is not None:
                     self.recaller.ensure_vectors(sid)
+            if not compact:
+                if self.compactor.level(sid) != "none":
+                    self.background.submit(sid)
+                return None
+            # Its own lock: the turns stored meanwhile are tagged while it runs.
+            with self._compact_locks[hash(sid) % _STRIPES]:
                 report = self.compactor.maybe_compact(sid, upto=upto)
                 # (A compaction another process ran meanwhile rebuilds its own summaries.)
                 if report is None and record.compaction_watermark > 0:
@@ -481,8 +497,11 @@ class MemoryEngine:
         new_only: bool = False,
     ) -> CompactionReport | None:
         """Store the turns of ``messages`` not stored yet (system messages are not turns),
-        tag them, and compact if the live turns cross a threshold. ``timestamps`` (one per
-        message) default to now.
+        tag and embed them, and compact if the live turns cross a threshold: inside this
+        call, which returns the report (``compaction.run: inline``, the default), or on the
+        engine's background thread, as a store-kept job (``compaction.run: background``; the
+        call returns ``None`` and ``flush`` waits for it). ``timestamps`` (one per message)
+        default to now.
 
         ``messages`` may be the whole history or only the new turns: the stored tail is found
         in it and what follows is new, so sending the same history twice stores nothing
@@ -505,7 +524,7 @@ class MemoryEngine:
             if turns:
                 when = [stamps[id(m)] for m in turns] if stamps else None
                 self._store_turns(sid, turns, timestamps=when)
-        return self._derive(sid)
+        return self._derive(sid, compact=self.config.compaction.run == "inline")
 
     def ingest_history(
         self,
@@ -523,8 +542,14 @@ class MemoryEngine:
     def compact(self, *, session_id: str | None = None) -> CompactionReport | None:
         """Compact now, whatever the thresholds say (``None`` when nothing is compactable)."""
         sid = self._session(session_id)
-        with self._derive_locks[hash(sid) % _STRIPES]:
+        with self._compact_locks[hash(sid) % _STRIPES]:
             return self.compactor.compact(sid, level="hard")
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for the derived work ``on_turn_complete`` left to the background (the
+        compactions it tripped, with ``compaction.run: background``), at most ``timeout``
+        seconds; whether it all finished."""
+        return self.background.flush(timeout)
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -585,7 +610,11 @@ class MemoryEngine:
                 )
             )
             limit = budget if budget is not None else self.config.assembly.memory_budget
-            if self._below_floor(ranked):
+            # Turns after ``embedded`` have no vector yet: the floor cannot judge them, and a
+            # recall that found one by its text or tags is not withheld.
+            unembedded = self.recaller.pending_vectors(sid)
+            embedded = self.store.last_seq(sid) - unembedded
+            if self._below_floor(ranked) and not any(r.seq > embedded and r.ranks for r in ranked):
                 # Nothing stored is close enough to the message: no memory at all.
                 ranked = []
                 block = MemoryBlock(text="", items=[], budget=MemoryBudget(budget=limit))
@@ -614,13 +643,14 @@ class MemoryEngine:
             recalled=tuple(ranked),
             history=filtered,
             tagger=tags.source,
+            unembedded=unembedded,
         )
 
     def _below_floor(self, ranked: Sequence[RankedTurn]) -> bool:
         """Whether the relevance floor (``recall.relevance_floor``) withholds memory: it is on,
         the dense signal scored the candidates, and the best cosine similarity among them is
         under it. A recall that ranked nothing (the history holds every turn), or whose
-        candidates have no vector yet (``Recaller.catch_up`` off), is not judged."""
+        candidates have no vector yet (the derived work has not embedded them), is not judged."""
         floor = self.config.recall.relevance_floor
         if floor is None or self.recaller.embedder is None or not ranked:
             return False
@@ -778,6 +808,8 @@ class MemoryEngine:
             )
 
     def close(self) -> None:
+        """Finish the background work (``flush``), then close the client and the store."""
+        self.background.close()
         if self._owns_client and self.llm_client is not None:
             self.llm_client.close()
             self.llm_client = None

@@ -152,6 +152,10 @@ def recall(state: ServerState, plan: Plan, parsed: ParsedRequest) -> AssembledCo
         protected=len(parsed.messages) - parsed.query,
     )
     plan.assembled = assembled
+    if assembled.unembedded:
+        plan.notes.append(
+            f"{assembled.unembedded} turn(s) not embedded yet: recalled by full text and tags"
+        )
     if assembled.budget.turns_held:
         plan.notes.append(
             f"{assembled.budget.turns_held} recalled turn(s) left out: older versions of"
