@@ -134,7 +134,7 @@ def _compacting(**cfg: object) -> MemoryEngine:
     return MemoryEngine(config, store=store, embedder=None, counter=CharCounter())
 
 
-def test_topics_after_a_compaction_read_only_the_newly_compacted_turns() -> None:
+def test_topics_after_a_compaction_read_the_kept_counts_not_the_turns() -> None:
     engine = _compacting()
     fresh = _compacting()
     for start in range(0, 60, 4):
@@ -142,19 +142,21 @@ def test_topics_after_a_compaction_read_only_the_newly_compacted_turns() -> None
         fresh.on_turn_complete(_pairs(start, 4))
         engine.on_message_inbound("walnut veneer")
     counts = _count_calls(engine.store, "tag_counts")
+    topics = _count_calls(engine.store, "topic_counts")
     last_seen = _count_calls(engine.store, "tag_last_seen")
     before = engine.store.session("default").compaction_watermark
     engine.on_turn_complete(_pairs(60, 30))
     fresh.on_turn_complete(_pairs(60, 30))
     after = engine.store.session("default").compaction_watermark
     assert after > before > 0
+    segments = _count_calls(engine.store, "segments")  # (the compaction reads them)
     a = engine.on_message_inbound("walnut veneer dock 4")
-    # no tag has a TTL rule: when a tag was last seen is never read; and the compacted
-    # turns' tag counts are read for the newly compacted turns only
-    assert last_seen == []
-    assert [c for c in counts if c.get("before") is not None] == [
-        {"before": after, "since": before}
-    ]
+    # no tag has a TTL rule: when a tag was last seen is never read; the compacted turns'
+    # tag counts are the store's kept counts, read once (one row per tag), and neither the
+    # tag rows nor the segments are read for them
+    assert last_seen == [] and segments == []
+    assert [c for c in counts if c.get("before") is not None] == []
+    assert len(topics) == 1
     b = fresh.on_message_inbound("walnut veneer dock 4")  # its topics built in one read
     assert a.prepend_text == b.prepend_text
 

@@ -233,6 +233,12 @@ class MemoryStorage(Protocol):
         self, session_id: str, *, before: int | None = None, since: int | None = None
     ) -> dict[str, int]: ...
 
+    def topic_counts(self, session_id: str) -> tuple[int, dict[str, int]]:
+        """The compaction watermark and, read with it, ``tag_counts(before=watermark)`` for
+        the tags some segment carries: from counts kept on write, one row per tag (not per
+        tagged turn or segment)."""
+        ...
+
     def turns_tagged(
         self, session_id: str, tags: Sequence[str]
     ) -> dict[int, list[tuple[str, bool]]]: ...
