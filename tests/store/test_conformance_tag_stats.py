@@ -85,3 +85,16 @@ def test_kept_tag_counts_of_forks_loads_and_rewritten_sessions(memory_store: Mem
     filled(store)  # the same id written again starts from nothing
     assert store.tag_counts("s1") == {} and store.topic_counts("s1") == (0, {})
     _agrees(store, branch)
+
+
+def test_tag_summaries_of_some_tags(memory_store: MemoryStorage) -> None:
+    store = filled(memory_store)
+    store.set_tags_many("s1", {1: ({"billing": 1.0}, []), 5: ({"billing": 1.0}, [])})
+    for tag in ("billing", "deploy", "lunch"):
+        store.upsert_tag_summary("s1", tag, f"all about {tag}", 2)
+    every = store.tag_summaries("s1")
+    some = store.tag_summaries("s1", tags=["lunch", "billing", "nothing"])
+    assert sorted(some) == ["billing", "lunch"]
+    assert some == {tag: every[tag] for tag in ("billing", "lunch")}
+    assert some["billing"].stale  # tagged on turn 5, after the summary's watermark 2
+    assert store.tag_summaries("s1", tags=[]) == {}

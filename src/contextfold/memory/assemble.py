@@ -228,7 +228,12 @@ class Assembler:
                 )
                 for seg in self.store.segments(sid)  # earliest first
             ]
-        summaries = self._cached_summaries(sid)
+        # A broad question takes every live topic's summary (cached per generation); a
+        # specific one reads its own tags' summaries only.
+        if tags.broad:
+            summaries = self._cached_summaries(sid)
+        else:
+            summaries = self.store.tag_summaries(sid, tags=tags.tags) if tags.tags else {}
         wanted = live if tags.broad else [t for t in tags.tags if t in summaries]
         return [
             _Part(

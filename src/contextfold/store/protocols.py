@@ -313,7 +313,11 @@ class MemoryStorage(Protocol):
         tokens: int | None = None,
     ) -> None: ...
 
-    def tag_summaries(self, session_id: str) -> dict[str, TagSummary]: ...
+    def tag_summaries(
+        self, session_id: str, tags: Sequence[str] | None = None
+    ) -> dict[str, TagSummary]:
+        """The tag summaries by tag (only those of ``tags`` when given)."""
+        ...
 
     # -- aliases, working set, costs -----------------------------------------------------------
 
