@@ -114,6 +114,17 @@ def test_the_vector_cache_holds_its_limit_and_recalls_as_an_unbounded_one() -> N
     assert tiny.recaller.vector_cache_bytes() == 0
 
 
+def test_the_vector_cache_holds_at_most_cached_sessions_sessions() -> None:
+    store = MemoryStore(counter=CharCounter())
+    cfg = MemoryConfig.model_validate({"cached_sessions": 2})
+    engine = MemoryEngine(cfg, store=store, embedder=HashEmbedder(dim=64), counter=CharCounter())
+    for sid in ("a", "b", "c", "d"):
+        engine.on_turn_complete(_pairs(0, 5), session_id=sid)
+        assert engine.on_message_inbound("walnut dock 3", session_id=sid).recalled
+        assert len(engine.recaller._vectors) <= 2
+    assert list(engine.recaller._vectors) == ["c", "d"]
+
+
 def _count_calls(store: MemoryStore, name: str) -> list[dict[str, Any]]:
     calls: list[dict[str, Any]] = []
     original = getattr(store, name)
