@@ -613,8 +613,10 @@ class MemoryEngine:
             # Turns after ``embedded`` have no vector yet: the floor cannot judge them, and a
             # recall that found one by its text or tags is not withheld.
             unembedded = self.recaller.pending_vectors(sid)
-            embedded = self.store.last_seq(sid) - unembedded
-            if self._below_floor(ranked) and not any(r.seq > embedded and r.ranks for r in ranked):
+            embedded = self.store.last_seq(sid) - unembedded if unembedded else None
+            if self._below_floor(ranked) and (
+                embedded is None or not any(r.seq > embedded and r.ranks for r in ranked)
+            ):
                 # Nothing stored is close enough to the message: no memory at all.
                 ranked = []
                 block = MemoryBlock(text="", items=[], budget=MemoryBudget(budget=limit))
