@@ -280,3 +280,29 @@ def test_inline_compaction_stays_the_library_default() -> None:
     reports = [engine.on_turn_complete(_pairs(n, 4)) for n in range(0, 40, 4)]
     assert any(r is not None and r.segments_compacted for r in reports)
     assert engine.background.pending == 0
+
+
+def test_a_vocabulary_read_again_after_a_compaction_keeps_its_order() -> None:
+    engine = _compacting()
+    engine.on_turn_complete(_pairs(0, 8))
+    before = list(engine.vocabulary())
+    indexed: list[bool] = []
+    tagger = engine.inbound_tagger
+    original = tagger._known_index  # type: ignore[attr-defined]
+
+    def spy(vocabulary: Sequence[str]) -> Any:
+        seen = tagger._known[0] if tagger._known else []  # type: ignore[attr-defined]
+        indexed.append(list(vocabulary[: len(seen)]) == seen)  # extended, not rebuilt
+        return original(vocabulary)
+
+    tagger._known_index = spy  # type: ignore[attr-defined]
+    engine.on_message_inbound("walnut veneer")
+    for start in range(8, 60, 4):  # compactions draw new generations: the counts are re-read
+        engine.on_turn_complete(_pairs(start, 4))
+    assert engine.store.session("default").compaction_watermark > 0
+    after = list(engine.vocabulary())
+    assert after[: len(before)] == before  # the first tags first, new ones after
+    assert sorted(after) == sorted(engine.store.tag_counts("default"))
+    engine.on_message_inbound("walnut veneer dock 4")
+    # the tagger's index was extended (only the new tags indexed), never rebuilt
+    assert len(indexed) > 5 and all(indexed)

@@ -334,6 +334,11 @@ class MemoryEngine:
             # Read after the generation: a write between the two leaves the counts newer than
             # their key, and the next look reads them again.
             counts = self.store.tag_counts(sid)
+            if cached is not None:
+                # The tags known already keep their order, the new ones follow: the tagger
+                # extends its index of a vocabulary that grew by appending, instead of
+                # rebuilding it for every tag (its results do not depend on the order).
+                counts = {**{t: counts[t] for t in cached[1] if t in counts}, **counts}
             self._vocab.put(sid, (generation, counts))
             return counts
 
