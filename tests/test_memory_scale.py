@@ -306,3 +306,28 @@ def test_a_vocabulary_read_again_after_a_compaction_keeps_its_order() -> None:
     engine.on_message_inbound("walnut veneer dock 4")
     # the tagger's index was extended (only the new tags indexed), never rebuilt
     assert len(indexed) > 5 and all(indexed)
+
+
+def test_the_proxy_record_says_when_recall_ran_without_some_vectors() -> None:
+    from types import SimpleNamespace
+
+    from contextfold.items import Message
+    from contextfold.server.proxy.recall import recall
+    from contextfold.server.proxy.record import Plan
+    from contextfold.server.proxy.wire import ParsedRequest
+
+    engine = _engine()
+    engine.on_turn_complete(_pairs(0, 10))
+    engine.store_turns("default", [engine_message("Shipment 77 of teak arrives at dock 2.")])
+    plan = Plan(
+        id="r1", format="openai", path="/v1/chat/completions", model="m", stream=False,
+        session_id="default",
+    )  # fmt: skip
+    parsed = ParsedRequest([Message(role="user", content="When does the teak arrive?")], [(0,)])
+    assembled = recall(SimpleNamespace(memory=engine), plan, parsed)  # type: ignore[arg-type]
+    assert assembled is not None and assembled.unembedded == 1
+    assert any("1 turn(s) not embedded yet" in note for note in plan.notes)
+    engine.derive()
+    plan.notes.clear()
+    recall(SimpleNamespace(memory=engine), plan, parsed)  # type: ignore[arg-type]
+    assert not any("not embedded" in note for note in plan.notes)
