@@ -783,9 +783,11 @@ def _render_memory_scale(path: Path, data: dict[str, Any]) -> list[str]:
                     )
                     continue
                 cpu = m["steady"].get("cpu_median_ms")
+                recall = "keyword only" if kind == "keyword" else "default embedder"
+                if m.get("synthetic_vectors"):
+                    recall += " (random vectors)"
                 lines.append(
-                    f"| {name}{r['label']} | {r['write']['turns_per_s']:,.0f} | "
-                    f"{'keyword only' if kind == 'keyword' else 'default embedder'} | "
+                    f"| {name}{r['label']} | {r['write']['turns_per_s']:,.0f} | {recall} | "
                     f"{_ms(m['steady'], 'median_ms')} / {_ms(m['steady'], 'p95_ms')}"
                     + (f" (CPU p50 {cpu:,.1f})" if cpu is not None else "")
                     + f" | {m['after_compaction_ms']:,.1f} | {m['after_restart_ms']:,.1f} | {rss} |"

@@ -17,7 +17,10 @@ window so compaction fires). Reported per configuration:
 The embedder runs only where the configuration's embedded turns are at most ``--embed-max``
 (default 10,000: embedding 100k turns on a shared 2-core machine takes longer than the rest of
 the run); the 1,000-session run embeds the sessions its questions ask (every session is
-embedded only with ``--embed-max`` >= 100,000).
+embedded only with ``--embed-max`` >= 100,000). With ``--synthetic-vectors`` the turns past
+``--embed-max`` get random unit vectors instead (stored under the embedder's name, so recall
+scans a full matrix of the session's size; the query is still embedded by MiniLM): the dense
+recall's cost is measured at every size, its ranking is not. ``--sizes`` picks the runs.
 
 Run: ``python benchmarks/bench_memory_scale.py`` (``--quick`` for the smoke test).
 """
@@ -34,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 import _common as common
 from contextfold.items import Message
@@ -100,6 +105,18 @@ def grow_and_compact(
     return at + count
 
 
+def random_vectors(engine: MemoryEngine, sid: str) -> None:
+    """Random unit vectors for every turn of ``sid``, stored as the engine's embedder's."""
+    model = engine.recaller._model
+    last = engine.store.last_seq(sid)
+    rng = np.random.default_rng(22)
+    for start in range(1, last + 1, 5_000):
+        seqs = list(range(start, min(start + 5_000, last + 1)))
+        rows = rng.standard_normal((len(seqs), DIM)).astype(np.float32)
+        rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+        engine.store.add_turn_vectors(sid, model, seqs, rows)
+
+
 def run_config(spec: dict[str, Any], data_dir: Path) -> dict[str, Any]:
     sessions, per_session = spec["sessions"], spec["turns_per_session"]
     turns = common.locomo_turns(data_dir)
@@ -149,19 +166,23 @@ def run_config(spec: dict[str, Any], data_dir: Path) -> dict[str, Any]:
         out["keyword"] = kw
         out["rss_mb"]["after_keyword"] = rss_mb()
         embedded = (sessions if total <= spec["embed_max"] else len(set(asked))) * per_session
-        if spec["embedder"] and embedded <= spec["embed_max"]:
+        synthetic = spec.get("synthetic_vectors", False) and embedded > spec["embed_max"]
+        if spec["embedder"] and (embedded <= spec["embed_max"] or synthetic):
             embedder = default_embedder()
             embedder.embed(["warm up"])
             engine = MemoryEngine(config, store=MemoryStore(path), embedder=embedder)
             todo = sids if total <= spec["embed_max"] else sorted(set(asked))
             started = time.perf_counter()
             for sid in todo:
+                if synthetic:
+                    random_vectors(engine, sid)
                 engine.derive(sid)
                 engine.recaller.ensure_vectors(sid)
             wall = time.perf_counter() - started
             dense: dict[str, Any] = {
                 "embedded_turns": embedded,
                 "embed_turns_per_s": embedded / wall,
+                "synthetic_vectors": synthetic,
             }
             engine.on_message_inbound(questions[-2], session_id=target, budget=2048)  # warm
             dense["steady"] = steady(engine, asks[:n_q])
@@ -193,7 +214,9 @@ def run_config(spec: dict[str, Any], data_dir: Path) -> dict[str, Any]:
     return out
 
 
-def configs(quick: bool, embedder: bool, embed_max: int, questions: int) -> list[dict[str, Any]]:
+def configs(
+    quick: bool, embedder: bool, embed_max: int, questions: int, synthetic: bool = False
+) -> list[dict[str, Any]]:
     if quick:
         shapes = [("one session, 300 turns", 1, 300), ("5 sessions x 60 turns", 5, 60)]
     else:
@@ -211,6 +234,7 @@ def configs(quick: bool, embedder: bool, embed_max: int, questions: int) -> list
             "questions": questions,
             "embedder": embedder,
             "embed_max": embed_max,
+            "synthetic_vectors": synthetic,
             "grow": 100 if quick else CHUNK,  # turns appended before the forced compaction
         }
         for label, sessions, per in shapes
@@ -224,6 +248,16 @@ def main() -> None:
     parser.add_argument("--embed-max", type=int, default=10_000, help="most turns to embed")
     parser.add_argument("--questions", type=int, default=None, help="recalls timed per run")
     parser.add_argument("--only", default=None, help="run only the configurations labelled so")
+    parser.add_argument(
+        "--sizes",
+        default=None,
+        help="comma-separated runs to do: 1k,10k,100k,1000x100 (default: all)",
+    )
+    parser.add_argument(
+        "--synthetic-vectors",
+        action="store_true",
+        help="random vectors for the turns past --embed-max (dense cost, not ranking)",
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     data_dir = args.data_dir or common.default_data_dir()
@@ -233,8 +267,13 @@ def main() -> None:
         return
     n_q = args.questions or (5 if args.quick else 60)
     runs = []
-    for spec in configs(args.quick, not args.no_embedder, args.embed_max, n_q):
+    sizes = set(args.sizes.split(",")) if args.sizes else None
+    for spec in configs(
+        args.quick, not args.no_embedder, args.embed_max, n_q, args.synthetic_vectors
+    ):
         if args.only and args.only not in spec["label"]:
+            continue
+        if sizes is not None and size_name(spec) not in sizes:
             continue
         done = subprocess.run(
             [sys.executable, __file__, "--data-dir", str(data_dir), "--child", json.dumps(spec)],
@@ -261,6 +300,14 @@ def main() -> None:
     result["peak_rss_mb"] = max(r["peak_rss_mb"] for r in runs)
     path = common.write_result(result, args.results_dir, args.results_md)
     print(f"wrote {Path(path).name}")
+
+
+def size_name(spec: dict[str, Any]) -> str:
+    """``1k``, ``10k``, ``100k`` (one session) or ``1000x100`` (sessions x turns)."""
+    if spec["sessions"] > 1:
+        return f"{spec['sessions']}x{spec['turns_per_session']}"
+    per = spec["turns_per_session"]
+    return f"{per // 1000}k" if per >= 1000 else str(per)
 
 
 def summary(run: dict[str, Any]) -> str:

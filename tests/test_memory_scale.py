@@ -4,11 +4,14 @@ benchmarks/bench_memory_scale.py, not here."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
+from contextfold.memory.summarize import ExtractiveSummarizer
 from contextfold.store.sqlite.memory import MemoryStore
 from contextfold.testing import HashEmbedder
 from contextfold.tokens import CharCounter
@@ -51,15 +54,24 @@ def test_recall_on_an_embedded_session_reads_no_turn_for_missing_vectors() -> No
     assert calls == []  # nothing to embed: the scan over the session's turns is not run
 
 
-def test_turns_stored_without_derive_are_embedded_from_the_last_vector_on() -> None:
+def test_recall_never_embeds_stored_turns_and_says_how_many_wait_for_vectors() -> None:
     engine = _engine()
     engine.on_turn_complete(_pairs(0, 20))
     last = engine.store.last_seq("default")
+    assert engine.on_message_inbound("walnut veneer").unembedded == 0
     engine.store_turns("default", [engine_message("Shipment 99 of teak arrives at dock 3.")])
     calls = _spy(engine.store)
-    recalled = engine.on_message_inbound("teak shipment 99").recalled
-    assert calls == [last]  # only the turns after the last vector are read
-    assert any(r.seq == last + 1 and "dense" in r.ranks for r in recalled)
+    added = _count_calls(engine.store, "add_turn_vectors")
+    assembled = engine.on_message_inbound("teak shipment 99")
+    assert calls == [] and added == []  # no missing-vector scan, nothing embedded
+    assert assembled.unembedded == 1
+    new = [r for r in assembled.recalled if r.seq == last + 1]
+    assert new and "fts" in new[0].ranks and "dense" not in new[0].ranks  # found by its text
+    engine.derive()  # the derived work embeds it, from the last vector on
+    assert calls == [last]
+    assembled = engine.on_message_inbound("teak shipment 99")
+    assert assembled.unembedded == 0
+    assert any(r.seq == last + 1 and "dense" in r.ranks for r in assembled.recalled)
 
 
 def engine_message(text: str) -> Any:
@@ -71,8 +83,7 @@ def engine_message(text: str) -> Any:
 def test_an_engine_sees_the_vectors_another_engine_wrote_to_the_same_store(
     tmp_path: Path,
 ) -> None:
-    reader = _engine(tmp_path / "m.db")
-    reader.recaller.catch_up = False  # it ranks by the vectors stored, as the proxy does
+    reader = _engine(tmp_path / "m.db")  # it ranks by the vectors stored
     writer = _engine(tmp_path / "m.db")
     writer.on_turn_complete(_pairs(0, 10))
     assert reader.on_message_inbound("walnut veneer").recalled  # its cache now holds 20 turns
@@ -103,6 +114,17 @@ def test_the_vector_cache_holds_its_limit_and_recalls_as_an_unbounded_one() -> N
     assert tiny.recaller.vector_cache_bytes() == 0
 
 
+def test_the_vector_cache_holds_at_most_cached_sessions_sessions() -> None:
+    store = MemoryStore(counter=CharCounter())
+    cfg = MemoryConfig.model_validate({"cached_sessions": 2})
+    engine = MemoryEngine(cfg, store=store, embedder=HashEmbedder(dim=64), counter=CharCounter())
+    for sid in ("a", "b", "c", "d"):
+        engine.on_turn_complete(_pairs(0, 5), session_id=sid)
+        assert engine.on_message_inbound("walnut dock 3", session_id=sid).recalled
+        assert len(engine.recaller._vectors) <= 2
+    assert list(engine.recaller._vectors) == ["c", "d"]
+
+
 def _count_calls(store: MemoryStore, name: str) -> list[dict[str, Any]]:
     calls: list[dict[str, Any]] = []
     original = getattr(store, name)
@@ -123,7 +145,7 @@ def _compacting(**cfg: object) -> MemoryEngine:
     return MemoryEngine(config, store=store, embedder=None, counter=CharCounter())
 
 
-def test_topics_after_a_compaction_read_only_the_newly_compacted_turns() -> None:
+def test_topics_after_a_compaction_read_the_kept_counts_not_the_turns() -> None:
     engine = _compacting()
     fresh = _compacting()
     for start in range(0, 60, 4):
@@ -131,19 +153,21 @@ def test_topics_after_a_compaction_read_only_the_newly_compacted_turns() -> None
         fresh.on_turn_complete(_pairs(start, 4))
         engine.on_message_inbound("walnut veneer")
     counts = _count_calls(engine.store, "tag_counts")
+    topics = _count_calls(engine.store, "topic_counts")
     last_seen = _count_calls(engine.store, "tag_last_seen")
     before = engine.store.session("default").compaction_watermark
     engine.on_turn_complete(_pairs(60, 30))
     fresh.on_turn_complete(_pairs(60, 30))
     after = engine.store.session("default").compaction_watermark
     assert after > before > 0
+    segments = _count_calls(engine.store, "segments")  # (the compaction reads them)
     a = engine.on_message_inbound("walnut veneer dock 4")
-    # no tag has a TTL rule: when a tag was last seen is never read; and the compacted
-    # turns' tag counts are read for the newly compacted turns only
-    assert last_seen == []
-    assert [c for c in counts if c.get("before") is not None] == [
-        {"before": after, "since": before}
-    ]
+    # no tag has a TTL rule: when a tag was last seen is never read; the compacted turns'
+    # tag counts are the store's kept counts, read once (one row per tag), and neither the
+    # tag rows nor the segments are read for them
+    assert last_seen == [] and segments == []
+    assert [c for c in counts if c.get("before") is not None] == []
+    assert len(topics) == 1
     b = fresh.on_message_inbound("walnut veneer dock 4")  # its topics built in one read
     assert a.prepend_text == b.prepend_text
 
@@ -178,3 +202,132 @@ def test_tag_candidates_are_capped_and_the_kept_ones_ranked_as_uncapped() -> Non
     hits_a, low_a = capped.recaller._tag_scores("default", tags.tags, tags.related_tags, counts)
     hits_b, low_b = whole.recaller._tag_scores("default", tags.tags, tags.related_tags, counts)
     assert hits_a == hits_b[:10] and low_a == low_b
+
+
+class _GatedSummarizer(ExtractiveSummarizer):
+    """An extractive summarizer that waits for ``gate`` before each summary."""
+
+    def __init__(self, gate: threading.Event) -> None:
+        super().__init__(CharCounter())
+        self.gate = gate
+
+    def summarize(
+        self,
+        texts: Sequence[str],
+        *,
+        max_tokens: int,
+        tags: Sequence[str] = (),
+        instructions: str | None = None,
+    ) -> str:
+        assert self.gate.wait(30), "the test never opened the gate"
+        return super().summarize(texts, max_tokens=max_tokens, tags=tags)
+
+
+def _background(store: MemoryStore, gate: threading.Event) -> MemoryEngine:
+    config = MemoryConfig.model_validate(
+        {
+            "context_window": 512,
+            "compaction": {"protected_recent_turns": 4, "run": "background"},
+            "recall": {"embedder": "none"},
+        }
+    )
+    return MemoryEngine(
+        config,
+        store=store,
+        embedder=None,
+        counter=CharCounter(),
+        summarizer=_GatedSummarizer(gate),
+    )
+
+
+def test_a_compaction_on_turn_complete_trips_runs_as_a_background_job() -> None:
+    gate = threading.Event()
+    engine = _background(MemoryStore(counter=CharCounter()), gate)
+    # The summarizer is held: an inline compaction would never return here.
+    assert engine.on_turn_complete(_pairs(0, 40)) is None
+    assert engine.store.session("default").compaction_watermark == 0
+    assert engine.vocabulary()  # tagged in the call: only the compaction waits
+    assert engine.on_message_inbound("walnut veneer dock 3").recalled  # recall goes on
+    gate.set()
+    assert engine.flush(30)
+    assert engine.store.session("default").compaction_watermark > 1
+    assert engine.status().level == "none"
+    assert engine.store.pending_jobs() == 0
+    engine.close()
+
+
+def test_a_background_compaction_left_by_a_stopped_engine_is_kept_in_the_store(
+    tmp_path: Path,
+) -> None:
+    gate = threading.Event()
+    gate.set()
+    first = _background(MemoryStore(tmp_path / "m.db", counter=CharCounter()), gate)
+    first.background.close()  # stopped before its thread runs anything
+    first.on_turn_complete(_pairs(0, 40))
+    assert first.store.session("default").compaction_watermark == 0
+    assert first.store.pending_jobs() == 1  # the compaction waits in the store
+    first.close()
+    store = MemoryStore(tmp_path / "m.db", counter=CharCounter())
+    second = _background(store, gate)
+    report = second.derive()  # what a job worker runs for the job
+    assert report is not None and report.segments_compacted > 0
+    assert store.pending_jobs() == 0
+    second.close()
+
+
+def test_inline_compaction_stays_the_library_default() -> None:
+    engine = _compacting()
+    reports = [engine.on_turn_complete(_pairs(n, 4)) for n in range(0, 40, 4)]
+    assert any(r is not None and r.segments_compacted for r in reports)
+    assert engine.background.pending == 0
+
+
+def test_a_vocabulary_read_again_after_a_compaction_keeps_its_order() -> None:
+    engine = _compacting()
+    engine.on_turn_complete(_pairs(0, 8))
+    before = list(engine.vocabulary())
+    indexed: list[bool] = []
+    tagger = engine.inbound_tagger
+    original = tagger._known_index  # type: ignore[attr-defined]
+
+    def spy(vocabulary: Sequence[str]) -> Any:
+        seen = tagger._known[0] if tagger._known else []  # type: ignore[attr-defined]
+        indexed.append(list(vocabulary[: len(seen)]) == seen)  # extended, not rebuilt
+        return original(vocabulary)
+
+    tagger._known_index = spy  # type: ignore[attr-defined]
+    engine.on_message_inbound("walnut veneer")
+    for start in range(8, 60, 4):  # compactions draw new generations: the counts are re-read
+        engine.on_turn_complete(_pairs(start, 4))
+    assert engine.store.session("default").compaction_watermark > 0
+    after = list(engine.vocabulary())
+    assert after[: len(before)] == before  # the first tags first, new ones after
+    assert sorted(after) == sorted(engine.store.tag_counts("default"))
+    engine.on_message_inbound("walnut veneer dock 4")
+    # the tagger's index was extended (only the new tags indexed), never rebuilt
+    assert len(indexed) > 5 and all(indexed)
+
+
+def test_the_proxy_record_says_when_recall_ran_without_some_vectors() -> None:
+    from types import SimpleNamespace
+
+    from contextfold.items import Message
+    from contextfold.server.proxy.recall import recall
+    from contextfold.server.proxy.record import Plan
+    from contextfold.server.proxy.wire import ParsedRequest
+
+    engine = _engine()
+    engine.on_turn_complete(_pairs(0, 10))
+    engine.store_turns("default", [engine_message("Shipment 77 of teak arrives at dock 2.")])
+    plan = Plan(
+        id="r1", format="openai", path="/v1/chat/completions", model="m", stream=False,
+        session_id="default",
+    )  # fmt: skip
+    parsed = ParsedRequest([Message(role="user", content="When does the teak arrive?")], [(0,)])
+    assembled = recall(SimpleNamespace(memory=engine), plan, parsed)  # type: ignore[arg-type]
+    assert assembled is not None and assembled.unembedded == 1
+    assert any("1 turn(s) not embedded yet" in note for note in plan.notes)
+    engine.derive()
+    plan.notes.clear()
+    recall(SimpleNamespace(memory=engine), plan, parsed)  # type: ignore[arg-type]
+    assert not any("not embedded" in note for note in plan.notes)

@@ -85,6 +85,7 @@ def test_per_session_state_is_bounded_and_an_evicted_session_still_recalls(
             "vocabulary": len(memory._vocab),
             "topics": len(memory.assembler._topic_cache),
             "summaries": len(memory.assembler._summary_cache),
+            "compacted counts": len(memory.assembler._compacted_cache),
             "turn keys": len(memory._turn_keys._sessions),
         }
         assert max(cached.values()) <= 3, cached

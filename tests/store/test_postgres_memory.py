@@ -307,3 +307,23 @@ def _run_together(script: str, url: str, processes: int) -> list[str]:
         assert proc.returncode == 0, err
         outputs.append(out)
     return outputs
+
+
+def test_m007_counts_the_tags_and_segments_a_database_already_holds(postgres_url: str) -> None:
+    store = PostgresMemoryStore(postgres_url, counter=CharCounter())
+    store.create_session("s1")
+    store.append_turns("s1", [_msg(f"turn {n}") for n in range(4)])
+    store.set_tags_many("s1", {1: ({"kiln": 1.0}, ["oven"]), 2: ({"kiln": 1.0, "glaze": 1.0}, [])})
+    store.compact(
+        "s1", [NewSegment(first_seq=1, last_seq=2, summary="s", full_text="", tags=("kiln",))], 3
+    )
+    store.close()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:  # as before m007
+        conn.execute("DROP TABLE tag_stats")
+        for name in ("add", "remove", "change", "watermark", "segment"):
+            conn.execute(f"DROP FUNCTION cf_tag_stats_{name}() CASCADE")
+        conn.execute("DELETE FROM schema_migrations WHERE name = 'm007_tag_stats'")
+    store = PostgresMemoryStore(postgres_url, counter=CharCounter())
+    assert store.tag_counts("s1") == {"glaze": 1, "kiln": 2}
+    assert store.topic_counts("s1") == (3, {"kiln": 2})
+    store.close()

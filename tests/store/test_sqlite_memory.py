@@ -44,13 +44,14 @@ def test_migrations_are_recorded_once() -> None:
             "m006_segment_ids_never_reused",
             "m007_generations_and_records",
             "m008_response_links",
-            "m012_scoped_aliases_and_splits",
+            "m009_scoped_aliases_and_splits",
+            "m010_tag_stats",
         ]
     )
     assert MIGRATIONS.apply(store._conn) == []
 
 
-def test_m012_gives_an_older_store_session_aliases_and_splits(tmp_path: Path) -> None:
+def test_m009_gives_an_older_store_session_aliases_and_splits(tmp_path: Path) -> None:
     conn = connect(tmp_path / "old.db")
     MIGRATIONS.apply(conn, upto="m008_response_links")
     conn.execute("INSERT INTO sessions (id, created_at) VALUES ('s1', '2026-01-01T00:00:00+00:00')")
@@ -237,3 +238,18 @@ def test_m007_gives_an_m005_files_sessions_distinct_incarnations(tmp_path: Path)
     store.delete_session("c")
     store.create_session("c")
     assert incarnation("c") > max(old)
+
+
+def test_m010_counts_the_tags_and_segments_a_file_already_holds(tmp_path: Path) -> None:
+    _m005_file(tmp_path / "m005.db")
+    conn = connect(tmp_path / "m005.db")
+    conn.executemany(
+        "INSERT INTO turn_tags (session_id, seq, tag, weight, related) VALUES (?, ?, ?, 1.0, ?)",
+        [("a", 1, "kiln", 0), ("a", 2, "kiln", 0), ("a", 2, "oven", 1), ("b", 2, "glaze", 0)],
+    )
+    conn.close()
+    store = _store(tmp_path / "m005.db")
+    assert store.tag_counts("a") == {"kiln": 2} and store.tag_counts("b") == {"glaze": 1}
+    assert store.topic_counts("a") == (3, {"kiln": 2})
+    assert store.topic_counts("b") == (3, {})  # glaze is on no segment
+    store.close()

@@ -152,13 +152,8 @@ class Assembler:
             return cached[1], cached[2]
         # A topic's count is the compacted turns tagged with it (not the turns of the segments
         # carrying it: a long segment carries every tag of its turns, so that count said
-        # "409 turns" of a tag 14 turns had).
-        in_segments = {tag for seg in self.store.segments(sid) for tag in seg.tags}
-        counts = {
-            tag: n
-            for tag, n in self._compacted_counts(sid, record.born, watermark).items()
-            if tag in in_segments
-        }
+        # "409 turns" of a tag 14 turns had), for the tags a segment carries.
+        counts = self._compacted_counts(sid, record.born, watermark)
         # When a tag was last seen matters only to the tags with a TTL rule: only theirs is read.
         ttl = [tag for tag in counts if self.rules.for_tag(tag).ttl_days is not None]
         last_seen = self.store.tag_last_seen(sid, tags=ttl) if ttl else {}
@@ -173,20 +168,14 @@ class Assembler:
         return live, hint
 
     def _compacted_counts(self, sid: str, born: int, watermark: int) -> dict[str, int]:
-        """The compacted turns' tag counts, kept per session: a compaction adds the counts of
-        the turns it compacted (``since`` the previous watermark) instead of a recount of all
-        the compacted turns; a start-up (or a session written again) reads them all once."""
+        """The compacted turns' tag counts, for the tags a segment carries: read once per
+        compaction from the counts the store keeps on write (``topic_counts``, one row per
+        tag), and kept per session."""
         cached = self._compacted_cache.peek(sid)
         if cached is not None and cached[0] == (born, watermark):
             return cached[1]
-        if cached is not None and cached[0][0] == born and cached[0][1] < watermark:
-            counts = dict(cached[1])
-            added = self.store.tag_counts(sid, before=watermark, since=cached[0][1])
-            for tag, n in added.items():
-                counts[tag] = counts.get(tag, 0) + n
-        else:
-            counts = self.store.tag_counts(sid, before=watermark)
-        self._compacted_cache.put(sid, ((born, watermark), counts))
+        read_at, counts = self.store.topic_counts(sid)
+        self._compacted_cache.put(sid, ((born, read_at), counts))
         return counts
 
     def _cached_summaries(self, sid: str) -> dict[str, TagSummary]:
@@ -248,7 +237,12 @@ class Assembler:
                 )
                 for seg in self.store.segments(sid)  # earliest first
             ]
-        summaries = self._cached_summaries(sid)
+        # A broad question takes every live topic's summary (cached per generation); a
+        # specific one reads its own tags' summaries only.
+        if tags.broad:
+            summaries = self._cached_summaries(sid)
+        else:
+            summaries = self.store.tag_summaries(sid, tags=tags.tags) if tags.tags else {}
         wanted = live if tags.broad else [t for t in tags.tags if t in summaries]
         return [
             _Part(

@@ -32,6 +32,7 @@ from contextfold._bounded import SessionLRU
 from contextfold.errors import ConfigError
 from contextfold.items import ContextItem, Message, QueryBundle
 from contextfold.memory.assemble import Assembler, Held, MemoryBlock, MemoryBudget
+from contextfold.memory.background import Background
 from contextfold.memory.canonical import TagCanonicalizer
 from contextfold.memory.compactor import CompactionReport, Compactor, Level, TokenMonitor
 from contextfold.memory.config import MemoryConfig, load_config
@@ -78,6 +79,9 @@ class AssembledContext(BaseModel):
     tagger: str = "keyword"
     expired_tags: tuple[str, ...] = ()  # tags whose TTL ran out: their turns not recalled
     expired_turns: int = 0  # stored turns those tags held back from recall
+    #: The session's turns with no vector yet when it was recalled: ranked by full text and
+    #: tags only (recall never embeds them; the derived work does).
+    unembedded: int = 0
 
 
 class MemoryStatus(BaseModel):
@@ -237,6 +241,10 @@ class MemoryEngine:
         # holding up its requests.
         self._locks = [threading.RLock() for _ in range(_STRIPES)]
         self._derive_locks = [threading.Lock() for _ in range(_STRIPES)]
+        # Compactions run under their own lock, so new turns are tagged while one runs.
+        self._compact_locks = [threading.Lock() for _ in range(_STRIPES)]
+        # Compactions ``on_turn_complete`` trips, with ``compaction.run: background``.
+        self.background = Background(self.store, self.derive)
         self._vocab_lock = threading.Lock()
         self._usage = threading.local()
 
@@ -356,6 +364,11 @@ class MemoryEngine:
             # Read after the generation: a write between the two leaves the counts newer than
             # their key, and the next look reads them again.
             counts = self.store.tag_counts(sid)
+            if cached is not None:
+                # The tags known already keep their order, the new ones follow: the tagger
+                # extends its index of a vocabulary that grew by appending, instead of
+                # rebuilding it for every tag (its results do not depend on the order).
+                counts = {**{t: counts[t] for t in cached[1] if t in counts}, **counts}
             self._vocab.put(sid, (generation, counts))
             return counts
 
@@ -422,8 +435,10 @@ class MemoryEngine:
         holds up the session's requests."""
         return self._derive(self._session(session_id))
 
-    def _derive(self, sid: str) -> CompactionReport | None:
-        """``derive`` for a session known to exist."""
+    def _derive(self, sid: str, *, compact: bool = True) -> CompactionReport | None:
+        """``derive`` for a session known to exist. ``compact=False``: tag and embed only, and
+        hand a compaction the thresholds call for to the background (``Background``: kept in
+        the store as the session's job first)."""
         self._usage.session_id = sid
         try:
             with self._derive_locks[hash(sid) % _STRIPES]:
@@ -437,6 +452,12 @@ class MemoryEngine:
                 )
                 if self.recaller.embedder is not None:
                     self.recaller.ensure_vectors(sid)
+            if not compact:
+                if self.compactor.level(sid) != "none":
+                    self.background.submit(sid)
+                return None
+            # Its own lock: the turns stored meanwhile are tagged while it runs.
+            with self._compact_locks[hash(sid) % _STRIPES]:
                 report = self.compactor.maybe_compact(sid, upto=upto)
                 # (A compaction another process ran meanwhile rebuilds its own summaries.)
                 if report is None and record.compaction_watermark > 0:
@@ -516,8 +537,11 @@ class MemoryEngine:
         new_only: bool = False,
     ) -> CompactionReport | None:
         """Store the turns of ``messages`` not stored yet (system messages are not turns),
-        tag them, and compact if the live turns cross a threshold. ``timestamps`` (one per
-        message) default to now.
+        tag and embed them, and compact if the live turns cross a threshold: inside this
+        call, which returns the report (``compaction.run: inline``, the default), or on the
+        engine's background thread, as a store-kept job (``compaction.run: background``; the
+        call returns ``None`` and ``flush`` waits for it). ``timestamps`` (one per message)
+        default to now.
 
         ``messages`` may be the whole history or only the new turns: the stored tail is found
         in it and what follows is new, so sending the same history twice stores nothing
@@ -540,7 +564,7 @@ class MemoryEngine:
             if turns:
                 when = [stamps[id(m)] for m in turns] if stamps else None
                 self._store_turns(sid, turns, timestamps=when)
-        return self._derive(sid)
+        return self._derive(sid, compact=self.config.compaction.run == "inline")
 
     def ingest_history(
         self,
@@ -558,8 +582,14 @@ class MemoryEngine:
     def compact(self, *, session_id: str | None = None) -> CompactionReport | None:
         """Compact now, whatever the thresholds say (``None`` when nothing is compactable)."""
         sid = self._session(session_id)
-        with self._derive_locks[hash(sid) % _STRIPES]:
+        with self._compact_locks[hash(sid) % _STRIPES]:
             return self.compactor.compact(sid, level="hard")
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for the derived work ``on_turn_complete`` left to the background (the
+        compactions it tripped, with ``compaction.run: background``), at most ``timeout``
+        seconds; whether it all finished."""
+        return self.background.flush(timeout)
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -631,7 +661,13 @@ class MemoryEngine:
                 )
             )
             limit = budget if budget is not None else self.config.assembly.memory_budget
-            below = self._below_floor(sid, text, ranked)
+            # Turns after ``embedded`` have no vector yet: the floor cannot judge them, and a
+            # recall that found one by its text or tags is not withheld.
+            unembedded = self.recaller.pending_vectors(sid)
+            embedded = self.store.last_seq(sid) - unembedded if unembedded else None
+            below = self._below_floor(sid, text, ranked) and (
+                embedded is None or not any(r.seq > embedded and r.ranks for r in ranked)
+            )
             paging = self.config.paging
             # Automatic paging in both modes: in ``tools`` it is the fallback for a model that
             # does not manage its memory.
@@ -673,6 +709,7 @@ class MemoryEngine:
             tagger=tags.source,
             expired_tags=expired,
             expired_turns=len(held_back),
+            unembedded=unembedded,
         )
         telemetry.record_recall(result, started)
         return result
@@ -682,8 +719,8 @@ class MemoryEngine:
         dense signal scored the candidates, and the best cosine similarity among them is under
         ``recall.relevance_floor`` — or under ``recall.unknown_name_floor`` when the message
         names something no stored turn contains. A recall that ranked nothing (the history
-        holds every turn), or whose candidates have no vector yet (``Recaller.catch_up``
-        off), is not judged."""
+        holds every turn), or whose candidates have no vector yet (the derived work has not
+        embedded them), is not judged."""
         recall = self.config.recall
         floor, strict = recall.relevance_floor, recall.unknown_name_floor
         if (floor is None and strict is None) or self.recaller.embedder is None or not ranked:
@@ -826,6 +863,8 @@ class MemoryEngine:
             return self.vocab.remove_alias(alias, session_id=session_id)
 
     def close(self) -> None:
+        """Finish the background work (``flush``), then close the client and the store."""
+        self.background.close()
         if self._owns_client and self.llm_client is not None:
             self.llm_client.close()
             self.llm_client = None

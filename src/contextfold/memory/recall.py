@@ -6,8 +6,10 @@ Three signals rank the stored raw turns:
   (N turns, df turns with the tag); a match through a related tag counts half;
 * **full text**: SQLite FTS5 ``bm25()`` over the stored turn text (an OR query, stop words
   removed);
-* **dense**: cosine between the message and each turn's embedding (turns are embedded lazily,
-  in batches, the first time a recall needs them — never on the write path).
+* **dense**: cosine between the message and each turn's embedding. Turns are embedded by the
+  derived work (``MemoryEngine.derive``: inside ``on_turn_complete``, or a store-kept job),
+  never inside a recall: a recall ranks the turns not embedded yet by full text and tags only
+  (``pending_vectors`` says how many; the engine reports it as ``AssembledContext.unembedded``).
 
 Fusion is ``"score"`` by default: each signal's scores are min-max scaled over its own top
 list and summed with the signal's weight; ``"rrf"`` (reciprocal-rank fusion with constant
@@ -181,10 +183,6 @@ class Recaller:
         self._queries: EmbeddingQueue | None = None
         self._prefetched: OrderedDict[str, Future[npt.NDArray[np.float32]]] = OrderedDict()
         self._prefetched_chars = 0
-        # Embed the turns that have no vector yet inside a recall (True), or leave that to
-        # the derived work (``MemoryEngine.derive``) and rank by the vectors stored (False:
-        # the proxy's request path never waits on an embedding backlog).
-        self.catch_up = True
 
     def __repr__(self) -> str:
         return f"Recaller(embedder={self.embedder!r}, k={self.k})"
@@ -211,13 +209,21 @@ class Recaller:
             self.store.add_turn_vectors(session_id, self._model, [s for s, _ in batch], vectors)
         return len(todo)
 
+    def pending_vectors(self, session_id: str) -> int:
+        """How many of the session's turns have no vector yet (0 without an embedder): two
+        look-ups in primary keys, as vectors are written in seq order (``ensure_vectors``)."""
+        if self.embedder is None:
+            return 0
+        return max(
+            0, self.store.last_seq(session_id) - self.store.last_vector_seq(session_id, self._model)
+        )
+
     def _session_vectors(self, session_id: str) -> tuple[list[int], npt.NDArray[np.float32]]:
         """The session's seqs with a vector and their matrix: the cached ones plus those stored
         since (by this or another process), appended in place (all read again when the session
         was deleted and written again); a session whose vectors alone
-        pass the cache's byte limit is read from the store and not kept."""
-        if self.catch_up:
-            self.ensure_vectors(session_id)
+        pass the cache's byte limit is read from the store and not kept. Nothing is embedded
+        here: the turns without a vector yet wait for the derived work."""
         with self._lock:
             entry = self._vectors.pop(session_id, None)
             if entry is not None:

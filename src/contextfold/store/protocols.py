@@ -233,6 +233,12 @@ class MemoryStorage(Protocol):
         self, session_id: str, *, before: int | None = None, since: int | None = None
     ) -> dict[str, int]: ...
 
+    def topic_counts(self, session_id: str) -> tuple[int, dict[str, int]]:
+        """The compaction watermark and, read with it, ``tag_counts(before=watermark)`` for
+        the tags some segment carries: from counts kept on write, one row per tag (not per
+        tagged turn or segment)."""
+        ...
+
     def turns_tagged(
         self, session_id: str, tags: Sequence[str]
     ) -> dict[int, list[tuple[str, bool]]]: ...
@@ -307,7 +313,11 @@ class MemoryStorage(Protocol):
         tokens: int | None = None,
     ) -> None: ...
 
-    def tag_summaries(self, session_id: str) -> dict[str, TagSummary]: ...
+    def tag_summaries(
+        self, session_id: str, tags: Sequence[str] | None = None
+    ) -> dict[str, TagSummary]:
+        """The tag summaries by tag (only those of ``tags`` when given)."""
+        ...
 
     # -- aliases, working set, costs -----------------------------------------------------------
 

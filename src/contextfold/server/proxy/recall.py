@@ -189,6 +189,10 @@ def recall(state: ServerState, plan: Plan, parsed: ParsedRequest) -> AssembledCo
         model=plan.model,
     )
     plan.assembled = assembled
+    if assembled.unembedded:
+        plan.notes.append(
+            f"{assembled.unembedded} turn(s) not embedded yet: recalled by full text and tags"
+        )
     if assembled.budget.turns_held:
         plan.notes.append(
             f"{assembled.budget.turns_held} recalled turn(s) left out: older versions of"

@@ -126,8 +126,7 @@ class Proxy:
         self.jobs = JobWorker(state.memory, threads=state.config.proxy.job_threads)
         # Stored turns get their vectors from the jobs: a recall ranks by the vectors stored
         # (the newest turns are found by their text and tags meanwhile) and never waits on
-        # an embedding backlog.
-        state.memory.recaller.catch_up = False
+        # an embedding backlog (``Recaller`` never embeds stored turns).
         # Memory work of requests (resolve, recall, commit): its own threads, so a request
         # past its deadline goes on without waiting for them.
         self._pool = ThreadPoolExecutor(32, thread_name_prefix="contextfold-memory")

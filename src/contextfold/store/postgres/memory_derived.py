@@ -101,7 +101,16 @@ class DerivedMixin:
         self, session_id: str, *, before: int | None = None, since: int | None = None
     ) -> dict[str, int]:
         """How many turns of the session carry each tag (related tags not counted); only the
-        turns with seq < ``before`` and seq >= ``since`` when given."""
+        turns with seq < ``before`` and seq >= ``since`` when given. Without either: the
+        counts kept on write (``tag_stats``), one row per tag."""
+        if before is None and since is None:
+            with self._read() as conn:
+                rows = conn.execute(
+                    "SELECT tag, turns FROM tag_stats WHERE session_id = %s AND turns > 0"
+                    ' ORDER BY tag COLLATE "C"',
+                    (session_id,),
+                ).fetchall()
+            return {r[0]: int(r[1]) for r in rows}
         with self._read() as conn:
             rows = conn.execute(
                 "SELECT tag, COUNT(*) FROM turn_tags WHERE session_id = %s AND NOT related"
@@ -109,6 +118,21 @@ class DerivedMixin:
                 (session_id, before if before is not None else 2**62, since or 0),
             ).fetchall()
         return {r[0]: int(r[1]) for r in rows}
+
+    def topic_counts(self, session_id: str) -> tuple[int, dict[str, int]]:
+        """The session's compaction watermark and, read with it (one statement), for each tag
+        a segment carries, how many compacted turns carry it, from the counts kept on write
+        (``tag_stats``)."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT s.compaction_watermark, t.tag, t.compacted FROM sessions s"
+                " LEFT JOIN tag_stats t ON t.session_id = s.id AND t.compacted > 0"
+                ' AND t.segments > 0 WHERE s.id = %s ORDER BY t.tag COLLATE "C"',
+                (session_id,),
+            ).fetchall()
+        if not rows:
+            raise ConfigError(f"unknown session {session_id!r}")
+        return int(rows[0][0]), {r[1]: int(r[2]) for r in rows if r[1] is not None}
 
     def turns_tagged(
         self, session_id: str, tags: Sequence[str]

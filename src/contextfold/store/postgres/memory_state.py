@@ -248,16 +248,21 @@ class StateMixin:
                 (session_id, tag, summary, count, source_watermark, _now()),
             )
 
-    def tag_summaries(self, session_id: str) -> dict[str, TagSummary]:
-        """The session's tag summaries by tag, each ``stale`` when its tag has a turn after
-        its ``source_watermark``."""
+    def tag_summaries(
+        self, session_id: str, tags: Sequence[str] | None = None
+    ) -> dict[str, TagSummary]:
+        """The session's tag summaries by tag (only those of ``tags`` when given), each
+        ``stale`` when its tag has a turn after its ``source_watermark``."""
+        only = "" if tags is None else " AND ts.tag = ANY(%s)"
+        params: tuple[Any, ...] = (session_id,) if tags is None else (session_id, list(tags))
         with self._read() as conn:
             rows = conn.execute(
                 "SELECT ts.session_id, ts.tag, ts.summary, ts.tokens, ts.source_watermark,"
                 " EXISTS (SELECT 1 FROM turn_tags tt WHERE tt.session_id = ts.session_id"
                 " AND tt.tag = ts.tag AND NOT tt.related AND tt.seq > ts.source_watermark)"
-                ' FROM tag_summaries ts WHERE ts.session_id = %s ORDER BY ts.tag COLLATE "C"',
-                (session_id,),
+                f" FROM tag_summaries ts WHERE ts.session_id = %s{only}"
+                ' ORDER BY ts.tag COLLATE "C"',
+                params,
             ).fetchall()
         return {
             r[1]: TagSummary(

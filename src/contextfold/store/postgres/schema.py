@@ -18,8 +18,12 @@ on: never rename one, never reorder them, and add changes only as a new ``m00N_�
   store-wide sequence (triggers draw them), the dashboard's ``request_records`` and the
   Responses API's ``response_links``, as the SQLite store's ``m007``/``m008``.
 - ``m004_set_tags_in_one_call`` — ``cf_set_tags``: a turn's tags replaced in one call.
-- ``m009_scoped_aliases_and_splits`` — ``session_aliases`` and ``tag_splits``, as the SQLite
-  store's ``m012``.
+- ``m007_tag_stats`` — ``tag_stats`` (the SQLite store's ``m010``): per session and tag, the
+  turns carrying it, how many are compacted and the segments carrying it, kept by triggers
+  (on tags per statement, over its transition rows) on every write of tags or segments and
+  every move of the watermark.
+- ``m008_scoped_aliases_and_splits`` — ``session_aliases`` and ``tag_splits``, as the SQLite
+  store's ``m009``.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ __all__ = [
     "m002_full_text",
     "m003_generations_records_links",
     "m004_set_tags_in_one_call",
-    "m009_scoped_aliases_and_splits",
+    "m007_tag_stats",
+    "m008_scoped_aliases_and_splits",
 ]
 
 MIGRATIONS = PgMigrationRegistry("memory")
@@ -316,8 +321,88 @@ def m004_set_tags_in_one_call(conn: psycopg.Connection[Any]) -> None:
     )
 
 
+def _tag_deltas(rows: str) -> str:
+    """Per (session, tag), the tags proper among the transition table ``rows`` and how many
+    of them are below their session's watermark."""
+    return (
+        "SELECT r.session_id, r.tag, COUNT(*) AS n,"
+        " COUNT(*) FILTER (WHERE r.seq < COALESCE(s.compaction_watermark, 0)) AS c"
+        f" FROM {rows} r LEFT JOIN sessions s ON s.id = r.session_id WHERE NOT r.related"
+        " GROUP BY r.session_id, r.tag"
+    )
+
+
 @MIGRATIONS.migration
-def m009_scoped_aliases_and_splits(conn: psycopg.Connection[Any]) -> None:
+def m007_tag_stats(conn: psycopg.Connection[Any]) -> None:
+    add = (
+        "INSERT INTO tag_stats (session_id, tag, turns, compacted)"
+        f" SELECT session_id, tag, n, c FROM ({_tag_deltas('new_rows')}) d"
+        " ON CONFLICT (session_id, tag) DO UPDATE SET turns = tag_stats.turns + excluded.turns,"
+        " compacted = tag_stats.compacted + excluded.compacted;"
+    )
+    remove = (
+        "UPDATE tag_stats t SET turns = t.turns - d.n, compacted = t.compacted - d.c"
+        f" FROM ({_tag_deltas('old_rows')}) d"
+        " WHERE t.session_id = d.session_id AND t.tag = d.tag;"
+    )
+    span = (
+        "FROM turn_tags WHERE session_id = NEW.id AND NOT related"
+        " AND seq >= LEAST(OLD.compaction_watermark, NEW.compaction_watermark)"
+        " AND seq < GREATEST(OLD.compaction_watermark, NEW.compaction_watermark)"
+    )
+    statements = [
+        "CREATE TABLE tag_stats ("
+        " session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,"
+        " tag TEXT NOT NULL, turns INTEGER NOT NULL DEFAULT 0,"
+        " compacted INTEGER NOT NULL DEFAULT 0, segments INTEGER NOT NULL DEFAULT 0,"
+        " PRIMARY KEY (session_id, tag))",
+        "INSERT INTO tag_stats (session_id, tag, turns, compacted)"
+        f" SELECT session_id, tag, n, c FROM ({_tag_deltas('turn_tags')}) d",
+        "INSERT INTO tag_stats (session_id, tag, segments)"
+        " SELECT g.session_id, j.tag, COUNT(*) FROM segments g,"
+        " jsonb_array_elements_text(g.tags::jsonb) AS j(tag) GROUP BY g.session_id, j.tag"
+        " ON CONFLICT (session_id, tag) DO UPDATE SET segments = excluded.segments",
+        "CREATE FUNCTION cf_tag_stats_segment() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " IF TG_OP = 'INSERT' THEN"
+        "  INSERT INTO tag_stats (session_id, tag, segments)"
+        "  SELECT NEW.session_id, j.tag, 1 FROM jsonb_array_elements_text(NEW.tags::jsonb)"
+        "  AS j(tag) ON CONFLICT (session_id, tag) DO UPDATE"
+        "  SET segments = tag_stats.segments + 1;"
+        " ELSE"
+        "  UPDATE tag_stats SET segments = segments - 1 WHERE session_id = OLD.session_id"
+        "  AND tag IN (SELECT jsonb_array_elements_text(OLD.tags::jsonb));"
+        " END IF; RETURN NULL; END $$",
+        "CREATE TRIGGER tag_stats_segment AFTER INSERT OR DELETE ON segments"
+        " FOR EACH ROW EXECUTE FUNCTION cf_tag_stats_segment()",
+        "CREATE FUNCTION cf_tag_stats_add() RETURNS trigger LANGUAGE plpgsql AS $$"
+        f" BEGIN {add} RETURN NULL; END $$",
+        "CREATE FUNCTION cf_tag_stats_remove() RETURNS trigger LANGUAGE plpgsql AS $$"
+        f" BEGIN {remove} RETURN NULL; END $$",
+        "CREATE FUNCTION cf_tag_stats_change() RETURNS trigger LANGUAGE plpgsql AS $$"
+        f" BEGIN {remove} {add} RETURN NULL; END $$",
+        "CREATE TRIGGER tag_stats_ai AFTER INSERT ON turn_tags REFERENCING NEW TABLE AS"
+        " new_rows FOR EACH STATEMENT EXECUTE FUNCTION cf_tag_stats_add()",
+        "CREATE TRIGGER tag_stats_ad AFTER DELETE ON turn_tags REFERENCING OLD TABLE AS"
+        " old_rows FOR EACH STATEMENT EXECUTE FUNCTION cf_tag_stats_remove()",
+        "CREATE TRIGGER tag_stats_au AFTER UPDATE ON turn_tags REFERENCING OLD TABLE AS"
+        " old_rows NEW TABLE AS new_rows FOR EACH STATEMENT"
+        " EXECUTE FUNCTION cf_tag_stats_change()",
+        # A watermark moved: the tags of the turns it passed over change sides.
+        "CREATE FUNCTION cf_tag_stats_watermark() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN UPDATE tag_stats t SET compacted = t.compacted"
+        " + SIGN(NEW.compaction_watermark - OLD.compaction_watermark)::INTEGER * d.n"
+        f" FROM (SELECT tag, COUNT(*)::INTEGER AS n {span} GROUP BY tag) d"
+        " WHERE t.session_id = NEW.id AND t.tag = d.tag; RETURN NULL; END $$",
+        "CREATE TRIGGER tag_stats_watermark AFTER UPDATE OF compaction_watermark ON sessions"
+        " FOR EACH ROW WHEN (NEW.compaction_watermark IS DISTINCT FROM OLD.compaction_watermark)"
+        " EXECUTE FUNCTION cf_tag_stats_watermark()",
+    ]
+    for statement in statements:
+        conn.execute(statement)
+
+
+@MIGRATIONS.migration
+def m008_scoped_aliases_and_splits(conn: psycopg.Connection[Any]) -> None:
     conn.execute(
         "CREATE TABLE session_aliases ("
         " session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,"

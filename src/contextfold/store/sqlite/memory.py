@@ -431,7 +431,17 @@ class MemoryStore(SegmentsMixin, StateMixin, VocabMixin, BranchesMixin, Transfer
     ) -> dict[str, int]:
         """How many turns of the session carry each tag (related tags not counted); only the
         turns with seq < ``before`` when given (``before=watermark``: the compacted turns) and
-        seq >= ``since`` when given (``since=old_watermark``: the turns a compaction added)."""
+        seq >= ``since`` when given (``since=old_watermark``: the turns a compaction added).
+        Without either: the counts kept on write (``tag_stats``), one row per tag."""
+        if before is None and since is None:
+            return {
+                r[0]: int(r[1])
+                for r in self._conn.execute(
+                    "SELECT tag, turns FROM tag_stats WHERE session_id = ? AND turns > 0"
+                    " ORDER BY tag",
+                    (session_id,),
+                )
+            }
         rows = self._conn.execute(
             "SELECT tag, COUNT(*) FROM turn_tags WHERE session_id = ? AND related = 0"
             " AND seq < ? AND seq >= ? GROUP BY tag ORDER BY tag",

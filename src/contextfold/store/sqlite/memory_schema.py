@@ -23,9 +23,14 @@ on: never rename one, never reorder them, and add changes only as a new ``m00N_�
 - ``m008_response_links`` — the Responses API ids the proxy relayed (``previous_response_id``,
   ``conversation``), per principal, with the stored turn each names: a chain started through
   one process is continued through another.
-- ``m012_scoped_aliases_and_splits`` — aliases scoped to one session (``session_aliases``)
+- ``m009_scoped_aliases_and_splits`` — aliases scoped to one session (``session_aliases``)
   and the tags the splitter has examined (``tag_splits``: the sub-tags, none for a tag
   judged uniform), both gone with their session.
+- ``m010_tag_stats`` — ``tag_stats``: per session and tag, the turns carrying it, how many
+  of them are compacted (below the watermark) and the segments carrying it, kept by triggers
+  on every write of a turn's tags or a segment and every move of the watermark, so a recall
+  reads counts (one row per tag) instead of counting every tag row and segment of the
+  session.
 """
 
 from __future__ import annotations
@@ -45,7 +50,8 @@ __all__ = [
     "m006_segment_ids_never_reused",
     "m007_generations_and_records",
     "m008_response_links",
-    "m012_scoped_aliases_and_splits",
+    "m009_scoped_aliases_and_splits",
+    "m010_tag_stats",
 ]
 
 MIGRATIONS = MigrationRegistry("memory")
@@ -405,7 +411,7 @@ def m008_response_links(conn: sqlite3.Connection) -> None:
 
 
 @MIGRATIONS.migration
-def m012_scoped_aliases_and_splits(conn: sqlite3.Connection) -> None:
+def m009_scoped_aliases_and_splits(conn: sqlite3.Connection) -> None:
     # ``sub_tags``: a JSON list, empty when the tag was examined and judged uniform (each tag
     # is examined once).
     conn.execute(
@@ -431,3 +437,76 @@ def m012_scoped_aliases_and_splits(conn: sqlite3.Connection) -> None:
             f"CREATE TRIGGER {table}_gen_ad AFTER DELETE ON {table}"
             f" BEGIN {_bump('OLD.session_id')} END"
         )
+
+
+def _compacted(row: str) -> str:
+    """1 when the tag row ``row`` (``NEW`` or ``OLD``) is below its session's watermark."""
+    return (
+        f"({row}.seq < COALESCE((SELECT compaction_watermark FROM sessions"
+        f" WHERE id = {row}.session_id), 0))"
+    )
+
+
+@MIGRATIONS.migration
+def m010_tag_stats(conn: sqlite3.Connection) -> None:
+    # Tags proper only (``related = 0``), as ``tag_counts`` counts them. Rows at zero stay.
+    conn.execute(
+        "CREATE TABLE tag_stats ("
+        " session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,"
+        " tag TEXT NOT NULL, turns INTEGER NOT NULL DEFAULT 0,"
+        " compacted INTEGER NOT NULL DEFAULT 0, segments INTEGER NOT NULL DEFAULT 0,"
+        " PRIMARY KEY (session_id, tag))"
+    )
+    conn.execute(
+        "INSERT INTO tag_stats (session_id, tag, turns, compacted)"
+        " SELECT tt.session_id, tt.tag, COUNT(*), SUM(tt.seq < s.compaction_watermark)"
+        " FROM turn_tags tt JOIN sessions s ON s.id = tt.session_id WHERE tt.related = 0"
+        " GROUP BY tt.session_id, tt.tag"
+    )
+    conn.execute(
+        "INSERT INTO tag_stats (session_id, tag, segments)"
+        " SELECT g.session_id, j.value, COUNT(*) FROM segments g, json_each(g.tags) j"
+        " WHERE true GROUP BY g.session_id, j.value"
+        " ON CONFLICT (session_id, tag) DO UPDATE SET segments = excluded.segments"
+    )
+    conn.execute(
+        "CREATE TRIGGER tag_stats_segment_ai AFTER INSERT ON segments BEGIN"
+        " INSERT INTO tag_stats (session_id, tag, segments)"
+        " SELECT NEW.session_id, j.value, 1 FROM json_each(NEW.tags) j WHERE true"
+        " ON CONFLICT (session_id, tag) DO UPDATE SET segments = segments + 1; END"
+    )
+    conn.execute(
+        "CREATE TRIGGER tag_stats_segment_ad AFTER DELETE ON segments BEGIN"
+        " UPDATE tag_stats SET segments = segments - 1 WHERE session_id = OLD.session_id"
+        " AND tag IN (SELECT j.value FROM json_each(OLD.tags) j); END"
+    )
+    add = (
+        "INSERT INTO tag_stats (session_id, tag, turns, compacted)"
+        f" SELECT NEW.session_id, NEW.tag, 1, {_compacted('NEW')} WHERE NEW.related = 0"
+        " ON CONFLICT (session_id, tag) DO UPDATE"
+        " SET turns = turns + 1, compacted = compacted + excluded.compacted;"
+    )
+    remove = (
+        f"UPDATE tag_stats SET turns = turns - 1, compacted = compacted - {_compacted('OLD')}"
+        " WHERE session_id = OLD.session_id AND tag = OLD.tag AND OLD.related = 0;"
+    )
+    conn.execute(f"CREATE TRIGGER tag_stats_ai AFTER INSERT ON turn_tags BEGIN {add} END")
+    conn.execute(f"CREATE TRIGGER tag_stats_ad AFTER DELETE ON turn_tags BEGIN {remove} END")
+    conn.execute(
+        "CREATE TRIGGER tag_stats_au AFTER UPDATE OF session_id, seq, tag, related ON turn_tags"
+        f" BEGIN {remove} {add} END"
+    )
+    # A watermark moved: the tags of the turns it passed over change sides.
+    span = (
+        "FROM turn_tags t WHERE t.session_id = NEW.id AND t.related = 0"
+        " AND t.seq >= MIN(OLD.compaction_watermark, NEW.compaction_watermark)"
+        " AND t.seq < MAX(OLD.compaction_watermark, NEW.compaction_watermark)"
+    )
+    conn.execute(
+        "CREATE TRIGGER tag_stats_watermark AFTER UPDATE OF compaction_watermark ON sessions"
+        " WHEN NEW.compaction_watermark != OLD.compaction_watermark BEGIN"
+        " UPDATE tag_stats SET compacted = compacted"
+        " + (CASE WHEN NEW.compaction_watermark > OLD.compaction_watermark THEN 1 ELSE -1 END)"
+        f" * (SELECT COUNT(*) {span} AND t.tag = tag_stats.tag)"
+        f" WHERE session_id = NEW.id AND tag IN (SELECT t.tag {span}); END"
+    )

@@ -39,6 +39,20 @@ class SegmentsMixin:
 
     # -- compaction and segments ----------------------------------------------------------------
 
+    def topic_counts(self, session_id: str) -> tuple[int, dict[str, int]]:
+        """The session's compaction watermark and, read with it, for each tag a segment
+        carries, how many compacted turns (below the watermark) carry it: from the counts
+        kept on write (``tag_stats``), one row per tag; one statement, so the two agree."""
+        rows = self._conn.execute(
+            "SELECT s.compaction_watermark, t.tag, t.compacted FROM sessions s"
+            " LEFT JOIN tag_stats t ON t.session_id = s.id AND t.compacted > 0"
+            " AND t.segments > 0 WHERE s.id = ? ORDER BY t.tag",
+            (session_id,),
+        ).fetchall()
+        if not rows:
+            raise ConfigError(f"unknown session {session_id!r}")
+        return int(rows[0][0]), {r[1]: int(r[2]) for r in rows if r[1] is not None}
+
     def compact(
         self,
         session_id: str,

@@ -9,6 +9,7 @@ provides the connection and the token counter.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -63,15 +64,27 @@ class StateMixin:
                 (session_id, tag, summary, count, source_watermark, _iso(_now())),
             )
 
-    def tag_summaries(self, session_id: str) -> dict[str, TagSummary]:
-        """The session's tag summaries by tag, each flagged ``stale`` when its tag has a turn
-        after its ``source_watermark``."""
-        rows = self._conn.execute(
+    def tag_summaries(
+        self, session_id: str, tags: Sequence[str] | None = None
+    ) -> dict[str, TagSummary]:
+        """The session's tag summaries by tag (only those of ``tags`` when given: a read of
+        their rows alone), each flagged ``stale`` when its tag has a turn after its
+        ``source_watermark``."""
+        query = (
             "SELECT ts.*, EXISTS (SELECT 1 FROM turn_tags tt WHERE tt.session_id = ts.session_id"
             " AND tt.tag = ts.tag AND tt.related = 0 AND tt.seq > ts.source_watermark) AS stale"
-            " FROM tag_summaries ts WHERE ts.session_id = ? ORDER BY ts.tag",
-            (session_id,),
+            " FROM tag_summaries ts WHERE ts.session_id = ?{} ORDER BY ts.tag"
         )
+        if tags is None:
+            rows = self._conn.execute(query.format(""), (session_id,)).fetchall()
+        else:
+            rows = []
+            for start in range(0, len(tags), 500):
+                chunk = list(tags[start : start + 500])
+                marks = ",".join("?" * len(chunk))
+                rows += self._conn.execute(
+                    query.format(f" AND ts.tag IN ({marks})"), (session_id, *chunk)
+                ).fetchall()
         return {
             r["tag"]: TagSummary(
                 session_id=r["session_id"],
