@@ -163,6 +163,8 @@ _CHATTER_VERBS = _words(
     wonder worry write
     """
 )
+# How many vocabularies' indexes a keyword tagger keeps (``KeywordTagger._known_index``).
+_KNOWN_INDEXES = 4
 _WORD_OR_BREAK = re.compile(r"\w+|[.!?;:,()\[\]{}\"“”]|\n")
 _SENTENCE_END = frozenset(".!?\n")
 _TITLES = ("mr", "mrs", "ms", "dr", "prof", "st", "jr", "sr", "vs", "etc")
@@ -227,8 +229,11 @@ class KeywordTagger:
         self._names: set[str] = set()
         self._titles = frozenset(self._stem(w) for w in _TITLES)
         self._surface: dict[str, str] = {}
-        self._known: tuple[list[str], dict[str, list[tuple[str, tuple[str, ...]]]]] | None
-        self._known = None
+        # The indexes of the last few vocabularies, newest first: the stored turns' tagging and
+        # the inbound tagging pass different ones (the inbound one adds related tags and
+        # aliases), and each keeps its own.
+        self._known: list[tuple[list[str], dict[str, list[tuple[str, tuple[str, ...]]]]]] = []
+        self._known_lock = threading.Lock()
         self._df: dict[str, int] = {}
         self._docs = 0
         self._lock = threading.Lock()
@@ -373,25 +378,33 @@ class KeywordTagger:
         self, vocabulary: Sequence[str]
     ) -> dict[str, list[tuple[str, tuple[str, ...]]]]:
         """Known tags by the stem of their first part. A vocabulary grows by appending (a
-        session's tags in first-seen order), so the index is extended with the new tags; any
-        other change rebuilds it."""
-        cached = self._known
-        if cached is not None:
-            seen, index = cached
-            if len(vocabulary) >= len(seen) and list(vocabulary[: len(seen)]) == seen:
-                new = vocabulary[len(seen) :]
-            else:
-                seen, index, new = [], {}, vocabulary
-        else:
-            seen, index, new = [], {}, vocabulary
-        for tag in new:
-            name = self.canonicalizer.canonical(tag)
-            parts = tuple(self._stem(p) for p in name.split("-") if p)
-            if parts:
-                index.setdefault(parts[0], []).append((name, parts))
-        seen.extend(new)
-        self._known = (seen, index)
-        return index
+        session's tags in first-seen order), so the index of the vocabulary it extends is
+        extended with the new tags; any other change builds a new one."""
+        with self._known_lock:
+            # The longest indexed vocabulary this one starts with.
+            base: tuple[list[str], dict[str, list[tuple[str, tuple[str, ...]]]]] = ([], {})
+            for entry in self._known:
+                seen = entry[0]
+                fits = len(seen) <= len(vocabulary) and list(vocabulary[: len(seen)]) == seen
+                if fits and (len(seen) > len(base[0]) or base not in self._known):
+                    base = entry
+            seen, index = base
+            new = list(vocabulary[len(seen) :])
+            if not new and base in self._known:
+                self._known.remove(base)
+            elif new:
+                # A new index beside the old one, not the old one grown: a caller holding the
+                # old one (another vocabulary, on another thread) never sees these tags, and
+                # the vocabulary it came from keeps its own index.
+                index = {stem: list(names) for stem, names in index.items()}
+                seen = [*seen, *new]
+            for tag in new:
+                name = self.canonicalizer.canonical(tag)
+                parts = tuple(self._stem(p) for p in name.split("-") if p)
+                if parts:
+                    index.setdefault(parts[0], []).append((name, parts))
+            self._known = [(seen, index), *self._known[: _KNOWN_INDEXES - 1]]
+            return index
 
     def tag(
         self, text: str, *, vocabulary: Sequence[str] = (), context: Sequence[str] = ()

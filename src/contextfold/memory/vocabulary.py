@@ -114,6 +114,8 @@ class Vocabulary:
         )
         self._related: SessionLRU[tuple[int, dict[str, int]]] = SessionLRU(sessions)
         self._seen: SessionLRU[set[str]] = SessionLRU(sessions)
+        # The last inbound vocabulary handed out per session: the next keeps its order.
+        self._inbound: SessionLRU[list[str]] = SessionLRU(sessions)
         self._last_seen: SessionLRU[tuple[int, dict[str, datetime]]] = SessionLRU(sessions)
         self._held: SessionLRU[tuple[tuple[int, tuple[str, ...]], set[int]]] = SessionLRU(sessions)
 
@@ -180,7 +182,17 @@ class Vocabulary:
         scoped, splits = self._session_state(sid)
         extra = [t for t in self.related_counts(sid) if t not in counts]
         split = [t for t, subs in splits.items() if subs and t not in counts]
-        return [*counts, *extra, *split, *scoped]
+        current = list(dict.fromkeys([*counts, *extra, *split, *scoped]))
+        # The words known already keep their order and new ones follow, so the tagger extends
+        # its index of a vocabulary that grew instead of rebuilding it (its results do not
+        # depend on the order).
+        previous = self._inbound.peek(sid)
+        if previous is not None:
+            present = set(current)
+            kept = [t for t in previous if t in present]
+            known = set(kept)
+            current = [*kept, *(t for t in current if t not in known)]
+        return self._inbound.put(sid, current)
 
     def inbound(self, sid: str, raw: TagResult, counts: Mapping[str, int]) -> TagResult:
         """An inbound tagging narrowed to the session (closed set): scoped aliases applied, a
