@@ -51,11 +51,13 @@ from contextfold.items import Message
 from contextfold.store.keychain import KEY_CHAIN_SESSIONS, KeyChain
 from contextfold.store.models import (
     BranchMoved,
+    PendingDerive,
     SessionRecord,
     StoredTurn,
     TurnRow,
     _message_json,
     _now,
+    check_appended,
     match_key,
 )
 from contextfold.store.postgres.connection import Database, from_text, to_text, utc
@@ -65,7 +67,12 @@ from contextfold.store.postgres.memory_derived import DerivedMixin
 from contextfold.store.postgres.memory_records import RecordsMixin
 from contextfold.store.postgres.memory_state import StateMixin
 from contextfold.store.postgres.memory_transfer import TransferMixin
-from contextfold.store.postgres.schema import BRANCH_MOVED, MIGRATIONS, UNKNOWN_SESSION
+from contextfold.store.postgres.schema import (
+    BRANCH_MOVED,
+    MIGRATIONS,
+    SESSION_COLUMNS,
+    UNKNOWN_SESSION,
+)
 from contextfold.store.postgres.search import SEGMENTS, TURNS, add_totals, ranked, shard
 from contextfold.tokens import TiktokenCounter, TokenCounter
 
@@ -78,6 +85,31 @@ __all__ = ["PostgresMemoryStore"]
 _TurnTags = tuple[dict[str, float], list[str]]
 
 _TURN_COLUMNS = "session_id, seq, message_json, created_at, content_hash, token_count, partial"
+
+
+#: The placeholders of the new turns' arrays (``_appended``) in ``cf_append_turns``'s and
+#: ``cf_begin_derive``'s arguments.
+_APPENDED = (
+    "%s::text[], %s::text[], %s::text[], %s::text[], %s::timestamptz[], %s::int[], %s::text[],"
+    " %s::bool[], %s::int[], %s::int[], %s::text[], %s::text[]"
+)
+
+
+def _appended(rows: Sequence[tuple[tuple[Any, ...], Indexed]]) -> list[list[Any]]:
+    """New turns (``PostgresMemoryStore._turn_rows``) as the server functions take them:
+    one array per column, then their terms as (turn index from 1, term, positions) arrays."""
+    columns: list[list[Any]] = [[] for _ in range(9)]
+    term_turn: list[int] = []
+    terms: list[str] = []
+    positions: list[str] = []
+    for i, (row, indexed) in enumerate(rows, start=1):
+        for column, value in zip(columns, row, strict=True):
+            column.append(value)
+        for term, offsets in indexed.terms.items():
+            term_turn.append(i)
+            terms.append(term)
+            positions.append("{" + ",".join(map(str, offsets)) + "}")
+    return [*columns, term_turn, terms, positions]
 
 
 class PostgresMemoryStore(DerivedMixin, BranchesMixin, StateMixin, TransferMixin, RecordsMixin):
@@ -152,12 +184,15 @@ class PostgresMemoryStore(DerivedMixin, BranchesMixin, StateMixin, TransferMixin
     def session(self, session_id: str) -> SessionRecord:
         with self._read() as conn:
             row = conn.execute(
-                "SELECT id, created_at, metadata, compaction_watermark, principal, parent_id,"
-                " fork_seq, derived_seq, born, generation FROM sessions WHERE id = %s",
-                (session_id,),
+                f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = %s", (session_id,)
             ).fetchone()
         if row is None:
             raise ConfigError(f"unknown session {session_id!r}; create it with create_session")
+        return self._record(row)
+
+    @staticmethod
+    def _record(row: Sequence[Any]) -> SessionRecord:
+        """The ``SessionRecord`` of a row that starts with ``SESSION_COLUMNS``."""
         return SessionRecord(
             id=row[0],
             created_at=utc(row[1]),
@@ -288,32 +323,16 @@ class PostgresMemoryStore(DerivedMixin, BranchesMixin, StateMixin, TransferMixin
         last seq is another. Joins this thread's transaction when one is open."""
         import psycopg
 
-        columns: list[list[Any]] = [[] for _ in range(9)]
-        term_turn: list[int] = []
-        terms: list[str] = []
-        positions: list[str] = []
-        for i, (row, indexed) in enumerate(rows, start=1):
-            for column, value in zip(columns, row, strict=True):
-                column.append(value)
-            for term, offsets in indexed.terms.items():
-                term_turn.append(i)
-                terms.append(term)
-                positions.append("{" + ",".join(map(str, offsets)) + "}")
         try:
             with self._db.statement(guarded=True) as conn:
                 found = conn.execute(
-                    "SELECT cf_append_turns(%s, %s, %s, %s, %s::text[], %s::text[], %s::text[],"
-                    " %s::text[], %s::timestamptz[], %s::int[], %s::text[], %s::bool[],"
-                    " %s::int[], %s::int[], %s::text[], %s::text[])",
+                    f"SELECT cf_append_turns(%s, %s, %s, %s, {_APPENDED})",
                     (
                         session_id,
                         expected,
                         enqueue if rows else None,
                         shard(session_id),
-                        *columns,
-                        term_turn,
-                        terms,
-                        positions,
+                        *_appended(rows),
                     ),
                 ).fetchone()
         except psycopg.Error as exc:
@@ -327,6 +346,37 @@ class PostgresMemoryStore(DerivedMixin, BranchesMixin, StateMixin, TransferMixin
             raise
         last = int(found[0]) if found else 0
         return list(range(last + 1, last + 1 + len(rows)))
+
+    def begin_derive(
+        self,
+        session_id: str,
+        *,
+        context: int = 0,
+        append: Sequence[Message] = (),
+        timestamps: Sequence[datetime] | None = None,
+    ) -> PendingDerive:
+        """Append ``append``, drop the session's pending ``derive`` job and read the session,
+        its live tokens and its turns after ``derived_seq - context``: one call of
+        ``cf_begin_derive`` (``schema.m006``), one round trip."""
+        import psycopg
+
+        check_appended(append, timestamps)
+        rows = self._turn_rows(session_id, append, timestamps)
+        try:
+            with self._db.statement(guarded=True) as conn:
+                found = conn.execute(
+                    f"SELECT * FROM cf_begin_derive(%s, %s, %s, {_APPENDED})",
+                    (session_id, context, shard(session_id), *_appended(rows)),
+                ).fetchall()
+        except psycopg.Error as exc:
+            if exc.sqlstate == UNKNOWN_SESSION:
+                raise ConfigError(
+                    f"unknown session {session_id!r}; create it with create_session"
+                ) from exc
+            raise
+        first = found[0]
+        turns = [(int(r[11]), r[12], from_text(r[13]), r[14]) for r in found if r[11] is not None]
+        return PendingDerive(self._record(first), int(first[10]), turns)
 
     def _forget_fts(self, conn: psycopg.Connection[Any], session_id: str, id_tokens: int) -> None:
         """Take a session's rows out of the full-text totals."""
@@ -446,15 +496,24 @@ class PostgresMemoryStore(DerivedMixin, BranchesMixin, StateMixin, TransferMixin
         return {r[0]: TurnRow(r[0], r[1], from_text(r[2]), utc(r[3]), r[4]) for r in rows}
 
     def active_tokens(self, session_id: str) -> int:
-        """Tokens of the session's turns at or above its compaction watermark."""
+        """Tokens of the session's turns at or above its compaction watermark (kept in the
+        session's row: ``schema.m005_live_tokens``)."""
         with self._read() as conn:
             row = conn.execute(
-                "SELECT COALESCE(SUM(t.token_count), 0) FROM turns t JOIN sessions s"
-                " ON s.id = t.session_id WHERE t.session_id = %s"
-                " AND t.seq >= s.compaction_watermark",
-                (session_id,),
+                "SELECT live_tokens FROM sessions WHERE id = %s", (session_id,)
             ).fetchone()
         return int(row[0]) if row else 0
+
+    @staticmethod
+    def _count_live(conn: psycopg.Connection[Any], session_id: str) -> None:
+        """Count the session's live tokens (``sessions.live_tokens``) from its turns: after
+        turns were written other than by ``cf_append_turns`` (a fork, a loaded session)."""
+        conn.execute(
+            "UPDATE sessions s SET live_tokens = (SELECT COALESCE(SUM(t.token_count), 0)"
+            " FROM turns t WHERE t.session_id = s.id AND t.seq >= s.compaction_watermark)"
+            " WHERE s.id = %s",
+            (session_id,),
+        )
 
     # -- search ---------------------------------------------------------------------------------
 
