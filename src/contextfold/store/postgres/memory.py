@@ -10,7 +10,7 @@ orderings and tie-breaks — so the conformance suite runs unchanged against bot
   (``connection.Database``).
 - **Raw turns are append-only**: a plpgsql trigger refuses an ``UPDATE`` or ``DELETE`` of a
   turn unless ``delete_session`` is deleting its session. An append is one server-side call
-  (``cf_append_turns``) that assigns the seqs while holding the session's row lock
+  (``cf_append_json``) that assigns the seqs while holding the session's row lock
   (``SELECT … FOR UPDATE``), so writers in any number of processes never collide, and
   ``commit_exchange(expect_last=)`` checks the last seq under that lock.
 - **Full text** ranks with FTS5's bm25 over FTS5's own tokens (``fts.py``, ``search.py``):
@@ -87,29 +87,22 @@ _TurnTags = tuple[dict[str, float], list[str]]
 _TURN_COLUMNS = "session_id, seq, message_json, created_at, content_hash, token_count, partial"
 
 
-#: The placeholders of the new turns' arrays (``_appended``) in ``cf_append_turns``'s and
-#: ``cf_begin_derive``'s arguments.
-_APPENDED = (
-    "%s::text[], %s::text[], %s::text[], %s::text[], %s::timestamptz[], %s::int[], %s::text[],"
-    " %s::bool[], %s::int[], %s::int[], %s::text[], %s::text[]"
-)
-
-
-def _appended(rows: Sequence[tuple[tuple[Any, ...], Indexed]]) -> list[list[Any]]:
-    """New turns (``PostgresMemoryStore._turn_rows``) as the server functions take them:
-    one array per column, then their terms as (turn index from 1, term, positions) arrays."""
-    columns: list[list[Any]] = [[] for _ in range(9)]
-    term_turn: list[int] = []
-    terms: list[str] = []
-    positions: list[str] = []
+def _appended(rows: Sequence[tuple[tuple[Any, ...], Indexed]]) -> tuple[str, str]:
+    """New turns (``PostgresMemoryStore._turn_rows``) as the server functions take them
+    (``schema.cf_append_json``): a JSON array of one [role, text, body, hash, created, tokens,
+    key, partial, text tokens] per turn, and one of [turn index from 1, term, positions]."""
+    turns = []
+    terms: list[tuple[int, str, str]] = []
     for i, (row, indexed) in enumerate(rows, start=1):
-        for column, value in zip(columns, row, strict=True):
-            column.append(value)
-        for term, offsets in indexed.terms.items():
-            term_turn.append(i)
-            terms.append(term)
-            positions.append("{" + ",".join(map(str, offsets)) + "}")
-    return [*columns, term_turn, terms, positions]
+        turns.append([*row[:4], row[4].isoformat(), *row[5:]])
+        terms.extend(
+            (i, term, "{" + ",".join(map(str, offsets)) + "}")
+            for term, offsets in indexed.terms.items()
+        )
+    return (
+        json.dumps(turns, ensure_ascii=False, separators=(",", ":")),
+        json.dumps(terms, ensure_ascii=False, separators=(",", ":")),
+    )
 
 
 class PostgresMemoryStore(DerivedMixin, BranchesMixin, StateMixin, TransferMixin, RecordsMixin):
@@ -317,7 +310,7 @@ class PostgresMemoryStore(DerivedMixin, BranchesMixin, StateMixin, TransferMixin
         enqueue: str | None = None,
     ) -> list[int]:
         """Insert turns after the session's last one and queue ``enqueue`` (a job kind) when
-        given, in one call of ``cf_append_turns`` (``schema.py``): one round trip, under the
+        given, in one call of ``cf_append_json`` (``schema.py``): one round trip, under the
         session's row lock, so the seqs of concurrent writers never collide. ``ConfigError``
         when the session does not exist; ``BranchMoved`` when ``expected`` is given and the
         last seq is another. Joins this thread's transaction when one is open."""
@@ -326,7 +319,7 @@ class PostgresMemoryStore(DerivedMixin, BranchesMixin, StateMixin, TransferMixin
         try:
             with self._db.statement(guarded=True) as conn:
                 found = conn.execute(
-                    f"SELECT cf_append_turns(%s, %s, %s, %s, {_APPENDED})",
+                    "SELECT cf_append_json(%s, %s, %s, %s, %s::jsonb, %s::jsonb)",
                     (
                         session_id,
                         expected,
@@ -365,7 +358,7 @@ class PostgresMemoryStore(DerivedMixin, BranchesMixin, StateMixin, TransferMixin
         try:
             with self._db.statement(guarded=True) as conn:
                 found = conn.execute(
-                    f"SELECT * FROM cf_begin_derive(%s, %s, %s, {_APPENDED})",
+                    "SELECT * FROM cf_begin_derive(%s, %s, %s, %s::jsonb, %s::jsonb)",
                     (session_id, context, shard(session_id), *_appended(rows)),
                 ).fetchall()
         except psycopg.Error as exc:
@@ -507,7 +500,7 @@ class PostgresMemoryStore(DerivedMixin, BranchesMixin, StateMixin, TransferMixin
     @staticmethod
     def _count_live(conn: psycopg.Connection[Any], session_id: str) -> None:
         """Count the session's live tokens (``sessions.live_tokens``) from its turns: after
-        turns were written other than by ``cf_append_turns`` (a fork, a loaded session)."""
+        turns were written other than by ``cf_append_json`` (a fork, a loaded session)."""
         conn.execute(
             "UPDATE sessions s SET live_tokens = (SELECT COALESCE(SUM(t.token_count), 0)"
             " FROM turns t WHERE t.session_id = s.id AND t.seq >= s.compaction_watermark)"

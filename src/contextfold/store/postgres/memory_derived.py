@@ -11,6 +11,7 @@ Text is compared in byte order (``COLLATE "C"``), as SQLite's ``BINARY``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
@@ -50,6 +51,18 @@ def _tag_arrays(
         [tag for _, tag in unique],
         [weight for weight, _ in unique.values()],
         [related for _, related in unique.values()],
+    )
+
+
+def _tag_json(rows: Sequence[tuple[str, int, str, float, bool]]) -> str:
+    """Tag rows as ``cf_write_derived`` takes them: a JSON array of [seq, tag, weight,
+    related], each (seq, tag) once (its last row, as the SQLite upsert keeps)."""
+    unique = {(seq, tag): (weight, related) for _, seq, tag, weight, related in rows}
+    return json.dumps(
+        [[seq, tag, weight, related] for (seq, tag), (weight, related) in unique.items()],
+        ensure_ascii=False,
+        separators=(",", ":"),
+        allow_nan=False,
     )
 
 
@@ -99,12 +112,11 @@ class DerivedMixin:
         given seqs' tags are replaced: the last row of a (seq, tag) given twice is kept."""
         with self._statement() as conn:
             row = conn.execute(
-                "SELECT missing, before, after FROM cf_write_derived(%s, %s::int[], %s::int[],"
-                " %s::text[], %s::float8[], %s::bool[], %s)",
+                "SELECT missing, before, after FROM cf_write_derived(%s, %s::int[], %s::jsonb, %s)",
                 (
                     session_id,
                     list(tagged),
-                    *_tag_arrays(_tag_rows(session_id, tagged)),
+                    _tag_json(_tag_rows(session_id, tagged)),
                     derived_seq,
                 ),
             ).fetchone()

@@ -22,9 +22,10 @@ on: never rename one, never reorder them, and add changes only as a new ``m00N_�
   compaction watermark, kept as turns are appended (``cf_append_turns`` redefined) and
   counted again when the watermark moves (a trigger): ``active_tokens`` reads one row instead
   of summing every live turn.
-- ``m006_derive_in_one_call`` — a derive done in line in two calls: ``cf_begin_derive``
-  (the new turns appended, the pending job dropped, the session and the turns to derive
-  read) and ``cf_write_derived`` (the tags, ``derived_seq`` and the generations around them).
+- ``m006_derive_in_one_call`` — appends from one JSON document (``cf_append_json``) and a
+  derive done in line in two calls: ``cf_begin_derive`` (the new turns appended, the pending
+  job dropped, the session and the turns to derive read) and ``cf_write_derived`` (the tags,
+  ``derived_seq`` and the generations around them).
 """
 
 from __future__ import annotations
@@ -408,17 +409,72 @@ def m005_live_tokens(conn: psycopg.Connection[Any]) -> None:
         conn.execute(statement)
 
 
+# ``cf_append_turns`` with the new turns as one JSON document instead of twelve arrays
+# (``PostgresMemoryStore._appended``): the client dumps one string instead of an array per
+# column, which cost more than the whole call on the server. ``p_turns`` holds one
+# [role, text, body, hash, created, tokens, key, partial, text tokens] per turn, ``p_terms``
+# one [turn index from 1, term, positions] per term. The same steps as ``_APPEND_TURNS_LIVE``.
+_APPEND_JSON = f"""
+CREATE FUNCTION cf_append_json(
+    p_session TEXT, p_expected INTEGER, p_enqueue TEXT, p_shard INTEGER,
+    p_turns JSONB, p_terms JSONB
+) RETURNS INTEGER LANGUAGE plpgsql SET enable_seqscan = off AS $$
+DECLARE
+    v_id_tokens INTEGER;
+    v_watermark INTEGER;
+    v_last INTEGER;
+    v_n INTEGER := jsonb_array_length(p_turns);
+BEGIN
+    SELECT id_tokens, compaction_watermark INTO v_id_tokens, v_watermark
+    FROM sessions WHERE id = p_session FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown session' USING ERRCODE = '{UNKNOWN_SESSION}';
+    END IF;
+    SELECT COALESCE(MAX(seq), 0) INTO v_last FROM turns WHERE session_id = p_session;
+    IF p_expected IS NOT NULL AND v_last <> p_expected THEN
+        RAISE EXCEPTION 'branch moved' USING ERRCODE = '{BRANCH_MOVED}', DETAIL = v_last::TEXT;
+    END IF;
+    IF v_n = 0 THEN
+        RETURN v_last;
+    END IF;
+    INSERT INTO turns (session_id, seq, role, content_text, message_json, content_hash,
+                       created_at, token_count, match_key, partial, text_tokens)
+    SELECT p_session, v_last + t.i, t.e->>0, t.e->>1, t.e->>2, t.e->>3,
+           (t.e->>4)::TIMESTAMPTZ, (t.e->>5)::INTEGER, t.e->>6, (t.e->>7)::BOOLEAN,
+           (t.e->>8)::INTEGER
+    FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(e, i);
+    INSERT INTO turn_terms (session_id, seq, term, positions, text_tokens)
+    SELECT p_session, v_last + (u.e->>0)::INTEGER, u.e->>1, (u.e->>2)::INTEGER[],
+           (p_turns->((u.e->>0)::INTEGER - 1)->>8)::INTEGER
+    FROM jsonb_array_elements(p_terms) AS u(e);
+    UPDATE fts_totals
+    SET n_rows = n_rows + v_n,
+        n_tokens = n_tokens + v_n * v_id_tokens
+                   + (SELECT COALESCE(SUM((e->>8)::INTEGER), 0)
+                      FROM jsonb_array_elements(p_turns) AS e)
+    WHERE tbl = 'turns' AND shard = p_shard;
+    UPDATE sessions
+    SET live_tokens = live_tokens + (SELECT COALESCE(SUM((t.e->>5)::INTEGER), 0)
+                                     FROM jsonb_array_elements(p_turns) WITH ORDINALITY
+                                          AS t(e, i)
+                                     WHERE v_last + t.i >= v_watermark)
+    WHERE id = p_session;
+    IF p_enqueue IS NOT NULL THEN
+        INSERT INTO jobs (session_id, kind, created_at) VALUES (p_session, p_enqueue, now())
+        ON CONFLICT (session_id, kind) WHERE state = 'pending' DO NOTHING;
+    END IF;
+    RETURN v_last;
+END $$
+"""
+
 # A derive done in line starts with one call (``PostgresMemoryStore.begin_derive``): append
-# the new turns (``cf_append_turns``, no job: this derive covers them; with none it only
+# the new turns (``cf_append_json``, no job: this derive covers them; with none it only
 # checks the session, raising its ``UNKNOWN_SESSION``), drop the session's pending derive job,
 # and return the session's row (``SESSION_COLUMNS``, ``live_tokens``) joined to its turns
 # after ``derived_seq - p_context`` (one row with NULL turn columns when there are none).
 _BEGIN_DERIVE = """
 CREATE FUNCTION cf_begin_derive(
-    p_session TEXT, p_context INTEGER, p_shard INTEGER,
-    p_roles TEXT[], p_texts TEXT[], p_bodies TEXT[], p_hashes TEXT[],
-    p_created TIMESTAMPTZ[], p_tokens INTEGER[], p_keys TEXT[], p_partial BOOLEAN[],
-    p_text_tokens INTEGER[], p_term_turn INTEGER[], p_terms TEXT[], p_positions TEXT[]
+    p_session TEXT, p_context INTEGER, p_shard INTEGER, p_turns JSONB, p_terms JSONB
 ) RETURNS TABLE (
     r_id TEXT, r_created_at TIMESTAMPTZ, r_metadata TEXT, r_watermark INTEGER,
     r_principal TEXT, r_parent_id TEXT, r_fork_seq INTEGER, r_derived_seq INTEGER,
@@ -426,9 +482,7 @@ CREATE FUNCTION cf_begin_derive(
     r_seq INTEGER, r_role TEXT, r_text TEXT, r_hash TEXT
 ) LANGUAGE plpgsql SET enable_seqscan = off AS $$
 BEGIN
-    PERFORM cf_append_turns(p_session, NULL, NULL, p_shard, p_roles, p_texts, p_bodies,
-                            p_hashes, p_created, p_tokens, p_keys, p_partial, p_text_tokens,
-                            p_term_turn, p_terms, p_positions);
+    PERFORM cf_append_json(p_session, NULL, NULL, p_shard, p_turns, p_terms);
     DELETE FROM jobs j
     WHERE j.session_id = p_session AND j.kind = 'derive' AND j.state = 'pending';
     RETURN QUERY
@@ -447,11 +501,11 @@ END $$
 # gap, so a seq outside that range is the only kind with no turn: returned, before anything
 # is written, like a missing session's absent generation); replace the turns' tags (a plain
 # insert once the old rows are gone; its statement trigger draws a new generation); move
-# ``derived_seq`` and read the generation again.
+# ``derived_seq`` and read the generation again. ``p_tags`` holds one [seq, tag, weight,
+# related] per tag row, each (seq, tag) once.
 _WRITE_DERIVED = """
 CREATE FUNCTION cf_write_derived(
-    p_session TEXT, p_seqs INTEGER[], p_seq INTEGER[], p_tag TEXT[],
-    p_weight DOUBLE PRECISION[], p_related BOOLEAN[], p_derived INTEGER,
+    p_session TEXT, p_seqs INTEGER[], p_tags JSONB, p_derived INTEGER,
     OUT missing INTEGER[], OUT before BIGINT, OUT after BIGINT
 ) LANGUAGE plpgsql SET enable_seqscan = off AS $$
 DECLARE
@@ -464,7 +518,11 @@ BEGIN
         RETURN;
     END IF;
     SELECT COALESCE(MAX(seq), 0) INTO v_last FROM turns WHERE session_id = p_session;
-    missing := ARRAY(SELECT DISTINCT s FROM unnest(p_seqs || p_seq) AS s
+    missing := ARRAY(SELECT DISTINCT s FROM (
+                         SELECT unnest(p_seqs) AS s
+                         UNION ALL
+                         SELECT (e->>0)::INTEGER FROM jsonb_array_elements(p_tags) AS e
+                     ) AS given
                      WHERE s < 1 OR s > v_last ORDER BY s);
     IF cardinality(missing) > 0 THEN
         before := NULL;
@@ -479,8 +537,8 @@ BEGIN
         AND seq BETWEEN v_lo AND v_hi AND seq = ANY(p_seqs);
     END IF;
     INSERT INTO turn_tags (session_id, seq, tag, weight, related)
-    SELECT p_session, u.seq, u.tag, u.weight, u.related
-    FROM unnest(p_seq, p_tag, p_weight, p_related) AS u(seq, tag, weight, related);
+    SELECT p_session, (e->>0)::INTEGER, e->>1, (e->>2)::DOUBLE PRECISION, (e->>3)::BOOLEAN
+    FROM jsonb_array_elements(p_tags) AS e;
     UPDATE sessions SET derived_seq = GREATEST(derived_seq, p_derived)
     WHERE id = p_session RETURNING generation INTO after;
 END $$
@@ -489,10 +547,13 @@ END $$
 
 @MIGRATIONS.migration
 def m006_derive_in_one_call(conn: psycopg.Connection[Any]) -> None:
-    # A derive done in line costs two round trips: ``cf_begin_derive`` and
-    # ``cf_write_derived``. Every statement in them finds its rows by key, and index scans
-    # are forced: a plan cached while the tables were small (no statistics yet on a new
-    # database) would otherwise scan them whole once they have grown, and planning at each
-    # call (``cf_set_tags``) costs more than the statements.
+    # Appends take one JSON document (``cf_append_json``; ``cf_append_turns`` stays, for a
+    # process of the previous version still running beside this one), and a derive done in
+    # line costs two round trips: ``cf_begin_derive`` and ``cf_write_derived``. Every
+    # statement in them finds its rows by key, and index scans are forced: a plan cached
+    # while the tables were small (no statistics yet on a new database) would otherwise scan
+    # them whole once they have grown, and planning at each call (``cf_set_tags``) costs more
+    # than the statements.
+    conn.execute(_APPEND_JSON)
     conn.execute(_BEGIN_DERIVE)
     conn.execute(_WRITE_DERIVED)
