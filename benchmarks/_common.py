@@ -1032,7 +1032,19 @@ def _render_store(path: Path, data: dict[str, Any]) -> list[str]:
         f"- Command: `{data['command']}` → `{_relative(str(path))}`",
         f"- Machine: {_machine_line(data)}; PostgreSQL at `{data['postgres']}`",
         f"- {p['turns']:,} LoCoMo turns written one per call; {p['questions']} questions "
-        f"recalled at {p['budget']:,} tokens.",
+        f"recalled at {p['budget']:,} tokens; the backends take turns call by call.",
+    ]
+    repeats = data.get("repeats")
+    if repeats:
+        lines.append(
+            f"- {len(repeats)} repeats, fresh stores each (the table pools them):"
+            " `on_turn_complete` PostgreSQL ÷ SQLite "
+            + ", ".join(f"{r['ratios']['on_turn_complete']:.2f}×" for r in repeats)
+            + "; load average (1 min) at their starts "
+            + ", ".join(str(r["load_avg_1m_at_start"]) for r in repeats)
+            + "."
+        )
+    lines += [
         "",
         "| measure | SQLite p50 / p95 ms | PostgreSQL p50 / p95 ms | PostgreSQL ÷ SQLite |",
         "|---|---:|---:|---:|",

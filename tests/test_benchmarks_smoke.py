@@ -303,6 +303,9 @@ def test_store_benchmark_quick_run(tmp_path: Path) -> None:
     assert ratios["on_turn_complete"] == round(
         pg["on_turn_complete"]["median_ms"] / sqlite["on_turn_complete"]["median_ms"], 2
     )
+    repeats = result["repeats"]
+    assert len(repeats) == result["parameters"]["repeats"] >= 1
+    assert all(r["ratios"].keys() == ratios.keys() for r in repeats)
     assert set(result["locomo"]) == {"sqlite", "postgres"}
     assert result["locomo"]["sqlite"]["questions"] > 0
     assert result["correctness"] and all(v is True for v in result["correctness"].values())

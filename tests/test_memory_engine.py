@@ -6,6 +6,7 @@ import json
 import re
 import sqlite3
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,20 @@ def test_only_new_turns_are_stored_and_system_messages_are_not_turns() -> None:
     assert len(texts) == 7
     assert texts[-1] == "And the greenhouse roof?"
     assert "Be brief." not in texts
+
+
+def test_a_history_longer_than_a_write_chunk_is_stored_whole_and_derived() -> None:
+    """Its first turns are committed a chunk per transaction, the last chunk with the start
+    of the derive: every turn stored once, in order, tagged, and no job left behind."""
+    eng = engine()
+    history = conversation(50)  # 300 messages: more than one WRITE_CHUNK
+    times = [datetime(2026, 1, 1, tzinfo=UTC) + timedelta(minutes=i) for i in range(300)]
+    eng.on_turn_complete(history, timestamps=times)
+    turns = eng.store.turns("default")
+    assert [t.message.text() for t in turns] == [m["content"] for m in history]
+    assert [t.created_at for t in turns] == times
+    assert eng.store.session("default").derived_seq == 300 and eng.store.pending_jobs() == 0
+    assert all(t.tags for t in turns if t.message.role == "user")
 
 
 def test_tags_emerge_without_a_vocabulary() -> None:

@@ -498,6 +498,25 @@ def test_a_session_deleted_and_written_again_elsewhere_is_read_again(
     assert "fox" not in other.vocabulary("s") or other.vocabulary("s")["fox"] == 1
 
 
+def test_a_session_deleted_elsewhere_is_created_again_by_the_next_write(
+    two: tuple[MemoryEngine, MemoryEngine],
+) -> None:
+    """The writing engine takes a session it has cached to exist (no read to check it): the
+    write finds it gone, creates it again and stores the turns there, tagged."""
+    one, other = two
+    _say(one, "s", "The red fox jumps.", "A red fox indeed.")
+    other.store.delete_session("s")
+    _say(one, "s", "A blue whale sings.", "The whale sings in the deep ocean.")
+    turns = one.store.turns("s")
+    assert [t.message.text() for t in turns] == [
+        "A blue whale sings.",
+        "The whale sings in the deep ocean.",
+    ]
+    assert one.store.session("s").derived_seq == 2 and all(t.tags for t in turns)
+    assert "fox" not in one.vocabulary("s") and "whale" in one.vocabulary("s")
+    assert one.store.pending_jobs() == 0
+
+
 def test_session_versions_move_with_derived_writes_and_never_repeat(tmp_path: Path) -> None:
     store = MemoryStore(tmp_path / "m.db", counter=CharCounter())
     other = MemoryStore(tmp_path / "m.db", counter=CharCounter())

@@ -22,7 +22,9 @@ import contextfold
 from contextfold.errors import ConfigError, StoreError
 from contextfold.items import Message
 from contextfold.store.models import BranchMoved, NewSegment
+from contextfold.store.postgres import schema
 from contextfold.store.postgres.memory import PostgresMemoryStore
+from contextfold.store.postgres.pool import PgMigrationRegistry
 from contextfold.store.postgres.schema import MIGRATIONS
 from contextfold.store.sqlite.memory import MemoryStore
 from contextfold.tokens import CharCounter
@@ -121,6 +123,33 @@ def test_migrations_run_once_when_processes_open_the_store_together(postgres_url
         names = [r[0] for r in conn.execute("SELECT name FROM schema_migrations ORDER BY name")]
         assert names == MIGRATIONS.names
         assert MIGRATIONS.apply(conn) == []
+
+
+def test_live_tokens_are_counted_for_sessions_stored_before_they_were_kept(
+    postgres_url: str,
+) -> None:
+    """``m005_live_tokens`` counts the live tokens of the sessions already there."""
+    before = PgMigrationRegistry("memory")
+    for name in MIGRATIONS.names[: MIGRATIONS.names.index("m005_live_tokens")]:
+        before.migration(getattr(schema, name))
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        before.apply(conn)
+        conn.execute("INSERT INTO sessions (id, created_at) VALUES ('s', now()), ('e', now())")
+        for seq, tokens in enumerate([5, 7, 11], start=1):
+            conn.execute(
+                "INSERT INTO turns (session_id, seq, role, content_text, message_json,"
+                " content_hash, created_at, token_count) VALUES ('s', %s, 'user', 'x', '{}',"
+                " 'h', now(), %s)",
+                (seq, tokens),
+            )
+        conn.execute("UPDATE sessions SET compaction_watermark = 2 WHERE id = 's'")
+    store = PostgresMemoryStore(postgres_url, counter=CharCounter())
+    try:
+        assert store.active_tokens("s") == 7 + 11 and store.active_tokens("e") == 0
+        store.append_turns("s", [_msg("four")])
+        assert store.active_tokens("s") == 7 + 11 + CharCounter().count("four")
+    finally:
+        store.close()
 
 
 @pytest.mark.parametrize(

@@ -182,11 +182,14 @@ class Compactor:
     def level(self, session_id: str) -> Level:
         return self.monitor.level(self.store.active_tokens(session_id))
 
-    def maybe_compact(self, session_id: str, *, upto: int | None = None) -> CompactionReport | None:
+    def maybe_compact(
+        self, session_id: str, *, upto: int | None = None, live_tokens: int | None = None
+    ) -> CompactionReport | None:
         """Compact when the live turns cross a threshold; ``None`` when they do not (or when
         nothing outside the protected turns is left to compact). ``upto``: compact no turn
-        past this seq (the turns after it are not tagged yet)."""
-        level = self.level(session_id)
+        past this seq (the turns after it are not tagged yet). ``live_tokens``: the live
+        turns' tokens when the caller has just read them (``MemoryStorage.begin_derive``)."""
+        level = self.level(session_id) if live_tokens is None else self.monitor.level(live_tokens)
         if level == "none":
             return None
         return self.compact(session_id, level=level, upto=upto)

@@ -49,7 +49,7 @@ from contextfold.memory.turnkeys import TurnKeys, key_of
 from contextfold.memory.vocabulary import SplitReport, Vocabulary
 from contextfold.retrieval.base import Embedder
 from contextfold.store import open_memory_store, store_url
-from contextfold.store.models import WRITE_CHUNK, CostReport, Depth
+from contextfold.store.models import WRITE_CHUNK, CostReport, Depth, PendingDerive
 from contextfold.store.protocols import MemoryStorage
 from contextfold.store.sqlite import home_dir
 from contextfold.tokens import TiktokenCounter, TokenCounter
@@ -110,6 +110,8 @@ def as_message(value: MessageLike) -> Message:
 
 
 _STRIPES = 256
+#: Derived turns read with the new ones when a derive begins: the tagger's context.
+_CONTEXT = 3
 
 
 def _hash_key(message: Message) -> tuple[str, str]:
@@ -439,46 +441,80 @@ class MemoryEngine:
         """``derive`` for a session known to exist. ``compact=False``: tag and embed only, and
         hand a compaction the thresholds call for to the background (``Background``: kept in
         the store as the session's job first)."""
+        with self._derive_locks[hash(sid) % _STRIPES]:
+            pending = self.store.begin_derive(sid, context=_CONTEXT)
+            upto = self._derive_begun(sid, pending)
+        return self._compact_derived(sid, pending, upto, compact=compact)
+
+    def _derive_begun(self, sid: str, pending: PendingDerive) -> int:
+        """Tag and embed the turns of the derive ``pending`` began (``begin_derive``: this run
+        covers every turn stored so far, its job dropped; a turn stored from here on queues a
+        new job), under the session's derive lock; the ``derived_seq`` it leaves."""
         self._usage.session_id = sid
         try:
-            with self._derive_locks[hash(sid) % _STRIPES]:
-                # This run covers every turn stored so far; a turn stored from here on
-                # queues a new job.
-                self.store.drop_pending_job(sid)
-                record = self.store.session(sid)
-                upto = self._tag_pending(sid, record.derived_seq)
-                self.last_splits = self.vocab.evolve(
-                    sid, self._counts(sid), self.store.last_seq(sid)
-                )
-                if self.recaller.embedder is not None:
-                    self.recaller.ensure_vectors(sid)
-            if not compact:
-                if self.compactor.level(sid) != "none":
-                    self.background.submit(sid)
-                return None
-            # Its own lock: the turns stored meanwhile are tagged while it runs.
+            upto = self._tag_pending(sid, pending.record.derived_seq, pending.turns)
+            self.last_splits = self.vocab.evolve(sid, self._counts(sid), upto)
+            if self.recaller.embedder is not None:
+                self.recaller.ensure_vectors(sid)
+            return upto
+        finally:
+            self._usage.session_id = None
+
+    def _compact_derived(
+        self, sid: str, pending: PendingDerive, upto: int, *, compact: bool
+    ) -> CompactionReport | None:
+        """After a derive (outside its lock: the turns stored meanwhile are tagged while a
+        compaction runs, under its own lock): compact when the thresholds call for it, here
+        or (``compact=False``) as the session's background job."""
+        if not compact:
+            if self.compactor.monitor.level(pending.live_tokens) != "none":
+                self.background.submit(sid)
+            return None
+        self._usage.session_id = sid
+        try:
             with self._compact_locks[hash(sid) % _STRIPES]:
-                report = self.compactor.maybe_compact(sid, upto=upto)
+                report = self.compactor.maybe_compact(
+                    sid, upto=upto, live_tokens=pending.live_tokens
+                )
                 # (A compaction another process ran meanwhile rebuilds its own summaries.)
-                if report is None and record.compaction_watermark > 0:
+                if report is None and pending.record.compaction_watermark > 0:
                     self.compactor.rebuild_tag_summaries(sid)
                 return report
         finally:
             self._usage.session_id = None
 
-    def _tag_pending(self, sid: str, done: int) -> int:
-        """Tag the turns after ``done`` (the session's ``derived_seq``; tags computed outside
-        the lock; the tags, the new ``derived_seq`` and the vocabulary counts written
-        together); the ``derived_seq`` it leaves."""
-        # One read: the last three derived turns (the tagger's context) and every turn after.
-        start = max(1, done - 2)
-        rows = {
-            seq: (role, text) for seq, role, text, _ in self.store.turn_texts_after(sid, start - 1)
-        }
+    def _store_and_begin(
+        self, sid: str, turns: list[Message], when: list[datetime] | None
+    ) -> PendingDerive:
+        """Store ``turns`` and begin the session's derive in one store call (the last
+        ``WRITE_CHUNK`` of them: a longer history's first turns are committed before, a chunk
+        per transaction). A session cached here is taken to exist (no read to check it): one
+        that another process deleted meanwhile is created again, as ``_session`` does."""
+        if sid not in self._vocab:
+            self._session(sid)
+        head = max(0, len(turns) - WRITE_CHUNK)
+        if head:
+            self._store_turns(sid, turns[:head], timestamps=when[:head] if when else None)
+            turns, when = turns[head:], when[head:] if when else None
+        try:
+            return self.store.begin_derive(sid, context=_CONTEXT, append=turns, timestamps=when)
+        except ConfigError:
+            if self.store.session_version(sid) is not None:
+                raise
+            self._vocab.pop(sid)
+            self._session(sid)
+            return self.store.begin_derive(sid, context=_CONTEXT, append=turns, timestamps=when)
+
+    def _tag_pending(self, sid: str, done: int, turns: Sequence[tuple[int, str, str, str]]) -> int:
+        """Tag the turns after ``done`` (the session's ``derived_seq``) among ``turns`` (as
+        ``begin_derive`` read them, with the derived turns before them as context; tags
+        computed outside the lock; the tags, the new ``derived_seq`` and the vocabulary
+        counts written together); the ``derived_seq`` it leaves."""
+        rows = {seq: (role, text) for seq, role, text, _ in turns}
         last = max(rows, default=0)
         if last <= done:
             return done
-        previous = [rows[seq][1] for seq in range(start, done + 1) if seq in rows]
+        previous = [rows[seq][1] for seq in sorted(rows) if seq <= done]
         with self.lock(sid):
             # The tagger's vocabulary is a hint (tags converge on words already in use): the
             # counts cached here serve, even a generation behind another process's writes;
@@ -495,7 +531,7 @@ class MemoryEngine:
                 tagged[seq] = ({}, ())
                 continue
             result = self.vocab.resolve_result(
-                sid, self.tagger.tag(text, vocabulary=list(vocab), context=previous[-3:])
+                sid, self.tagger.tag(text, vocabulary=list(vocab), context=previous[-_CONTEXT:])
             )
             tagged[seq] = (
                 {tag: 1.0 if i == 0 else 0.9 for i, tag in enumerate(result.tags)},
@@ -510,22 +546,23 @@ class MemoryEngine:
         chunks = [seqs[i : i + WRITE_CHUNK] for i in range(0, len(seqs), WRITE_CHUNK)] or [[]]
         for n, chunk in enumerate(chunks):
             with self.lock(sid):
-                with self.store.batch():
-                    # Read inside the transaction: no other writer can come in between, so
-                    # counts cached at ``before`` plus this chunk's are the counts at ``after``.
-                    before = self.store.session_version(sid)
-                    self.store.set_tags_many(sid, {seq: tagged[seq] for seq in chunk})
-                    self.store.mark_derived(sid, last if n == len(chunks) - 1 else chunk[-1])
-                    after = self.store.session_version(sid)
+                # The generations are read under the write's lock: no other writer comes in
+                # between, so counts cached at ``before`` plus this chunk's are the counts at
+                # ``after``.
+                before, after = self.store.write_derived(
+                    sid,
+                    {seq: tagged[seq] for seq in chunk},
+                    last if n == len(chunks) - 1 else chunk[-1],
+                )
                 cached = self._vocab.peek(sid)
                 # Counts cached at another generation are stale already: they are read from
                 # the store when next used.
-                if cached is not None and before and after and cached[0] == before[1]:
+                if cached is not None and cached[0] == before:
                     counts = cached[1]
                     for seq in chunk:
                         for tag in tagged[seq][0]:
                             counts[tag] = counts.get(tag, 0) + 1
-                    self._vocab.put(sid, (after[1], counts))
+                    self._vocab.put(sid, (after, counts))
         return last
 
     def on_turn_complete(
@@ -557,14 +594,19 @@ class MemoryEngine:
             raise ConfigError(
                 f"{len(parsed)} messages need as many timestamps, got {len(timestamps)}"
             )
-        with self.lock(session_id):
-            sid = self._session(session_id)
-            stamps = dict(zip(map(id, parsed), timestamps, strict=True)) if timestamps else None
-            turns = [m for m in self._new_messages(sid, parsed, new_only) if m.role != "system"]
-            if turns:
+        sid = session_id or self.session_id
+        # The derive lock, then the session's (the order ``_tag_pending`` takes them): the new
+        # turns are stored and their derive begun in one store call.
+        with self._derive_locks[hash(sid) % _STRIPES]:
+            with self.lock(sid):
+                stamps = dict(zip(map(id, parsed), timestamps, strict=True)) if timestamps else None
+                turns = [m for m in self._new_messages(sid, parsed, new_only) if m.role != "system"]
                 when = [stamps[id(m)] for m in turns] if stamps else None
-                self._store_turns(sid, turns, timestamps=when)
-        return self._derive(sid, compact=self.config.compaction.run == "inline")
+                pending = self._store_and_begin(sid, turns, when)
+            upto = self._derive_begun(sid, pending)
+        return self._compact_derived(
+            sid, pending, upto, compact=self.config.compaction.run == "inline"
+        )
 
     def ingest_history(
         self,

@@ -34,6 +34,7 @@ __all__ = [
     "Depth",
     "Job",
     "NewSegment",
+    "PendingDerive",
     "SessionDump",
     "SessionRecord",
     "StoredRecord",
@@ -42,6 +43,7 @@ __all__ = [
     "TagSummary",
     "TurnRow",
     "WorkingSetEntry",
+    "check_appended",
     "check_compaction",
     "match_key",
     "owner_id",
@@ -86,6 +88,30 @@ class SessionRecord(BaseModel):
     #: and again by each write that changed the session's derived state in place.
     born: int = 0
     generation: int = 0
+
+
+def check_appended(messages: Sequence[Message], timestamps: Sequence[datetime] | None) -> None:
+    """``ConfigError`` unless ``messages`` fit one ``begin_derive`` (at most ``WRITE_CHUNK``,
+    with one timestamp each when timestamps are given)."""
+    if len(messages) > WRITE_CHUNK:
+        raise ConfigError(
+            f"begin_derive appends at most {WRITE_CHUNK} turns, got {len(messages)};"
+            " commit the others first (commit_exchange)"
+        )
+    if timestamps is not None and len(timestamps) != len(messages):
+        raise ConfigError(
+            f"{len(messages)} messages need as many timestamps, got {len(timestamps)}"
+        )
+
+
+class PendingDerive(NamedTuple):
+    """What a derive starts from (``MemoryStorage.begin_derive``), read in one snapshot: the
+    session, the tokens of its live turns (``active_tokens``), and (seq, role, text, content
+    hash) of its turns after ``derived_seq`` less the context asked for, in order."""
+
+    record: SessionRecord
+    live_tokens: int
+    turns: list[tuple[int, str, str, str]]
 
 
 class StoredRecord(BaseModel):

@@ -69,6 +69,7 @@ from contextfold.store.models import (
     Depth,
     Job,
     NewSegment,
+    PendingDerive,
     SessionDump,
     SessionRecord,
     StoredRecord,
@@ -382,6 +383,41 @@ class MemoryStorage(Protocol):
     # -- jobs ----------------------------------------------------------------------------------
 
     def mark_derived(self, session_id: str, seq: int) -> None: ...
+
+    def begin_derive(
+        self,
+        session_id: str,
+        *,
+        context: int = 0,
+        append: Sequence[Message] = (),
+        timestamps: Sequence[datetime] | None = None,
+    ) -> PendingDerive:
+        """Start a derive done in line, in one transaction (one round trip where the backend
+        has them): append the new turns ``append`` (as ``append_turns``, at most
+        ``WRITE_CHUNK`` of them; ``timestamps``, one per message, default to now), drop the
+        session's pending ``derive`` job (this derive covers every turn stored so far; a turn
+        stored from here on queues a new one) and read the session's record, its live tokens
+        (``active_tokens``) and its turns after ``derived_seq - context`` (the turns to
+        derive, after the last ``context`` derived ones: the tagger's context). A crash
+        before the derive's ``write_derived`` leaves those turns stored and not derived, for
+        the session's next derive. ``ConfigError`` ("unknown session"), nothing written, when
+        there is no session."""
+        ...
+
+    def write_derived(
+        self,
+        session_id: str,
+        tagged: Mapping[int, tuple[Mapping[str, float], Sequence[str]]],
+        derived_seq: int,
+    ) -> tuple[int, int]:
+        """``set_tags_many(session_id, tagged)`` and ``mark_derived(session_id, derived_seq)``
+        in one transaction (one round trip where the backend has them); the session's
+        generation just before the write and just after it, both read under the write's
+        lock, so no other writer comes in between: what was derived from the session at the
+        first (its tag counts) plus ``tagged`` is what the session holds at the second.
+        ``ConfigError``, nothing written, when the session ("unknown session") or one of the
+        turns ("no turn") is missing."""
+        ...
 
     def enqueue_job(self, session_id: str, kind: str = "derive") -> None: ...
 

@@ -10,7 +10,7 @@ orderings and tie-breaks — so the conformance suite runs unchanged against bot
   (``connection.Database``).
 - **Raw turns are append-only**: a plpgsql trigger refuses an ``UPDATE`` or ``DELETE`` of a
   turn unless ``delete_session`` is deleting its session. An append is one server-side call
-  (``cf_append_turns``) that assigns the seqs while holding the session's row lock
+  (``cf_append_json``) that assigns the seqs while holding the session's row lock
   (``SELECT … FOR UPDATE``), so writers in any number of processes never collide, and
   ``commit_exchange(expect_last=)`` checks the last seq under that lock.
 - **Full text** ranks with FTS5's bm25 over FTS5's own tokens (``fts.py``, ``search.py``):
@@ -52,11 +52,13 @@ from contextfold.items import Message
 from contextfold.store.keychain import KEY_CHAIN_SESSIONS, KeyChain
 from contextfold.store.models import (
     BranchMoved,
+    PendingDerive,
     SessionRecord,
     StoredTurn,
     TurnRow,
     _message_json,
     _now,
+    check_appended,
     match_key,
 )
 from contextfold.store.postgres.connection import Database, from_text, to_text, utc
@@ -67,7 +69,12 @@ from contextfold.store.postgres.memory_records import RecordsMixin
 from contextfold.store.postgres.memory_state import StateMixin
 from contextfold.store.postgres.memory_transfer import TransferMixin
 from contextfold.store.postgres.memory_vocab import VocabMixin
-from contextfold.store.postgres.schema import BRANCH_MOVED, MIGRATIONS, UNKNOWN_SESSION
+from contextfold.store.postgres.schema import (
+    BRANCH_MOVED,
+    MIGRATIONS,
+    SESSION_COLUMNS,
+    UNKNOWN_SESSION,
+)
 from contextfold.store.postgres.search import SEGMENTS, TURNS, add_totals, ranked, shard
 from contextfold.tokens import TiktokenCounter, TokenCounter
 
@@ -80,6 +87,24 @@ __all__ = ["PostgresMemoryStore"]
 _TurnTags = tuple[dict[str, float], list[str]]
 
 _TURN_COLUMNS = "session_id, seq, message_json, created_at, content_hash, token_count, partial"
+
+
+def _appended(rows: Sequence[tuple[tuple[Any, ...], Indexed]]) -> tuple[str, str]:
+    """New turns (``PostgresMemoryStore._turn_rows``) as the server functions take them
+    (``schema.cf_append_json``): a JSON array of one [role, text, body, hash, created, tokens,
+    key, partial, text tokens] per turn, and one of [turn index from 1, term, positions]."""
+    turns = []
+    terms: list[tuple[int, str, str]] = []
+    for i, (row, indexed) in enumerate(rows, start=1):
+        turns.append([*row[:4], row[4].isoformat(), *row[5:]])
+        terms.extend(
+            (i, term, "{" + ",".join(map(str, offsets)) + "}")
+            for term, offsets in indexed.terms.items()
+        )
+    return (
+        json.dumps(turns, ensure_ascii=False, separators=(",", ":")),
+        json.dumps(terms, ensure_ascii=False, separators=(",", ":")),
+    )
 
 
 class PostgresMemoryStore(
@@ -156,12 +181,15 @@ class PostgresMemoryStore(
     def session(self, session_id: str) -> SessionRecord:
         with self._read() as conn:
             row = conn.execute(
-                "SELECT id, created_at, metadata, compaction_watermark, principal, parent_id,"
-                " fork_seq, derived_seq, born, generation FROM sessions WHERE id = %s",
-                (session_id,),
+                f"SELECT {SESSION_COLUMNS} FROM sessions WHERE id = %s", (session_id,)
             ).fetchone()
         if row is None:
             raise ConfigError(f"unknown session {session_id!r}; create it with create_session")
+        return self._record(row)
+
+    @staticmethod
+    def _record(row: Sequence[Any]) -> SessionRecord:
+        """The ``SessionRecord`` of a row that starts with ``SESSION_COLUMNS``."""
         return SessionRecord(
             id=row[0],
             created_at=utc(row[1]),
@@ -286,38 +314,22 @@ class PostgresMemoryStore(
         enqueue: str | None = None,
     ) -> list[int]:
         """Insert turns after the session's last one and queue ``enqueue`` (a job kind) when
-        given, in one call of ``cf_append_turns`` (``schema.py``): one round trip, under the
+        given, in one call of ``cf_append_json`` (``schema.py``): one round trip, under the
         session's row lock, so the seqs of concurrent writers never collide. ``ConfigError``
         when the session does not exist; ``BranchMoved`` when ``expected`` is given and the
         last seq is another. Joins this thread's transaction when one is open."""
         import psycopg
 
-        columns: list[list[Any]] = [[] for _ in range(9)]
-        term_turn: list[int] = []
-        terms: list[str] = []
-        positions: list[str] = []
-        for i, (row, indexed) in enumerate(rows, start=1):
-            for column, value in zip(columns, row, strict=True):
-                column.append(value)
-            for term, offsets in indexed.terms.items():
-                term_turn.append(i)
-                terms.append(term)
-                positions.append("{" + ",".join(map(str, offsets)) + "}")
         try:
             with self._db.statement(guarded=True) as conn:
                 found = conn.execute(
-                    "SELECT cf_append_turns(%s, %s, %s, %s, %s::text[], %s::text[], %s::text[],"
-                    " %s::text[], %s::timestamptz[], %s::int[], %s::text[], %s::bool[],"
-                    " %s::int[], %s::int[], %s::text[], %s::text[])",
+                    "SELECT cf_append_json(%s, %s, %s, %s, %s::jsonb, %s::jsonb)",
                     (
                         session_id,
                         expected,
                         enqueue if rows else None,
                         shard(session_id),
-                        *columns,
-                        term_turn,
-                        terms,
-                        positions,
+                        *_appended(rows),
                     ),
                 ).fetchone()
         except psycopg.Error as exc:
@@ -331,6 +343,37 @@ class PostgresMemoryStore(
             raise
         last = int(found[0]) if found else 0
         return list(range(last + 1, last + 1 + len(rows)))
+
+    def begin_derive(
+        self,
+        session_id: str,
+        *,
+        context: int = 0,
+        append: Sequence[Message] = (),
+        timestamps: Sequence[datetime] | None = None,
+    ) -> PendingDerive:
+        """Append ``append``, drop the session's pending ``derive`` job and read the session,
+        its live tokens and its turns after ``derived_seq - context``: one call of
+        ``cf_begin_derive`` (``schema.m006``), one round trip."""
+        import psycopg
+
+        check_appended(append, timestamps)
+        rows = self._turn_rows(session_id, append, timestamps)
+        try:
+            with self._db.statement(guarded=True) as conn:
+                found = conn.execute(
+                    "SELECT * FROM cf_begin_derive(%s, %s, %s, %s::jsonb, %s::jsonb)",
+                    (session_id, context, shard(session_id), *_appended(rows)),
+                ).fetchall()
+        except psycopg.Error as exc:
+            if exc.sqlstate == UNKNOWN_SESSION:
+                raise ConfigError(
+                    f"unknown session {session_id!r}; create it with create_session"
+                ) from exc
+            raise
+        first = found[0]
+        turns = [(int(r[11]), r[12], from_text(r[13]), r[14]) for r in found if r[11] is not None]
+        return PendingDerive(self._record(first), int(first[10]), turns)
 
     def _forget_fts(self, conn: psycopg.Connection[Any], session_id: str, id_tokens: int) -> None:
         """Take a session's rows out of the full-text totals."""
@@ -450,15 +493,24 @@ class PostgresMemoryStore(
         return {r[0]: TurnRow(r[0], r[1], from_text(r[2]), utc(r[3]), r[4]) for r in rows}
 
     def active_tokens(self, session_id: str) -> int:
-        """Tokens of the session's turns at or above its compaction watermark."""
+        """Tokens of the session's turns at or above its compaction watermark (kept in the
+        session's row: ``schema.m005_live_tokens``)."""
         with self._read() as conn:
             row = conn.execute(
-                "SELECT COALESCE(SUM(t.token_count), 0) FROM turns t JOIN sessions s"
-                " ON s.id = t.session_id WHERE t.session_id = %s"
-                " AND t.seq >= s.compaction_watermark",
-                (session_id,),
+                "SELECT live_tokens FROM sessions WHERE id = %s", (session_id,)
             ).fetchone()
         return int(row[0]) if row else 0
+
+    @staticmethod
+    def _count_live(conn: psycopg.Connection[Any], session_id: str) -> None:
+        """Count the session's live tokens (``sessions.live_tokens``) from its turns: after
+        turns were written other than by ``cf_append_json`` (a fork, a loaded session)."""
+        conn.execute(
+            "UPDATE sessions s SET live_tokens = (SELECT COALESCE(SUM(t.token_count), 0)"
+            " FROM turns t WHERE t.session_id = s.id AND t.seq >= s.compaction_watermark)"
+            " WHERE s.id = %s",
+            (session_id,),
+        )
 
     # -- search ---------------------------------------------------------------------------------
 

@@ -85,6 +85,9 @@ class BranchesMixin:
         @staticmethod
         def _last_seq(conn: psycopg.Connection[Any], session_id: str) -> int: ...
 
+        @staticmethod
+        def _count_live(conn: psycopg.Connection[Any], session_id: str) -> None: ...
+
     # -- lookups --------------------------------------------------------------------------------
 
     def principal_of(self, session_id: str) -> str | None:
@@ -198,6 +201,7 @@ class BranchesMixin:
             except psycopg.errors.UniqueViolation as exc:
                 raise ConfigError(f"session {new!r} already exists") from exc
             self._copy_turns(conn, session_id, new, upto, id_tokens)
+            self._count_live(conn, new)
             for segment_id, _ in segments:
                 self._copy_segment(conn, int(segment_id), new, id_tokens)
             if segments or upto:

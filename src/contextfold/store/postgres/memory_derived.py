@@ -1,7 +1,9 @@
 """``PostgresMemoryStore``'s per-turn derived data: tags and related tags (with the sums tag
 recall ranks by, computed in the server) and turn vectors (float32 ``bytea``, returned as the
 numpy matrix the SQLite store returns; recall scans them exactly in numpy — pgvector is not
-used, so the store needs no extension).
+used, so the store needs no extension). A derive done in line writes what it derived in one
+round trip (``write_derived``), as it reads what it starts from (``begin_derive``, in
+``memory.py``).
 
 ``DerivedMixin`` holds these methods; ``PostgresMemoryStore`` (``memory.py``) inherits them.
 Text is compared in byte order (``COLLATE "C"``), as SQLite's ``BINARY``.
@@ -9,6 +11,7 @@ Text is compared in byte order (``COLLATE "C"``), as SQLite's ``BINARY``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
@@ -24,6 +27,43 @@ if TYPE_CHECKING:
     import psycopg
 
 __all__ = ["DerivedMixin"]
+
+
+def _tag_rows(
+    session_id: str, tagged: Mapping[int, tuple[Mapping[str, float], Sequence[str]]]
+) -> list[tuple[str, int, str, float, bool]]:
+    """The tag rows of ``set_tags_many``'s ``tagged``: (session, seq, tag, weight, related)."""
+    rows: list[tuple[str, int, str, float, bool]] = []
+    for seq, (tags, related) in tagged.items():
+        rows.extend((session_id, seq, tag, float(w), False) for tag, w in tags.items())
+        rows.extend((session_id, seq, tag, 0.5, True) for tag in related if tag not in tags)
+    return rows
+
+
+def _tag_arrays(
+    rows: Sequence[tuple[str, int, str, float, bool]],
+) -> tuple[list[int], list[str], list[float], list[bool]]:
+    """Tag rows as the parallel arrays ``cf_set_tags`` takes (seqs, tags, weights, related);
+    a (seq, tag) given twice keeps its last row, as the SQLite upsert."""
+    unique = {(seq, tag): (weight, related) for _, seq, tag, weight, related in rows}
+    return (
+        [seq for seq, _ in unique],
+        [tag for _, tag in unique],
+        [weight for weight, _ in unique.values()],
+        [related for _, related in unique.values()],
+    )
+
+
+def _tag_json(rows: Sequence[tuple[str, int, str, float, bool]]) -> str:
+    """Tag rows as ``cf_write_derived`` takes them: a JSON array of [seq, tag, weight,
+    related], each (seq, tag) once (its last row, as the SQLite upsert keeps)."""
+    unique = {(seq, tag): (weight, related) for _, seq, tag, weight, related in rows}
+    return json.dumps(
+        [[seq, tag, weight, related] for (seq, tag), (weight, related) in unique.items()],
+        ensure_ascii=False,
+        separators=(",", ":"),
+        allow_nan=False,
+    )
 
 
 class DerivedMixin:
@@ -59,11 +99,34 @@ class DerivedMixin:
         self, session_id: str, tagged: Mapping[int, tuple[Mapping[str, float], Sequence[str]]]
     ) -> None:
         """Replace the tags and related tags of several turns in one transaction."""
-        rows: list[tuple[str, int, str, float, bool]] = []
-        for seq, (tags, related) in tagged.items():
-            rows.extend((session_id, seq, tag, float(w), False) for tag, w in tags.items())
-            rows.extend((session_id, seq, tag, 0.5, True) for tag in related if tag not in tags)
-        self._write_tags(session_id, list(tagged), rows, replace=True)
+        self._write_tags(session_id, list(tagged), _tag_rows(session_id, tagged), replace=True)
+
+    def write_derived(
+        self,
+        session_id: str,
+        tagged: Mapping[int, tuple[Mapping[str, float], Sequence[str]]],
+        derived_seq: int,
+    ) -> tuple[int, int]:
+        """``set_tags_many`` and ``mark_derived`` in one call of ``cf_write_derived``
+        (``schema.m006``), under the session's row lock; (generation before, after). The
+        given seqs' tags are replaced: the last row of a (seq, tag) given twice is kept."""
+        with self._statement() as conn:
+            row = conn.execute(
+                "SELECT missing, before, after FROM cf_write_derived(%s, %s::int[], %s::jsonb, %s)",
+                (
+                    session_id,
+                    list(tagged),
+                    _tag_json(_tag_rows(session_id, tagged)),
+                    derived_seq,
+                ),
+            ).fetchone()
+        if row is not None and row[0]:
+            raise ConfigError(
+                f"session {session_id!r} has no turn {', '.join(str(s) for s in row[0])}"
+            )
+        if row is None or row[1] is None:
+            raise ConfigError(f"unknown session {session_id!r}")
+        return int(row[1]), int(row[2])
 
     def _write_tags(
         self,
@@ -76,20 +139,11 @@ class DerivedMixin:
         """Write tag rows (the tags of ``seqs`` replaced first when ``replace``) in one call of
         ``cf_set_tags``; a (seq, tag) given twice keeps its last row, as the SQLite upsert.
         ``ConfigError`` naming the seqs with no turn (nothing written)."""
-        unique = {(seq, tag): (weight, related) for _, seq, tag, weight, related in rows}
-        pairs = list(unique)
         with self._statement() as conn:
             row = conn.execute(
                 "SELECT cf_set_tags(%s, %s::int[], %s::int[], %s::text[], %s::float8[],"
                 " %s::bool[])",
-                (
-                    session_id,
-                    list(seqs) if replace else [],
-                    [seq for seq, _ in pairs],
-                    [tag for _, tag in pairs],
-                    [unique[p][0] for p in pairs],
-                    [unique[p][1] for p in pairs],
-                ),
+                (session_id, list(seqs) if replace else [], *_tag_arrays(rows)),
             ).fetchone()
         missing = row[0] if row is not None else []
         if missing:

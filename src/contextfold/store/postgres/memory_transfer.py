@@ -55,6 +55,9 @@ class TransferMixin:
 
         def session(self, session_id: str) -> SessionRecord: ...
 
+        @staticmethod
+        def _count_live(conn: psycopg.Connection[Any], session_id: str) -> None: ...
+
         def turns(
             self, session_id: str, start: int | None = None, end: int | None = None
         ) -> list[StoredTurn]: ...
@@ -144,6 +147,7 @@ class TransferMixin:
             except psycopg.errors.UniqueViolation as exc:
                 raise ConfigError(f"session {sid!r} already exists") from exc
             self._load_turns(conn, sid, dump.turns, texts, turn_index, id_tokens)
+            self._count_live(conn, sid)
             ids = [
                 self._insert_segment(
                     conn,

@@ -18,6 +18,14 @@ on: never rename one, never reorder them, and add changes only as a new ``m00N_�
   store-wide sequence (triggers draw them), the dashboard's ``request_records`` and the
   Responses API's ``response_links``, as the SQLite store's ``m007``/``m008``.
 - ``m004_set_tags_in_one_call`` — ``cf_set_tags``: a turn's tags replaced in one call.
+- ``m005_live_tokens`` — ``sessions.live_tokens``, the tokens of the turns at or above the
+  compaction watermark, kept as turns are appended (``cf_append_turns`` redefined) and
+  counted again when the watermark moves (a trigger): ``active_tokens`` reads one row instead
+  of summing every live turn.
+- ``m006_derive_in_one_call`` — appends from one JSON document (``cf_append_json``) and a
+  derive done in line in two calls: ``cf_begin_derive`` (the new turns appended, the pending
+  job dropped, the session and the turns to derive read) and ``cf_write_derived`` (the tags,
+  ``derived_seq`` and the generations around them).
 - ``m007_tag_stats`` — ``tag_stats`` (the SQLite store's ``m010``): per session and tag, the
   turns carrying it, how many are compacted and the segments carrying it, kept by triggers
   (on tags per statement, over its transition rows) on every write of tags or segments and
@@ -40,11 +48,14 @@ __all__ = [
     "FTS_SHARDS",
     "IMMUTABLE_TURNS",
     "MIGRATIONS",
+    "SESSION_COLUMNS",
     "UNKNOWN_SESSION",
     "m001_create_memory",
     "m002_full_text",
     "m003_generations_records_links",
     "m004_set_tags_in_one_call",
+    "m005_live_tokens",
+    "m006_derive_in_one_call",
     "m007_tag_stats",
     "m008_scoped_aliases_and_splits",
 ]
@@ -56,6 +67,11 @@ IMMUTABLE_TURNS = "raw turns are append-only: a turn is never updated or deleted
 #: the expected one (the DETAIL holds the last seq).
 UNKNOWN_SESSION = "CF001"
 BRANCH_MOVED = "CF002"
+#: The columns of ``sessions`` a ``SessionRecord`` is read from, in its fields' order.
+SESSION_COLUMNS = (
+    "id, created_at, metadata, compaction_watermark, principal, parent_id, fork_seq,"
+    " derived_seq, born, generation"
+)
 #: Rows per table in ``fts_totals``: a session's counts go to shard ``hash(id) % FTS_SHARDS``.
 FTS_SHARDS = 16
 
@@ -319,6 +335,236 @@ def m004_set_tags_in_one_call(conn: psycopg.Connection[Any]) -> None:
         "  SET weight = excluded.weight, related = excluded.related;"
         " RETURN missing; END $$"
     )
+
+
+# ``cf_append_turns`` of ``m002`` (same signature, same steps), adding the new live turns'
+# tokens to their session's ``live_tokens`` while it holds the row's lock.
+_APPEND_TURNS_LIVE = f"""
+CREATE OR REPLACE FUNCTION cf_append_turns(
+    p_session TEXT, p_expected INTEGER, p_enqueue TEXT, p_shard INTEGER,
+    p_roles TEXT[], p_texts TEXT[], p_bodies TEXT[], p_hashes TEXT[],
+    p_created TIMESTAMPTZ[], p_tokens INTEGER[], p_keys TEXT[], p_partial BOOLEAN[],
+    p_text_tokens INTEGER[], p_term_turn INTEGER[], p_terms TEXT[], p_positions TEXT[]
+) RETURNS INTEGER LANGUAGE plpgsql AS $$
+DECLARE
+    v_id_tokens INTEGER;
+    v_watermark INTEGER;
+    v_last INTEGER;
+    v_n INTEGER := COALESCE(array_length(p_roles, 1), 0);
+BEGIN
+    SELECT id_tokens, compaction_watermark INTO v_id_tokens, v_watermark
+    FROM sessions WHERE id = p_session FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown session' USING ERRCODE = '{UNKNOWN_SESSION}';
+    END IF;
+    SELECT COALESCE(MAX(seq), 0) INTO v_last FROM turns WHERE session_id = p_session;
+    IF p_expected IS NOT NULL AND v_last <> p_expected THEN
+        RAISE EXCEPTION 'branch moved' USING ERRCODE = '{BRANCH_MOVED}', DETAIL = v_last::TEXT;
+    END IF;
+    IF v_n = 0 THEN
+        RETURN v_last;
+    END IF;
+    INSERT INTO turns (session_id, seq, role, content_text, message_json, content_hash,
+                       created_at, token_count, match_key, partial, text_tokens)
+    SELECT p_session, v_last + i, p_roles[i], p_texts[i], p_bodies[i], p_hashes[i],
+           p_created[i], p_tokens[i], p_keys[i], p_partial[i], p_text_tokens[i]
+    FROM generate_series(1, v_n) AS i;
+    INSERT INTO turn_terms (session_id, seq, term, positions, text_tokens)
+    SELECT p_session, v_last + k, t, p::INTEGER[], p_text_tokens[k]
+    FROM unnest(p_term_turn, p_terms, p_positions) AS u(k, t, p);
+    UPDATE fts_totals
+    SET n_rows = n_rows + v_n,
+        n_tokens = n_tokens + v_n * v_id_tokens
+                   + (SELECT COALESCE(SUM(x), 0) FROM unnest(p_text_tokens) AS x)
+    WHERE tbl = 'turns' AND shard = p_shard;
+    UPDATE sessions
+    SET live_tokens = live_tokens + (SELECT COALESCE(SUM(p_tokens[i]), 0)
+                                     FROM generate_series(1, v_n) AS i
+                                     WHERE v_last + i >= v_watermark)
+    WHERE id = p_session;
+    IF p_enqueue IS NOT NULL THEN
+        INSERT INTO jobs (session_id, kind, created_at) VALUES (p_session, p_enqueue, now())
+        ON CONFLICT (session_id, kind) WHERE state = 'pending' DO NOTHING;
+    END IF;
+    RETURN v_last;
+END $$
+"""
+
+
+@MIGRATIONS.migration
+def m005_live_tokens(conn: psycopg.Connection[Any]) -> None:
+    # The tokens of a session's live turns (seq >= compaction_watermark), kept in its row: a
+    # derive checks them after every exchange, and a sum over the live turns grew with them.
+    # Appends add to it under the session's row lock (``cf_append_turns`` redefined with the
+    # same signature: ``_APPEND_TURNS_LIVE``); a moved watermark counts them again (rare: a
+    # compaction); a fork or a loaded session counts them once its turns are in
+    # (``PostgresMemoryStore._count_live``).
+    statements = [
+        "ALTER TABLE sessions ADD COLUMN live_tokens BIGINT NOT NULL DEFAULT 0",
+        "UPDATE sessions s SET live_tokens = (SELECT COALESCE(SUM(t.token_count), 0)"
+        " FROM turns t WHERE t.session_id = s.id AND t.seq >= s.compaction_watermark)",
+        "CREATE FUNCTION sessions_live_tokens() RETURNS trigger LANGUAGE plpgsql AS $$"
+        " BEGIN"
+        "  NEW.live_tokens := (SELECT COALESCE(SUM(token_count), 0) FROM turns"
+        "   WHERE session_id = NEW.id AND seq >= NEW.compaction_watermark);"
+        "  RETURN NEW;"
+        " END $$",
+        "CREATE TRIGGER sessions_live_tokens BEFORE UPDATE OF compaction_watermark ON sessions"
+        " FOR EACH ROW EXECUTE FUNCTION sessions_live_tokens()",
+        _APPEND_TURNS_LIVE,
+    ]
+    for statement in statements:
+        conn.execute(statement)
+
+
+# ``cf_append_turns`` with the new turns as one JSON document instead of twelve arrays
+# (``PostgresMemoryStore._appended``): the client dumps one string instead of an array per
+# column, which cost more than the whole call on the server. ``p_turns`` holds one
+# [role, text, body, hash, created, tokens, key, partial, text tokens] per turn, ``p_terms``
+# one [turn index from 1, term, positions] per term. The same steps as ``_APPEND_TURNS_LIVE``.
+_APPEND_JSON = f"""
+CREATE FUNCTION cf_append_json(
+    p_session TEXT, p_expected INTEGER, p_enqueue TEXT, p_shard INTEGER,
+    p_turns JSONB, p_terms JSONB
+) RETURNS INTEGER LANGUAGE plpgsql SET enable_seqscan = off AS $$
+DECLARE
+    v_id_tokens INTEGER;
+    v_watermark INTEGER;
+    v_last INTEGER;
+    v_n INTEGER := jsonb_array_length(p_turns);
+BEGIN
+    SELECT id_tokens, compaction_watermark INTO v_id_tokens, v_watermark
+    FROM sessions WHERE id = p_session FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown session' USING ERRCODE = '{UNKNOWN_SESSION}';
+    END IF;
+    SELECT COALESCE(MAX(seq), 0) INTO v_last FROM turns WHERE session_id = p_session;
+    IF p_expected IS NOT NULL AND v_last <> p_expected THEN
+        RAISE EXCEPTION 'branch moved' USING ERRCODE = '{BRANCH_MOVED}', DETAIL = v_last::TEXT;
+    END IF;
+    IF v_n = 0 THEN
+        RETURN v_last;
+    END IF;
+    INSERT INTO turns (session_id, seq, role, content_text, message_json, content_hash,
+                       created_at, token_count, match_key, partial, text_tokens)
+    SELECT p_session, v_last + t.i, t.e->>0, t.e->>1, t.e->>2, t.e->>3,
+           (t.e->>4)::TIMESTAMPTZ, (t.e->>5)::INTEGER, t.e->>6, (t.e->>7)::BOOLEAN,
+           (t.e->>8)::INTEGER
+    FROM jsonb_array_elements(p_turns) WITH ORDINALITY AS t(e, i);
+    INSERT INTO turn_terms (session_id, seq, term, positions, text_tokens)
+    SELECT p_session, v_last + (u.e->>0)::INTEGER, u.e->>1, (u.e->>2)::INTEGER[],
+           (p_turns->((u.e->>0)::INTEGER - 1)->>8)::INTEGER
+    FROM jsonb_array_elements(p_terms) AS u(e);
+    UPDATE fts_totals
+    SET n_rows = n_rows + v_n,
+        n_tokens = n_tokens + v_n * v_id_tokens
+                   + (SELECT COALESCE(SUM((e->>8)::INTEGER), 0)
+                      FROM jsonb_array_elements(p_turns) AS e)
+    WHERE tbl = 'turns' AND shard = p_shard;
+    UPDATE sessions
+    SET live_tokens = live_tokens + (SELECT COALESCE(SUM((t.e->>5)::INTEGER), 0)
+                                     FROM jsonb_array_elements(p_turns) WITH ORDINALITY
+                                          AS t(e, i)
+                                     WHERE v_last + t.i >= v_watermark)
+    WHERE id = p_session;
+    IF p_enqueue IS NOT NULL THEN
+        INSERT INTO jobs (session_id, kind, created_at) VALUES (p_session, p_enqueue, now())
+        ON CONFLICT (session_id, kind) WHERE state = 'pending' DO NOTHING;
+    END IF;
+    RETURN v_last;
+END $$
+"""
+
+# A derive done in line starts with one call (``PostgresMemoryStore.begin_derive``): append
+# the new turns (``cf_append_json``, no job: this derive covers them; with none it only
+# checks the session, raising its ``UNKNOWN_SESSION``), drop the session's pending derive job,
+# and return the session's row (``SESSION_COLUMNS``, ``live_tokens``) joined to its turns
+# after ``derived_seq - p_context`` (one row with NULL turn columns when there are none).
+_BEGIN_DERIVE = """
+CREATE FUNCTION cf_begin_derive(
+    p_session TEXT, p_context INTEGER, p_shard INTEGER, p_turns JSONB, p_terms JSONB
+) RETURNS TABLE (
+    r_id TEXT, r_created_at TIMESTAMPTZ, r_metadata TEXT, r_watermark INTEGER,
+    r_principal TEXT, r_parent_id TEXT, r_fork_seq INTEGER, r_derived_seq INTEGER,
+    r_born BIGINT, r_generation BIGINT, r_live_tokens BIGINT,
+    r_seq INTEGER, r_role TEXT, r_text TEXT, r_hash TEXT
+) LANGUAGE plpgsql SET enable_seqscan = off AS $$
+BEGIN
+    PERFORM cf_append_json(p_session, NULL, NULL, p_shard, p_turns, p_terms);
+    DELETE FROM jobs j
+    WHERE j.session_id = p_session AND j.kind = 'derive' AND j.state = 'pending';
+    RETURN QUERY
+    SELECT s.id, s.created_at, s.metadata, s.compaction_watermark, s.principal, s.parent_id,
+           s.fork_seq, s.derived_seq, s.born, s.generation, s.live_tokens,
+           t.seq, t.role, t.content_text, t.content_hash
+    FROM sessions s
+    LEFT JOIN turns t ON t.session_id = s.id AND t.seq > s.derived_seq - p_context
+    WHERE s.id = p_session
+    ORDER BY t.seq;
+END $$
+"""
+
+# A derive's write as one call (``PostgresMemoryStore.write_derived``): lock the session's
+# row and read its generation; check the seqs (turns are append-only with seqs 1..last and no
+# gap, so a seq outside that range is the only kind with no turn: returned, before anything
+# is written, like a missing session's absent generation); replace the turns' tags (a plain
+# insert once the old rows are gone; its statement trigger draws a new generation); move
+# ``derived_seq`` and read the generation again. ``p_tags`` holds one [seq, tag, weight,
+# related] per tag row, each (seq, tag) once.
+_WRITE_DERIVED = """
+CREATE FUNCTION cf_write_derived(
+    p_session TEXT, p_seqs INTEGER[], p_tags JSONB, p_derived INTEGER,
+    OUT missing INTEGER[], OUT before BIGINT, OUT after BIGINT
+) LANGUAGE plpgsql SET enable_seqscan = off AS $$
+DECLARE
+    v_last INTEGER;
+    v_lo INTEGER;
+    v_hi INTEGER;
+BEGIN
+    SELECT generation INTO before FROM sessions WHERE id = p_session FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT COALESCE(MAX(seq), 0) INTO v_last FROM turns WHERE session_id = p_session;
+    missing := ARRAY(SELECT DISTINCT s FROM (
+                         SELECT unnest(p_seqs) AS s
+                         UNION ALL
+                         SELECT (e->>0)::INTEGER FROM jsonb_array_elements(p_tags) AS e
+                     ) AS given
+                     WHERE s < 1 OR s > v_last ORDER BY s);
+    IF cardinality(missing) > 0 THEN
+        before := NULL;
+        RETURN;
+    END IF;
+    -- Bounded by the seqs' range: the key's two first columns, so no plan reads all the
+    -- session's tags (``turn_tags_by_tag`` starts with the session too).
+    SELECT MIN(s), MAX(s) INTO v_lo, v_hi FROM unnest(p_seqs) AS s;
+    IF EXISTS (SELECT 1 FROM turn_tags WHERE session_id = p_session
+               AND seq BETWEEN v_lo AND v_hi AND seq = ANY(p_seqs)) THEN
+        DELETE FROM turn_tags WHERE session_id = p_session
+        AND seq BETWEEN v_lo AND v_hi AND seq = ANY(p_seqs);
+    END IF;
+    INSERT INTO turn_tags (session_id, seq, tag, weight, related)
+    SELECT p_session, (e->>0)::INTEGER, e->>1, (e->>2)::DOUBLE PRECISION, (e->>3)::BOOLEAN
+    FROM jsonb_array_elements(p_tags) AS e;
+    UPDATE sessions SET derived_seq = GREATEST(derived_seq, p_derived)
+    WHERE id = p_session RETURNING generation INTO after;
+END $$
+"""
+
+
+@MIGRATIONS.migration
+def m006_derive_in_one_call(conn: psycopg.Connection[Any]) -> None:
+    # Appends take one JSON document (``cf_append_json``; ``cf_append_turns`` stays, for a
+    # process of the previous version still running beside this one), and a derive done in
+    # line costs two round trips: ``cf_begin_derive`` and ``cf_write_derived``. Every
+    # statement in them finds its rows by key, and index scans are forced: a plan cached
+    # while the tables were small (no statistics yet on a new database) would otherwise scan
+    # them whole once they have grown, and planning at each call (``cf_set_tags``) costs more
+    # than the statements.
+    conn.execute(_APPEND_JSON)
+    conn.execute(_BEGIN_DERIVE)
+    conn.execute(_WRITE_DERIVED)
 
 
 def _tag_deltas(rows: str) -> str:

@@ -24,6 +24,8 @@ from here too):
   derive job, and the jobs table (``BranchesMixin``);
 - ``memory_transfer.py`` — whole sessions dumped and loaded as they were (``TransferMixin``:
   ``dump_session``, ``load_session``; ``contextfold store migrate`` and the markdown export);
+- ``memory_records.py`` — the dashboard's request records and the Responses API's response
+  links, shared by every process (``RecordsMixin``);
 - ``memory_schema.py`` — ``MIGRATIONS``, the ordered ``m00N_…`` schema migrations;
 - ``store/models.py`` — the row models (``StoredTurn``, ``NewSegment``, …) and ``Depth``;
 - ``memory_fts.py`` — the FTS5 query built from free text (``store/text.query_terms``).
@@ -63,7 +65,6 @@ from contextfold.store.models import (
     Job,
     NewSegment,
     SessionRecord,
-    StoredRecord,
     StoredSegment,
     StoredTurn,
     TagSummary,
@@ -73,7 +74,6 @@ from contextfold.store.models import (
     _message_json,
     _now,
     match_key,
-    retention_cut,
 )
 from contextfold.store.sqlite import FairLock, connect, transaction
 from contextfold.store.sqlite.memory_branches import (
@@ -82,6 +82,7 @@ from contextfold.store.sqlite.memory_branches import (
     _KeyChain,
 )
 from contextfold.store.sqlite.memory_fts import _fts_query
+from contextfold.store.sqlite.memory_records import RecordsMixin
 from contextfold.store.sqlite.memory_schema import MIGRATIONS
 from contextfold.store.sqlite.memory_schema import m001_create_memory as m001_create_memory
 from contextfold.store.sqlite.memory_schema import m002_create_fts as m002_create_fts
@@ -116,7 +117,9 @@ __all__ = [
 _TurnTags = tuple[dict[str, float], list[str]]
 
 
-class MemoryStore(SegmentsMixin, StateMixin, VocabMixin, BranchesMixin, TransferMixin):
+class MemoryStore(
+    SegmentsMixin, StateMixin, VocabMixin, BranchesMixin, TransferMixin, RecordsMixin
+):
     """Sessions, raw turns, tags, segments, tag summaries, aliases, working sets and costs in one
     SQLite file (or ``":memory:"``).
 
@@ -706,104 +709,3 @@ class MemoryStore(SegmentsMixin, StateMixin, VocabMixin, BranchesMixin, Transfer
         """Role, text, time and token count of the given turns, without parsing messages."""
         rows = self._turn_columns(session_id, seqs, "role, content_text, created_at, token_count")
         return {r[0]: TurnRow(r[0], r[1], r[2], datetime.fromisoformat(r[3]), r[4]) for r in rows}
-
-    # -- request records ------------------------------------------------------------------------
-
-    def put_records(
-        self,
-        records: Sequence[tuple[str, str, str]],
-        *,
-        origin: str,
-        keep: int = 500,
-        max_bytes: int = 16 * 1024 * 1024,
-    ) -> None:
-        if not records:
-            return
-        with self._tx() as conn:
-            for record_id, session_id, body in records:
-                change = conn.execute(
-                    "UPDATE store_counters SET value = value + 1 WHERE name = 'records'"
-                    " RETURNING value"
-                ).fetchone()[0]
-                conn.execute(
-                    "INSERT INTO request_records (id, session_id, origin, change, size, body)"
-                    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET"
-                    " session_id = excluded.session_id, origin = excluded.origin,"
-                    " change = excluded.change, size = excluded.size, body = excluded.body",
-                    (record_id, session_id, origin, change, len(body.encode()), body),
-                )
-            count, total = conn.execute(
-                "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM request_records"
-            ).fetchone()
-            if count <= keep and total <= max_bytes:
-                return
-            cut = retention_cut(
-                conn.execute("SELECT pos, size FROM request_records ORDER BY pos DESC"),
-                keep,
-                max_bytes,
-            )
-            if cut is not None:
-                conn.execute("DELETE FROM request_records WHERE pos <= ?", (cut,))
-
-    @staticmethod
-    def _record(row: sqlite3.Row) -> StoredRecord:
-        return StoredRecord(
-            id=row["id"],
-            session_id=row["session_id"],
-            origin=row["origin"],
-            change=row["change"],
-            body=row["body"],
-        )
-
-    def recent_records(
-        self, limit: int = 500, *, session_id: str | None = None
-    ) -> list[StoredRecord]:
-        if session_id is None:
-            rows = self._conn.execute(
-                "SELECT * FROM request_records ORDER BY pos DESC LIMIT ?", (limit,)
-            )
-        else:
-            rows = self._conn.execute(
-                "SELECT * FROM request_records WHERE session_id = ? ORDER BY pos DESC LIMIT ?",
-                (session_id, limit),
-            )
-        return [self._record(r) for r in rows]
-
-    def record(self, record_id: str) -> StoredRecord | None:
-        row = self._conn.execute(
-            "SELECT * FROM request_records WHERE id = ?", (record_id,)
-        ).fetchone()
-        return None if row is None else self._record(row)
-
-    def records_after(self, change: int, *, limit: int = 1000) -> list[StoredRecord]:
-        rows = self._conn.execute(
-            "SELECT * FROM request_records WHERE change > ? ORDER BY change LIMIT ?",
-            (change, limit),
-        )
-        return [self._record(r) for r in rows]
-
-    def records_cursor(self) -> int:
-        row = self._conn.execute(
-            "SELECT value FROM store_counters WHERE name = 'records'"
-        ).fetchone()
-        return int(row[0]) if row else 0
-
-    # -- Responses API chains -------------------------------------------------------------------
-
-    def put_response_link(
-        self, principal: str, name: str, session_id: str, seq: int, start: int
-    ) -> None:
-        with self._tx() as conn:
-            conn.execute(
-                "INSERT INTO response_links (principal, name, session_id, seq, start)"
-                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (principal, name) DO UPDATE SET"
-                " session_id = excluded.session_id, seq = excluded.seq, start = excluded.start",
-                (principal, name, session_id, seq, start),
-            )
-
-    def response_link(self, principal: str, name: str) -> tuple[str, int, int] | None:
-        row = self._conn.execute(
-            "SELECT session_id, seq, start FROM response_links WHERE principal = ? AND name = ?",
-            (principal, name),
-        ).fetchone()
-        return None if row is None else (str(row[0]), int(row[1]), int(row[2]))

@@ -46,7 +46,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from contextlib import AbstractContextManager
 from datetime import datetime
@@ -55,7 +55,17 @@ from typing import TYPE_CHECKING, Any
 from contextfold._bounded import SessionLRU
 from contextfold.errors import ConfigError
 from contextfold.items import Message
-from contextfold.store.models import MAX_ATTEMPTS, WRITE_CHUNK, BranchMoved, Job, _iso, _now
+from contextfold.store.models import (
+    MAX_ATTEMPTS,
+    WRITE_CHUNK,
+    BranchMoved,
+    Job,
+    PendingDerive,
+    SessionRecord,
+    _iso,
+    _now,
+    check_appended,
+)
 
 __all__ = ["BranchesMixin"]
 
@@ -155,6 +165,22 @@ class BranchesMixin:
 
         @staticmethod
         def _last_seq(conn: sqlite3.Connection, session_id: str) -> int: ...
+
+        def session(self, session_id: str) -> SessionRecord: ...
+
+        def session_version(self, session_id: str) -> tuple[int, int] | None: ...
+
+        def active_tokens(self, session_id: str) -> int: ...
+
+        def turn_texts_after(
+            self, session_id: str, after: int
+        ) -> list[tuple[int, str, str, str]]: ...
+
+        def set_tags_many(
+            self,
+            session_id: str,
+            tagged: Mapping[int, tuple[Mapping[str, float], Sequence[str]]],
+        ) -> None: ...
 
     # -- lookups --------------------------------------------------------------------------------
 
@@ -355,6 +381,48 @@ class BranchesMixin:
                 "UPDATE sessions SET derived_seq = MAX(derived_seq, ?) WHERE id = ?",
                 (seq, session_id),
             )
+
+    def begin_derive(
+        self,
+        session_id: str,
+        *,
+        context: int = 0,
+        append: Sequence[Message] = (),
+        timestamps: Sequence[datetime] | None = None,
+    ) -> PendingDerive:
+        """Append ``append``, drop the session's pending ``derive`` job and read the session,
+        its live tokens and its turns after ``derived_seq - context``, in one transaction."""
+        check_appended(append, timestamps)
+        rows = self._turn_rows(append, timestamps)
+        with self._tx() as conn:
+            record = self.session(session_id)
+            if rows:
+                self._insert_turns(conn, session_id, rows)
+            conn.execute(
+                "DELETE FROM jobs WHERE session_id = ? AND kind = 'derive' AND state = 'pending'",
+                (session_id,),
+            )
+            live = self.active_tokens(session_id)
+            turns = self.turn_texts_after(session_id, max(0, record.derived_seq - context))
+        return PendingDerive(record, live, turns)
+
+    def write_derived(
+        self,
+        session_id: str,
+        tagged: Mapping[int, tuple[Mapping[str, float], Sequence[str]]],
+        derived_seq: int,
+    ) -> tuple[int, int]:
+        """``set_tags_many`` and ``mark_derived`` in one transaction (``BEGIN IMMEDIATE``: no
+        other writer between the two generations read); (generation before, after)."""
+        with self._tx():
+            before = self.session_version(session_id)
+            if before is None:
+                raise ConfigError(f"unknown session {session_id!r}")
+            self.set_tags_many(session_id, tagged)
+            self.mark_derived(session_id, derived_seq)
+            after = self.session_version(session_id)
+        assert after is not None  # the session's row is this transaction's
+        return before[1], after[1]
 
     # -- jobs -----------------------------------------------------------------------------------
 
