@@ -1179,7 +1179,8 @@ def render_results(results_dir: Path) -> str:
         "`python benchmarks/bench_durability.py`, `python benchmarks/bench_warm_start.py`, "
         "`python benchmarks/bench_tool_outputs.py` (`--synthesized` for the synthesized "
         "session), `python benchmarks/calibrate_memory_floor.py` and "
-        "`python benchmarks/bench_forwarded.py`.",
+        "`python benchmarks/bench_forwarded.py`; `bench_store.py`, `bench_scaleout.py` and "
+        "`bench_telemetry.py` likewise.",
         "",
     ]
     for name, (path, data) in latest_results(results_dir).items():
