@@ -8,7 +8,16 @@ from contextfold.store.sqlite.connection import (
     MigrationRegistry,
     connect,
     home_dir,
+    select_in,
     transaction,
 )
 
-__all__ = ["FairLock", "Migration", "MigrationRegistry", "connect", "home_dir", "transaction"]
+__all__ = [
+    "FairLock",
+    "Migration",
+    "MigrationRegistry",
+    "connect",
+    "home_dir",
+    "select_in",
+    "transaction",
+]

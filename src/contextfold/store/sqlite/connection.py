@@ -22,13 +22,22 @@ import os
 import sqlite3
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from contextfold.errors import StoreError
 
-__all__ = ["FairLock", "Migration", "MigrationRegistry", "connect", "home_dir", "transaction"]
+__all__ = [
+    "FairLock",
+    "Migration",
+    "MigrationRegistry",
+    "connect",
+    "home_dir",
+    "select_in",
+    "transaction",
+]
 
 Migration = Callable[[sqlite3.Connection], None]
 
@@ -115,6 +124,30 @@ def connect(path: str | Path, *, check_same_thread: bool = False) -> sqlite3.Con
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"cannot open the SQLite database {target}: {exc}") from exc
     return conn
+
+
+#: Values per statement of ``select_in``: a long list is run a chunk at a time, well under
+#: SQLite's limit on host parameters.
+IN_CHUNK = 500
+
+
+def select_in(
+    conn: sqlite3.Connection,
+    query: str,
+    values: Sequence[Any],
+    *,
+    before: Sequence[Any] = (),
+    after: Sequence[Any] = (),
+) -> list[Any]:
+    """The rows of ``query`` for all of ``values``: ``query`` holds one ``{}`` where the
+    ``?, ?, …`` of an ``IN (…)`` list goes, and runs once per ``IN_CHUNK`` values, with the
+    parameters ``before`` and ``after`` around each chunk's."""
+    rows: list[Any] = []
+    for start in range(0, len(values), IN_CHUNK):
+        part = list(values[start : start + IN_CHUNK])
+        marks = ",".join("?" * len(part))
+        rows += conn.execute(query.format(marks), [*before, *part, *after]).fetchall()
+    return rows
 
 
 @contextmanager

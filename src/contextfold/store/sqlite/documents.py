@@ -22,7 +22,7 @@ from contextfold.errors import ConfigError
 from contextfold.retrieval.base import Chunk
 from contextfold.store.document_models import DocumentRecord
 from contextfold.store.document_models import now as _now
-from contextfold.store.sqlite import MigrationRegistry, connect, transaction
+from contextfold.store.sqlite import MigrationRegistry, connect, select_in, transaction
 
 __all__ = ["MIGRATIONS", "DocumentRecord", "DocumentStore"]
 
@@ -115,15 +115,9 @@ class DocumentStore:
         """Every id each stored document answers to, oldest first."""
         wanted = list(dict.fromkeys(storage_ids))
         found: dict[str, list[str]] = {}
-        for start in range(0, len(wanted), 500):
-            part = wanted[start : start + 500]
-            rows = self._conn.execute(
-                "SELECT id, doc_id FROM document_ids"
-                f" WHERE doc_id IN ({','.join('?' * len(part))}) ORDER BY rowid",
-                part,
-            )
-            for row in rows:
-                found.setdefault(row[1], []).append(row[0])
+        query = "SELECT id, doc_id FROM document_ids WHERE doc_id IN ({}) ORDER BY rowid"
+        for row in select_in(self._conn, query, wanted):
+            found.setdefault(row[1], []).append(row[0])
         return found
 
     def chunk_ids(self, storage_id: str) -> list[str]:

@@ -42,7 +42,7 @@ from contextfold.store.graph_models import (
     node_fields,
     search_text,
 )
-from contextfold.store.sqlite import MigrationRegistry, connect, transaction
+from contextfold.store.sqlite import MigrationRegistry, connect, select_in, transaction
 
 __all__ = [
     "MIGRATIONS",
@@ -243,14 +243,8 @@ class KnowledgeGraph(GraphBase):
 
     @staticmethod
     def _existing(conn: sqlite3.Connection, ids: Iterable[int]) -> set[int]:
-        found: set[int] = set()
-        batch = list(ids)
-        for start in range(0, len(batch), 500):
-            part = batch[start : start + 500]
-            marks = ",".join("?" * len(part))
-            rows = conn.execute(f"SELECT id FROM graph_nodes WHERE id IN ({marks})", part)
-            found.update(int(r[0]) for r in rows)
-        return found
+        rows = select_in(conn, "SELECT id FROM graph_nodes WHERE id IN ({})", list(ids))
+        return {int(r[0]) for r in rows}
 
     def remove_nodes(
         self, node_ids: Iterable[int], *, tenant_ids: Iterable[str] | None = None
@@ -334,13 +328,9 @@ class KnowledgeGraph(GraphBase):
     def get_nodes(self, node_ids: Iterable[int]) -> list[KnowledgeNode]:
         """The stored nodes among ``node_ids``, by id (unknown ids are left out)."""
         ids = list(dict.fromkeys(node_ids))
-        found: list[KnowledgeNode] = []
         with self._lock:
-            for start in range(0, len(ids), 500):
-                part = ids[start : start + 500]
-                marks = ",".join("?" * len(part))
-                rows = self._conn.execute(f"SELECT * FROM graph_nodes WHERE id IN ({marks})", part)
-                found.extend(self._node(row) for row in rows)
+            rows = select_in(self._conn, "SELECT * FROM graph_nodes WHERE id IN ({})", ids)
+            found = [self._node(row) for row in rows]
         return sorted(found, key=lambda node: node.id)
 
     def existing(self, node_ids: Iterable[int]) -> set[int]:

@@ -75,7 +75,7 @@ from contextfold.store.models import (
     _now,
     match_key,
 )
-from contextfold.store.sqlite import FairLock, connect, transaction
+from contextfold.store.sqlite import FairLock, connect, select_in, transaction
 from contextfold.store.sqlite.memory_branches import (
     KEY_CHAIN_SESSIONS,
     BranchesMixin,
@@ -458,15 +458,9 @@ class MemoryStore(
         """The turns carrying any of ``tags`` (as a tag or a related tag): seq -> the matching
         (tag, related) pairs."""
         found: dict[int, list[tuple[str, bool]]] = {}
-        for start in range(0, len(tags), 500):
-            chunk = list(tags[start : start + 500])
-            marks = ",".join("?" * len(chunk))
-            for row in self._conn.execute(
-                "SELECT seq, tag, related FROM turn_tags WHERE session_id = ?"
-                f" AND tag IN ({marks})",
-                (session_id, *chunk),
-            ):
-                found.setdefault(row[0], []).append((row[1], bool(row[2])))
+        query = "SELECT seq, tag, related FROM turn_tags WHERE session_id = ? AND tag IN ({})"
+        for row in select_in(self._conn, query, tags, before=(session_id,)):
+            found.setdefault(row[0], []).append((row[1], bool(row[2])))
         return found
 
     def tag_overlap_scores(
@@ -531,13 +525,8 @@ class MemoryStore(
         if tags is None:
             rows = self._conn.execute(query.format(""), (session_id,)).fetchall()
         else:
-            rows = []
-            for start in range(0, len(tags), 500):
-                chunk = list(tags[start : start + 500])
-                marks = ",".join("?" * len(chunk))
-                rows += self._conn.execute(
-                    query.format(f" AND tt.tag IN ({marks})"), (session_id, *chunk)
-                ).fetchall()
+            in_tags = query.format(" AND tt.tag IN ({})")
+            rows = select_in(self._conn, in_tags, tags, before=(session_id,))
         return {r[0]: datetime.fromisoformat(r[1]) for r in rows}
 
     def active_tokens(self, session_id: str) -> int:

@@ -24,6 +24,7 @@ from contextfold.store.models import (
     _iso,
     _now,
 )
+from contextfold.store.sqlite.connection import select_in
 from contextfold.tokens import TokenCounter
 
 __all__ = ["StateMixin"]
@@ -78,13 +79,8 @@ class StateMixin:
         if tags is None:
             rows = self._conn.execute(query.format(""), (session_id,)).fetchall()
         else:
-            rows = []
-            for start in range(0, len(tags), 500):
-                chunk = list(tags[start : start + 500])
-                marks = ",".join("?" * len(chunk))
-                rows += self._conn.execute(
-                    query.format(f" AND ts.tag IN ({marks})"), (session_id, *chunk)
-                ).fetchall()
+            in_tags = query.format(" AND ts.tag IN ({})")
+            rows = select_in(self._conn, in_tags, tags, before=(session_id,))
         return {
             r["tag"]: TagSummary(
                 session_id=r["session_id"],
