@@ -452,8 +452,19 @@ class MemoryEngine:
         new job), under the session's derive lock; the ``derived_seq`` it leaves."""
         self._usage.session_id = sid
         try:
-            upto = self._tag_pending(sid, pending.record.derived_seq, pending.turns)
-            self.last_splits = self.vocab.evolve(sid, self._counts(sid), upto)
+            record = pending.record
+            upto, current = self._tag_pending(
+                sid, record.derived_seq, pending.turns, record.generation
+            )
+            cached = self._vocab.peek(sid)
+            if current is not None and cached is not None and cached[0] == current:
+                # The counts as this derive's own write left them, at the generation it
+                # drew (another process's write since is seen by the next derive): no store
+                # read to check them.
+                with self.vocab.pinned(sid, current):
+                    self.last_splits = self.vocab.evolve(sid, cached[1], upto)
+            else:
+                self.last_splits = self.vocab.evolve(sid, self._counts(sid), upto)
             if self.recaller.embedder is not None:
                 self.recaller.ensure_vectors(sid)
             return upto
@@ -505,15 +516,23 @@ class MemoryEngine:
             self._session(sid)
             return self.store.begin_derive(sid, context=_CONTEXT, append=turns, timestamps=when)
 
-    def _tag_pending(self, sid: str, done: int, turns: Sequence[tuple[int, str, str, str]]) -> int:
+    def _tag_pending(
+        self,
+        sid: str,
+        done: int,
+        turns: Sequence[tuple[int, str, str, str]],
+        generation: int,
+    ) -> tuple[int, int | None]:
         """Tag the turns after ``done`` (the session's ``derived_seq``) among ``turns`` (as
-        ``begin_derive`` read them, with the derived turns before them as context; tags
-        computed outside the lock; the tags, the new ``derived_seq`` and the vocabulary
-        counts written together); the ``derived_seq`` it leaves."""
+        ``begin_derive`` read them at ``generation``, with the derived turns before them as
+        context; tags computed outside the lock; the tags, the new ``derived_seq`` and the
+        vocabulary counts written together); the ``derived_seq`` it leaves, and the
+        generation its last write drew when the cached counts were carried to it (``None``
+        when they were not: they are read again when next used)."""
         rows = {seq: (role, text) for seq, role, text, _ in turns}
         last = max(rows, default=0)
         if last <= done:
-            return done
+            return done, None
         previous = [rows[seq][1] for seq in sorted(rows) if seq <= done]
         with self.lock(sid):
             # The tagger's vocabulary is a hint (tags converge on words already in use): the
@@ -530,9 +549,11 @@ class MemoryEngine:
             if role == "system":
                 tagged[seq] = ({}, ())
                 continue
-            result = self.vocab.resolve_result(
-                sid, self.tagger.tag(text, vocabulary=list(vocab), context=previous[-_CONTEXT:])
-            )
+            with self.vocab.pinned(sid, generation):
+                result = self.vocab.resolve_result(
+                    sid,
+                    self.tagger.tag(text, vocabulary=list(vocab), context=previous[-_CONTEXT:]),
+                )
             tagged[seq] = (
                 {tag: 1.0 if i == 0 else 0.9 for i, tag in enumerate(result.tags)},
                 result.related_tags,
@@ -544,6 +565,7 @@ class MemoryEngine:
         # the tags of a long history do not keep other sessions' writes waiting.
         seqs = sorted(tagged)
         chunks = [seqs[i : i + WRITE_CHUNK] for i in range(0, len(seqs), WRITE_CHUNK)] or [[]]
+        current: int | None = None
         for n, chunk in enumerate(chunks):
             with self.lock(sid):
                 # The generations are read under the write's lock: no other writer comes in
@@ -557,13 +579,21 @@ class MemoryEngine:
                 cached = self._vocab.peek(sid)
                 # Counts cached at another generation are stale already: they are read from
                 # the store when next used.
+                current = None
                 if cached is not None and cached[0] == before:
                     counts = cached[1]
                     for seq in chunk:
                         for tag in tagged[seq][0]:
                             counts[tag] = counts.get(tag, 0) + 1
                     self._vocab.put(sid, (after, counts))
-        return last
+                    current = after
+                self.vocab.advance(
+                    sid,
+                    before,
+                    after,
+                    (t for seq in chunk for t in set(tagged[seq][1]) - set(tagged[seq][0])),
+                )
+        return last, current
 
     def on_turn_complete(
         self,

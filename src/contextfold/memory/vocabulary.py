@@ -30,7 +30,9 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -114,6 +116,7 @@ class Vocabulary:
         )
         self._related: SessionLRU[tuple[int, dict[str, int]]] = SessionLRU(sessions)
         self._seen: SessionLRU[set[str]] = SessionLRU(sessions)
+        self._pinned = threading.local()  # (session, generation) of ``pinned``
         # The last inbound vocabulary handed out per session: the next keeps its order.
         self._inbound: SessionLRU[list[str]] = SessionLRU(sessions)
         self._last_seen: SessionLRU[tuple[int, dict[str, datetime]]] = SessionLRU(sessions)
@@ -122,8 +125,38 @@ class Vocabulary:
     # -- reads ----------------------------------------------------------------------------------
 
     def _generation(self, sid: str) -> int:
+        pinned = getattr(self._pinned, "value", None)
+        if pinned is not None and pinned[0] == sid:
+            return int(pinned[1])
         version = self.store.session_version(sid)
         return version[1] if version is not None else 0
+
+    @contextmanager
+    def pinned(self, sid: str, generation: int) -> Iterator[None]:
+        """Reads of ``sid`` inside (on this thread) take its generation to be ``generation``,
+        one the caller has just read with its data, instead of asking the store again (a
+        round trip on a database server)."""
+        outer = getattr(self._pinned, "value", None)
+        self._pinned.value = (sid, generation)
+        try:
+            yield
+        finally:
+            self._pinned.value = outer
+
+    def advance(self, sid: str, before: int, after: int, related: Iterable[str]) -> None:
+        """The session's generation went from ``before`` to ``after`` by a write of new turns'
+        tags alone (``MemoryStorage.write_derived``), read under that write's lock: what is
+        cached at ``before`` is carried to ``after`` instead of read again, the related-tag
+        counts with the new turns' ``related`` tags (one per turn carrying it) added."""
+        state = self._state.peek(sid)
+        if state is not None and state[0] == before:
+            self._state.put(sid, (after, state[1], state[2]))
+        cached = self._related.peek(sid)
+        if cached is not None and cached[0] == before:
+            counts = dict(cached[1])
+            for tag in related:
+                counts[tag] = counts.get(tag, 0) + 1
+            self._related.put(sid, (after, counts))
 
     def _session_state(self, sid: str) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
         generation = self._generation(sid)
