@@ -558,3 +558,40 @@ def test_skipping_the_ranking_changes_no_result(count: int, query: str) -> None:
     engine._holds_everything = lambda *args: False  # type: ignore[method-assign]
     slow = engine.on_message_inbound(query, history)
     assert (fast.prepend_text, fast.items) == (slow.prepend_text, slow.items)
+
+
+def test_a_turn_written_is_the_stores_two_calls_and_nothing_else() -> None:
+    # Each store call is a round trip on a database server: once the session is known, a turn
+    # is stored and derived (tagged, counted, aliases and splits checked) by ``begin_derive``
+    # and ``write_derived`` alone — no generation, alias or split read beside them.
+    config = MemoryConfig.model_validate(
+        {"storage_path": ":memory:", "recall": {"embedder": "none"}}
+    )
+    engine = MemoryEngine(config)
+    store = engine.store
+    calls: list[str] = []
+    depth = [0]
+
+    def counted(name: str, method: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if depth[0] == 0:
+                calls.append(name)
+            depth[0] += 1
+            try:
+                return method(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+
+        return call
+
+    for name in dir(type(store)):
+        if not name.startswith("_") and callable(getattr(store, name)):
+            setattr(store, name, counted(name, getattr(store, name)))
+    words = ["kiln glaze firing", "walnut veneer shipment", "dock four schedule"]
+    for n in range(12):
+        text = f"turn {n}: the {words[n % 3]} for order {n}"
+        engine.on_turn_complete([{"role": "user", "content": text}], new_only=True)
+    calls.clear()
+    engine.on_turn_complete([{"role": "user", "content": "the kiln glaze again"}], new_only=True)
+    assert calls == ["begin_derive", "write_derived"]
+    assert engine.vocabulary() == store.tag_counts("default")  # the counts carried are right
