@@ -71,9 +71,14 @@ def start(tmp_path: Path) -> Iterator[Any]:
             "compaction:\n  soft_threshold: 0.5\n  protected_recent_turns: 2\n"
             "tagger:\n  keywords:\n    database: [postgres, index, vacuum]\n"
         )
+        # A loaded machine must not turn memory off (the first request stores and derives the
+        # client's history before its recall): the log is tested, not the 50 ms deadline.
+        server = tmp_path / f"server-{n}.yaml"
+        server.write_text("proxy:\n  memory_deadline_ms: 10000\n")
         port = free_port()
         command = [sys.executable, "-m", "contextfold", "proxy", "--upstream", upstream]
-        command += ["--port", str(port), "--memory-config", str(memory), *flags]
+        command += ["--port", str(port), "--memory-config", str(memory), "--config", str(server)]
+        command += list(flags)
         env = {**os.environ, "CONTEXTFOLD_HOME": str(tmp_path)}
         process = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env

@@ -42,6 +42,7 @@ from contextfold.items import Message
 from contextfold.server.proxy.envelope import strip_envelope
 from contextfold.server.proxy.record import Plan
 from contextfold.server.proxy.session import Position, locate, side_call
+from contextfold.server.proxy.turns import user_turns
 from contextfold.server.proxy.wire import ParsedRequest, Wire, dumps
 
 if TYPE_CHECKING:
@@ -167,6 +168,7 @@ def ingest(state: ServerState, plan: Plan, parsed: ParsedRequest) -> None:
     plan.position = Position(sid, seqs[-1], parsed.query, position.source, expect_last=seqs[-1])
     plan.session_id = sid
     plan.new_session = None
+    plan.ingested, plan.ingested_seqs = user_turns(earlier), (seqs[0], seqs[-1])
     plan.notes.append(f"history of {len(earlier)} turn(s) stored and derived before recall")
 
 

@@ -75,6 +75,7 @@ class Plan:
     started: float = 0.0
     turn: int | None = None  # the conversation turn, counted in the store (``turns``)
     ingested: int = 0  # earlier turns of the client's history a new conversation brought
+    ingested_seqs: tuple[int, int] | None = None  # their first and last seq, when stored apart
 
 
 #: ``counter.count(text)``, remembered: a chat client resends its history every turn. Both
@@ -198,8 +199,10 @@ def build_record(
         info["notes"] = plan.notes
     if omitted:
         info["messages_omitted"] = omitted
-    if plan.ingested and plan.committed is not None:
-        # The earlier turns the first request brought: the dashboard's ingested-history grid.
+    # The earlier turns the first request brought: the dashboard's ingested-history grid.
+    if plan.ingested and plan.ingested_seqs is not None:  # stored before the recall
+        info["ingested"] = {"turns": plan.ingested, "seqs": list(plan.ingested_seqs)}
+    elif plan.ingested and plan.committed is not None:  # stored with the exchange
         seqs = plan.committed[1]
         info["ingested"] = {"turns": plan.ingested, "seqs": [seqs[0], seqs[-1]]}
     info.update(extra or {})

@@ -671,10 +671,12 @@ class Proxy:
             position, parsed = plan.position, plan.parsed
             messages = parsed.messages if parsed is not None else []
             sid = plan.session_id or plan.new_session
-            if position is not None and position.session_id is None and position.fork is None:
+            if plan.ingested_seqs is None and (
+                position is not None and position.session_id is None and position.fork is None
+            ):  # stored with the exchange (``recall.ingest`` counted those it stored itself)
                 plan.ingested = max(0, user_turns(messages[position.new_from :]) - 1)
-                if plan.ingested:
-                    self.state.log.ingest(sid or "", plan.ingested)
+            if plan.ingested:
+                self.state.log.ingest(sid or "", plan.ingested)
             self.state.captures.add(
                 plan.id,
                 sid or "",
