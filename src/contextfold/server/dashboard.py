@@ -301,9 +301,8 @@ def ingested_history(state: ServerState, records: Sequence[RequestRecord]) -> li
         turns: list[dict[str, Any]] = []
         for stored in store.turns(r.session_id, start=lo, end=hi):
             message = stored.message
-            if message.role == "user" and turns and not turns[-1]["assistant"]:
-                pass  # consecutive user messages (batched clients) fold into one turn
-            elif message.role == "user":
+            # Consecutive user messages (batched clients) fold into one turn.
+            if message.role == "user" and not (turns and not turns[-1]["assistant"]):
                 turns.append(
                     {"turn": len(turns) + 1, "seqs": [], "user": "", "assistant": "", "tags": []}
                 )
