@@ -334,3 +334,38 @@ def test_the_proxy_record_says_when_recall_ran_without_some_vectors() -> None:
     plan.notes.clear()
     recall(SimpleNamespace(memory=engine), plan, parsed)  # type: ignore[arg-type]
     assert not any("not embedded" in note for note in plan.notes)
+
+
+def test_words_and_tags_on_more_turns_than_common_limit_are_left_out() -> None:
+    limited = _compacting(recall={"common_limit": 10, "tag_limit": None})
+    whole = _compacting(recall={"common_limit": None, "tag_limit": None})
+    weights: list[list[str]] = []
+    rare = [
+        {"role": "user", "content": "The oak lacquer of shipment 12 cracked: call the supplier."},
+        {"role": "assistant", "content": "Noted: the oak lacquer cracked."},
+    ]
+    for engine in (limited, whole):
+        engine.on_turn_complete(_pairs(0, 30))
+        engine.on_turn_complete(rare)
+        original = engine.store.tag_overlap_scores
+
+        def spy(session_id: str, wanted: Any, _original: Any = original) -> Any:
+            weights.append(list(wanted))
+            return _original(session_id, wanted)
+
+        engine.store.tag_overlap_scores = spy  # type: ignore[method-assign]
+    query = "walnut veneer shipment oak lacquer"
+    tags = limited.tag_message(query)
+    counts = limited.vocabulary()
+    assert any(counts[t] > 10 for t in tags.tags) and any(counts[t] <= 10 for t in tags.tags)
+    a = limited.recaller.rank("default", query, tags=tags.tags, related=tags.related_tags)
+    b = whole.recaller.rank("default", query, tags=tags.tags, related=tags.related_tags)
+    # the tag signal read only the tags on at most 10 turns; unlimited, every tag
+    assert weights[0] and all(counts.get(t, 0) <= 10 for t in weights[0])
+    assert set(weights[1]) > set(weights[0])
+    # the full-text signal searched only the words on at most 10 turns
+    store = limited.store
+    found = store.search_turn_seqs("default", query, limit=300, common_limit=10)
+    assert found and {r.seq for r in a if "fts" in r.ranks} == {seq for seq, _ in found}
+    assert len(store.search_turn_seqs("default", query, limit=300)) > len(found)
+    assert {r.seq for r in b if "fts" in r.ranks} > {r.seq for r in a if "fts" in r.ranks}

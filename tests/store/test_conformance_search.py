@@ -215,3 +215,31 @@ def test_a_word_common_in_another_session_ranks_lower(memory_store: MemoryStorag
     assert dict(second)[2] > dict(second)[1]
     assert store.search_turn_seqs("other", "glaze") == []
     assert [seq for seq, _ in store.search_turn_seqs("s", "kiln")] == [1]
+
+
+def test_common_limit_leaves_out_the_words_on_more_turns(memory_store: MemoryStorage) -> None:
+    store = memory_store
+    store.create_session("s")
+    store.create_session("s-other")  # its id holds "s" as a word: its turns must not count
+    texts = [
+        "kiln glaze",  # 1
+        "kiln firing",  # 2
+        "kiln",  # 3
+        "pit_fire notes",  # 4: a word of two tokens
+        "pit_fire again",  # 5
+        "nothing here",  # 6
+    ]
+    store.append_turns("s", messages(texts))
+    store.append_turns("s-other", messages(["glaze"] * 5 + ["pit_fire"] * 5))
+    every = store.search_turn_seqs("s", "kiln glaze pit_fire")
+    assert {seq for seq, _ in every} == {1, 2, 3, 4, 5}
+    # kiln is on 3 turns of s: over a limit of 2 it is left out, and the scores of the rest
+    # are what they were without it (the other words' statistics are unchanged).
+    bounded = store.search_turn_seqs("s", "kiln glaze pit_fire", common_limit=2)
+    assert {seq for seq, _ in bounded} == {1, 4, 5}
+    alone = dict(store.search_turn_seqs("s", "glaze pit_fire"))
+    assert dict(bounded) == alone
+    assert store.search_turn_seqs("s", "kiln glaze pit_fire", common_limit=3) == every
+    assert store.search_turn_seqs("s", "kiln", common_limit=2) == []  # only common words
+    assert store.search_turn_seqs("s", "pit_fire", common_limit=1) == []
+    assert [s for s, _ in store.search_turn_seqs("s", "glaze", common_limit=1)] == [1]

@@ -1,5 +1,5 @@
-"""Conformance: the tag counts a store keeps on write (``tag_counts`` without bounds and
-``topic_counts``) always equal a count of the tag rows themselves, through every write that
+"""Conformance: the tag counts a store keeps on write (``tag_counts`` without bounds,
+``topic_counts`` and ``related_tag_counts``) always equal a count of the tag rows themselves, through every write that
 touches tags, segments or the watermark: tags set, replaced, re-weighted and turned into
 related tags, compaction, a fork, a dump loaded back and a session deleted and written again.
 """
@@ -31,6 +31,8 @@ def _agrees(store: MemoryStorage, sid: str) -> None:
     assert store.tag_counts(sid, before=watermark) == dict(
         Counter(tag for t in store.turns(sid) if t.seq < watermark for tag in t.tags)
     )
+    related = Counter(tag for t in store.turns(sid) for tag in t.related_tags)
+    assert store.related_tag_counts(sid) == dict(sorted(related.items()))
 
 
 def test_kept_tag_counts_follow_every_write(memory_store: MemoryStorage) -> None:
@@ -75,6 +77,7 @@ def test_kept_tag_counts_of_forks_loads_and_rewritten_sessions(memory_store: Mem
     branch = store.fork("s1", 5)
     _agrees(store, branch)
     assert store.tag_counts(branch) == {"billing": 5, "t0": 2, "t1": 3}
+    assert store.related_tag_counts(branch) == {"x": 5}
     _agrees(store, "s1")
     dump = store.dump_session("s1")
     assert store.delete_session("s1")
@@ -84,6 +87,7 @@ def test_kept_tag_counts_of_forks_loads_and_rewritten_sessions(memory_store: Mem
     store.delete_session("s1")
     filled(store)  # the same id written again starts from nothing
     assert store.tag_counts("s1") == {} and store.topic_counts("s1") == (0, {})
+    assert store.related_tag_counts("s1") == {}
     _agrees(store, branch)
 
 

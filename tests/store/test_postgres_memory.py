@@ -356,3 +356,21 @@ def test_m007_counts_the_tags_and_segments_a_database_already_holds(postgres_url
     assert store.tag_counts("s1") == {"glaze": 1, "kiln": 2}
     assert store.topic_counts("s1") == (3, {"kiln": 2})
     store.close()
+
+
+def test_m009_counts_the_related_tags_a_database_already_holds(postgres_url: str) -> None:
+    store = PostgresMemoryStore(postgres_url, counter=CharCounter())
+    store.create_session("s1")
+    store.append_turns("s1", [_msg(f"turn {n}") for n in range(3)])
+    store.set_tags_many("s1", {1: ({"kiln": 1.0}, ["oven"]), 2: ({"glaze": 1.0}, ["oven", "x"])})
+    store.close()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:  # as before m009
+        conn.execute("DROP TABLE related_tag_stats")
+        for name in ("add", "remove", "change"):
+            conn.execute(f"DROP FUNCTION cf_related_stats_{name}() CASCADE")
+        conn.execute("DELETE FROM schema_migrations WHERE name = 'm009_related_tag_stats'")
+    store = PostgresMemoryStore(postgres_url, counter=CharCounter())
+    assert store.related_tag_counts("s1") == {"oven": 2, "x": 1}
+    store.set_turn_tags("s1", 2, {"glaze": 1.0})
+    assert store.related_tag_counts("s1") == {"oven": 1}
+    store.close()

@@ -46,6 +46,7 @@ def test_migrations_are_recorded_once() -> None:
             "m008_response_links",
             "m009_scoped_aliases_and_splits",
             "m010_tag_stats",
+            "m011_related_tag_stats",
         ]
     )
     assert MIGRATIONS.apply(store._conn) == []
@@ -252,4 +253,20 @@ def test_m010_counts_the_tags_and_segments_a_file_already_holds(tmp_path: Path) 
     assert store.tag_counts("a") == {"kiln": 2} and store.tag_counts("b") == {"glaze": 1}
     assert store.topic_counts("a") == (3, {"kiln": 2})
     assert store.topic_counts("b") == (3, {})  # glaze is on no segment
+    store.close()
+
+
+def test_m011_counts_the_related_tags_a_file_already_holds(tmp_path: Path) -> None:
+    _m005_file(tmp_path / "m005.db")
+    conn = connect(tmp_path / "m005.db")
+    conn.executemany(
+        "INSERT INTO turn_tags (session_id, seq, tag, weight, related) VALUES (?, ?, ?, 1.0, ?)",
+        [("a", 1, "oven", 1), ("a", 2, "kiln", 0), ("a", 2, "oven", 1), ("b", 2, "oven", 0)],
+    )
+    conn.close()
+    store = _store(tmp_path / "m005.db")
+    assert store.related_tag_counts("a") == {"oven": 2}
+    assert store.related_tag_counts("b") == {}  # oven is b's tag, not a related one
+    store.set_turn_tags("a", 1, {"oven": 1.0})  # related no more
+    assert store.related_tag_counts("a") == {"oven": 1}
     store.close()

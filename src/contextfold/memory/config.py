@@ -178,7 +178,10 @@ class RecallSettings(_Section):
     dense recall, all sessions together (the least recently used session's are dropped
     first, and read back from the store when it is asked again). ``tag_limit`` caps the tag
     signal's candidates (the best by tag overlap; ``None``: every turn carrying a tag of the
-    message), as ``fts_limit`` caps the full-text and dense ones.
+    message), as ``fts_limit`` caps the full-text and dense ones. ``common_limit`` bounds
+    what the full-text and tag signals read: a query word or tag on more than that many of
+    the session's turns is left out of them (it tells few turns apart, and reading its turns
+    is what grows with the conversation; ``None``: no limit).
 
     ``relevance_floor``: memory is injected only when the message's best cosine similarity
     with a stored turn it could recall reaches this floor; below it the message gets no memory
@@ -202,6 +205,7 @@ class RecallSettings(_Section):
     fts_limit: int = Field(300, ge=10)
     vector_cache_mb: float = Field(512, gt=0)
     tag_limit: int | None = Field(1000, ge=10)
+    common_limit: int | None = Field(1000, ge=10)
     relevance_floor: float | None = Field(RELEVANCE_FLOOR, ge=-1, le=1)
     unknown_name_floor: float | None = Field(UNKNOWN_NAME_FLOOR, ge=-1, le=1)
 

@@ -222,6 +222,7 @@ class MemoryEngine:
             date_slack_days=cfg.recall.date_slack_days,
             vector_cache_bytes=int(cfg.recall.vector_cache_mb * 2**20),
             tag_limit=cfg.recall.tag_limit,
+            common_limit=cfg.recall.common_limit,
         )
         self.pager = Pager(self.store, budget=cfg.paging.budget)
         self.delegation = Delegation(

@@ -136,7 +136,9 @@ class Recaller:
     ``embedder`` may be ``None`` (no dense signal). ``fusion`` is ``"score"`` or ``"rrf"``
     (``k`` is the RRF constant); ``fts_limit`` how many full-text and dense hits to fuse;
     ``weights`` scale each signal's share; ``neighbor_weight``, ``length_prior`` and
-    ``date_weight`` as in the module docstring (0 turns each off)."""
+    ``date_weight`` as in the module docstring (0 turns each off); ``common_limit`` leaves a
+    query word or tag on more than that many of the session's turns out of the full-text and
+    tag signals (``None``: no limit), so what they read is bounded by the words' rarity."""
 
     def __init__(
         self,
@@ -155,6 +157,7 @@ class Recaller:
         date_slack_days: int = 14,
         vector_cache_bytes: int = 512 * 2**20,
         tag_limit: int | None = None,
+        common_limit: int | None = None,
     ) -> None:
         if fusion not in ("score", "rrf"):
             raise ValueError(f"fusion must be 'score' or 'rrf', not {fusion!r}")
@@ -163,6 +166,7 @@ class Recaller:
         self.k = k
         self.fts_limit = fts_limit
         self.tag_limit = tag_limit
+        self.common_limit = common_limit
         self.related_weight = related_weight
         self.weights = {"tags": 1.0, "fts": 1.0, "dense": 1.0, **(weights or {})}
         self.embed_batch = embed_batch
@@ -330,6 +334,12 @@ class Recaller:
             return [], None
         if counts is None:
             counts = self.store.tag_counts(session_id)
+        if self.common_limit is not None:
+            # A tag on more turns than ``common_limit`` tells few of them apart (its IDF is
+            # the lowest), and summing its rows is what grows with the conversation.
+            wanted = [tag for tag in wanted if counts.get(tag, 0) <= self.common_limit]
+            if not wanted:
+                return [], None
         total = max(1, self.store.last_seq(session_id))
         primary = set(tags)
         weights: dict[str, tuple[float, float]] = {}
@@ -363,7 +373,9 @@ class Recaller:
         tag_hits, tag_low = self._tag_scores(session_id, tags, related, tag_counts)
         signals = {
             "tags": tag_hits,
-            "fts": self.store.search_turn_seqs(session_id, text, limit=self.fts_limit),
+            "fts": self.store.search_turn_seqs(
+                session_id, text, limit=self.fts_limit, common_limit=self.common_limit
+            ),
             "dense": self._dense(session_id, text, self.fts_limit),
         }
         fused: dict[int, float] = {}

@@ -282,8 +282,12 @@ class MemoryStorage(Protocol):
         ...
 
     def search_turn_seqs(
-        self, session_id: str, query: str, limit: int = 10
-    ) -> list[tuple[int, float]]: ...
+        self, session_id: str, query: str, limit: int = 10, *, common_limit: int | None = None
+    ) -> list[tuple[int, float]]:
+        """(seq, bm25 score) of the session's turns matching any query word, best first.
+        ``common_limit``: a word in more than that many of the session's turns is left out
+        (counted no further than the limit); a query of only such words finds nothing."""
+        ...
 
     def search_segments(
         self, session_id: str, query: str, limit: int = 10

@@ -533,8 +533,9 @@ class PostgresMemoryStore(
         return [(self._turn(by_seq[seq], tags.get(seq, ({}, []))), score) for seq, score in hits]
 
     def search_turn_seqs(
-        self, session_id: str, query: str, limit: int = 10
+        self, session_id: str, query: str, limit: int = 10, *, common_limit: int | None = None
     ) -> list[tuple[int, float]]:
-        """Like ``search_turns`` but only (seq, score) pairs: the fast path for ranking."""
+        """Like ``search_turns`` but only (seq, score) pairs: the fast path for ranking
+        (``common_limit`` as the Protocol says)."""
         with self._read() as conn:
-            return ranked(conn, self._tokenizer, TURNS, session_id, query, limit)
+            return ranked(conn, self._tokenizer, TURNS, session_id, query, limit, common_limit)

@@ -115,11 +115,12 @@ class VocabMixin:
     # -- related tags ---------------------------------------------------------------------------
 
     def related_tag_counts(self, session_id: str) -> dict[str, int]:
-        """How many turns carry each related tag (and not the same tag as a tag)."""
+        """How many turns carry each related tag (and not the same tag as a tag): the counts
+        kept on write (``related_tag_stats``), one row per tag."""
         with self._read() as conn:
             rows = conn.execute(
-                "SELECT tag, COUNT(*) FROM turn_tags WHERE session_id = %s AND related"
-                ' GROUP BY tag ORDER BY tag COLLATE "C"',
+                "SELECT tag, turns FROM related_tag_stats WHERE session_id = %s AND turns > 0"
+                ' ORDER BY tag COLLATE "C"',
                 (session_id,),
             ).fetchall()
         return {r[0]: int(r[1]) for r in rows}

@@ -32,6 +32,9 @@ on: never rename one, never reorder them, and add changes only as a new ``m00N_�
   every move of the watermark.
 - ``m008_scoped_aliases_and_splits`` — ``session_aliases`` and ``tag_splits``, as the SQLite
   store's ``m009``.
+- ``m009_related_tag_stats`` — ``related_tag_stats`` (the SQLite store's ``m011``): per
+  session and tag, the turns carrying it as a related tag, kept by triggers on tags (per
+  statement, over its transition rows).
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ __all__ = [
     "m006_derive_in_one_call",
     "m007_tag_stats",
     "m008_scoped_aliases_and_splits",
+    "m009_related_tag_stats",
 ]
 
 MIGRATIONS = PgMigrationRegistry("memory")
@@ -669,3 +673,48 @@ def m008_scoped_aliases_and_splits(conn: psycopg.Connection[Any]) -> None:
                 f" REFERENCING {rows} TABLE AS changed FOR EACH STATEMENT"
                 " EXECUTE FUNCTION sessions_new_generation()"
             )
+
+
+def _related_deltas(rows: str) -> str:
+    """Per (session, tag), the related tags among the transition table ``rows``."""
+    return (
+        f"SELECT session_id, tag, COUNT(*)::INTEGER AS n FROM {rows} WHERE related"
+        " GROUP BY session_id, tag"
+    )
+
+
+@MIGRATIONS.migration
+def m009_related_tag_stats(conn: psycopg.Connection[Any]) -> None:
+    add = (
+        "INSERT INTO related_tag_stats (session_id, tag, turns)"
+        f" SELECT session_id, tag, n FROM ({_related_deltas('new_rows')}) d"
+        " ON CONFLICT (session_id, tag) DO UPDATE"
+        " SET turns = related_tag_stats.turns + excluded.turns;"
+    )
+    remove = (
+        "UPDATE related_tag_stats t SET turns = t.turns - d.n"
+        f" FROM ({_related_deltas('old_rows')}) d"
+        " WHERE t.session_id = d.session_id AND t.tag = d.tag;"
+    )
+    statements = [
+        "CREATE TABLE related_tag_stats ("
+        " session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,"
+        " tag TEXT NOT NULL, turns INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (session_id, tag))",
+        "INSERT INTO related_tag_stats (session_id, tag, turns)"
+        f" SELECT session_id, tag, n FROM ({_related_deltas('turn_tags')}) d",
+        "CREATE FUNCTION cf_related_stats_add() RETURNS trigger LANGUAGE plpgsql AS $$"
+        f" BEGIN {add} RETURN NULL; END $$",
+        "CREATE FUNCTION cf_related_stats_remove() RETURNS trigger LANGUAGE plpgsql AS $$"
+        f" BEGIN {remove} RETURN NULL; END $$",
+        "CREATE FUNCTION cf_related_stats_change() RETURNS trigger LANGUAGE plpgsql AS $$"
+        f" BEGIN {remove} {add} RETURN NULL; END $$",
+        "CREATE TRIGGER related_tag_stats_ai AFTER INSERT ON turn_tags REFERENCING NEW TABLE"
+        " AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION cf_related_stats_add()",
+        "CREATE TRIGGER related_tag_stats_ad AFTER DELETE ON turn_tags REFERENCING OLD TABLE"
+        " AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION cf_related_stats_remove()",
+        "CREATE TRIGGER related_tag_stats_au AFTER UPDATE ON turn_tags REFERENCING OLD TABLE"
+        " AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT"
+        " EXECUTE FUNCTION cf_related_stats_change()",
+    ]
+    for statement in statements:
+        conn.execute(statement)

@@ -104,12 +104,22 @@ def ranked(
     session_id: str,
     query: str,
     limit: int,
+    common_limit: int | None = None,
 ) -> list[tuple[int, float]]:
-    """(key, score) of the session's rows matching any of the query's terms, best first."""
+    """(key, score) of the session's rows matching any of the query's terms, best first.
+    With ``common_limit``, a term in more than that many of the session's rows is left out
+    (counted up to the limit, as the SQLite store does); a query of only such terms finds
+    nothing."""
     terms = query_terms(query)
     if not terms or limit <= 0:
         return []
     phrases = [tokenizer.phrase(term) for term in terms]
+    if common_limit is not None:
+        phrases = [
+            p for p in phrases if _session_rows(conn, index, session_id, p, common_limit) <= common_limit
+        ]
+        if not phrases:
+            return []
     tokens = sorted({t for phrase in phrases for t in phrase})
     singles = sorted({phrase[0] for phrase in phrases if len(phrase) == 1})
     # One round trip: the session's matching rows, and the statistics of the whole table.
@@ -174,3 +184,29 @@ def _document_frequency(
     ):
         rows.setdefault(tuple(record[:width]), {})[record[width]] = record[width + 1]
     return sum(1 for terms in rows.values() if phrase_hits(terms, phrase))
+
+
+def _session_rows(
+    conn: psycopg.Connection[Any], index: FtsIndex, session_id: str, phrase: Sequence[str], limit: int
+) -> int:
+    """How many of the session's rows hold ``phrase``, counted up to ``limit + 1``: one
+    token's rows through the primary key (a read bounded by the limit); a phrase of several
+    tokens checks the positions of the rows holding its first token."""
+    if not phrase:
+        return 0
+    if len(phrase) == 1:
+        row = conn.execute(
+            f"SELECT COUNT(*) FROM (SELECT 1 FROM {index.terms} WHERE session_id = %s"
+            " AND term = %s LIMIT %s) AS hits",
+            (session_id, phrase[0], limit + 1),
+        ).fetchone()
+        return int(row[0]) if row else 0
+    rows: dict[int, dict[str, list[int]]] = {}
+    for key, term, positions in conn.execute(
+        f"SELECT {index.key}, term, positions FROM {index.terms} WHERE session_id = %s"
+        f" AND term = ANY(%s) AND {index.key} IN (SELECT {index.key} FROM {index.terms}"
+        " WHERE session_id = %s AND term = %s)",
+        (session_id, list(set(phrase)), session_id, phrase[0]),
+    ):
+        rows.setdefault(int(key), {})[term] = positions
+    return min(limit + 1, sum(1 for terms in rows.values() if phrase_hits(terms, phrase)))

@@ -94,6 +94,7 @@ from contextfold.store.sqlite.memory_schema import (
 )
 from contextfold.store.sqlite.memory_segments import SegmentsMixin
 from contextfold.store.sqlite.memory_state import StateMixin
+from contextfold.store.text import query_terms
 from contextfold.store.sqlite.memory_transfer import TransferMixin
 from contextfold.store.sqlite.memory_vocab import VocabMixin
 from contextfold.tokens import TiktokenCounter, TokenCounter
@@ -618,10 +619,19 @@ class MemoryStore(
         return [(self._turn(r, tags.get(r["seq"], ({}, []))), float(r["score"])) for r in rows]
 
     def search_turn_seqs(
-        self, session_id: str, query: str, limit: int = 10
+        self, session_id: str, query: str, limit: int = 10, *, common_limit: int | None = None
     ) -> list[tuple[int, float]]:
-        """Like ``search_turns`` but only (seq, score) pairs: the fast path for ranking."""
-        match = _fts_query(query, "content_text", session_id)
+        """Like ``search_turns`` but only (seq, score) pairs: the fast path for ranking.
+        With ``common_limit``, a query word in more than that many of the session's turns is
+        left out (each word's turns are counted up to the limit, no further); a query of only
+        such words finds nothing. FTS5's ``bm25()`` reads every row of each word's posting
+        list (its IDF counts them all), so this bounds the search by the words' own rarity."""
+        terms = query_terms(query)
+        if common_limit is not None:
+            terms = [t for t in terms if self._turns_with(session_id, t, common_limit) <= common_limit]
+            if not terms:
+                return []
+        match = _fts_query(query, "content_text", session_id, terms)
         if match is None:
             return []
         rows = self._conn.execute(
@@ -631,6 +641,17 @@ class MemoryStore(
             (match, session_id, limit),
         )
         return [(int(r[0]), float(r[1])) for r in rows]
+
+    def _turns_with(self, session_id: str, term: str, limit: int) -> int:
+        """How many of the session's turns hold the query word ``term``, counted up to
+        ``limit + 1`` (a read bounded by the limit)."""
+        match = _fts_query(term, "content_text", session_id, [term])
+        row = self._conn.execute(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM turns_fts CROSS JOIN turns t ON t.id = turns_fts.rowid"
+            " WHERE turns_fts MATCH ? AND t.session_id = ? LIMIT ?)",
+            (match, session_id, limit + 1),
+        ).fetchone()
+        return int(row[0])
 
     def turn_texts_after(self, session_id: str, after: int) -> list[tuple[int, str, str, str]]:
         """(seq, role, text, content hash) of the turns after seq ``after``, in order — the

@@ -31,6 +31,10 @@ on: never rename one, never reorder them, and add changes only as a new ``m00N_â
   on every write of a turn's tags or a segment and every move of the watermark, so a recall
   reads counts (one row per tag) instead of counting every tag row and segment of the
   session.
+- ``m011_related_tag_stats`` â€” ``related_tag_stats``: per session and tag, the turns carrying
+  it as a related tag, kept by triggers on every write of a turn's tags, so the inbound
+  vocabulary reads one row per related tag instead of counting every related tag row of the
+  session after each write.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ __all__ = [
     "m008_response_links",
     "m009_scoped_aliases_and_splits",
     "m010_tag_stats",
+    "m011_related_tag_stats",
 ]
 
 MIGRATIONS = MigrationRegistry("memory")
@@ -509,4 +514,37 @@ def m010_tag_stats(conn: sqlite3.Connection) -> None:
         " + (CASE WHEN NEW.compaction_watermark > OLD.compaction_watermark THEN 1 ELSE -1 END)"
         f" * (SELECT COUNT(*) {span} AND t.tag = tag_stats.tag)"
         f" WHERE session_id = NEW.id AND tag IN (SELECT t.tag {span}); END"
+    )
+
+
+@MIGRATIONS.migration
+def m011_related_tag_stats(conn: sqlite3.Connection) -> None:
+    # Related tags only (``related = 1``), as ``related_tag_counts`` counts them. Rows at zero
+    # stay (and are not read).
+    conn.execute(
+        "CREATE TABLE related_tag_stats ("
+        " session_id TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,"
+        " tag TEXT NOT NULL, turns INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (session_id, tag))"
+    )
+    conn.execute(
+        "INSERT INTO related_tag_stats (session_id, tag, turns)"
+        " SELECT session_id, tag, COUNT(*) FROM turn_tags WHERE related = 1"
+        " GROUP BY session_id, tag"
+    )
+    add = (
+        "INSERT INTO related_tag_stats (session_id, tag, turns)"
+        " SELECT NEW.session_id, NEW.tag, 1 WHERE NEW.related = 1"
+        " ON CONFLICT (session_id, tag) DO UPDATE SET turns = turns + 1;"
+    )
+    remove = (
+        "UPDATE related_tag_stats SET turns = turns - 1"
+        " WHERE session_id = OLD.session_id AND tag = OLD.tag AND OLD.related = 1;"
+    )
+    conn.execute(f"CREATE TRIGGER related_tag_stats_ai AFTER INSERT ON turn_tags BEGIN {add} END")
+    conn.execute(
+        f"CREATE TRIGGER related_tag_stats_ad AFTER DELETE ON turn_tags BEGIN {remove} END"
+    )
+    conn.execute(
+        "CREATE TRIGGER related_tag_stats_au AFTER UPDATE OF session_id, seq, tag, related"
+        f" ON turn_tags BEGIN {remove} {add} END"
     )

@@ -103,10 +103,11 @@ class VocabMixin:
     # -- related tags ---------------------------------------------------------------------------
 
     def related_tag_counts(self, session_id: str) -> dict[str, int]:
-        """How many turns carry each related tag (and not the same tag as a tag)."""
+        """How many turns carry each related tag (and not the same tag as a tag): the counts
+        kept on write (``related_tag_stats``), one row per tag."""
         rows = self._conn.execute(
-            "SELECT tag, COUNT(*) FROM turn_tags WHERE session_id = ? AND related = 1"
-            " GROUP BY tag ORDER BY tag",
+            "SELECT tag, turns FROM related_tag_stats WHERE session_id = ? AND turns > 0"
+            " ORDER BY tag",
             (session_id,),
         )
         return {r[0]: int(r[1]) for r in rows}
