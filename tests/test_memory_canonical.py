@@ -97,6 +97,34 @@ def test_protected_words_are_not_folded() -> None:
     assert canon.canonical("adams") == "adams"
 
 
+_WORDS = st.sampled_from(
+    ["james", "adams", "paris", "notes", "Lists", "caches", "news", "db", "c#", "hopkins", "go"]
+)
+_TAGS = st.lists(_WORDS, min_size=1, max_size=3).map("-".join)
+
+
+@given(st.lists(_TAGS, max_size=12), st.lists(_WORDS, min_size=1, max_size=3))
+def test_protecting_a_word_gives_what_a_fresh_canonicalizer_would(
+    tags: list[str], words: list[str]
+) -> None:
+    warm = TagCanonicalizer()
+    for tag in tags:  # cached before the words are protected
+        warm.canonical(tag)
+    warm.protect(*words)
+    fresh = TagCanonicalizer(protected=words)
+    assert [warm.canonical(t) for t in tags] == [fresh.canonical(t) for t in tags]
+
+
+def test_protecting_a_word_keeps_the_cached_tags_it_cannot_change() -> None:
+    canon = TagCanonicalizer()
+    for tag in ("databases", "queries", "paris-trip", "notes"):
+        canon.canonical(tag)
+    canon.protect("Paris")
+    assert sorted(canon._cache) == ["databases", "notes", "queries"]
+    assert canon.canonical("paris-trip") == "paris-trip"
+    assert canon.canonical("trip-to-paris") == "trip-to-paris"
+
+
 # -- aliases ---------------------------------------------------------------------------------
 
 

@@ -212,7 +212,17 @@ class TagCanonicalizer:
         new = {normalize_tag(w) for w in words} - self._protected
         if new:
             self._protected |= new
-            self._cache.clear()
+            # Only a tag whose last part is one of these words can fold differently now: the
+            # cached tags that may hold one are dropped, not the whole cache (a conversation
+            # protects a name now and then, and each full clear made every tag of the
+            # vocabulary pay for its canonical form again).
+            folding = [w for w in new if len(w) > 3 and w.endswith("s")]
+            if folding:
+                self._cache = {
+                    tag: found
+                    for tag, found in self._cache.items()
+                    if not any(w in tag.lower() for w in folding) and "#" not in tag
+                }
 
     def canonical(self, tag: str) -> str:
         """Normalize, fold, then follow aliases to the end: the one spelling to store.

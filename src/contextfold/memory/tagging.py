@@ -223,6 +223,7 @@ class KeywordTagger:
         self.learn = learn
         self.lookback_words = lookback_words
         self._stem_word = _stemmer(language).stemWord
+        self._stems: dict[str, str] = {}  # at most _CACHE_LIMIT words
         self._stop = _CHATTER | _stopwords("en")
         self._stop_stems = frozenset(self._stem(w) for w in _CHATTER_VERBS)
         self._info: dict[str, _Info | None] = {}
@@ -260,7 +261,12 @@ class KeywordTagger:
         return self._docs
 
     def _stem(self, word: str) -> str:
-        return str(self._stem_word(word))
+        found = self._stems.get(word)
+        if found is None:
+            if len(self._stems) >= _CACHE_LIMIT:
+                self._stems.clear()
+            found = self._stems[word] = str(self._stem_word(word))
+        return found
 
     def _token(self, token: str) -> _Info | None:
         """Cached facts about one raw token; ``None`` for punctuation. The first spelling
