@@ -547,3 +547,28 @@ def test_reactions_and_fillers_never_become_topics() -> None:
     assert "pottery" in " ".join(result.tags)
     for filler in ("true", "amazing", "happy", "excited"):
         assert filler not in result.tags and filler not in result.related_tags
+
+
+def test_a_vocabulary_growing_turn_by_turn_keeps_one_index_and_the_others_theirs() -> None:
+    tagger = KeywordTagger()
+    stored = ["kiln", "glaze"]
+    inbound = [*stored, "pottery"]  # the inbound vocabulary adds a related tag
+    tagger.tag("the kiln glaze", vocabulary=inbound)
+    for n in range(12):  # a derive: the stored turns' vocabulary grows turn by turn
+        stored = [*stored, f"tag{n}"]
+        assert tagger.tag("kiln glaze tag0", vocabulary=stored).primary is not None
+    known = [seen for seen, _ in tagger._known]  # type: ignore[attr-defined]
+    # the growing vocabulary has one index (the latest); the inbound one was not pushed out
+    assert known == [stored, inbound]
+    grown = [*inbound, "tag3"]
+    names: list[str] = []
+    canonical = tagger.canonicalizer.canonical
+
+    def spy(tag: str) -> str:
+        names.append(tag)
+        return canonical(tag)
+
+    tagger.canonicalizer.canonical = spy  # type: ignore[method-assign]
+    result = tagger.tag("kiln pottery and tag3", vocabulary=grown)
+    assert "pottery" in result.tags and "tag3" in result.tags
+    assert "glaze" not in names and "tag3" in names  # extended by the new tag, not rebuilt

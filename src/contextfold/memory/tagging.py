@@ -396,12 +396,14 @@ class KeywordTagger:
                     base = entry
             seen, index = base
             new = list(vocabulary[len(seen) :])
-            if not new and base in self._known:
-                self._known.remove(base)
-            elif new:
-                # A new index beside the old one, not the old one grown: a caller holding the
-                # old one (another vocabulary, on another thread) never sees these tags, and
-                # the vocabulary it came from keeps its own index.
+            # The index extended takes its base's place: the vocabulary that grew has one
+            # index however often it grew (a derive's tagging grows its vocabulary turn by
+            # turn; kept beside each other, those indexes pushed the inbound tagging's out, and
+            # the first recall after each derive built it again for every tag).
+            others = [entry for entry in self._known if entry is not base]
+            if new:
+                # A new index, not the old one grown: a caller holding the old one (on another
+                # thread) never sees these tags.
                 index = {stem: list(names) for stem, names in index.items()}
                 seen = [*seen, *new]
             for tag in new:
@@ -409,7 +411,7 @@ class KeywordTagger:
                 parts = tuple(self._stem(p) for p in name.split("-") if p)
                 if parts:
                     index.setdefault(parts[0], []).append((name, parts))
-            self._known = [(seen, index), *self._known[: _KNOWN_INDEXES - 1]]
+            self._known = [(seen, index), *others[: _KNOWN_INDEXES - 1]]
             return index
 
     def tag(
