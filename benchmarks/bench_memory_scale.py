@@ -203,7 +203,9 @@ def run_config(spec: dict[str, Any], data_dir: Path) -> dict[str, Any]:
         else:
             out["dense"] = None
             out["dense_skipped"] = (
-                f"{embedded:,} turns to embed > --embed-max {spec['embed_max']:,}"
+                "embedder off (--no-embedder)"
+                if not spec["embedder"]
+                else f"{embedded:,} turns to embed > --embed-max {spec['embed_max']:,}"
             )
         out["vectors_mb"] = round(embedded * DIM * 4 / 2**20, 1) if out["dense"] else 0.0
         out["db_mb"] = round(sum(p.stat().st_size for p in folder.iterdir()) / 2**20, 1)
@@ -258,6 +260,12 @@ def main() -> None:
         action="store_true",
         help="random vectors for the turns past --embed-max (dense cost, not ranking)",
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="an earlier memory_scale JSON, shown beside this run as 'before'",
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     data_dir = args.data_dir or common.default_data_dir()
@@ -298,6 +306,17 @@ def main() -> None:
         "every run recalled": all(r["keyword"]["steady"]["n"] == n_q for r in runs),
     }
     result["peak_rss_mb"] = max(r["peak_rss_mb"] for r in runs)
+    if args.baseline is not None:
+        before = json.loads(args.baseline.read_text(encoding="utf-8"))
+        load = before.get("machine", {}).get("load_avg_1m_at_start")
+        result["baseline"] = {
+            "commit": before.get("git", {}).get("commit", "unknown"),
+            "runs": before["runs"],
+            "note": (
+                f"`{args.baseline.name}` ({before.get('command', '')}), an earlier run on the "
+                f"same machine at load average {load}, not side by side with this one"
+            ),
+        }
     path = common.write_result(result, args.results_dir, args.results_md)
     print(f"wrote {Path(path).name}")
 
