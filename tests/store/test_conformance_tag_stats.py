@@ -1,7 +1,8 @@
 """Conformance: the tag counts a store keeps on write (``tag_counts`` without bounds,
-``topic_counts`` and ``related_tag_counts``) always equal a count of the tag rows themselves, through every write that
-touches tags, segments or the watermark: tags set, replaced, re-weighted and turned into
-related tags, compaction, a fork, a dump loaded back and a session deleted and written again.
+``topic_counts`` and ``related_tag_counts``) always equal a count of the tag rows themselves,
+through every write that touches tags, segments or the watermark: tags set, replaced,
+re-weighted and turned into related tags, compaction, a fork, a dump loaded back and a
+session deleted and written again.
 """
 
 from __future__ import annotations

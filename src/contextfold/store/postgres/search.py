@@ -116,7 +116,9 @@ def ranked(
     phrases = [tokenizer.phrase(term) for term in terms]
     if common_limit is not None:
         phrases = [
-            p for p in phrases if _session_rows(conn, index, session_id, p, common_limit) <= common_limit
+            p
+            for p in phrases
+            if _session_rows(conn, index, session_id, p, common_limit) <= common_limit
         ]
         if not phrases:
             return []
@@ -187,7 +189,11 @@ def _document_frequency(
 
 
 def _session_rows(
-    conn: psycopg.Connection[Any], index: FtsIndex, session_id: str, phrase: Sequence[str], limit: int
+    conn: psycopg.Connection[Any],
+    index: FtsIndex,
+    session_id: str,
+    phrase: Sequence[str],
+    limit: int,
 ) -> int:
     """How many of the session's rows hold ``phrase``, counted up to ``limit + 1``: one
     token's rows through the primary key (a read bounded by the limit); a phrase of several

@@ -94,9 +94,9 @@ from contextfold.store.sqlite.memory_schema import (
 )
 from contextfold.store.sqlite.memory_segments import SegmentsMixin
 from contextfold.store.sqlite.memory_state import StateMixin
-from contextfold.store.text import query_terms
 from contextfold.store.sqlite.memory_transfer import TransferMixin
 from contextfold.store.sqlite.memory_vocab import VocabMixin
+from contextfold.store.text import query_terms
 from contextfold.tokens import TiktokenCounter, TokenCounter
 
 __all__ = [
@@ -628,7 +628,9 @@ class MemoryStore(
         list (its IDF counts them all), so this bounds the search by the words' own rarity."""
         terms = query_terms(query)
         if common_limit is not None:
-            terms = [t for t in terms if self._turns_with(session_id, t, common_limit) <= common_limit]
+            terms = [
+                t for t in terms if self._turns_with(session_id, t, common_limit) <= common_limit
+            ]
             if not terms:
                 return []
         match = _fts_query(query, "content_text", session_id, terms)
@@ -647,8 +649,8 @@ class MemoryStore(
         ``limit + 1`` (a read bounded by the limit)."""
         match = _fts_query(term, "content_text", session_id, [term])
         row = self._conn.execute(
-            "SELECT COUNT(*) FROM (SELECT 1 FROM turns_fts CROSS JOIN turns t ON t.id = turns_fts.rowid"
-            " WHERE turns_fts MATCH ? AND t.session_id = ? LIMIT ?)",
+            "SELECT COUNT(*) FROM (SELECT 1 FROM turns_fts CROSS JOIN turns t"
+            " ON t.id = turns_fts.rowid WHERE turns_fts MATCH ? AND t.session_id = ? LIMIT ?)",
             (match, session_id, limit + 1),
         ).fetchone()
         return int(row[0])
