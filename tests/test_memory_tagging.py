@@ -572,3 +572,14 @@ def test_a_vocabulary_growing_turn_by_turn_keeps_one_index_and_the_others_theirs
     result = tagger.tag("kiln pottery and tag3", vocabulary=grown)
     assert "pottery" in result.tags and "tag3" in result.tags
     assert "glaze" not in names and "tag3" in names  # extended by the new tag, not rebuilt
+
+
+def test_the_stem_cache_holds_its_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    from contextfold.memory import tagging
+
+    monkeypatch.setattr(tagging, "_CACHE_LIMIT", 50)
+    tagger = KeywordTagger()
+    for n in range(20):
+        tagger.tag(" ".join(f"word{n}x{k} running" for k in range(10)))
+        assert len(tagger._stems) <= 50  # type: ignore[attr-defined]
+    assert tagger._stem("running") == "run"  # type: ignore[attr-defined]
