@@ -173,6 +173,21 @@ _BIGRAM_BONUS = 1.25
 _KEEP_FRACTION = 0.35  # a keyphrase must score at least this share of the best one
 _CACHE_LIMIT = 200_000
 
+
+def _common_start(a: list[str], b: list[str]) -> int:
+    """How many leading items ``a`` and ``b`` share (list compares at C speed, halving)."""
+    high = min(len(a), len(b))
+    if a[:high] == b[:high]:
+        return high
+    low = 0  # a[:low] == b[:low] holds; a[:high] != b[:high]
+    while high - low > 1:
+        middle = (low + high) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle
+    return low
+
 # Token info: (stem, is_content, may end a pair, weight); ``None`` marks a break.
 _Info = tuple[str, bool, bool, float]
 
@@ -380,37 +395,48 @@ class KeywordTagger:
         named = ((self._name(key), score) for key, score in self._rank(candidates))
         return list({tag: score for tag, score in reversed(list(named)) if tag}.items())[::-1]
 
+    def _known_entry(self, tag: str) -> tuple[str, tuple[str, ...]] | None:
+        name = self.canonicalizer.canonical(tag)
+        parts = tuple(self._stem(p) for p in name.split("-") if p)
+        return (name, parts) if parts else None
+
     def _known_index(
         self, vocabulary: Sequence[str]
     ) -> dict[str, list[tuple[str, tuple[str, ...]]]]:
         """Known tags by the stem of their first part. A vocabulary grows by appending (a
-        session's tags in first-seen order), so the index of the vocabulary it extends is
-        extended with the new tags; any other change builds a new one."""
+        session's tags in first-seen order), so the index sharing the longest start with it
+        is carried over: the tags after that start are taken out and the new ones indexed,
+        instead of indexing every tag again (a vocabulary that lost a tag, merged or split,
+        still shares most of its start)."""
+        words = list(vocabulary)
         with self._known_lock:
-            # The longest indexed vocabulary this one starts with.
             base: tuple[list[str], dict[str, list[tuple[str, tuple[str, ...]]]]] = ([], {})
+            shared = 0
             for entry in self._known:
-                seen = entry[0]
-                fits = len(seen) <= len(vocabulary) and list(vocabulary[: len(seen)]) == seen
-                if fits and (len(seen) > len(base[0]) or base not in self._known):
-                    base = entry
+                common = _common_start(entry[0], words)
+                if common > shared:
+                    base, shared = entry, common
             seen, index = base
-            new = list(vocabulary[len(seen) :])
-            # The index extended takes its base's place: the vocabulary that grew has one
-            # index however often it grew (a derive's tagging grows its vocabulary turn by
-            # turn; kept beside each other, those indexes pushed the inbound tagging's out, and
-            # the first recall after each derive built it again for every tag).
-            others = [entry for entry in self._known if entry is not base]
-            if new:
-                # A new index, not the old one grown: a caller holding the old one (on another
-                # thread) never sees these tags.
+            # An index whose vocabulary grew takes its base's place: the vocabulary that grew
+            # has one index however often it grew (a derive's tagging grows its vocabulary
+            # turn by turn; kept beside each other, those indexes pushed the inbound tagging's
+            # out, and the first recall after each derive built it again for every tag). One
+            # that lost tags is kept beside its base, which may be another caller's.
+            grown = shared == len(seen)
+            others = [e for e in self._known if e is not base] if grown else list(self._known)
+            if shared < len(seen) or shared < len(words):
+                # A new index, not the old one changed: a caller holding the old one (on
+                # another thread) never sees the change.
                 index = {stem: list(names) for stem, names in index.items()}
-                seen = [*seen, *new]
-            for tag in new:
-                name = self.canonicalizer.canonical(tag)
-                parts = tuple(self._stem(p) for p in name.split("-") if p)
-                if parts:
-                    index.setdefault(parts[0], []).append((name, parts))
+                for tag in seen[shared:]:
+                    gone = self._known_entry(tag)
+                    if gone is not None and gone in index.get(gone[1][0], ()):
+                        index[gone[1][0]].remove(gone)
+                for tag in words[shared:]:
+                    entry = self._known_entry(tag)
+                    if entry is not None:
+                        index.setdefault(entry[1][0], []).append(entry)
+                seen = words
             self._known = [(seen, index), *others[: _KNOWN_INDEXES - 1]]
             return index
 
