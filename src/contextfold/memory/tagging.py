@@ -188,6 +188,7 @@ def _common_start(a: list[str], b: list[str]) -> int:
             high = middle
     return low
 
+
 # Token info: (stem, is_content, may end a pair, weight); ``None`` marks a break.
 _Info = tuple[str, bool, bool, float]
 
