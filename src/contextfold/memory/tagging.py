@@ -434,9 +434,9 @@ class KeywordTagger:
                     if gone is not None and gone in index.get(gone[1][0], ()):
                         index[gone[1][0]].remove(gone)
                 for tag in words[shared:]:
-                    entry = self._known_entry(tag)
-                    if entry is not None:
-                        index.setdefault(entry[1][0], []).append(entry)
+                    added = self._known_entry(tag)
+                    if added is not None:
+                        index.setdefault(added[1][0], []).append(added)
                 seen = words
             self._known = [(seen, index), *others[: _KNOWN_INDEXES - 1]]
             return index
