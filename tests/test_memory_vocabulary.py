@@ -299,7 +299,7 @@ def test_an_expired_tags_turns_and_summary_are_not_recalled_but_stay_stored() ->
     ]
     engine.on_turn_complete(garden, session_id="s")
     assert engine.compact(session_id="s") is not None
-    assert "debugging" in engine.store.tag_summaries("s")
+    assert "debugging" in engine.store.paging.tag_summaries("s")
     ctx = engine.on_message_inbound("What fixed the flaky websocket heartbeat?", session_id="s")
     assert ctx.expired_tags == ("debugging",) and ctx.expired_turns == 2
     assert not {1, 2} & {r.seq for r in ctx.recalled}

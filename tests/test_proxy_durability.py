@@ -174,7 +174,7 @@ def test_a_stop_leaves_pending_derived_work_in_the_store(
             worker.start()
             try:
                 assert wait_for(lambda: fresh.store.session(sid).derived_seq == 20, 20)
-                assert wait_for(lambda: fresh.store.pending_jobs() == 0, 5)
+                assert wait_for(lambda: fresh.store.jobs.pending_jobs() == 0, 5)
             finally:
                 worker.stop()
     finally:

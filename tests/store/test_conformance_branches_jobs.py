@@ -27,13 +27,13 @@ def test_an_exchange_stores_its_turns_and_one_pending_derive_job(
     store = memory_store
     sid = store.create_session("a")
     assert exchange(store, sid, 0) == [1, 2]
-    assert store.job_counts() == {"pending": 1} and store.pending_jobs() == 1
-    job = store.claim_job("w")
+    assert store.jobs.job_counts() == {"pending": 1} and store.jobs.pending_jobs() == 1
+    job = store.jobs.claim_job("w")
     assert job is not None and (job.session_id, job.kind, job.attempts) == ("a", "derive", 1)
     assert [t.message.text() for t in store.turns(sid)] == ["question 0", "ok"]
     assert store.commit_exchange(sid, [msg("user", "cut")], partial=[True]) == [3]
     assert store.turns(sid, 3, 3)[0].partial is True
-    assert store.job_counts() == {"pending": 1, "running": 1}
+    assert store.jobs.job_counts() == {"pending": 1, "running": 1}
 
 
 def test_an_exchange_queues_one_pending_job_per_session(memory_store: MemoryStorage) -> None:
@@ -42,15 +42,15 @@ def test_an_exchange_queues_one_pending_job_per_session(memory_store: MemoryStor
     for n in range(3):
         exchange(store, a, n)
     exchange(store, b, 0)
-    assert store.job_counts() == {"pending": 2}
-    store.enqueue_job(a)  # already pending: nothing
-    store.enqueue_job(a, "summaries")  # another kind: its own job
-    assert store.job_counts() == {"pending": 3}
-    store.drop_pending_job(a)
-    assert store.job_counts() == {"pending": 2}
-    store.drop_pending_job(a)  # none left: nothing
-    claimed = {store.claim_job("w").kind for _ in range(2)}  # type: ignore[union-attr]
-    assert claimed == {"derive", "summaries"} and store.claim_job("w") is None
+    assert store.jobs.job_counts() == {"pending": 2}
+    store.jobs.enqueue_job(a)  # already pending: nothing
+    store.jobs.enqueue_job(a, "summaries")  # another kind: its own job
+    assert store.jobs.job_counts() == {"pending": 3}
+    store.jobs.drop_pending_job(a)
+    assert store.jobs.job_counts() == {"pending": 2}
+    store.jobs.drop_pending_job(a)  # none left: nothing
+    claimed = {store.jobs.claim_job("w").kind for _ in range(2)}  # type: ignore[union-attr]
+    assert claimed == {"derive", "summaries"} and store.jobs.claim_job("w") is None
 
 
 def test_branch_moved_refuses_the_exchange_and_stores_nothing(
@@ -59,16 +59,16 @@ def test_branch_moved_refuses_the_exchange_and_stores_nothing(
     store, other = open_store(), open_store()
     sid = store.create_session("a")
     exchange(store, sid, 0)
-    job = store.claim_job("w")
-    assert job is not None and store.finish_job(job.id, "w")
+    job = store.jobs.claim_job("w")
+    assert job is not None and store.jobs.finish_job(job.id, "w")
     assert other.commit_exchange(sid, messages(["from elsewhere"]), expect_last=2) == [3]
-    other_job = other.claim_job("w2")
-    assert other_job is not None and other.finish_job(other_job.id, "w2")
+    other_job = other.jobs.claim_job("w2")
+    assert other_job is not None and other.jobs.finish_job(other_job.id, "w2")
     with pytest.raises(BranchMoved) as moved:
         store.commit_exchange(sid, messages(["stale", "reply"]), expect_last=2)
     assert isinstance(moved.value, ConfigError)
     assert (moved.value.session_id, moved.value.expected, moved.value.last) == (sid, 2, 3)
-    assert store.last_seq(sid) == 3 and store.job_counts() == {}  # no turn, no job
+    assert store.last_seq(sid) == 3 and store.jobs.job_counts() == {}  # no turn, no job
     assert store.commit_exchange(sid, messages(["fresh"]), expect_last=3) == [4]
     assert store.commit_exchange(sid, messages(["a", "b"]), expect_last=None) == [5, 6]
     with pytest.raises(BranchMoved):
@@ -114,7 +114,7 @@ def test_racing_writers_never_both_continue_the_same_turn(open_store: StoreFacto
     for index in (0, 1):
         for seq in won[index]:
             assert turns[seq - 1].message.text().startswith(f"writer{index} ")
-    assert setup.job_counts() == {"pending": 1}
+    assert setup.jobs.job_counts() == {"pending": 1}
 
 
 def test_branch_moved_for_a_new_session_expecting_turns(memory_store: MemoryStorage) -> None:
@@ -131,7 +131,7 @@ def test_a_long_history_is_committed_in_order_with_its_job(memory_store: MemoryS
     history = messages([f"message {n}" for n in range(600)])  # several write chunks
     assert store.commit_exchange("a", history, expect_last=0) == list(range(1, 601))
     assert [t.message.text() for t in store.turns("a")] == [m.text() for m in history]
-    assert store.job_counts() == {"pending": 1}
+    assert store.jobs.job_counts() == {"pending": 1}
 
 
 def test_an_exchange_rolled_back_in_a_batch_leaves_no_job(memory_store: MemoryStorage) -> None:
@@ -140,7 +140,7 @@ def test_an_exchange_rolled_back_in_a_batch_leaves_no_job(memory_store: MemorySt
     with pytest.raises(RuntimeError), store.batch():
         exchange(store, "a", 0)
         raise RuntimeError("crash before the commit")
-    assert store.last_seq("a") == 0 and store.job_counts() == {}
+    assert store.last_seq("a") == 0 and store.jobs.job_counts() == {}
 
 
 def test_mark_derived_only_moves_forward(memory_store: MemoryStorage) -> None:
@@ -228,9 +228,9 @@ def test_a_branch_holds_its_parents_turns_up_to_the_fork_and_nothing_later(
 
 def test_a_branch_queues_its_derive_job(memory_store: MemoryStorage) -> None:
     store = _parent(memory_store)
-    assert store.job_counts() == {}
+    assert store.jobs.job_counts() == {}
     store.fork("p", 2, session_id_new="b")
-    job = store.claim_job("w")
+    job = store.jobs.claim_job("w")
     assert job is not None and (job.session_id, job.kind) == ("b", "derive")
 
 
@@ -262,7 +262,7 @@ def test_a_fork_to_an_existing_id_is_a_config_error(memory_store: MemoryStorage)
     store = _parent(memory_store)
     store.create_session("taken")
     store.append_turns("taken", messages(["mine"]))
-    before = (store.sessions(), store.job_counts(), store.segments("taken"))
+    before = (store.sessions(), store.jobs.job_counts(), store.segments("taken"))
     try:
         with pytest.raises(ConfigError, match="already exists"):
             store.fork("p", 3, session_id_new="taken")
@@ -270,7 +270,7 @@ def test_a_fork_to_an_existing_id_is_a_config_error(memory_store: MemoryStorage)
         assert [t.message.text() for t in store.turns("taken")] == ["mine"]
         assert store.session("taken").parent_id is None
         assert store.tag_counts("taken") == {} and store.turn_vectors("taken", "m")[0] == []
-        assert (store.sessions(), store.job_counts(), store.segments("taken")) == before
+        assert (store.sessions(), store.jobs.job_counts(), store.segments("taken")) == before
 
 
 def test_branches_of_branches_keep_their_own_ancestry(memory_store: MemoryStorage) -> None:
@@ -291,15 +291,15 @@ def test_a_session_runs_one_job_at_a_time_and_others_go_on(memory_store: MemoryS
     store = memory_store
     a, b = store.create_session("a"), store.create_session("b")
     exchange(store, a, 0)
-    first = store.claim_job("w1")
+    first = store.jobs.claim_job("w1")
     assert first is not None and first.session_id == a
     exchange(store, a, 1)  # queued while a's job runs
     exchange(store, b, 0)
-    second = store.claim_job("w2")
+    second = store.jobs.claim_job("w2")
     assert second is not None and second.session_id == b  # a's new job waits for the first
-    assert store.claim_job("w2") is None
-    assert store.finish_job(first.id, "w1")
-    third = store.claim_job("w2")
+    assert store.jobs.claim_job("w2") is None
+    assert store.jobs.finish_job(first.id, "w1")
+    third = store.jobs.claim_job("w2")
     assert third is not None and third.session_id == a
 
 
@@ -310,23 +310,23 @@ def test_claims_take_the_oldest_job_and_skip_the_sessions_asked(
     for sid in ("a", "b", "c"):
         store.create_session(sid)
         exchange(store, sid, 0)
-    job = store.claim_job("w", skip={"a"})
+    job = store.jobs.claim_job("w", skip={"a"})
     assert job is not None and job.session_id == "b"
-    job = store.claim_job("w", skip={"a", "c"})
+    job = store.jobs.claim_job("w", skip={"a", "c"})
     assert job is None
-    assert [store.claim_job("w").session_id for _ in range(2)] == ["a", "c"]  # type: ignore[union-attr]
-    assert store.job_counts() == {"running": 3} and store.pending_jobs() == 3
+    assert [store.jobs.claim_job("w").session_id for _ in range(2)] == ["a", "c"]  # type: ignore[union-attr]
+    assert store.jobs.job_counts() == {"running": 3} and store.jobs.pending_jobs() == 3
 
 
 def test_a_job_whose_lease_ran_out_is_claimed_again(memory_store: MemoryStorage) -> None:
     store = memory_store
     sid = store.create_session("a")
     exchange(store, sid, 0)
-    lost = store.claim_job("dead-worker", lease=-1.0)  # its lease is already over
+    lost = store.jobs.claim_job("dead-worker", lease=-1.0)  # its lease is already over
     assert lost is not None
-    again = store.claim_job("w2")
+    again = store.jobs.claim_job("w2")
     assert again is not None and again.id == lost.id and again.attempts == 2
-    assert store.claim_job("w3") is None  # w2's lease holds
+    assert store.jobs.claim_job("w3") is None  # w2's lease holds
 
 
 def test_a_job_given_back_at_a_stop_survives_its_late_outcome(
@@ -337,14 +337,14 @@ def test_a_job_given_back_at_a_stop_survives_its_late_outcome(
     store = memory_store
     sid = store.create_session("a")
     exchange(store, sid, 0)
-    job = store.claim_job("w1")
+    job = store.jobs.claim_job("w1")
     assert job is not None
     exchange(store, sid, 1)  # new turns while the job runs
-    assert store.release_jobs("w1") == 1
-    assert not store.finish_job(job.id, "w1")
-    assert not store.fail_job(job.id, "late error", owner="w1")
-    assert store.job_counts() == {"pending": 1}
-    redo = store.claim_job("w2")
+    assert store.jobs.release_jobs("w1") == 1
+    assert not store.jobs.finish_job(job.id, "w1")
+    assert not store.jobs.fail_job(job.id, "late error", owner="w1")
+    assert store.jobs.job_counts() == {"pending": 1}
+    redo = store.jobs.claim_job("w2")
     assert redo is not None and redo.session_id == sid
 
 
@@ -353,15 +353,15 @@ def test_release_jobs_gives_back_only_the_owners_jobs(memory_store: MemoryStorag
     for sid in ("a", "b", "c"):
         store.create_session(sid)
         exchange(store, sid, 0)
-    mine = [store.claim_job("w1"), store.claim_job("w1")]
-    theirs = store.claim_job("w2")
+    mine = [store.jobs.claim_job("w1"), store.jobs.claim_job("w1")]
+    theirs = store.jobs.claim_job("w2")
     assert all(mine) and theirs is not None
-    assert store.release_jobs("w1") == 2
-    assert store.release_jobs("w1") == 0 and store.release_jobs("nobody") == 0
-    assert store.job_counts() == {"pending": 2, "running": 1}
-    again = store.claim_job("w3")
+    assert store.jobs.release_jobs("w1") == 2
+    assert store.jobs.release_jobs("w1") == 0 and store.jobs.release_jobs("nobody") == 0
+    assert store.jobs.job_counts() == {"pending": 2, "running": 1}
+    again = store.jobs.claim_job("w3")
     assert again is not None and again.id == mine[0].id and again.attempts == 2  # type: ignore[union-attr]
-    assert store.finish_job(theirs.id, "w2")
+    assert store.jobs.finish_job(theirs.id, "w2")
 
 
 def test_an_outcome_after_another_worker_reclaimed_the_job_leaves_it_to_that_worker(
@@ -370,14 +370,14 @@ def test_an_outcome_after_another_worker_reclaimed_the_job_leaves_it_to_that_wor
     store = memory_store
     sid = store.create_session("a")
     exchange(store, sid, 0)
-    slow = store.claim_job("w1", lease=-1.0)
+    slow = store.jobs.claim_job("w1", lease=-1.0)
     assert slow is not None
-    fresh = store.claim_job("w2")
+    fresh = store.jobs.claim_job("w2")
     assert fresh is not None and fresh.id == slow.id
-    assert not store.finish_job(slow.id, "w1")
-    assert store.job_counts() == {"running": 1}
-    assert store.finish_job(fresh.id, "w2")
-    assert store.job_counts() == {}
+    assert not store.jobs.finish_job(slow.id, "w1")
+    assert store.jobs.job_counts() == {"running": 1}
+    assert store.jobs.finish_job(fresh.id, "w2")
+    assert store.jobs.job_counts() == {}
 
 
 def test_a_failing_job_is_retried_then_kept_as_failed_with_its_error(
@@ -387,14 +387,14 @@ def test_a_failing_job_is_retried_then_kept_as_failed_with_its_error(
     sid = store.create_session("a")
     exchange(store, sid, 0)
     for attempt in range(1, MAX_ATTEMPTS + 1):
-        job = store.claim_job("w1")
+        job = store.jobs.claim_job("w1")
         assert job is not None and job.attempts == attempt
-        assert store.fail_job(job.id, f"boom {attempt}", owner="w1")
-    assert store.claim_job("w1") is None
-    assert store.job_counts() == {"failed": 1}
-    assert store.pending_jobs() == 0
+        assert store.jobs.fail_job(job.id, f"boom {attempt}", owner="w1")
+    assert store.jobs.claim_job("w1") is None
+    assert store.jobs.job_counts() == {"failed": 1}
+    assert store.jobs.pending_jobs() == 0
     exchange(store, sid, 1)  # a failed job does not block the session's next one
-    job = store.claim_job("w1")
+    job = store.jobs.claim_job("w1")
     assert job is not None and job.attempts == 1
 
 
@@ -402,24 +402,24 @@ def test_a_job_failed_without_retry_is_failed_at_once(memory_store: MemoryStorag
     store = memory_store
     sid = store.create_session("a")
     exchange(store, sid, 0)
-    job = store.claim_job("w")
+    job = store.jobs.claim_job("w")
     assert job is not None
-    assert store.fail_job(job.id, "bad input", retry=False, owner="w")
-    assert store.job_counts() == {"failed": 1} and store.claim_job("w") is None
-    assert not store.fail_job(10**9, "no such job")
-    assert not store.finish_job(10**9)
+    assert store.jobs.fail_job(job.id, "bad input", retry=False, owner="w")
+    assert store.jobs.job_counts() == {"failed": 1} and store.jobs.claim_job("w") is None
+    assert not store.jobs.fail_job(10**9, "no such job")
+    assert not store.jobs.finish_job(10**9)
 
 
 def test_a_retried_job_merges_with_the_one_queued_meanwhile(memory_store: MemoryStorage) -> None:
     store = memory_store
     sid = store.create_session("a")
     exchange(store, sid, 0)
-    job = store.claim_job("w")
+    job = store.jobs.claim_job("w")
     assert job is not None
     exchange(store, sid, 1)  # queued while the job runs
-    assert store.job_counts() == {"pending": 1, "running": 1}
-    assert store.fail_job(job.id, "boom", owner="w")
-    assert store.job_counts() == {"pending": 1}  # still one pending job of the kind
+    assert store.jobs.job_counts() == {"pending": 1, "running": 1}
+    assert store.jobs.fail_job(job.id, "boom", owner="w")
+    assert store.jobs.job_counts() == {"pending": 1}  # still one pending job of the kind
 
 
 def test_jobs_of_a_dead_process_are_given_back(memory_store: MemoryStorage) -> None:
@@ -427,9 +427,9 @@ def test_jobs_of_a_dead_process_are_given_back(memory_store: MemoryStorage) -> N
     sid = store.create_session("a")
     exchange(store, sid, 0)
     owner = f"{socket.gethostname()}:4242"
-    assert store.claim_job(owner) is not None
-    assert store.release_jobs_of_dead(alive=lambda pid: pid != 4242) == 1
-    assert store.job_counts() == {"pending": 1}
+    assert store.jobs.claim_job(owner) is not None
+    assert store.jobs.release_jobs_of_dead(alive=lambda pid: pid != 4242) == 1
+    assert store.jobs.job_counts() == {"pending": 1}
 
 
 def test_jobs_of_live_or_foreign_processes_are_kept(memory_store: MemoryStorage) -> None:
@@ -437,11 +437,11 @@ def test_jobs_of_live_or_foreign_processes_are_kept(memory_store: MemoryStorage)
     for sid in ("a", "b"):
         store.create_session(sid)
         exchange(store, sid, 0)
-    assert store.claim_job(f"{socket.gethostname()}:4242") is not None
-    assert store.claim_job("some-other-host:4243") is not None
-    assert store.release_jobs_of_dead(alive=lambda pid: True) == 0
-    assert store.release_jobs_of_dead(alive=lambda pid: False) == 1  # this host's only
-    assert store.job_counts() == {"pending": 1, "running": 1}
+    assert store.jobs.claim_job(f"{socket.gethostname()}:4242") is not None
+    assert store.jobs.claim_job("some-other-host:4243") is not None
+    assert store.jobs.release_jobs_of_dead(alive=lambda pid: True) == 0
+    assert store.jobs.release_jobs_of_dead(alive=lambda pid: False) == 1  # this host's only
+    assert store.jobs.job_counts() == {"pending": 1, "running": 1}
 
 
 def test_each_job_is_claimed_once_by_workers_with_their_own_store_objects(
@@ -463,9 +463,9 @@ def test_each_job_is_claimed_once_by_workers_with_their_own_store_objects(
         store, owner = workers[index], f"worker-{index}"
         try:
             start.wait()
-            while (job := store.claim_job(owner)) is not None:
+            while (job := store.jobs.claim_job(owner)) is not None:
                 claimed[index].append((job.id, job.session_id))
-                assert store.finish_job(job.id, owner)
+                assert store.jobs.finish_job(job.id, owner)
         except BaseException as exc:  # reported below
             errors.append(exc)
 
@@ -478,4 +478,4 @@ def test_each_job_is_claimed_once_by_workers_with_their_own_store_objects(
     every = claimed[0] + claimed[1]
     assert len(every) == total == len(set(every))
     assert sorted(sid for _, sid in every) == [f"s{n:02d}" for n in range(total)]
-    assert setup.job_counts() == {}
+    assert setup.jobs.job_counts() == {}

@@ -176,14 +176,14 @@ def test_job_ids_only_grow_also_after_deletes(memory_store: MemoryStorage) -> No
     for n in range(3):
         sid = store.create_session(f"s{n}")
         exchange(store, sid, n)
-        job = store.claim_job("w")
+        job = store.jobs.claim_job("w")
         assert job is not None
         ids.append(job.id)
-        assert store.finish_job(job.id, "w")  # the newest job's row is gone
-    store.enqueue_job("s2")
+        assert store.jobs.finish_job(job.id, "w")  # the newest job's row is gone
+    store.jobs.enqueue_job("s2")
     store.delete_session("s2")  # so is a pending one, with its session
     exchange(store, "s1", 9)
-    job = store.claim_job("w")
+    job = store.jobs.claim_job("w")
     assert job is not None and ids == sorted(ids) and len(set(ids)) == 3
     assert job.id > max(ids) + 1  # past the deleted pending job's id too
 
@@ -197,27 +197,27 @@ def test_tag_summary_becomes_stale_when_its_tag_gets_a_newer_turn(
     store = filled(memory_store)
     for seq in (1, 3):
         store.tag_turn("s1", seq, "kubernetes")
-    store.upsert_tag_summary("s1", "kubernetes", "Deploy Friday; pods restart.", 3)
-    assert store.tag_summaries("s1")["kubernetes"].stale is False
+    store.paging.upsert_tag_summary("s1", "kubernetes", "Deploy Friday; pods restart.", 3)
+    assert store.paging.tag_summaries("s1")["kubernetes"].stale is False
     store.tag_turn("s1", 4, "lunch")  # another tag's turn does not matter
-    assert store.tag_summaries("s1")["kubernetes"].stale is False
+    assert store.paging.tag_summaries("s1")["kubernetes"].stale is False
     store.tag_turn("s1", 5, "kubernetes")
-    assert store.tag_summaries("s1")["kubernetes"].stale is True
-    store.upsert_tag_summary("s1", "kubernetes", "Updated.", 5, tokens=3)
-    summary = store.tag_summaries("s1")["kubernetes"]
+    assert store.paging.tag_summaries("s1")["kubernetes"].stale is True
+    store.paging.upsert_tag_summary("s1", "kubernetes", "Updated.", 5, tokens=3)
+    summary = store.paging.tag_summaries("s1")["kubernetes"]
     assert (summary.stale, summary.tokens, summary.summary) == (False, 3, "Updated.")
 
 
 def test_tag_summaries_read_back_by_tag(memory_store: MemoryStorage) -> None:
     store = filled(memory_store)
     store.set_tags_many("s1", {6: ({"ops": 1.0}, ["billing"])})
-    store.upsert_tag_summary("s1", "lunch", "Ramen or tacos.", 4)
-    store.upsert_tag_summary("s1", "billing", "Nightly cron.", 2)
-    got = store.tag_summaries("s1")
+    store.paging.upsert_tag_summary("s1", "lunch", "Ramen or tacos.", 4)
+    store.paging.upsert_tag_summary("s1", "billing", "Nightly cron.", 2)
+    got = store.paging.tag_summaries("s1")
     assert list(got) == ["billing", "lunch"]
     billing = got["billing"]
     assert (billing.session_id, billing.tag, billing.summary) == ("s1", "billing", "Nightly cron.")
     assert billing.tokens == CharCounter().count("Nightly cron.")
     assert billing.source_watermark == 2
     assert billing.stale is False  # a related tag on a later turn does not make it stale
-    assert store.tag_summaries("other") == {}
+    assert store.paging.tag_summaries("other") == {}

@@ -25,15 +25,15 @@ def test_begin_derive_drops_the_job_and_reads_what_the_derive_needs(
     sid = store.create_session("a", {"user": "ada"})
     for n in range(3):
         exchange(store, sid, n)  # turns 1..6, one pending derive job
-    store.enqueue_job(sid, "summaries")  # another kind: kept
+    store.jobs.enqueue_job(sid, "summaries")  # another kind: kept
     store.mark_derived(sid, 4)
     pending = store.begin_derive(sid, context=2)
     assert pending.record == store.session(sid) and pending.record.derived_seq == 4
     assert pending.live_tokens == store.active_tokens(sid) == _live(store, sid) > 0
     assert pending.turns == store.turn_texts_after(sid, 2)  # 2 derived turns of context
     assert [seq for seq, *_ in pending.turns] == [3, 4, 5, 6]
-    assert store.job_counts() == {"pending": 1}
-    job = store.claim_job("w")
+    assert store.jobs.job_counts() == {"pending": 1}
+    job = store.jobs.claim_job("w")
     assert job is not None and job.kind == "summaries"
     # No context, nothing new: nothing to read; context beyond the first turn: from turn 1.
     store.mark_derived(sid, 6)
@@ -112,10 +112,10 @@ def test_live_tokens_follow_appends_compaction_forks_and_loads(
         assert store.active_tokens(branch) == _live(store, branch)
         store.append_turns(branch, messages(["on the branch"]))
         assert store.active_tokens(branch) == _live(store, branch)
-    dump = store.dump_session("s1")
+    dump = store.transfer.dump_session("s1")
     store.delete_session("s1")
     assert store.active_tokens("s1") == 0
-    store.load_session(dump)
+    store.transfer.load_session(dump)
     assert store.active_tokens("s1") == _live(store, "s1") > 0
 
 

@@ -100,9 +100,9 @@ def test_seqs_stay_consecutive_and_turns_are_what_was_sent(memory_store: MemoryS
         assert [t.content_hash for t in turns] == [
             hashlib.sha256(_message_json(m).encode("utf-8")).hexdigest() for m in sent
         ]
-        pending = store.job_counts().get("pending", 0)
-        store.drop_pending_job(sid)  # the next examples count only their own job
-        assert pending - store.job_counts().get("pending", 0) == int(committed)
+        pending = store.jobs.job_counts().get("pending", 0)
+        store.jobs.drop_pending_job(sid)  # the next examples count only their own job
+        assert pending - store.jobs.job_counts().get("pending", 0) == int(committed)
 
     _run(store, _ops, check)
 
@@ -149,7 +149,7 @@ def test_a_branch_never_shows_its_parents_later_turns(memory_store: MemoryStorag
         for w in set(later) | set(before):
             hits = store.search_turns(branch, f"word{w}", limit=50)
             assert all(not t.message.text().startswith("late") for t, _ in hits)
-        store.drop_pending_job(branch)
+        store.jobs.drop_pending_job(branch)
 
     _run(store, _forks, check)
 

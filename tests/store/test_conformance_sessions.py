@@ -29,7 +29,7 @@ from memory_support import (
 
 def test_every_backend_implements_the_protocol(memory_store: MemoryStorage) -> None:
     assert isinstance(memory_store, MemoryStorage)
-    assert memory_store.sessions() == [] and memory_store.job_counts() == {}
+    assert memory_store.sessions() == [] and memory_store.jobs.job_counts() == {}
 
 
 # -- sessions -------------------------------------------------------------------------------------
@@ -72,12 +72,12 @@ def test_delete_session_removes_the_session_and_nothing_else(memory_store: Memor
     store.compact(
         "s1", [NewSegment(first_seq=1, last_seq=3, summary="kubernetes", full_text="")], 4
     )
-    store.log_cost("s1", "tagging", "m", 1, 1, 0.5)
+    store.costs.log_cost("s1", "tagging", "m", 1, 1, 0.5)
     assert store.delete_session("s1") is True
     assert store.sessions() == ["s2"] and store.turns("s1") == [] and store.segments("s1") == []
     assert [t.seq for t, _ in store.search_turns("s2", "kubernetes")] == [1]
     assert store.tag_counts("s1") == {} and store.tag_counts("s2") == {"kubernetes": 1}
-    assert store.cost_report().cost_usd == 0.5  # the cost log outlives its session
+    assert store.costs.cost_report().cost_usd == 0.5  # the cost log outlives its session
     assert store.delete_session("s1") is False
     assert [t.seq for t in store.turns("s2")] == [1]
 
@@ -91,19 +91,19 @@ def test_a_deleted_session_id_can_be_created_again_as_a_new_empty_session(
     store.set_tags_many("s1", {1: ({"deploy": 1.0}, ["ops"]), 2: ({"db": 1.0}, [])})
     store.add_turn_vectors("s1", "m", [1, 2], np.eye(2, dtype=np.float32))
     store.compact("s1", [NewSegment(first_seq=1, last_seq=2, summary="deploy", full_text="")], 3)
-    store.upsert_tag_summary("s1", "deploy", "Deploy Friday.", 2)
-    store.set_working_set("s1", "deploy", "summary", 10)
+    store.paging.upsert_tag_summary("s1", "deploy", "Deploy Friday.", 2)
+    store.paging.set_working_set("s1", "deploy", "summary", 10)
     store.mark_derived("s1", 6)
-    store.enqueue_job("s1")
+    store.jobs.enqueue_job("s1")
     assert store.delete_session("s1")
-    assert store.job_counts() == {}  # the session's jobs went with it
+    assert store.jobs.job_counts() == {}  # the session's jobs went with it
     store.create_session("s1", principal="p2")
     record = store.session("s1")
     assert (record.compaction_watermark, record.derived_seq, record.metadata) == (0, 0, {})
     assert record.principal == "p2"
     assert store.turns("s1") == [] and store.last_seq("s1") == 0
-    assert store.segments("s1") == [] and store.tag_summaries("s1") == {}
-    assert store.working_set("s1") == {} and store.tag_counts("s1") == {}
+    assert store.segments("s1") == [] and store.paging.tag_summaries("s1") == {}
+    assert store.paging.working_set("s1") == {} and store.tag_counts("s1") == {}
     assert store.turn_vectors("s1", "m")[0] == [] and store.last_vector_seq("s1", "m") == 0
     assert store.search_turns("s1", "kubernetes") == []
     assert store.search_segments("s1", "deploy") == []
@@ -116,19 +116,19 @@ def test_reopening_the_store_keeps_everything(open_store: StoreFactory) -> None:
     store = filled(open_store())
     store.tag_turn("s1", 1, "deploy", 0.9)
     store.compact("s1", [NewSegment(first_seq=1, last_seq=2, summary="deploy", full_text="x")], 3)
-    store.upsert_tag_summary("s1", "deploy", "Deploy on Friday.", 1)
-    store.set_alias("k8s", "kubernetes")
-    store.set_working_set("s1", "deploy", "summary", 12)
-    store.log_cost("s1", "summary", "gpt-4o-mini", 100, 20, 0.002)
-    before = (store.turns("s1"), store.segments("s1"), store.tag_summaries("s1"))
+    store.paging.upsert_tag_summary("s1", "deploy", "Deploy on Friday.", 1)
+    store.vocab.set_alias("k8s", "kubernetes")
+    store.paging.set_working_set("s1", "deploy", "summary", 12)
+    store.costs.log_cost("s1", "summary", "gpt-4o-mini", 100, 20, 0.002)
+    before = (store.turns("s1"), store.segments("s1"), store.paging.tag_summaries("s1"))
     store.close()
     again = open_store()
-    assert (again.turns("s1"), again.segments("s1"), again.tag_summaries("s1")) == before
+    assert (again.turns("s1"), again.segments("s1"), again.paging.tag_summaries("s1")) == before
     assert again.session("s1").metadata == {"user": "ada"}
     assert again.session("s1").compaction_watermark == 3
-    assert again.aliases() == {"k8s": "kubernetes"}
-    assert again.working_set("s1")["deploy"].depth == "summary"
-    assert again.cost_report("s1").calls == 1
+    assert again.vocab.aliases() == {"k8s": "kubernetes"}
+    assert again.paging.working_set("s1")["deploy"].depth == "summary"
+    assert again.costs.cost_report("s1").calls == 1
 
 
 # -- raw turns ------------------------------------------------------------------------------------
@@ -262,9 +262,9 @@ def test_a_batch_commits_its_writes_together(memory_store: MemoryStorage) -> Non
         store.create_session("s1")
         store.append_turns("s1", messages(["a", "b"]))
         store.tag_turn("s1", 1, "t")
-        store.enqueue_job("s1")
+        store.jobs.enqueue_job("s1")
     assert [t.seq for t in store.turns("s1")] == [1, 2]
-    assert store.tag_counts("s1") == {"t": 1} and store.job_counts() == {"pending": 1}
+    assert store.tag_counts("s1") == {"t": 1} and store.jobs.job_counts() == {"pending": 1}
 
 
 def test_an_exception_inside_a_batch_rolls_back_every_write(memory_store: MemoryStorage) -> None:
@@ -276,20 +276,20 @@ def test_an_exception_inside_a_batch_rolls_back_every_write(memory_store: Memory
         store.append_turns("s1", messages(["seventh turn"]))
         store.set_tags_many("s1", {1: ({"deploy": 1.0}, [])})
         store.compact("s1", [NewSegment(first_seq=1, last_seq=2, summary="kiln", full_text="")], 3)
-        store.set_alias("k8s", "kubernetes")
-        store.set_working_set("s1", "deploy", "full", 5)
-        store.upsert_tag_summary("s1", "deploy", "x", 1)
-        store.log_cost("s1", "summary", "m", 1, 1, 1.0)
-        store.enqueue_job("s1")
+        store.vocab.set_alias("k8s", "kubernetes")
+        store.paging.set_working_set("s1", "deploy", "full", 5)
+        store.paging.upsert_tag_summary("s1", "deploy", "x", 1)
+        store.costs.log_cost("s1", "summary", "m", 1, 1, 1.0)
+        store.jobs.enqueue_job("s1")
         store.add_turn_vectors("s1", "m", [1], np.ones((1, 2), dtype=np.float32))
         assert store.last_seq("s1") == 7  # the batch sees its own writes
         raise RuntimeError("halfway")
     assert (store.turns("s1"), store.session("s1"), store.sessions()) == before
     assert store.last_seq("s1") == 6 and store.tag_counts("s1") == {}
     assert store.segments("s1") == [] and store.search_segments("s1", "kiln") == []
-    assert store.search_turns("s2", "kiln") == [] and store.aliases() == {}
-    assert store.working_set("s1") == {} and store.tag_summaries("s1") == {}
-    assert store.cost_report().calls == 0 and store.job_counts() == {}
+    assert store.search_turns("s2", "kiln") == [] and store.vocab.aliases() == {}
+    assert store.paging.working_set("s1") == {} and store.paging.tag_summaries("s1") == {}
+    assert store.costs.cost_report().calls == 0 and store.jobs.job_counts() == {}
     assert store.turn_vectors("s1", "m")[0] == []
     # The store still works after the rollback.
     assert store.append_turns("s1", messages(["seventh turn"])) == [7]

@@ -76,9 +76,9 @@ def test_kept_tag_counts_of_forks_loads_and_rewritten_sessions(memory_store: Mem
     _agrees(store, branch)
     assert store.tag_counts(branch) == {"billing": 5, "t0": 2, "t1": 3}
     _agrees(store, "s1")
-    dump = store.dump_session("s1")
+    dump = store.transfer.dump_session("s1")
     assert store.delete_session("s1")
-    store.load_session(dump)
+    store.transfer.load_session(dump)
     _agrees(store, "s1")
     assert store.topic_counts("s1") == (4, {"t1": 2})
     store.delete_session("s1")
@@ -91,10 +91,10 @@ def test_tag_summaries_of_some_tags(memory_store: MemoryStorage) -> None:
     store = filled(memory_store)
     store.set_tags_many("s1", {1: ({"billing": 1.0}, []), 5: ({"billing": 1.0}, [])})
     for tag in ("billing", "deploy", "lunch"):
-        store.upsert_tag_summary("s1", tag, f"all about {tag}", 2)
-    every = store.tag_summaries("s1")
-    some = store.tag_summaries("s1", tags=["lunch", "billing", "nothing"])
+        store.paging.upsert_tag_summary("s1", tag, f"all about {tag}", 2)
+    every = store.paging.tag_summaries("s1")
+    some = store.paging.tag_summaries("s1", tags=["lunch", "billing", "nothing"])
     assert sorted(some) == ["billing", "lunch"]
     assert some == {tag: every[tag] for tag in ("billing", "lunch")}
     assert some["billing"].stale  # tagged on turn 5, after the summary's watermark 2
-    assert store.tag_summaries("s1", tags=[]) == {}
+    assert store.paging.tag_summaries("s1", tags=[]) == {}

@@ -193,51 +193,55 @@ def test_vectors_by_model_after_and_missing(memory_store: MemoryStorage) -> None
 
 def test_working_set_aliases_and_costs(memory_store: MemoryStorage) -> None:
     store = filled(memory_store)
-    store.set_working_set("s1", "billing", "full", 300, last_used=datetime(2026, 1, 2, tzinfo=UTC))
-    store.set_working_set("s1", "lunch", "summary", 20, last_used=datetime(2026, 1, 1, tzinfo=UTC))
-    assert list(store.working_set("s1")) == ["lunch", "billing"]  # least recently used first
+    store.paging.set_working_set(
+        "s1", "billing", "full", 300, last_used=datetime(2026, 1, 2, tzinfo=UTC)
+    )
+    store.paging.set_working_set(
+        "s1", "lunch", "summary", 20, last_used=datetime(2026, 1, 1, tzinfo=UTC)
+    )
+    assert list(store.paging.working_set("s1")) == ["lunch", "billing"]  # least recently used first
     with pytest.raises(ConfigError, match="depth"):
-        store.set_working_set("s1", "x", "huge", 1)  # type: ignore[arg-type]
-    store.set_alias("k8s", "kubernetes")
-    store.set_alias("k8s", "kube")
-    assert store.aliases() == {"k8s": "kube"}
-    store.log_cost("s1", "summary", "m", 100, 10, 0.25)
-    store.log_cost("s1", "tagging", "m", 50, 5, 0.5)
-    store.log_cost(None, "tagging", "m", 1, 1, 1.0)
-    report = store.cost_report("s1")
+        store.paging.set_working_set("s1", "x", "huge", 1)  # type: ignore[arg-type]
+    store.vocab.set_alias("k8s", "kubernetes")
+    store.vocab.set_alias("k8s", "kube")
+    assert store.vocab.aliases() == {"k8s": "kube"}
+    store.costs.log_cost("s1", "summary", "m", 100, 10, 0.25)
+    store.costs.log_cost("s1", "tagging", "m", 50, 5, 0.5)
+    store.costs.log_cost(None, "tagging", "m", 1, 1, 1.0)
+    report = store.costs.cost_report("s1")
     assert (report.calls, report.prompt_tokens, report.completion_tokens) == (2, 150, 15)
     assert report.by_kind == {"summary": 0.25, "tagging": 0.5}
-    assert store.cost_report().cost_usd == pytest.approx(1.75)
+    assert store.costs.cost_report().cost_usd == pytest.approx(1.75)
 
 
 def test_working_set_entries_are_replaced_and_read_back(memory_store: MemoryStorage) -> None:
     store = filled(memory_store)
     when = datetime(2026, 5, 6, 7, 8, 9, 123456, tzinfo=UTC)
-    store.set_working_set("s1", "deploy", "segments", 40, last_used=when)
-    store.set_working_set("s1", "deploy", "none", 0, last_used=when + timedelta(seconds=1))
-    entry = store.working_set("s1")["deploy"]
+    store.paging.set_working_set("s1", "deploy", "segments", 40, last_used=when)
+    store.paging.set_working_set("s1", "deploy", "none", 0, last_used=when + timedelta(seconds=1))
+    entry = store.paging.working_set("s1")["deploy"]
     assert (entry.tag, entry.depth, entry.tokens) == ("deploy", "none", 0)
     assert entry.last_used == when + timedelta(seconds=1)
-    store.set_working_set("s1", "later", "full", 1)  # last_used: now
-    assert list(store.working_set("s1")) == ["deploy", "later"]
-    assert store.working_set("other") == {} and store.aliases() == {}
+    store.paging.set_working_set("s1", "later", "full", 1)  # last_used: now
+    assert list(store.paging.working_set("s1")) == ["deploy", "later"]
+    assert store.paging.working_set("other") == {} and store.vocab.aliases() == {}
 
 
 def test_the_cost_log_sums_by_session_and_kind(memory_store: MemoryStorage) -> None:
     store = filled(memory_store)
-    empty = store.cost_report()
+    empty = store.costs.cost_report()
     assert (empty.calls, empty.prompt_tokens, empty.completion_tokens) == (0, 0, 0)
     assert empty.cost_usd == 0 and empty.by_kind == {}
     store.create_session("s2")
     at = datetime(2026, 1, 1, tzinfo=UTC)
-    store.log_cost("s1", "summary", "m1", 10, 1, 0.125, at=at)
-    store.log_cost("s1", "summary", "m2", 20, 2, 0.25)
-    store.log_cost("s2", "tagging", "m1", 30, 3, 0.5)
-    store.log_cost(None, "embedding", "e", 40, 0, 0.0625)
-    s1 = store.cost_report("s1")
+    store.costs.log_cost("s1", "summary", "m1", 10, 1, 0.125, at=at)
+    store.costs.log_cost("s1", "summary", "m2", 20, 2, 0.25)
+    store.costs.log_cost("s2", "tagging", "m1", 30, 3, 0.5)
+    store.costs.log_cost(None, "embedding", "e", 40, 0, 0.0625)
+    s1 = store.costs.cost_report("s1")
     assert (s1.calls, s1.prompt_tokens, s1.completion_tokens) == (2, 30, 3)
     assert s1.cost_usd == pytest.approx(0.375) and s1.by_kind == pytest.approx({"summary": 0.375})
-    everything = store.cost_report()
+    everything = store.costs.cost_report()
     assert (everything.calls, everything.prompt_tokens, everything.completion_tokens) == (
         4,
         100,
@@ -248,6 +252,9 @@ def test_the_cost_log_sums_by_session_and_kind(memory_store: MemoryStorage) -> N
     )
     assert everything.cost_usd == pytest.approx(0.9375)
     store.delete_session("s2")  # its rows stay in the log, detached
-    assert store.cost_report().calls == 4 and store.cost_report().cost_usd == pytest.approx(0.9375)
-    assert store.cost_report("s2").calls == 0
-    assert store.cost_report("nobody").by_kind == {}
+    assert (
+        store.costs.cost_report().calls == 4
+        and store.costs.cost_report().cost_usd == pytest.approx(0.9375)
+    )
+    assert store.costs.cost_report("s2").calls == 0
+    assert store.costs.cost_report("nobody").by_kind == {}

@@ -14,28 +14,28 @@ from vocab_support import broad_conversation, make_engine, turn_by_turn
 def test_session_aliases_stay_in_their_session(memory_store: MemoryStorage) -> None:
     store = filled(memory_store)
     filled(store, "s2")
-    store.set_alias("k8s", "kubernetes")
-    store.set_alias("pg", "postgres", session_id="s1")
-    store.set_alias("pg", "postgresql", session_id="s1")  # replaced
-    assert store.aliases() == {"k8s": "kubernetes"}
-    assert store.aliases("s1") == {"pg": "postgresql"}
-    assert store.aliases("s2") == {}
+    store.vocab.set_alias("k8s", "kubernetes")
+    store.vocab.set_alias("pg", "postgres", session_id="s1")
+    store.vocab.set_alias("pg", "postgresql", session_id="s1")  # replaced
+    assert store.vocab.aliases() == {"k8s": "kubernetes"}
+    assert store.vocab.aliases("s1") == {"pg": "postgresql"}
+    assert store.vocab.aliases("s2") == {}
     with pytest.raises(ConfigError, match="no session 'ghost'"):
-        store.set_alias("a", "b", session_id="ghost")
-    assert store.remove_alias("pg", session_id="s2") is False
-    assert store.remove_alias("pg", session_id="s1") is True
-    assert store.aliases("s1") == {}
-    assert store.remove_alias("k8s") is True and store.remove_alias("k8s") is False
-    assert store.aliases() == {}
+        store.vocab.set_alias("a", "b", session_id="ghost")
+    assert store.vocab.remove_alias("pg", session_id="s2") is False
+    assert store.vocab.remove_alias("pg", session_id="s1") is True
+    assert store.vocab.aliases("s1") == {}
+    assert store.vocab.remove_alias("k8s") is True and store.vocab.remove_alias("k8s") is False
+    assert store.vocab.aliases() == {}
 
 
 def test_session_aliases_and_splits_go_with_their_session(memory_store: MemoryStorage) -> None:
     store = filled(memory_store)
-    store.set_alias("pg", "postgres", session_id="s1")
-    store.record_split("s1", "deploy", ["deploy-rollback", "deploy-general"])
+    store.vocab.set_alias("pg", "postgres", session_id="s1")
+    store.vocab.record_split("s1", "deploy", ["deploy-rollback", "deploy-general"])
     assert store.delete_session("s1")
     filled(store, "s1")
-    assert store.aliases("s1") == {} and store.tag_splits("s1") == {}
+    assert store.vocab.aliases("s1") == {} and store.vocab.tag_splits("s1") == {}
 
 
 def test_session_aliases_and_splits_draw_a_new_generation(memory_store: MemoryStorage) -> None:
@@ -48,33 +48,33 @@ def test_session_aliases_and_splits_draw_a_new_generation(memory_store: MemorySt
         return version[1]
 
     first = generation()
-    store.set_alias("pg", "postgres", session_id="s1")
+    store.vocab.set_alias("pg", "postgres", session_id="s1")
     second = generation()
-    store.record_split("s1", "deploy", [])
+    store.vocab.record_split("s1", "deploy", [])
     third = generation()
-    store.remove_alias("pg", session_id="s1")
+    store.vocab.remove_alias("pg", session_id="s1")
     assert first < second < third < generation()
 
 
 def test_a_tag_is_recorded_as_split_once(memory_store: MemoryStorage) -> None:
     store = filled(memory_store)
-    assert store.tag_splits("s1") == {}
-    assert store.record_split("s1", "deploy", ["deploy-rollback", "deploy-general"]) is True
-    assert store.record_split("s1", "billing", []) is True  # examined, kept whole
-    assert store.record_split("s1", "deploy", ["deploy-other"]) is False
-    assert store.tag_splits("s1") == {
+    assert store.vocab.tag_splits("s1") == {}
+    assert store.vocab.record_split("s1", "deploy", ["deploy-rollback", "deploy-general"]) is True
+    assert store.vocab.record_split("s1", "billing", []) is True  # examined, kept whole
+    assert store.vocab.record_split("s1", "deploy", ["deploy-other"]) is False
+    assert store.vocab.tag_splits("s1") == {
         "billing": (),
         "deploy": ("deploy-rollback", "deploy-general"),
     }
     with pytest.raises(ConfigError, match="no session 'ghost'"):
-        store.record_split("ghost", "deploy", [])
+        store.vocab.record_split("ghost", "deploy", [])
 
 
 def test_related_tag_counts(memory_store: MemoryStorage) -> None:
     store = filled(memory_store)
     store.set_turn_tags("s1", 1, {"deploy": 1.0}, related=["release", "rollout"])
     store.set_turn_tags("s1", 2, {"release": 1.0}, related=["rollout"])
-    assert store.related_tag_counts("s1") == {"release": 1, "rollout": 2}
+    assert store.vocab.related_tag_counts("s1") == {"release": 1, "rollout": 2}
     assert store.tag_counts("s1") == {"deploy": 1, "release": 1}
 
 

@@ -59,10 +59,10 @@ def test_m009_gives_an_older_store_session_aliases_and_splits(tmp_path: Path) ->
     conn.close()
     store = _store(tmp_path / "old.db")
     before = store.session_version("s1")
-    store.set_alias("pg", "postgres", session_id="s1")
-    store.record_split("s1", "deploy", ["deploy-rollback", "deploy-general"])
-    assert store.aliases("s1") == {"pg": "postgres"}
-    assert store.tag_splits("s1") == {"deploy": ("deploy-rollback", "deploy-general")}
+    store.vocab.set_alias("pg", "postgres", session_id="s1")
+    store.vocab.record_split("s1", "deploy", ["deploy-rollback", "deploy-general"])
+    assert store.vocab.aliases("s1") == {"pg": "postgres"}
+    assert store.vocab.tag_splits("s1") == {"deploy": ("deploy-rollback", "deploy-general")}
     after = store.session_version("s1")
     assert before is not None and after is not None and after[1] > before[1]  # caches see it
     store.close()

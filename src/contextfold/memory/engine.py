@@ -160,7 +160,7 @@ class MemoryEngine:
             self.store = open_memory_store(where, counter=self.counter)
         self.session_id = session_id
         self.rules = TagRules(cfg.tag_rules)
-        self.canonicalizer = TagCanonicalizer(self.store.aliases())
+        self.canonicalizer = TagCanonicalizer(self.store.vocab.aliases())
         # A client built here from the config is closed by close(); one passed in is the
         # caller's to close.
         self._owns_client = llm_client is None
@@ -284,7 +284,7 @@ class MemoryEngine:
                 ) / 1e6
             # Attributed to the session whose work made the call (``derive`` sets it).
             sid = getattr(self._usage, "session_id", None) or self.session_id
-            self.store.log_cost(
+            self.store.costs.log_cost(
                 sid, kind, model, usage.prompt_tokens, usage.completion_tokens, cost
             )
 
@@ -902,7 +902,7 @@ class MemoryEngine:
             session = self.store.session(sid)
             last = self.store.last_seq(sid)
             live_tokens = self.store.active_tokens(sid)
-            summaries = self.store.tag_summaries(sid)
+            summaries = self.store.paging.tag_summaries(sid)
             return MemoryStatus(
                 session_id=sid,
                 turns=last,
@@ -915,13 +915,13 @@ class MemoryEngine:
                 tags=dict(sorted(self._counts(sid).items(), key=lambda kv: (-kv[1], kv[0]))),
                 tag_summaries=len(summaries),
                 stale_tag_summaries=sum(s.stale for s in summaries.values()),
-                working_set={t: e.depth for t, e in self.store.working_set(sid).items()},
+                working_set={t: e.depth for t, e in self.store.paging.working_set(sid).items()},
             )
 
     def cost_report(
         self, *, session_id: str | None = None, all_sessions: bool = False
     ) -> CostReport:
-        return self.store.cost_report(None if all_sessions else session_id or self.session_id)
+        return self.store.costs.cost_report(None if all_sessions else session_id or self.session_id)
 
     def add_alias(self, alias: str, canonical: str, *, session_id: str | None = None) -> None:
         """Register ``alias`` → ``canonical`` (stored; used by every later tagging and lookup)
