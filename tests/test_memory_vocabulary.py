@@ -15,9 +15,14 @@ from contextfold.errors import ConfigError
 from contextfold.llm import OpenAICompatibleClient
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
+from contextfold.store.conformance.vocab_support import (
+    COUNTER,
+    broad_conversation,
+    make_engine,
+    turn_by_turn,
+)
 from contextfold.store.sqlite.memory import MemoryStore
 from fake_llm import FakeLLMServer
-from vocab_support import COUNTER, broad_conversation, make_engine, turn_by_turn
 
 # -- splitting -------------------------------------------------------------------------------------
 

@@ -24,9 +24,9 @@ from hypothesis.extra import numpy as hnp
 
 from contextfold.errors import ConfigError
 from contextfold.items import Message
+from contextfold.store.conformance.memory_support import is_sqlite
 from contextfold.store.models import _message_json
 from contextfold.store.protocols import MemoryStorage
-from memory_support import is_sqlite
 from strategies import histories
 
 #: The most examples per property against SQLite, and against PostgreSQL.

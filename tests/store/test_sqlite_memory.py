@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from contextfold.items import Message
+from contextfold.store.conformance.memory_support import TOPICS, filled, messages
 from contextfold.store.sqlite import connect
 from contextfold.store.sqlite.memory import MIGRATIONS, MemoryStore, NewSegment
 from contextfold.tokens import CharCounter
-from memory_support import TOPICS, filled, messages
 
 
 def _store(path: str | Path = ":memory:") -> MemoryStore:

@@ -408,7 +408,7 @@ __all__ += ["CatalogueStorage", "DocumentStorage", "GraphStorage"]
 class DocumentStorage(Protocol):
     """Documents, their chunks and chunk vectors: the source of truth of a ``DocumentIndex``.
 
-    **Invariants** (the conformance suite ``tests/store/test_document_conformance.py`` checks
+    **Invariants** (the conformance suite ``store/conformance/documents.py`` checks
     each, on every backend):
 
     - *Derived and rebuildable.* The BM25 and vector indexes a ``DocumentIndex`` keeps in
@@ -537,7 +537,7 @@ class DocumentStorage(Protocol):
 class GraphStorage(Protocol):
     """The knowledge graph: typed nodes and weighted, typed edges, per tenant.
 
-    **Invariants** (checked by ``tests/store/test_graph_conformance.py`` on every backend):
+    **Invariants** (checked by ``store/conformance/graph.py`` on every backend):
 
     - *Node ids are never reused.* The store assigns ids in increasing order; a deleted
       node's id — even the highest — is never assigned again, after a reopen too, so an id a
@@ -661,7 +661,7 @@ class CatalogueStorage(Protocol):
     and its writes join ``graph.transaction()``, so a document's nodes, edges and entry
     commit together or not at all.
 
-    **Invariants** (``tests/store/test_graph_conformance.py``): one entry per
+    **Invariants** (``store/conformance/graph.py``): one entry per
     ``(tenant_id, document_id)`` (a second insert fails with the backend's integrity error);
     ``entries`` and ``counts`` never return another tenant's rows when tenants are given,
     and list by tenant then document id in byte order; ``node_ids`` are stored as given —
