@@ -7,7 +7,7 @@ modules of tests and their fixtures:
 
 - ``memory_*.py`` — the memory store (``MemoryStorage`` and its facets): sessions and turns,
   search, tags and vectors, compaction, branches and jobs, the derive, tag counts, the
-  vocabulary;
+  vocabulary, and properties over drawn histories (``memory_properties``: Hypothesis);
 - ``documents.py`` — the document store (``DocumentStorage``);
 - ``graph.py`` — the knowledge graph and its catalogue (``GraphStorage``,
   ``CatalogueStorage``);
@@ -15,8 +15,8 @@ modules of tests and their fixtures:
   ``open_store``, ``docs_opener``, ``graph_opener``, …), built on the *places* a test suite
   provides: where each backend's store lives, one fixture per kind of store
   (``memory_place``, ``shared_memory_place``, ``document_place``, ``graph_place``);
-- ``memory_support.py``, ``documents_support.py``, ``vocab_support.py`` — their data and
-  helpers.
+- ``memory_support.py``, ``documents_support.py``, ``vocab_support.py``, ``histories.py`` —
+  their data and helpers (``histories``: the message lists the properties draw).
 
 A test suite runs it by importing the fixtures into its ``conftest.py``, defining the place
 fixtures (parametrised over its backends) and importing each test module into a test module of
