@@ -15,16 +15,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from contextfold.errors import ConfigError
 from contextfold.store.postgres.connection import Database, from_text, utc
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["PostgresDerived"]
 
