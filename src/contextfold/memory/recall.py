@@ -358,7 +358,8 @@ class Recaller:
         if not len(entry):
             return []
         query = self._query_vector(self.embedder, text)
-        hits, ann = entry.search(query, limit, int(self.ann_settings["expansion_search"]))
+        use = self.ann_min_turns is not None and len(entry) >= self.ann_min_turns
+        hits, ann = entry.search(query, limit, self.ann_settings["expansion_search"], ann=use)
         self.last_dense = {"rows": len(entry), "ann": ann, "indexed": entry.indexed}
         return hits
 

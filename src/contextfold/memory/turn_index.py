@@ -154,25 +154,29 @@ class SessionVectors:
         return np.concatenate([self._base[start:], self._buffer[: stop - nb]])
 
     def scores(self, query: Matrix, start: int = 0) -> Matrix:
-        """Exact scores of rows ``start``.. (one product per part)."""
+        """Exact scores of rows ``start``.. (one product per part). ``einsum``, not ``@``:
+        BLAS's threads, woken for every matrix-vector product, cost more than the product on
+        a loaded machine (3,000 x 384: 0.2 ms this way, 7-12 ms through OpenBLAS's threads;
+        benchmarks/bench_turn_ann.py)."""
         nb = len(self._base)
         parts = []
         if start < nb:
-            parts.append(self._base[start:] @ query)
+            parts.append(np.einsum("ij,j->i", self._base[start:], query))
         if self._count and start < nb + self._count:
-            parts.append(self._buffer[max(0, start - nb) : self._count] @ query)
+            rows = self._buffer[max(0, start - nb) : self._count]
+            parts.append(np.einsum("ij,j->i", rows, query))
         if not parts:
             return np.zeros(0, np.float32)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def search(
-        self, query: Matrix, limit: int, expansion: int
+        self, query: Matrix, limit: int, expansion: int, *, ann: bool = True
     ) -> tuple[list[tuple[int, float]], bool]:
         """The ``limit`` best (seq, cosine) pairs, best first, and whether the ANN index
-        answered (rows it does not cover yet are scanned exactly)."""
+        answered (``ann``: may it; rows it does not cover yet are scanned exactly)."""
         with self.lock:
             index, indexed = self.index, self.indexed
-            if index is None or indexed == 0:
+            if not ann or index is None or indexed == 0:
                 scores = self.scores(query)
                 return [(self._seqs[i], float(scores[i])) for i in _top(scores, limit)], False
             index.expansion_search = max(expansion, 4 * limit)
