@@ -7,7 +7,8 @@ this machine, so 100k real vectors are out of reach): by default *clustered* (on
 alike), closer to real sentence embeddings than uniform noise; ``--random`` draws uniform
 random unit vectors too, the worst case for an HNSW graph. Through ``Recaller._dense``, the
 dense signal a recall fuses (the query vector handed in; MiniLM's own query embedding is not
-counted: it is made before each timed call), with ``limit`` = ``recall.fts_limit`` (300). Reported per size:
+counted:
+it is made before each timed call), with ``limit`` = ``recall.fts_limit`` (300). Reported per size:
 
 * exact: the first dense recall on a fresh process (every vector read from the store), then
   p50/p95 over the queries;
@@ -124,13 +125,19 @@ def run_size(n: int, kind: str, queries: int) -> dict[str, Any]:
         store.create_session("s")
         for at in range(0, n, 5_000):
             count = min(5_000, n - at)
-            store.append_turns("s", [Message(role="user", content=f"t{at + i}") for i in range(count)])
-            store.add_turn_vectors("s", QueryEmbedder.name, list(range(at + 1, at + count + 1)), source.draw(count))
+            store.append_turns(
+                "s", [Message(role="user", content=f"t{at + i}") for i in range(count)]
+            )
+            store.add_turn_vectors(
+                "s", QueryEmbedder.name, list(range(at + 1, at + count + 1)), source.draw(count)
+            )
         out["rss_mb"]["after_write"] = rss_mb()
         texts = [f"q {i}" for i in range(queries)]
 
         def recaller(**kw: Any) -> Recaller:
-            return Recaller(MemoryStore(path, counter=CharCounter()), embedder=QueryEmbedder(qs), **kw)
+            return Recaller(
+                MemoryStore(path, counter=CharCounter()), embedder=QueryEmbedder(qs), **kw
+            )
 
         def steady(r: Recaller) -> tuple[dict[str, Any], list[set[int]]]:
             samples, tops = common.Samples(), []
@@ -215,13 +222,18 @@ def main() -> None:
         spec = json.loads(args.child)
         print(json.dumps(run_size(spec["n"], spec["kind"], spec["queries"])))
         return
-    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else (
-        [1_000, 3_000] if args.quick else [1_000, 10_000, 100_000]
+    sizes = (
+        [int(s) for s in args.sizes.split(",")]
+        if args.sizes
+        else ([1_000, 3_000] if args.quick else [1_000, 10_000, 100_000])
     )
     queries = args.queries or (10 if args.quick else 50)
     specs = [{"n": n, "kind": "clustered", "queries": queries} for n in sizes]
     if args.random:
-        specs += [{"n": int(n), "kind": "random", "queries": queries} for n in args.random_sizes.split(",")]
+        specs += [
+            {"n": int(n), "kind": "random", "queries": queries}
+            for n in args.random_sizes.split(",")
+        ]
     runs = []
     for spec in specs:
         done = subprocess.run(
@@ -236,8 +248,13 @@ def main() -> None:
         runs.append(run)
         print(summary(run), flush=True)
     result = common.base_result("turn_ann", __doc__.splitlines()[0], args.quick)
-    result["parameters"] = {"dim": DIM, "limit": LIMIT, "queries": queries, "grow": GROW,
-                            "ann_min_turns_default": ANN_MIN_TURNS}
+    result["parameters"] = {
+        "dim": DIM,
+        "limit": LIMIT,
+        "queries": queries,
+        "grow": GROW,
+        "ann_min_turns_default": ANN_MIN_TURNS,
+    }
     result["runs"] = runs
     result["correctness"] = {
         "ANN recall@k >= 0.99 (clustered)": all(

@@ -31,6 +31,7 @@ with the tags of the turn and of its segment.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections import OrderedDict
@@ -101,7 +102,7 @@ def _excerpt(text: str, words: Collection[str], width: int) -> str:
 Fusion = Literal["score", "rrf"]
 _PREFETCHED = 256  # queries started and not yet ranked, kept at most
 _PREFETCHED_CHARS = 4 * 1024 * 1024  # and at most this many characters of them
-FILES_MIN_TURNS = 2_000  # a session's vectors go to files once it has this many
+FILES_MIN_TURNS = 1_000  # a session's vectors go to files once it has this many
 ANN_TAIL = 512  # rows scanned exactly beside the index before the worker adds them
 
 
@@ -280,9 +281,12 @@ class Recaller:
         whatever is not written yet, as ``close`` does)."""
         entry.queued = False
         n = len(entry)
-        if self.ann_min_turns is not None and n >= self.ann_min_turns:
-            if entry.indexed == 0 or n - entry.indexed >= (1 if final else self.ann_tail):
-                grow_index(entry, self.ann_settings, self._worker.stopping)
+        if (
+            self.ann_min_turns is not None
+            and n >= self.ann_min_turns
+            and (entry.indexed == 0 or n - entry.indexed >= (1 if final else self.ann_tail))
+        ):
+            grow_index(entry, self.ann_settings, self._worker.stopping)
         if self.files is None or n < self.files_min_turns:
             return
         if entry.saved_rows < len(entry):
@@ -290,6 +294,10 @@ class Recaller:
         step = 1 if final else max(self.ann_tail, entry.saved_indexed // 10)
         if entry.index is not None and entry.indexed - entry.saved_indexed >= step:
             self.files.save_index(session_id, self._model, entry)
+
+    def _born(self, session_id: str) -> int | None:
+        version = self.store.session_version(session_id)
+        return None if version is None else version[0]
 
     def settle(self) -> None:
         """Wait until the index and file work queued so far is done."""
@@ -301,9 +309,12 @@ class Recaller:
         with self._lock:
             entries = list(self._vectors.items())
         for session_id, entry in entries:
-            self._worker.submit(lambda s=session_id, e=entry: self._work(s, e, final=True))
+            self._worker.submit(functools.partial(self._work, session_id, entry, final=True))
         self._worker.wait()
         self._worker.close()
+        if self.files is not None:
+            # A deleted session's vectors do not outlive it on disk.
+            self.files.prune(self._born)
 
     def vector_cache_bytes(self) -> int:
         """The bytes the cached session vectors hold (never above ``vector_cache_limit``)."""

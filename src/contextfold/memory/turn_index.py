@@ -93,7 +93,7 @@ class SessionVectors:
     def __init__(self, born: int = 0, *, base: Matrix | None = None, seqs: Any = ()) -> None:
         self.born = born  # the session's ``born`` number (``MemoryStorage.session_version``)
         self._base: Matrix = base if base is not None else np.zeros((0, 0), np.float32)
-        self._seqs: list[int] = [int(s) for s in seqs]
+        self._seqs: list[int] = seqs if isinstance(seqs, list) else [int(s) for s in seqs]
         self._buffer: Matrix = np.zeros((0, 0), np.float32)
         self._count = 0  # rows used in the buffer
         self.index: Any = None  # a usearch Index (or a read-only view of a saved one)
@@ -210,7 +210,7 @@ class VectorFiles:
     @contextlib.contextmanager
     def _locked(self, key: str) -> Any:
         self.folder.mkdir(parents=True, exist_ok=True)
-        with open(self._paths(key)["lock"], "a+b") as handle:
+        with self._paths(key)["lock"].open("a+b") as handle:
             try:
                 import fcntl
 
@@ -230,7 +230,7 @@ class VectorFiles:
         path = self._paths(key)["json"]
         tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps(meta), encoding="utf-8")
-        os.replace(tmp, path)
+        tmp.replace(path)
 
     def discard(
         self, session_id: str, model: str, born: int | None = None, *, keep: int | None = None
@@ -247,6 +247,24 @@ class VectorFiles:
             ):
                 with contextlib.suppress(OSError):
                     path.unlink()
+
+    def prune(self, born_of: Callable[[str], int | None]) -> int:
+        """Delete the files of sessions that are gone or were written again (``born_of``:
+        the session's ``born`` now, ``None`` when it no longer exists). Returns how many
+        sessions' files went."""
+        if not self.folder.is_dir():
+            return 0
+        gone = 0
+        for path in self.folder.glob("*.json"):
+            try:
+                meta = json.loads(path.read_text(encoding="utf-8"))
+                session, model, born = meta["session"], meta["model"], int(meta["born"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if born_of(session) != born:
+                self.discard(session, model, born)
+                gone += 1
+        return gone
 
     def load(
         self,
@@ -343,8 +361,10 @@ class VectorFiles:
             rows = np.ascontiguousarray(entry.rows(start), dtype=np.float32)
             seqs = np.asarray(entry.seqs[start:], dtype=np.int64)
             for path, data in ((paths["f32"], rows), (paths["seqs"], seqs)):
-                with open(path, "r+b" if path.exists() and start else "wb") as handle:
-                    handle.truncate(start * (data.itemsize * (data.shape[1] if data.ndim > 1 else 1)))
+                with path.open("r+b" if path.exists() and start else "wb") as handle:
+                    handle.truncate(
+                        start * (data.itemsize * (data.shape[1] if data.ndim > 1 else 1))
+                    )
                     handle.seek(0, os.SEEK_END)
                     handle.write(data.tobytes())
                     handle.flush()
@@ -375,9 +395,9 @@ class VectorFiles:
                 index, indexed = entry.index, entry.indexed
                 tmp = paths["usearch"].with_name(f"{key}.usearch.{os.getpid()}.tmp")
                 index.save(str(tmp))
-            with open(tmp, "rb") as handle:
+            with tmp.open("rb") as handle:
                 os.fsync(handle.fileno())
-            os.replace(tmp, paths["usearch"])
+            tmp.replace(paths["usearch"])
             self._write_meta(key, {**meta, "indexed": indexed})
             entry.saved_indexed = indexed
 
@@ -450,10 +470,8 @@ def grow_index(
     if start >= total:
         return False
     if entry.index is None or entry.index_is_view:
-        if entry.index is None:
-            fresh = _new_index(entry.dim, **settings)
-        else:
-            fresh = entry.index.copy()  # a view is read-only
+        # (A view is read-only: it is copied.)
+        fresh = _new_index(entry.dim, **settings) if entry.index is None else entry.index.copy()
         # Built aside: searches go on (exactly, or with the old view) meanwhile.
         for at in range(start, total, 16 * _ADD_CHUNK):
             if stopping is not None and stopping.is_set():
