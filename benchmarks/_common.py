@@ -809,7 +809,7 @@ def _render_turn_ann(path: Path, data: dict[str, Any]) -> list[str]:
         f"- Machine: {_machine_line(data)}",
         f"- Synthetic {p['dim']}-d unit vectors; top {p['limit']} (`recall.fts_limit`) per query, "
         f"{p['queries']} queries; the query vector made before each timed call. Default "
-        f"`recall.ann_min_turns`: {p['ann_min_turns_default']:,} (exact below it).",
+        f"`recall.ann_min_turns`: {p['ann_min_turns_default'] or 'none (always exact)'}.",
         "",
         "| turns | vectors | path | p50 / p95 ms | first query ms (vectors read) | "
         "first after restart, files ms | recall@k | build s | add "
@@ -817,19 +817,23 @@ def _render_turn_ann(path: Path, data: dict[str, Any]) -> list[str]:
         "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in data["runs"]:
-        e, a = r["exact"], r["ann"]
+        e, a = r["exact"], r.get("ann")
         rss = f"{r['rss_mb']['end']:,.0f} ({r['vectors_mb']:,.0f})"
         lines.append(
             f"| {r['turns']:,} | {r['vectors']} | exact | {_ms(e['steady'], 'median_ms')} / "
             f"{_ms(e['steady'], 'p95_ms')} | {e['first_ms']:,.1f} ({e['first_read']:,}) | "
             f"{e['restart']['first_ms']:,.1f} | 1 | | | {rss} |"
         )
+        if not a:
+            continue
         lines.append(
             f"| {r['turns']:,} | {r['vectors']} | HNSW | {_ms(a['steady'], 'median_ms')} / "
             f"{_ms(a['steady'], 'p95_ms')} | | {a['restart']['first_ms']:,.1f} | "
             f"{a['recall_at_k']:.4f} (min {a['recall_at_k_min']:.3f}) | {a['build_s']:,.1f} | "
             f"{a['after_add_ms']:,.1f} / {a['fold_s']:,.1f} | |"
         )
+    if data.get("note"):
+        lines += ["", f"- {data['note']}"]
     lines += ["", f"- Correctness flags: {_flags(data['correctness'])}."]
     return lines
 

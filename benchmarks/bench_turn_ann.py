@@ -114,7 +114,7 @@ def timed_dense(r: Recaller, text: str) -> common.Timed:
     return common.time_call(lambda: dense(r, text))
 
 
-def run_size(n: int, kind: str, queries: int) -> dict[str, Any]:
+def run_size(n: int, kind: str, queries: int, with_ann: bool = True) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="cf-bench-ann-"))
     path = folder / "memory.db"
     out: dict[str, Any] = {"turns": n, "vectors": kind, "rss_mb": {"start": rss_mb()}}
@@ -147,45 +147,19 @@ def run_size(n: int, kind: str, queries: int) -> dict[str, Any]:
             return samples.stats(), tops
 
         # exact, no files: the first recall reads every vector
-        exact = recaller(ann_min_turns=None)
+        exact = recaller(ann_min_turns=None, vector_dir=str(path) + ".vectors")
+        exact.files_min_turns = 10**9  # the files are written at close
         read = counting(exact.store)
         first = timed_dense(exact, "q 0").wall * 1000
         stats, truth = steady(exact)
         out["exact"] = {"first_ms": first, "first_read": sum(read), "steady": stats}
+        exact.files_min_turns = 1
         exact.close()
         out["rss_mb"]["after_exact"] = rss_mb()
-        # ANN
-        ann = recaller(ann_min_turns=1_000, vector_dir=str(path) + ".vectors")
-        ann.files_min_turns = 10**9  # files are written at close, timed apart
-        dense(ann, "q 0")
-        started = time.perf_counter()
-        ann.settle()
-        build = time.perf_counter() - started
-        stats, got = steady(ann)
-        recall = [len(a & b) / max(1, len(b)) for a, b in zip(got, truth, strict=True)]
-        out["ann"] = {
-            "build_s": build,
-            "steady": stats,
-            "recall_at_k": float(np.mean(recall)),
-            "recall_at_k_min": float(np.min(recall)),
-            "k": LIMIT,
-            "answered_by_index": bool(ann.last_dense.get("ann")),
-        }
-        out["rss_mb"]["after_ann"] = rss_mb()
-        store.append_turns("s", [Message(role="user", content=f"g{i}") for i in range(GROW)])
-        grown = list(range(n + 1, n + GROW + 1))
-        store.add_turn_vectors("s", QueryEmbedder.name, grown, source.draw(GROW))
-        out["ann"]["after_add_ms"] = timed_dense(ann, "q 1").wall * 1000
-        started = time.perf_counter()
-        ann.settle()
-        out["ann"]["fold_s"] = time.perf_counter() - started
-        out["ann"]["indexed_after_fold"] = ann._vectors["s"].indexed
-        ann.files_min_turns = 1
-        started = time.perf_counter()
-        ann.close()
-        out["ann"]["write_files_s"] = time.perf_counter() - started
+        out["ann"] = run_ann(n, path, source, recaller, steady, truth, store) if with_ann else None
         # restart with the files: ANN, then exact (no index: the rows file only)
-        for name, kw in (("ann", {"ann_min_turns": 1_000}), ("exact", {"ann_min_turns": None})):
+        modes = [("ann", {"ann_min_turns": 1_000})] if with_ann else []
+        for name, kw in [*modes, ("exact", {"ann_min_turns": None})]:
             again = recaller(vector_dir=str(path) + ".vectors", **kw)
             read = counting(again.store)
             first = timed_dense(again, "q 2").wall * 1000
@@ -199,7 +173,8 @@ def run_size(n: int, kind: str, queries: int) -> dict[str, Any]:
             again.files_min_turns = 10**9
             again._worker.close()
         out["rss_mb"]["end"] = rss_mb()
-        out["vectors_mb"] = round((n + GROW) * DIM * 4 / 2**20, 1)
+        grown = GROW if with_ann else 0
+        out["vectors_mb"] = round((n + grown) * DIM * 4 / 2**20, 1)
         out["files_mb"] = round(
             sum(p.stat().st_size for p in (folder / "memory.db.vectors").iterdir()) / 2**20, 1
         )
@@ -209,6 +184,48 @@ def run_size(n: int, kind: str, queries: int) -> dict[str, Any]:
     return out
 
 
+def run_ann(
+    n: int,
+    path: Path,
+    source: Vectors,
+    recaller: Any,
+    steady: Any,
+    truth: list[set[int]],
+    store: MemoryStore,
+) -> dict[str, Any]:
+    """Build the index (forced), time it against ``truth``, grow it, write its files."""
+    ann = recaller(ann_min_turns=1_000, vector_dir=str(path) + ".vectors")
+    ann.files_min_turns = 10**9  # files are written at close, timed apart
+    dense(ann, "q 0")
+    started = time.perf_counter()
+    ann.settle()
+    build = time.perf_counter() - started
+    stats, got = steady(ann)
+    recall = [len(a & b) / max(1, len(b)) for a, b in zip(got, truth, strict=True)]
+    result: dict[str, Any] = {
+        "build_s": build,
+        "steady": stats,
+        "recall_at_k": float(np.mean(recall)),
+        "recall_at_k_min": float(np.min(recall)),
+        "k": LIMIT,
+        "answered_by_index": bool(ann.last_dense.get("ann")),
+    }
+    result["rss_mb_after_build"] = rss_mb()
+    store.append_turns("s", [Message(role="user", content=f"g{i}") for i in range(GROW)])
+    grown = list(range(n + 1, n + GROW + 1))
+    store.add_turn_vectors("s", QueryEmbedder.name, grown, source.draw(GROW))
+    result["after_add_ms"] = timed_dense(ann, "q 1").wall * 1000
+    started = time.perf_counter()
+    ann.settle()
+    result["fold_s"] = time.perf_counter() - started
+    result["indexed_after_fold"] = ann._vectors["s"].indexed
+    ann.files_min_turns = 1
+    started = time.perf_counter()
+    ann.close()
+    result["write_files_s"] = time.perf_counter() - started
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     common.common_arguments(parser)
@@ -216,11 +233,16 @@ def main() -> None:
     parser.add_argument("--random", action="store_true", help="uniform random vectors too")
     parser.add_argument("--random-sizes", default="10000", help="sizes for --random")
     parser.add_argument("--queries", type=int, default=None)
+    parser.add_argument(
+        "--ann-sizes", default=None, help="sizes that also build an index (default: all)"
+    )
+    parser.add_argument("--note", default=None, help="a line for RESULTS.md")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
         spec = json.loads(args.child)
-        print(json.dumps(run_size(spec["n"], spec["kind"], spec["queries"])))
+        run = run_size(spec["n"], spec["kind"], spec["queries"], spec.get("ann", True))
+        print(json.dumps(run))
         return
     sizes = (
         [int(s) for s in args.sizes.split(",")]
@@ -234,6 +256,10 @@ def main() -> None:
             {"n": int(n), "kind": "random", "queries": queries}
             for n in args.random_sizes.split(",")
         ]
+    if args.ann_sizes is not None:
+        with_ann = {int(n) for n in args.ann_sizes.split(",") if n}
+        for spec in specs:
+            spec["ann"] = spec["n"] in with_ann
     runs = []
     for spec in specs:
         done = subprocess.run(
@@ -256,12 +282,16 @@ def main() -> None:
         "ann_min_turns_default": ANN_MIN_TURNS,
     }
     result["runs"] = runs
+    if args.note:
+        result["note"] = args.note
     result["correctness"] = {
         "ANN recall@k >= 0.99 (clustered)": all(
-            r["ann"]["recall_at_k"] >= 0.99 for r in runs if r["vectors"] == "clustered"
+            r["ann"]["recall_at_k"] >= 0.99
+            for r in runs
+            if r["vectors"] == "clustered" and r["ann"]
         ),
         "restart read only the files' last rows and newer": all(
-            r[m]["restart"]["read_from_store"] <= 8 for r in runs for m in ("ann", "exact")
+            r[m]["restart"]["read_from_store"] <= 8 for r in runs for m in ("ann", "exact") if r[m]
         ),
     }
     path = common.write_result(result, args.results_dir, args.results_md)
@@ -270,12 +300,17 @@ def main() -> None:
 
 def summary(r: dict[str, Any]) -> str:
     e, a = r["exact"], r["ann"]
-    return (
+    line = (
         f"{r['turns']:,} {r['vectors']}: exact p50 {e['steady']['median_ms']:.2f} ms (first "
-        f"{e['first_ms']:.0f} ms, restart {e['restart']['first_ms']:.1f}); ANN p50 "
-        f"{a['steady']['median_ms']:.2f} ms recall@{a['k']} {a['recall_at_k']:.4f} build "
-        f"{a['build_s']:.1f} s, restart {a['restart']['first_ms']:.1f} ms; RSS {r['rss_mb']}"
+        f"{e['first_ms']:.0f} ms, restart {e['restart']['first_ms']:.1f})"
     )
+    if a:
+        line += (
+            f"; ANN p50 {a['steady']['median_ms']:.2f} ms recall@{a['k']} "
+            f"{a['recall_at_k']:.4f} build {a['build_s']:.1f} s, restart "
+            f"{a['restart']['first_ms']:.1f} ms"
+        )
+    return line + f"; RSS {r['rss_mb']}"
 
 
 if __name__ == "__main__":

@@ -284,13 +284,14 @@ def test_the_vector_cache_counts_the_index_and_holds_its_limit() -> None:
 
 
 def test_the_engine_keeps_files_only_beside_a_sqlite_file(tmp_path: Path) -> None:
-    cfg = MemoryConfig()
-    assert cfg.recall.ann_min_turns is not None and cfg.recall.ann_min_turns > 1000
+    cfg = MemoryConfig.model_validate({"recall": {"ann_min_turns": 5000}})
+    assert MemoryConfig().recall.ann_min_turns is None  # exact by default (the benchmark)
     in_memory = MemoryEngine(cfg, store=MemoryStore(":memory:"), embedder=HashEmbedder(dim=16))
     assert in_memory.recaller.files is None
     on_file = MemoryEngine(cfg, store=tmp_path / "m.db", embedder=HashEmbedder(dim=16))
     assert on_file.recaller.files is not None
     assert on_file.recaller.files.folder == tmp_path / "m.db.vectors"
+    assert on_file.recaller.ann_min_turns == 5000
     off = MemoryConfig.model_validate({"recall": {"vector_files": False, "ann_min_turns": None}})
     plain = MemoryEngine(off, store=tmp_path / "n.db", embedder=HashEmbedder(dim=16))
     assert plain.recaller.files is None and plain.recaller.ann_min_turns is None

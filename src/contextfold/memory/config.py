@@ -164,10 +164,12 @@ it cost 0.13 points of recall beyond ``RELEVANCE_FLOOR``
 (``benchmarks/calibrate_memory_floor.py``)."""
 
 
-ANN_MIN_TURNS = 50_000
-"""The default ``recall.ann_min_turns``: where, on this project's 2-core machine, an exact
-scan of a session's 384-d vectors (~30 ms at 100k) stops being cheaper than an HNSW search
-tuned to recall@300 >= 0.99 (benchmarks/bench_turn_ann.py)."""
+ANN_MIN_TURNS: int | None = None
+"""The default ``recall.ann_min_turns``: off. On this project's 2-core machine the exact scan of
+a session's 384-d vectors (one core) stayed cheaper than an HNSW search that keeps
+recall@300 (``fts_limit``) at 0.99 at every size measured: 18 ms against 52 ms at 100k turns,
+where the HNSW search found only 97% of the exact top 300 (benchmarks/bench_turn_ann.py,
+docs/memory.md "The dense path"). Set it to use the index above that many vectors."""
 
 
 class RecallSettings(_Section):
@@ -187,7 +189,7 @@ class RecallSettings(_Section):
     message), as ``fts_limit`` caps the full-text and dense ones.
 
     ``ann_min_turns``: a session with at least this many turn vectors is searched through an
-    HNSW index (``usearch``, the ``ann`` extra; ``null``: always exact), with
+    HNSW index (``usearch``, the ``ann`` extra; ``null``, the default: always exact), with
     ``expansion_search`` ``max(ann_expansion, 4 × fts_limit)``; below it, one exact
     matrix-vector product. ``vector_files``: a file-backed SQLite store keeps each large
     session's vectors and index in files beside it (``<database>.vectors/``), so a restart maps
