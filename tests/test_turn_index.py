@@ -6,6 +6,7 @@ benchmarks/bench_turn_ann.py, not here."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -299,3 +300,28 @@ def test_the_engine_keeps_files_only_beside_a_sqlite_file(tmp_path: Path) -> Non
         engine.close()
     with pytest.raises(ValueError):
         MemoryConfig.model_validate({"recall": {"ann_min_turns": 10}})
+
+
+def test_a_large_session_nothing_holds_is_read_by_the_worker_and_the_recall_says_so() -> None:
+    store = MemoryStore(counter=CharCounter())  # no files: as PostgreSQL
+    vectors = Vectors()
+    fill(store, vectors, 300)
+    r = recaller(store, vectors)
+    r.read_later_min = 200
+    calls = reads(store)
+    gate = threading.Event()
+    r._worker.submit(lambda: gate.wait(10))  # the worker waits until the recalls answered
+    assert top(r, "q 1") == []  # no dense signal yet, the read started
+    assert r.pending_vectors("s") == 300  # every turn waits for it
+    assert top(r, "q 1") == []
+    reads_queued = [j for j in r._worker._jobs.queue if getattr(j, "func", None) == r._read]
+    assert len(reads_queued) == 1  # started once
+    gate.set()
+    r.settle()
+    assert calls == [0]  # read once, by the worker
+    exact = recaller(MemoryStore(counter=CharCounter()), vectors)
+    fill(exact.store, Vectors(), 300)  # the same seeded vectors
+    assert top(r, "q 1") == top(exact, "q 1") and r.pending_vectors("s") == 0
+    small = recaller(store, vectors)
+    small.read_later_min = 301  # below it the recall reads them itself
+    assert top(small, "q 1") == top(exact, "q 1")

@@ -104,6 +104,7 @@ _PREFETCHED = 256  # queries started and not yet ranked, kept at most
 _PREFETCHED_CHARS = 4 * 1024 * 1024  # and at most this many characters of them
 FILES_MIN_TURNS = 1_000  # a session's vectors go to files once it has this many
 ANN_TAIL = 512  # rows scanned exactly beside the index before the worker adds them
+READ_LATER_MIN = 20_000  # vectors read by the worker, not a recall, when nothing holds them
 
 
 class Recaller:
@@ -163,6 +164,10 @@ class Recaller:
         self.files = VectorFiles(vector_dir) if vector_dir is not None else None
         self.files_min_turns = FILES_MIN_TURNS
         self.ann_tail = ANN_TAIL
+        # A session with at least this many vectors and no files (PostgreSQL, a first start)
+        # is read by the worker while recall answers without the dense signal.
+        self.read_later_min: int | None = READ_LATER_MIN
+        self._reading: set[str] = set()
         self._worker = IndexWorker()
         self.last_dense: dict[str, object] = {}  # how the last dense search ran (benchmarks)
         self._lock = threading.Lock()
@@ -198,10 +203,16 @@ class Recaller:
         return len(todo)
 
     def pending_vectors(self, session_id: str) -> int:
-        """How many of the session's turns have no vector yet (0 without an embedder): two
-        look-ups in primary keys, as vectors are written in seq order (``ensure_vectors``)."""
+        """How many of the session's turns the dense signal could not rank (0 without an
+        embedder): those without a vector yet — two look-ups in primary keys, as vectors are
+        written in seq order (``ensure_vectors``) — or every turn while the worker reads the
+        session's vectors (``read_later_min``)."""
         if self.embedder is None:
             return 0
+        with self._lock:
+            reading = session_id in self._reading
+        if reading:
+            return self.store.last_seq(session_id)
         return max(
             0, self.store.last_seq(session_id) - self.store.last_vector_seq(session_id, self._model)
         )
@@ -234,6 +245,8 @@ class Recaller:
                     entry, new_seqs, new = loaded
                     entry.append(new_seqs, new)
             if entry is None:
+                if self._read_later(session_id, born):
+                    return SessionVectors(born)  # none yet: ``pending_vectors`` says so
                 entry = SessionVectors(born)
                 new_seqs, new = self.store.turn_vectors(session_id, self._model, after=0)
                 entry.append(new_seqs, new)
@@ -241,6 +254,42 @@ class Recaller:
             new_seqs, new = self.store.turn_vectors(session_id, self._model, after=entry.last)
             entry.append(new_seqs, new)
         self._schedule(session_id, entry)
+        self._keep(session_id, entry)
+        return entry
+
+    def _read_later(self, session_id: str, born: int) -> bool:
+        """Whether the session's vectors, absent from the cache and from files, are many
+        enough (``read_later_min``) to be read by the worker instead of this recall: then the
+        read is started (once) and the recall goes on without the dense signal."""
+        if self.read_later_min is None:
+            return False
+        with self._lock:
+            if session_id in self._reading:
+                return True
+        if self.store.last_vector_seq(session_id, self._model) < self.read_later_min:
+            return False
+        with self._lock:
+            if session_id in self._reading:
+                return True
+            self._reading.add(session_id)
+        self._worker.submit(functools.partial(self._read, session_id, born))
+        return True
+
+    def _read(self, session_id: str, born: int) -> None:
+        """The worker's read of a session's vectors (``_read_later``)."""
+        try:
+            entry = SessionVectors(born)
+            new_seqs, new = self.store.turn_vectors(session_id, self._model, after=0)
+            entry.append(new_seqs, new)
+            self._keep(session_id, entry)
+        finally:
+            with self._lock:
+                self._reading.discard(session_id)
+        if self._due(entry):
+            self._work(session_id, entry)
+
+    def _keep(self, session_id: str, entry: SessionVectors) -> None:
+        """Put the entry in the cache, within its bounds (one too large is not kept)."""
         with self._lock:
             entry.charged = entry.nbytes
             if 0 < entry.charged <= self.vector_cache_limit:
@@ -254,7 +303,6 @@ class Recaller:
                 ):
                     _, dropped = self._vectors.popitem(last=False)
                     self._vector_bytes -= dropped.charged
-        return entry
 
     def _due(self, entry: SessionVectors) -> bool:
         """Whether the entry has index or file work to do (``_work``)."""

@@ -49,7 +49,7 @@ Matrix = npt.NDArray[np.float32]
 #: ``expansion_search`` floor (a search uses at least ``4 × limit``).
 ANN_DEFAULTS = {"connectivity": 32, "expansion_add": 96, "expansion_search": 1600}
 _CHECK_ROWS = 8  # rows compared with the store when files are loaded
-_ADD_CHUNK = 64  # rows added to a live index per lock hold (a search waits at most this)
+_ADD_CHUNK = 16  # rows added to a live index per lock hold (a search waits at most this)
 
 
 def _new_index(dim: int, connectivity: int, expansion_add: int, expansion_search: int) -> Any:
