@@ -356,7 +356,8 @@ class VectorFiles:
             meta = self._meta(key)
             have = int(meta["rows"]) if meta and meta.get("born") == entry.born else 0
             if have > len(entry):
-                return  # another process wrote further
+                entry.saved_rows = len(entry)  # another process wrote further
+                return
             start = have
             rows = np.ascontiguousarray(entry.rows(start), dtype=np.float32)
             seqs = np.asarray(entry.seqs[start:], dtype=np.int64)
