@@ -325,3 +325,37 @@ def test_a_large_session_nothing_holds_is_read_by_the_worker_and_the_recall_says
     small = recaller(store, vectors)
     small.read_later_min = 301  # below it the recall reads them itself
     assert top(small, "q 1") == top(exact, "q 1")
+
+
+def test_recalls_from_several_threads_while_the_index_grows(
+    filled: tuple[Path, Vectors], tmp_path: Path
+) -> None:
+    path = copy_db(filled, tmp_path)
+    vectors = filled[1]
+    store = MemoryStore(path, counter=CharCounter())
+    ann = recaller(store, vectors, ann_min_turns=1000)
+    ann.ann_tail = 1
+    top(ann, "q 0")
+    ann.settle()
+    errors: list[BaseException] = []
+
+    def ask(n: int) -> None:
+        try:
+            for i in range(15):
+                assert len(top(ann, f"q {(n + i) % 40}")) == LIMIT
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for _ in range(3):  # vectors land, the worker adds them, while the threads search
+        fill(store, vectors, 20)
+        top(ann, "q 1")
+    for thread in threads:
+        thread.join()
+    ann.settle()
+    assert errors == []
+    newest = store.last_seq("s")
+    assert top(ann, f"row {newest}")[0][0] == newest
+    assert ann._vectors["s"].indexed == newest == N + 60

@@ -174,16 +174,18 @@ class SessionVectors:
     ) -> tuple[list[tuple[int, float]], bool]:
         """The ``limit`` best (seq, cosine) pairs, best first, and whether the ANN index
         answered (``ann``: may it; rows it does not cover yet are scanned exactly)."""
+        # Rows are only appended, so a scan needs no lock (the rows it scores keep their
+        # place); the index does, against the worker adding to it.
+        if not ann or self.index is None or self.indexed == 0:
+            scores = self.scores(query)
+            return [(self._seqs[i], float(scores[i])) for i in _top(scores, limit)], False
         with self.lock:
             index, indexed = self.index, self.indexed
-            if not ann or index is None or indexed == 0:
-                scores = self.scores(query)
-                return [(self._seqs[i], float(scores[i])) for i in _top(scores, limit)], False
             index.expansion_search = max(expansion, 4 * limit)
             found = index.search(query, min(limit, indexed))
-            keys = np.asarray(found.keys, dtype=np.int64)
-            sims = 1.0 - np.asarray(found.distances, dtype=np.float32)
-            tail = self.scores(query, indexed)
+        keys = np.asarray(found.keys, dtype=np.int64)
+        sims = 1.0 - np.asarray(found.distances, dtype=np.float32)
+        tail = self.scores(query, indexed)
         tail_seqs = np.asarray(self._seqs[indexed : indexed + len(tail)], dtype=np.int64)
         all_seqs = np.concatenate([keys, tail_seqs])
         all_scores = np.concatenate([sims, tail]).astype(np.float32)
