@@ -10,6 +10,8 @@ Three signals rank the stored raw turns:
   derived work (``MemoryEngine.derive``: inside ``on_turn_complete``, or a store-kept job),
   never inside a recall: a recall ranks the turns not embedded yet by full text and tags only
   (``pending_vectors`` says how many; the engine reports it as ``AssembledContext.unembedded``).
+  A session's vectors are kept per process by ``memory.turn_index`` (exact scan; an HNSW
+  index above ``ann_min_turns``; files beside a SQLite database so a restart maps them).
 
 Fusion is ``"score"`` by default: each signal's scores are min-max scaled over its own top
 list and summed with the signal's weight; ``"rrf"`` (reciprocal-rank fusion with constant
