@@ -222,6 +222,9 @@ class MemoryEngine:
             date_slack_days=cfg.recall.date_slack_days,
             vector_cache_bytes=int(cfg.recall.vector_cache_mb * 2**20),
             tag_limit=cfg.recall.tag_limit,
+            ann_min_turns=cfg.recall.ann_min_turns,
+            ann_expansion=cfg.recall.ann_expansion,
+            vector_dir=self._vector_dir(),
         )
         self.pager = Pager(self.store, budget=cfg.paging.budget)
         self.delegation = Delegation(
@@ -934,9 +937,21 @@ class MemoryEngine:
         with self._vocab_lock:
             return self.vocab.remove_alias(alias, session_id=session_id)
 
+    def _vector_dir(self) -> Path | None:
+        """Where the recaller keeps large sessions' vectors and indexes: beside a file-backed
+        SQLite store (``recall.vector_files``); ``None`` for an in-memory or PostgreSQL one."""
+        path = getattr(self.store, "path", None)
+        if not self.config.recall.vector_files or self.embedder is None:
+            return None
+        if not isinstance(path, str) or path == ":memory:" or not Path(path).is_file():
+            return None  # in memory, or a PostgreSQL URL
+        return Path(f"{path}.vectors")
+
     def close(self) -> None:
-        """Finish the background work (``flush``), then close the client and the store."""
+        """Finish the background work (``flush``), write the vector files, then close the
+        client and the store."""
         self.background.close()
+        self.recaller.close()
         if self._owns_client and self.llm_client is not None:
             self.llm_client.close()
             self.llm_client = None
