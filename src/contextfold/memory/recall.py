@@ -410,7 +410,9 @@ class Recaller:
             future = self._prefetched.pop(text, None)
             if future is not None:
                 self._prefetched_chars -= len(text)
-        return (future or queue.submit(text)).result().astype(np.float32)
+        if future is None:  # not prefetched: embedded in this thread when the queue is idle
+            return queue.embed([text])[0].astype(np.float32)
+        return future.result().astype(np.float32)
 
     def _dense(self, session_id: str, text: str, limit: int) -> list[tuple[int, float]]:
         if self.embedder is None or not text.strip():
