@@ -798,6 +798,46 @@ def _render_memory_scale(path: Path, data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _render_turn_ann(path: Path, data: dict[str, Any]) -> list[str]:
+    p = data["parameters"]
+    lines = [
+        "## Dense recall of a session's turn vectors: exact vs HNSW (`bench_turn_ann.py`)",
+        "",
+        data["description"],
+        "",
+        f"- Command: `{data['command']}` → `{_relative(str(path))}`",
+        f"- Machine: {_machine_line(data)}",
+        f"- Synthetic {p['dim']}-d unit vectors; top {p['limit']} (`recall.fts_limit`) per query, "
+        f"{p['queries']} queries; the query vector made before each timed call. Default "
+        f"`recall.ann_min_turns`: {p['ann_min_turns_default'] or 'none (always exact)'}.",
+        "",
+        "| turns | vectors | path | p50 / p95 ms | first query ms (vectors read) | "
+        "first after restart, files ms | recall@k | build s | add "
+        f"{p['grow']}: next query ms / fold s | RSS end MB (vectors MB) |",
+        "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in data["runs"]:
+        e, a = r["exact"], r.get("ann")
+        rss = f"{r['rss_mb']['end']:,.0f} ({r['vectors_mb']:,.0f})"
+        lines.append(
+            f"| {r['turns']:,} | {r['vectors']} | exact | {_ms(e['steady'], 'median_ms')} / "
+            f"{_ms(e['steady'], 'p95_ms')} | {e['first_ms']:,.1f} ({e['first_read']:,}) | "
+            f"{e['restart']['first_ms']:,.1f} | 1 | | | {rss} |"
+        )
+        if not a:
+            continue
+        lines.append(
+            f"| {r['turns']:,} | {r['vectors']} | HNSW | {_ms(a['steady'], 'median_ms')} / "
+            f"{_ms(a['steady'], 'p95_ms')} | | {a['restart']['first_ms']:,.1f} | "
+            f"{a['recall_at_k']:.4f} (min {a['recall_at_k_min']:.3f}) | {a['build_s']:,.1f} | "
+            f"{a['after_add_ms']:,.1f} / {a['fold_s']:,.1f} | |"
+        )
+    if data.get("note"):
+        lines += ["", f"- {data['note']}"]
+    lines += ["", f"- Correctness flags: {_flags(data['correctness'])}."]
+    return lines
+
+
 def _render_proxy(path: Path, data: dict[str, Any]) -> list[str]:
     p, load, goals = data["parameters"], data["load"], data["goals"]
     lines = [
@@ -1138,6 +1178,7 @@ def _render_telemetry(path: Path, data: dict[str, Any]) -> list[str]:
 _RENDERERS = {
     "memory": _render_memory,
     "memory_scale": _render_memory_scale,
+    "turn_ann": _render_turn_ann,
     "proxy": _render_proxy,
     "durability": _render_durability,
     "window": _render_window,
@@ -1175,6 +1216,7 @@ def render_results(results_dir: Path) -> str:
         "process, data loading included. Re-run with `python benchmarks/bench_window.py`, "
         "`python benchmarks/bench_history_trim.py`, `python benchmarks/bench_retrieval.py`, "
         "`python benchmarks/bench_memory.py`, `python benchmarks/bench_memory_scale.py`, "
+        "`python benchmarks/bench_turn_ann.py`, "
         "`python benchmarks/bench_proxy.py`, "
         "`python benchmarks/bench_durability.py`, `python benchmarks/bench_warm_start.py`, "
         "`python benchmarks/bench_tool_outputs.py` (`--synthesized` for the synthesized "

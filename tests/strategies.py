@@ -4,7 +4,8 @@ Candidates cover every ``SourceType``: pinned instructions and queries, ranked f
 priorities, scores, ``group_id`` groups and explicit sections, and a conversation whose tool
 exchanges are sometimes complete, sometimes missing a result or a call, and sometimes split by
 an unrelated turn. Ids are unique and every timestamp is explicit, so a drawn candidate list
-packs the same way every time. ``histories`` draws plain message lists with the same tool
+packs the same way every time. ``histories`` (``contextfold.store.conformance.histories``,
+re-exported here with the texts) draws plain message lists with the same tool
 exchanges, for history filtering.
 """
 
@@ -33,14 +34,16 @@ from contextfold.formats import (
     GenericTextFormatter,
     OpenAIFormatter,
 )
-from contextfold.items import (
-    ContextItem,
-    Message,
-    SourceType,
-    TextBlock,
-    ToolResultBlock,
-    ToolUseBlock,
-)
+from contextfold.items import ContextItem, Message, SourceType
+
+# Message histories and texts live with the store's property tests, which draw them too.
+from contextfold.store.conformance.histories import _exchange as _exchange
+from contextfold.store.conformance.histories import _names, _text_blocks
+from contextfold.store.conformance.histories import _user_messages as _user_messages
+from contextfold.store.conformance.histories import histories as histories
+from contextfold.store.conformance.histories import sentences as sentences
+from contextfold.store.conformance.histories import short_texts as short_texts
+from contextfold.store.conformance.histories import texts as texts
 from contextfold.tokens import CharCounter, TokenCounter
 
 EPOCH = datetime(2025, 1, 1, tzinfo=UTC)
@@ -60,61 +63,10 @@ char_counters: st.SearchStrategy[TokenCounter] = st.sampled_from(
     [CharCounter(), CharCounter(1), CharCounter(3)]
 )
 
-# --------------------------------------------------------------------------- text
-
-_WORDS = (
-    "alpha",
-    "Beta",
-    "gamma",
-    "Paris",
-    "naïve",
-    "café",
-    "数据",
-    "東京",
-    "🙂",
-    "Ω",
-    "x",
-    "42",
-    "tool",
-    "résumé",
-    "\t",
-    "line\nbreak",
-)
-_ENDS = (".", "!", "?", "…", "。", ".\n", "", '."', ".)")
-# A fixed corpus of sentences of 1–8 words with every kind of ending; prose is a slice of it,
-# so a long text costs two draws instead of hundreds.
-_CORPUS = tuple(
-    " ".join(_WORDS[(k * 7 + j * 3) % len(_WORDS)] for j in range(1 + k % 8))
-    + _ENDS[k % len(_ENDS)]
-    for k in range(61)
-)
-
-
-def _prose(min_sentences: int, max_sentences: int) -> st.SearchStrategy[str]:
-    return st.builds(
-        lambda start, n: " ".join(_CORPUS[(start + k) % len(_CORPUS)] for k in range(n)),
-        st.integers(0, len(_CORPUS) - 1),
-        st.integers(min_sentences, max_sentences),
-    )
-
-
-sentences = _prose(1, 1)
-short_texts = st.one_of(st.just(""), st.text(max_size=12), _prose(1, 2))
-texts = st.one_of(
-    st.just(""),
-    st.text(max_size=30),
-    _prose(1, 5),
-    _prose(8, 24),  # long
-    _prose(3, 12),
-)
 _scores = st.one_of(st.sampled_from([0.0, 0.5, 1.0]), st.floats(-10, 10, allow_nan=False))
 _priorities = st.integers(1, 10)
 _groups = st.sampled_from([None, None, None, None, None, "g1", "g2"])
-_tool_args = st.dictionaries(
-    st.sampled_from(["q", "city", "n", "ünï"]),
-    st.one_of(st.integers(-5, 500), st.text(max_size=10), st.booleans(), st.none()),
-    max_size=3,
-)
+
 
 # --------------------------------------------------------------------------- candidates
 # Strategies are built once at module level: building them inside a draw costs more than
@@ -146,32 +98,17 @@ _free_items = st.fixed_dictionaries(
     }
 )
 _rank = st.fixed_dictionaries({"priority": _priorities, "score": _scores, "group_id": _groups})
-_text_blocks = st.lists(texts.map(lambda t: TextBlock(text=t)), min_size=1, max_size=2).map(tuple)
-_names = st.sampled_from([None, None, "ann"])
 _text_messages = st.builds(
     Message,
     role=st.sampled_from(["user", "assistant", "system"]),
     content=_text_blocks,
     name=_names,
 )
-_user_messages = st.builds(Message, role=st.just("user"), content=_text_blocks)
 _bare_turns = st.fixed_dictionaries(
     {"content": texts, "metadata": st.sampled_from([{"role": "user"}, {"role": "assistant"}])}
 )
 _turn_kinds = st.sampled_from(["text", "text", "bare", "tool", "tool"])
 _fates = st.sampled_from(["ok", "ok", "ok", "no_result", "no_call", "interleaved"])
-_calls = st.lists(
-    st.tuples(
-        st.sampled_from(["search", "get_weather", "ls"]),  # function name
-        _tool_args,
-        texts,  # the result
-        st.booleans(),  # the result names its function (Gemini style)
-        st.booleans(),  # is_error
-    ),
-    min_size=1,
-    max_size=3,
-)
-_leads = st.one_of(st.none(), texts)
 _coin = st.integers(0, 1)
 
 
@@ -206,48 +143,6 @@ def _conversation(draw: st.DrawFn, max_turns: int, conv_groups: bool) -> list[di
     return out
 
 
-def _exchange(
-    draw: st.DrawFn, first_id: int, fates: st.SearchStrategy[str]
-) -> tuple[list[Message], int]:
-    """One tool exchange, its call ids numbered from ``first_id``, and how many ids it used: an
-    assistant message with 1–3 calls, then their results in one tool message or one each. Its
-    fate may drop some results (``no_result``) or the call (``no_call``), put a user turn
-    between call and results (``interleaved``), or spread the calls over two assistant
-    messages answered by one tool message, linking them (``split``)."""
-    drawn = draw(_calls)
-    uses = [
-        ToolUseBlock(id=f"call_{first_id + j}", name=name, input=args)
-        for j, (name, args, *_) in enumerate(drawn)
-    ]
-    results = [
-        ToolResultBlock(
-            tool_use_id=u.id, content=text, name=u.name if named else None, is_error=error
-        )
-        for u, (_, _, text, named, error) in zip(uses, drawn, strict=True)
-    ]
-    out: list[Message] = []
-    fate = draw(fates)
-    if fate == "no_result":
-        results = results[: draw(st.integers(0, len(results) - 1))]
-    if fate != "no_call":
-        lead = draw(_leads)
-        text = (TextBlock(text=lead),) if lead is not None else ()
-        cut = draw(st.integers(1, len(uses) - 1)) if fate == "split" and len(uses) > 1 else 0
-        if cut:
-            out.append(Message(role="assistant", content=(*text, *uses[:cut])))
-            out.append(Message(role="assistant", content=tuple(uses[cut:])))
-        else:
-            out.append(Message(role="assistant", content=(*text, *uses)))
-    if fate == "interleaved":
-        out.append(draw(_user_messages))
-    if results:
-        if fate == "split" or draw(st.booleans()):
-            out.append(Message(role="tool", content=tuple(results)))
-        else:
-            out.extend(Message(role="tool", content=(r,)) for r in results)
-    return out, len(uses)
-
-
 @st.composite
 def candidates(
     draw: st.DrawFn,
@@ -277,36 +172,6 @@ def candidates(
 
 
 # --------------------------------------------------------------------------- histories
-
-_history_texts = st.builds(
-    Message,
-    role=st.sampled_from(["user", "user", "assistant", "assistant", "system"]),
-    content=_text_blocks,
-    name=_names,
-)
-_history_fates = st.sampled_from(["ok", "ok", "ok", "split", "interleaved", "no_result", "no_call"])
-_paired_fates = st.sampled_from(["ok", "ok", "split", "interleaved"])
-_mostly_text = st.sampled_from([True, True, False])
-
-
-@st.composite
-def histories(draw: st.DrawFn, *, max_turns: int = 14, paired: bool = False) -> list[Message]:
-    """A message list, oldest first: text messages of every role (system ones included, a
-    ``name`` now and then, same-role neighbours common) and tool exchanges (see
-    ``_exchange``). With ``paired``, every tool call has its result and every result its
-    call."""
-    fates = _paired_fates if paired else _history_fates
-    out: list[Message] = []
-    calls = 0
-    for _ in range(draw(st.integers(0, max_turns))):
-        if draw(_mostly_text):  # an exchange brings two to five messages
-            out.append(draw(_history_texts))
-        else:
-            exchange, used = _exchange(draw, calls, fates)
-            calls += used
-            out.extend(exchange)
-    return out
-
 
 # --------------------------------------------------------------------------- budgets
 

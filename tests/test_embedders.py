@@ -370,3 +370,62 @@ def test_queue_embed_matches_the_inner_embedder_and_keeps_order() -> None:
     assert queue.embed([]).shape == (0, 256)
     with pytest.raises(ConfigError):
         EmbeddingQueue(HashEmbedder(), max_batch=0)
+
+
+class _ThreadRecordingEmbedder(HashEmbedder):
+    """A HashEmbedder that records the thread each call ran on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[str] = []
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.threads.append(threading.current_thread().name)
+        return super().embed(texts)
+
+
+def test_embed_on_an_idle_queue_runs_in_the_callers_thread() -> None:
+    # A query's embedding on an idle queue is not handed to a new thread and waited for
+    # (a thread start and a hand-off per recall, milliseconds on a loaded machine).
+    inner = _ThreadRecordingEmbedder()
+    queue = EmbeddingQueue(inner)
+    vectors = queue.embed(["what did we decide about the deploy"])
+    assert inner.threads == [threading.current_thread().name]
+    assert np.array_equal(vectors, HashEmbedder().embed(["what did we decide about the deploy"]))
+    assert not _embed_threads()
+
+
+class _TwoGateEmbedder(HashEmbedder):
+    """Holds each text at its own gate; records the thread each text ran on."""
+
+    def __init__(self, *texts: str) -> None:
+        super().__init__()
+        self.entered = {text: threading.Event() for text in texts}
+        self.gates = {text: threading.Event() for text in texts}
+        self.threads: dict[str, str] = {}
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        for text in texts:
+            self.threads[text] = threading.current_thread().name
+            self.entered[text].set()
+            assert self.gates[text].wait(10)
+        return super().embed(texts)
+
+
+def test_a_caller_draining_the_queue_returns_when_its_own_texts_are_done() -> None:
+    # The caller that runs the queue's batch does not stay to embed what others queued
+    # meanwhile: a worker thread takes over the rest.
+    inner = _TwoGateEmbedder("mine", "theirs")
+    queue = EmbeddingQueue(inner, max_batch=1)
+    results: list[np.ndarray] = []
+    caller = threading.Thread(target=lambda: results.append(queue.embed(["mine"])), name="caller")
+    caller.start()
+    assert inner.entered["mine"].wait(10)
+    other = queue.submit("theirs")  # queued behind the caller's batch
+    inner.gates["mine"].set()
+    caller.join(10)
+    assert not caller.is_alive(), "the caller waited for another caller's text"
+    assert results[0].shape == (1, 256) and not other.done()
+    inner.gates["theirs"].set()
+    assert np.array_equal(other.result(10), HashEmbedder().embed(["theirs"])[0])
+    assert inner.threads == {"mine": "caller", "theirs": "contextfold-embed"}

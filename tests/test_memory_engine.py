@@ -68,7 +68,7 @@ def test_a_history_longer_than_a_write_chunk_is_stored_whole_and_derived() -> No
     turns = eng.store.turns("default")
     assert [t.message.text() for t in turns] == [m["content"] for m in history]
     assert [t.created_at for t in turns] == times
-    assert eng.store.session("default").derived_seq == 300 and eng.store.pending_jobs() == 0
+    assert eng.store.session("default").derived_seq == 300 and eng.store.jobs.pending_jobs() == 0
     assert all(t.tags for t in turns if t.message.role == "user")
 
 
@@ -108,7 +108,7 @@ def test_one_tag_summary_per_tag_of_the_compacted_segments() -> None:
     eng = engine(window=600)
     eng.on_turn_complete(conversation(6))
     eng.compact()
-    summaries = eng.store.tag_summaries("default")
+    summaries = eng.store.paging.tag_summaries("default")
     segment_tags = {t for s in eng.store.segments("default") for t in s.tags}
     assert set(summaries) == segment_tags
     assert all(s.summary for s in summaries.values())
@@ -183,7 +183,7 @@ def test_expand_evicts_least_recently_used_topics_to_fit_the_budget() -> None:
     eng.expand_topic(first, "full")
     result = eng.expand_topic(second, "full")
     assert result.total_tokens <= 120 or result.depth != "full"
-    ws = eng.store.working_set("default")
+    ws = eng.store.paging.working_set("default")
     assert ws[first].depth != "full"  # the older topic was collapsed
     assert any(c.reason.startswith("evicted") for c in result.changes)
 
@@ -196,18 +196,18 @@ def test_tools_mode_keeps_automatic_paging_as_the_fallback() -> None:
     first, second = tags[0], tags[1]
     eng.expand_topic(first, "summary")
     eng.expand_topic(second, "summary")
-    assert list(eng.store.working_set("default"))[-2:] == [first, second]
+    assert list(eng.store.paging.working_set("default"))[-2:] == [first, second]
     # A message about the first topic keeps it warm, though the model called no tool: the
     # second is now the one an expansion past the budget collapses first.
     eng.on_message_inbound(f"What about the {first.replace('-', ' ')}?")
-    assert list(eng.store.working_set("default"))[-2:] == [second, first]
+    assert list(eng.store.paging.working_set("default"))[-2:] == [second, first]
 
 
 def test_collapse_cannot_go_deeper_and_unknown_topics_are_errors() -> None:
     eng = engine(window=600)
     eng.on_turn_complete(conversation(6))
     eng.compact()
-    tag = next(iter(eng.store.tag_summaries("default")))
+    tag = next(iter(eng.store.paging.tag_summaries("default")))
     eng.expand_topic(tag, "segments")
     assert eng.collapse_topic(tag, "summary").depth == "summary"
     with pytest.raises(ConfigError, match="shallower"):
@@ -414,7 +414,7 @@ def test_tag_summaries_roll_forward_and_keep_each_lines_speaker() -> None:
     ]
     eng.on_turn_complete(rounds[0])
     eng.compact()
-    first = eng.store.tag_summaries("default")
+    first = eng.store.paging.tag_summaries("default")
     eng.on_turn_complete(rounds[1])
     spy.calls.clear()
     eng.compact()
@@ -428,7 +428,7 @@ def test_tag_summaries_roll_forward_and_keep_each_lines_speaker() -> None:
     assert inputs[len(old_lines) :] == [
         line for s in new_segments for line in s.summary.splitlines() if line.strip()
     ]
-    for summary in eng.store.tag_summaries("default").values():
+    for summary in eng.store.paging.tag_summaries("default").values():
         for line in summary.summary.splitlines():
             assert not re.match(r"^\w+: \w+: ", line), line  # never "Ann: Bob: …"
 

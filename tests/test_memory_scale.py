@@ -252,7 +252,7 @@ def test_a_compaction_on_turn_complete_trips_runs_as_a_background_job() -> None:
     assert engine.flush(30)
     assert engine.store.session("default").compaction_watermark > 1
     assert engine.status().level == "none"
-    assert engine.store.pending_jobs() == 0
+    assert engine.store.jobs.pending_jobs() == 0
     engine.close()
 
 
@@ -265,13 +265,13 @@ def test_a_background_compaction_left_by_a_stopped_engine_is_kept_in_the_store(
     first.background.close()  # stopped before its thread runs anything
     first.on_turn_complete(_pairs(0, 40))
     assert first.store.session("default").compaction_watermark == 0
-    assert first.store.pending_jobs() == 1  # the compaction waits in the store
+    assert first.store.jobs.pending_jobs() == 1  # the compaction waits in the store
     first.close()
     store = MemoryStore(tmp_path / "m.db", counter=CharCounter())
     second = _background(store, gate)
     report = second.derive()  # what a job worker runs for the job
     assert report is not None and report.segments_compacted > 0
-    assert store.pending_jobs() == 0
+    assert store.jobs.pending_jobs() == 0
     second.close()
 
 

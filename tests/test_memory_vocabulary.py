@@ -15,9 +15,14 @@ from contextfold.errors import ConfigError
 from contextfold.llm import OpenAICompatibleClient
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
+from contextfold.store.conformance.vocab_support import (
+    COUNTER,
+    broad_conversation,
+    make_engine,
+    turn_by_turn,
+)
 from contextfold.store.sqlite.memory import MemoryStore
 from fake_llm import FakeLLMServer
-from vocab_support import COUNTER, broad_conversation, make_engine, turn_by_turn
 
 # -- splitting -------------------------------------------------------------------------------------
 
@@ -299,7 +304,7 @@ def test_an_expired_tags_turns_and_summary_are_not_recalled_but_stay_stored() ->
     ]
     engine.on_turn_complete(garden, session_id="s")
     assert engine.compact(session_id="s") is not None
-    assert "debugging" in engine.store.tag_summaries("s")
+    assert "debugging" in engine.store.paging.tag_summaries("s")
     ctx = engine.on_message_inbound("What fixed the flaky websocket heartbeat?", session_id="s")
     assert ctx.expired_tags == ("debugging",) and ctx.expired_turns == 2
     assert not {1, 2} & {r.seq for r in ctx.recalled}

@@ -130,7 +130,7 @@ def test_each_tier_gets_its_tools_and_ends_within_budget(
     assert any(c["name"] == "collapse_topic" for c in calls) is dashboard
     # …and both sessions end within budget: the working set within the paging budget, every
     # memory block within the memory budget.
-    working = engine.store.working_set(sid)
+    working = engine.store.paging.working_set(sid)
     assert any(e.depth != "none" for e in working.values())
     assert sum(e.tokens for e in working.values()) <= PAGING_BUDGET
     memory = [r.memory_tokens for r in running.events.recent() if r.session_id == sid]

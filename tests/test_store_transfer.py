@@ -106,10 +106,10 @@ def _filled(path: Path) -> MemoryStore:
         ],
         6,
     )
-    store.upsert_tag_summary("main", "weather", "Zürich: 18 °C.", 5)
-    store.upsert_tag_summary("main", "deploy", "Friday.", 6, tokens=3)
-    store.set_working_set("main", "weather", "summary", 12, last_used=T0)
-    store.set_working_set("main", "deploy", "full", 40, last_used=T0 + timedelta(hours=1))
+    store.paging.upsert_tag_summary("main", "weather", "Zürich: 18 °C.", 5)
+    store.paging.upsert_tag_summary("main", "deploy", "Friday.", 6, tokens=3)
+    store.paging.set_working_set("main", "weather", "summary", 12, last_used=T0)
+    store.paging.set_working_set("main", "deploy", "full", 40, last_used=T0 + timedelta(hours=1))
     rng = np.random.default_rng(7)
     store.add_turn_vectors("main", "mini", [1, 2, 3], rng.random((3, 4), dtype=np.float32))
     store.add_turn_vectors("main", "other", [1], rng.random((1, 2), dtype=np.float32))
@@ -118,13 +118,13 @@ def _filled(path: Path) -> MemoryStore:
     store.commit_exchange("branch", [Message(role="user", content="And on Monday?")])
     plain = store.create_session("plain")
     store.append_turns(plain, [Message(role="user", content="hi")], timestamps=[T0])
-    store.set_alias("k8s", "kubernetes")
-    store.set_alias("pg", "postgres", session_id="main")
-    store.record_split("main", "weather", ["weather-zurich", "weather-general"])
-    store.record_split("main", "deploy", [])
-    store.log_cost("main", "tagging", "gpt-x", 10, 2, 0.001, at=T0)
-    store.log_cost(None, "summary", "gpt-x", 100, 20, 0.01, at=T0 + timedelta(seconds=1))
-    store.log_cost("branch", "tagging", "gpt-x", 10, 2, 0.001, at=T0 + timedelta(seconds=2))
+    store.vocab.set_alias("k8s", "kubernetes")
+    store.vocab.set_alias("pg", "postgres", session_id="main")
+    store.vocab.record_split("main", "weather", ["weather-zurich", "weather-general"])
+    store.vocab.record_split("main", "deploy", [])
+    store.costs.log_cost("main", "tagging", "gpt-x", 10, 2, 0.001, at=T0)
+    store.costs.log_cost(None, "summary", "gpt-x", 100, 20, 0.01, at=T0 + timedelta(seconds=1))
+    store.costs.log_cost("branch", "tagging", "gpt-x", 10, 2, 0.001, at=T0 + timedelta(seconds=2))
     return store
 
 
@@ -163,14 +163,14 @@ def _sessions_of(location: str | Path) -> list[str]:
 
 
 def _everything(store: MemoryStorage) -> dict[str, SessionDump]:
-    return {sid: store.dump_session(sid) for sid in store.sessions()}
+    return {sid: store.transfer.dump_session(sid) for sid in store.sessions()}
 
 
 # -- dump and load -----------------------------------------------------------------------------
 
 
 def test_dump_holds_everything(src: MemoryStore) -> None:
-    dump = src.dump_session("main")
+    dump = src.transfer.dump_session("main")
     assert dump.session.principal == "p1" and dump.session.compaction_watermark == 6
     assert dump.session.derived_seq == 6
     assert [t.seq for t in dump.turns] == list(range(1, 9))
@@ -181,18 +181,18 @@ def test_dump_holds_everything(src: MemoryStore) -> None:
     assert dump.vectors["mini"][0] == [1, 2, 3] and dump.vectors["mini"][1].shape == (3, 4)
     assert dump.aliases == {"pg": "postgres"}
     assert dump.tag_splits == {"deploy": (), "weather": ("weather-zurich", "weather-general")}
-    branch = src.dump_session("branch")
+    branch = src.transfer.dump_session("branch")
     assert (branch.session.parent_id, branch.session.fork_seq) == ("main", 6)
     with pytest.raises(KeyError):
-        src.dump_session("nope")
+        src.transfer.dump_session("nope")
 
 
 def test_load_round_trips_every_session(src: MemoryStore, dst: MemoryStorage) -> None:
     for sid in src.sessions():
-        dst.load_session(src.dump_session(sid))
+        dst.transfer.load_session(src.transfer.dump_session(sid))
     assert dst.sessions() == src.sessions()
     for sid in src.sessions():
-        assert_same(src.dump_session(sid), dst.dump_session(sid))
+        assert_same(src.transfer.dump_session(sid), dst.transfer.dump_session(sid))
     # What reads the loaded rows gives what it gave on the source.
     assert dst.tag_counts("main") == src.tag_counts("main")
     assert dst.turn_keys("main", 1, 8) == src.turn_keys("main", 1, 8)
@@ -203,40 +203,42 @@ def test_load_round_trips_every_session(src: MemoryStore, dst: MemoryStorage) ->
 
 
 def test_load_queues_derive_only_past_derived_seq(src: MemoryStore, dst: MemoryStorage) -> None:
-    dst.load_session(src.dump_session("plain"))  # derived_seq 0, one turn: needs deriving
-    dst.load_session(src.dump_session("main"))  # derived up to 6 of 8
-    derived = src.dump_session("main")
+    dst.transfer.load_session(
+        src.transfer.dump_session("plain")
+    )  # derived_seq 0, one turn: needs deriving
+    dst.transfer.load_session(src.transfer.dump_session("main"))  # derived up to 6 of 8
+    derived = src.transfer.dump_session("main")
     derived.session = derived.session.model_copy(update={"id": "done", "derived_seq": 8})
     derived.turns = [t.model_copy(update={"session_id": "done"}) for t in derived.turns]
-    dst.load_session(derived)  # everything derived: no job
+    dst.transfer.load_session(derived)  # everything derived: no job
     jobs = []
-    while (job := dst.claim_job("w")) is not None:
+    while (job := dst.jobs.claim_job("w")) is not None:
         jobs.append((job.session_id, job.kind))
-        dst.finish_job(job.id, "w")
+        dst.jobs.finish_job(job.id, "w")
     assert sorted(jobs) == [("main", "derive"), ("plain", "derive")]
 
 
 def test_load_refuses_what_would_break_the_store(src: MemoryStore, dst: MemoryStorage) -> None:
-    dump = src.dump_session("main")
-    dst.load_session(dump)
+    dump = src.transfer.dump_session("main")
+    dst.transfer.load_session(dump)
     with pytest.raises(ConfigError, match="already exists"):
-        dst.load_session(dump)
-    tampered = src.dump_session("plain")
+        dst.transfer.load_session(dump)
+    tampered = src.transfer.dump_session("plain")
     tampered.turns = [
         tampered.turns[0].model_copy(update={"message": Message(role="user", content="bye")})
     ]
     with pytest.raises(ConfigError, match="content hash"):
-        dst.load_session(tampered)
-    gap = src.dump_session("branch")
+        dst.transfer.load_session(tampered)
+    gap = src.transfer.dump_session("branch")
     gap.turns = gap.turns[1:]
     with pytest.raises(ConfigError, match="without a gap"):
-        dst.load_session(gap)
+        dst.transfer.load_session(gap)
     assert "plain" not in dst.sessions() and "branch" not in dst.sessions()
 
 
 def test_loaded_turns_stay_immutable(src: MemoryStore, tmp_path: Path) -> None:
     dst = MemoryStore(tmp_path / "copy.db", counter=CharCounter())
-    dst.load_session(src.dump_session("main"))
+    dst.transfer.load_session(src.transfer.dump_session("main"))
     with pytest.raises(sqlite3.IntegrityError, match="append-only"):
         dst._conn.execute("UPDATE turns SET content_text = 'x' WHERE session_id = 'main'")
     with pytest.raises(sqlite3.IntegrityError, match="append-only"):
@@ -246,7 +248,7 @@ def test_loaded_turns_stay_immutable(src: MemoryStore, tmp_path: Path) -> None:
 
 
 def test_cost_entries_oldest_first(src: MemoryStore) -> None:
-    entries = src.cost_entries()
+    entries = src.costs.cost_entries()
     assert [(e.session_id, e.kind) for e in entries] == [
         ("main", "tagging"),
         (None, "summary"),
@@ -271,8 +273,8 @@ def test_migrate_function_reports_and_verifies(src: MemoryStore, dst: MemoryStor
     assert sorted(report.copied) == ["branch", "main", "plain"]
     assert report.turns == 8 + 7 + 1 and report.problems == [] and report.aliases == 1
     assert report.costs == 3 and sorted(seen) == [("branch", 7), ("main", 8), ("plain", 1)]
-    assert dst.aliases() == {"k8s": "kubernetes"}
-    assert dst.cost_entries() == src.cost_entries()
+    assert dst.vocab.aliases() == {"k8s": "kubernetes"}
+    assert dst.costs.cost_entries() == src.costs.cost_entries()
 
 
 def test_verify_names_what_differs() -> None:
@@ -311,9 +313,9 @@ def test_store_migrate_file_to_store(tmp_path: Path, dst_location: str) -> None:
     copied = open_memory_store(dst_location, counter=CharCounter())
     for sid, dump in before.items():
         assert_same(dump, after[sid])  # the source is untouched
-        assert_same(dump, copied.dump_session(sid))
-    assert copied.cost_entries() == check.cost_entries()
-    assert copied.aliases() == {"k8s": "kubernetes"}
+        assert_same(dump, copied.transfer.dump_session(sid))
+    assert copied.costs.cost_entries() == check.costs.cost_entries()
+    assert copied.vocab.aliases() == {"k8s": "kubernetes"}
 
     # Again: every session is there already.
     again = invoke("store", "migrate", source, dst_location)
@@ -323,12 +325,12 @@ def test_store_migrate_file_to_store(tmp_path: Path, dst_location: str) -> None:
     # --skip-existing copies only what is missing, and no cost entry twice.
     check.create_session("late")
     check.append_turns("late", [Message(role="user", content="later")])
-    check.log_cost("late", "tagging", "gpt-x", 1, 1, 0.0, at=T0 + timedelta(days=1))
+    check.costs.log_cost("late", "tagging", "gpt-x", 1, 1, 0.0, at=T0 + timedelta(days=1))
     check.close()
     resumed = invoke("store", "migrate", source, dst_location, "--skip-existing")
     assert resumed.exit_code == 0, resumed.output
     assert "1 copied, 3 skipped" in resumed.stdout
-    assert copied.sessions()[-1] == "late" and len(copied.cost_entries()) == 4
+    assert copied.sessions()[-1] == "late" and len(copied.costs.cost_entries()) == 4
     copied.close()
 
 
@@ -371,10 +373,12 @@ def test_markdown_round_trip_through_the_cli(tmp_path: Path, dst_location: str) 
     loaded = open_memory_store(dst_location, counter=CharCounter())
     assert loaded.sessions() == original.sessions()
     for sid in original.sessions():
-        assert_same(original.dump_session(sid), loaded.dump_session(sid), vectors=False)
-        assert loaded.dump_session(sid).vectors == {}  # derived: not exported
-    assert loaded.cost_entries() == original.cost_entries()
-    assert loaded.aliases() == original.aliases()
+        assert_same(
+            original.transfer.dump_session(sid), loaded.transfer.dump_session(sid), vectors=False
+        )
+        assert loaded.transfer.dump_session(sid).vectors == {}  # derived: not exported
+    assert loaded.costs.cost_entries() == original.costs.cost_entries()
+    assert loaded.vocab.aliases() == original.vocab.aliases()
     # Exporting one session writes that one, with its own cost entries.
     one = tmp_path / "one"
     result = invoke("memory", "export", one, "-s", "branch", "--store", source)
@@ -457,14 +461,14 @@ def test_markdown_round_trip_property(
             flags = [partial and i == len(messages) - 1 for i in range(len(messages))]
             src.append_turns(sid, messages, partial=flags)
             src.set_tags_many(sid, {1: (tags, sorted(tags)[:1])})
-            src.upsert_tag_summary(sid, next(iter(tags), "t"), f"about {sid}\n", 1)
+            src.paging.upsert_tag_summary(sid, next(iter(tags), "t"), f"about {sid}\n", 1)
             src.compact(sid, [NewSegment(first_seq=1, last_seq=1, summary=sid, full_text="")], 2)
     export_markdown(src, folder)
     dst = MemoryStore(counter=CharCounter())
     import_markdown(dst, folder)
     assert dst.sessions() == src.sessions()
     for sid in src.sessions():
-        assert_same(src.dump_session(sid), dst.dump_session(sid), vectors=False)
+        assert_same(src.transfer.dump_session(sid), dst.transfer.dump_session(sid), vectors=False)
     src.close()
     dst.close()
 

@@ -182,7 +182,7 @@ def texts(store: MemoryStorage, session_id: str) -> list[str]:
 
 def derived(store: MemoryStorage) -> bool:
     """No job pending or running, and every session derived up to its last turn."""
-    if store.pending_jobs():
+    if store.jobs.pending_jobs():
         return False
     return all(store.session(s).derived_seq == store.last_seq(s) for s in store.sessions())
 
@@ -352,8 +352,8 @@ def test_killing_one_worker_mid_load_loses_nothing_and_the_other_finishes_its_jo
         if history:
             chat(oa(b.url, f"sk-thread-{n}"), list(history), "Still there?")
     # B gives back what A held (its process is gone) and derives everything.
-    assert wait_for(lambda: derived(store), 30), store.job_counts()
-    assert store.job_counts() == {}
+    assert wait_for(lambda: derived(store), 30), store.jobs.job_counts()
+    assert store.jobs.job_counts() == {}
 
 
 # --------------------------------------------------------------------------- serve --workers
@@ -514,7 +514,7 @@ def test_a_session_deleted_elsewhere_is_created_again_by_the_next_write(
     ]
     assert one.store.session("s").derived_seq == 2 and all(t.tags for t in turns)
     assert "fox" not in one.vocabulary("s") and "whale" in one.vocabulary("s")
-    assert one.store.pending_jobs() == 0
+    assert one.store.jobs.pending_jobs() == 0
 
 
 def test_session_versions_move_with_derived_writes_and_never_repeat(tmp_path: Path) -> None:
@@ -529,7 +529,7 @@ def test_session_versions_move_with_derived_writes_and_never_repeat(tmp_path: Pa
         store.set_tags_many("s", {1: ({"greeting": 1.0}, ())})
         after_tags = other.session_version("s")
         assert after_tags is not None and after_tags[0] == born and after_tags[1] > generation
-        store.upsert_tag_summary("s", "greeting", "They said hello.", 1)
+        store.paging.upsert_tag_summary("s", "greeting", "They said hello.", 1)
         assert (other.session_version("s") or (0, 0))[1] > after_tags[1]
         store.delete_session("s")
         assert other.session_version("s") is None
@@ -599,16 +599,18 @@ def test_stored_records_keep_the_newest_within_their_count_and_bytes(tmp_path: P
         for n in range(12):
             bus.publish(_record(n))
             bus.flush()
-        assert [r.id for r in store.recent_records(100)] == [f"r{n}" for n in range(11, 6, -1)]
+        assert [r.id for r in store.records.recent_records(100)] == [
+            f"r{n}" for n in range(11, 6, -1)
+        ]
         for n in range(12, 16):
             bus.publish(_record(n, size=6000))
             bus.flush()
-        kept = store.recent_records(100)
+        kept = store.records.recent_records(100)
         assert sum(len(r.body) for r in kept) <= 20_000
         assert [r.id for r in kept][:3] == ["r15", "r14", "r13"]
         bus.publish(_record(99, size=50_000))  # alone over the bytes: the newest always stays
         bus.flush()
-        assert [r.id for r in store.recent_records(100)] == ["r99"]
+        assert [r.id for r in store.records.recent_records(100)] == ["r99"]
         bus.detach()
     finally:
         store.close()

@@ -193,7 +193,7 @@ def test_threads_committing_to_one_session_get_every_seq_once(pg: PostgresMemory
         t.join()
     assert sorted(seqs) == list(range(1, 161))
     assert [t.seq for t in pg.turns("s")] == list(range(1, 161))
-    assert pg.job_counts() == {"pending": 1}
+    assert pg.jobs.job_counts() == {"pending": 1}
 
 
 def test_one_of_racing_exchanges_continues_the_branch(pg: PostgresMemoryStore) -> None:
@@ -262,27 +262,27 @@ def test_workers_in_several_processes_claim_each_job_once(
 ) -> None:
     for n in range(40):
         pg.create_session(f"s{n}")
-        pg.enqueue_job(f"s{n}")
+        pg.jobs.enqueue_job(f"s{n}")
     script = (
         "import json, os, sys; from contextfold.store.postgres.memory import PostgresMemoryStore;"
         "from contextfold.tokens import CharCounter;"
         "s = PostgresMemoryStore(sys.argv[1], counter=CharCounter()); got = [];"
-        "job = s.claim_job(f'w:{os.getpid()}')\n"
+        "job = s.jobs.claim_job(f'w:{os.getpid()}')\n"
         "while job is not None:\n"
-        "    got.append(job.id); job = s.claim_job(f'w:{os.getpid()}')\n"
+        "    got.append(job.id); job = s.jobs.claim_job(f'w:{os.getpid()}')\n"
         "print(json.dumps(got)); s.close()"
     )
     claimed = [job for out in _run_together(script, postgres_url, 3) for job in json.loads(out)]
     assert len(claimed) == 40 and len(set(claimed)) == 40
-    assert pg.job_counts() == {"running": 40}
+    assert pg.jobs.job_counts() == {"running": 40}
 
 
 def test_one_pending_job_per_session_and_kind(pg: PostgresMemoryStore) -> None:
     pg.create_session("s")
     for _ in range(3):
-        pg.enqueue_job("s")
-    pg.enqueue_job("s", "summarize")
-    assert pg.job_counts() == {"pending": 2}
+        pg.jobs.enqueue_job("s")
+    pg.jobs.enqueue_job("s", "summarize")
+    assert pg.jobs.job_counts() == {"pending": 2}
 
 
 def test_path_masks_the_password(postgres_url: str) -> None:
@@ -370,7 +370,7 @@ def test_m009_counts_the_related_tags_a_database_already_holds(postgres_url: str
             conn.execute(f"DROP FUNCTION cf_related_stats_{name}() CASCADE")
         conn.execute("DELETE FROM schema_migrations WHERE name = 'm009_related_tag_stats'")
     store = PostgresMemoryStore(postgres_url, counter=CharCounter())
-    assert store.related_tag_counts("s1") == {"oven": 2, "x": 1}
+    assert store.vocab.related_tag_counts("s1") == {"oven": 2, "x": 1}
     store.set_turn_tags("s1", 2, {"glaze": 1.0})
-    assert store.related_tag_counts("s1") == {"oven": 1}
+    assert store.vocab.related_tag_counts("s1") == {"oven": 1}
     store.close()

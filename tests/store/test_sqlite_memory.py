@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from contextfold.items import Message
+from contextfold.store.conformance.memory_support import TOPICS, filled, messages
 from contextfold.store.sqlite import connect
 from contextfold.store.sqlite.memory import MIGRATIONS, MemoryStore, NewSegment
 from contextfold.tokens import CharCounter
-from memory_support import TOPICS, filled, messages
 
 
 def _store(path: str | Path = ":memory:") -> MemoryStore:
@@ -60,10 +60,10 @@ def test_m009_gives_an_older_store_session_aliases_and_splits(tmp_path: Path) ->
     conn.close()
     store = _store(tmp_path / "old.db")
     before = store.session_version("s1")
-    store.set_alias("pg", "postgres", session_id="s1")
-    store.record_split("s1", "deploy", ["deploy-rollback", "deploy-general"])
-    assert store.aliases("s1") == {"pg": "postgres"}
-    assert store.tag_splits("s1") == {"deploy": ("deploy-rollback", "deploy-general")}
+    store.vocab.set_alias("pg", "postgres", session_id="s1")
+    store.vocab.record_split("s1", "deploy", ["deploy-rollback", "deploy-general"])
+    assert store.vocab.aliases("s1") == {"pg": "postgres"}
+    assert store.vocab.tag_splits("s1") == {"deploy": ("deploy-rollback", "deploy-general")}
     after = store.session_version("s1")
     assert before is not None and after is not None and after[1] > before[1]  # caches see it
     store.close()
@@ -265,8 +265,8 @@ def test_m011_counts_the_related_tags_a_file_already_holds(tmp_path: Path) -> No
     )
     conn.close()
     store = _store(tmp_path / "m005.db")
-    assert store.related_tag_counts("a") == {"oven": 2}
-    assert store.related_tag_counts("b") == {}  # oven is b's tag, not a related one
+    assert store.vocab.related_tag_counts("a") == {"oven": 2}
+    assert store.vocab.related_tag_counts("b") == {}  # oven is b's tag, not a related one
     store.set_turn_tags("a", 1, {"oven": 1.0})  # related no more
-    assert store.related_tag_counts("a") == {"oven": 1}
+    assert store.vocab.related_tag_counts("a") == {"oven": 1}
     store.close()

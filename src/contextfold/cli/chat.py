@@ -127,7 +127,7 @@ def _llm_reply(
         + usage.completion_tokens * llm.completion_price_per_million
     ) / 1e6
     model = result.model or llm.model
-    engine.store.log_cost(
+    engine.store.costs.log_cost(
         engine.session_id, "chat", model, usage.prompt_tokens, usage.completion_tokens, cost
     )
     return str(result.text)

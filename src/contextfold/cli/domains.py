@@ -42,7 +42,7 @@ def domains_command(
     arrived after it was built."""
     with cli_errors(), open_engine(config, session, must_exist=True) as engine:
         counts = engine.status().tags
-        summaries = engine.store.tag_summaries(session)
+        summaries = engine.store.paging.tag_summaries(session)
         segments: dict[str, int] = {}
         for segment in engine.store.segments(session):
             for tag in segment.tags:

@@ -102,7 +102,7 @@ def tags_command(
     built."""
     with cli_errors(), open_engine(config, session, must_exist=True) as engine:
         counts = engine.status().tags
-        summaries = engine.store.tag_summaries(session)
+        summaries = engine.store.paging.tag_summaries(session)
     rows = [
         {
             "tag": tag,
@@ -153,7 +153,7 @@ def recall_command(
     """The stored tag summary of TAG and the summaries of every segment tagged with it."""
     with cli_errors(), open_engine(config, session, must_exist=True) as engine:
         name = _resolve_tag(engine, tag, engine.vocabulary())
-        summary = engine.store.tag_summaries(session).get(name)
+        summary = engine.store.paging.tag_summaries(session).get(name)
         segments = [s for s in engine.store.segments(session) if name in s.tags]
     if json_out:
         echo_json(

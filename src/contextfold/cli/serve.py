@@ -231,7 +231,7 @@ def _written(app: FastAPI) -> str:
     """What the stop left: every exchange is stored as its reply ends; derived work may be
     pending in the store."""
     try:
-        pending = app.state.contextfold.memory.store.pending_jobs()
+        pending = app.state.contextfold.memory.store.jobs.pending_jobs()
     except Exception as exc:  # a store that is down or closed: say so, do not fail the stop
         return f"every exchange is stored; derive jobs unknown ({type(exc).__name__})"
     if pending:

@@ -120,8 +120,8 @@ class Backend:
     def topics(self) -> dict[str, Any]:
         """Every topic of the session, most turns first, with a gist of its summary."""
         sid, store = self.session, self.memory.store
-        summaries = store.tag_summaries(sid)
-        working = store.working_set(sid)
+        summaries = store.paging.tag_summaries(sid)
+        working = store.paging.working_set(sid)
         segments = store.segments(sid)
         topics = []
         for tag, turns in self.memory.status().tags.items():
@@ -145,7 +145,7 @@ class Backend:
         """One topic: its tag summary and every segment carrying it (full text left out)."""
         sid, store = self.session, self.memory.store
         name = self.resolve_tag(tag)
-        summary = store.tag_summaries(sid).get(name)
+        summary = store.paging.tag_summaries(sid).get(name)
         segments = [s for s in store.segments(sid) if name in s.tags]
         return {
             "session_id": sid,

@@ -185,7 +185,7 @@ class Assembler:
         key = (record.born, record.generation)
         cached = self._summary_cache.peek(sid)
         if cached is None or cached[0] != key:
-            cached = (key, self.store.tag_summaries(sid))
+            cached = (key, self.store.paging.tag_summaries(sid))
             self._summary_cache.put(sid, cached)
         return cached[1]
 
@@ -242,7 +242,7 @@ class Assembler:
         if tags.broad:
             summaries = self._cached_summaries(sid)
         else:
-            summaries = self.store.tag_summaries(sid, tags=tags.tags) if tags.tags else {}
+            summaries = self.store.paging.tag_summaries(sid, tags=tags.tags) if tags.tags else {}
         wanted = live if tags.broad else [t for t in tags.tags if t in summaries]
         return [
             _Part(

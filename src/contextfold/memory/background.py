@@ -2,7 +2,7 @@
 trips), run by one thread of the engine, off the caller's path.
 
 Each piece of work is kept in the store first, as the session's pending ``derive`` job
-(``MemoryStorage.enqueue_job``): a process stopped before its thread ran it leaves the job
+(``MemoryStorage.jobs.enqueue_job``): a process stopped before its thread ran it leaves the job
 for the next ``derive`` of the session or for a job worker (``server.jobs.JobWorker``), so
 nothing is lost with the thread. A session queued here and not started yet is not queued
 twice; a failure is logged, and the job goes back to the store for the next try.
@@ -39,7 +39,7 @@ class Background:
 
     def submit(self, session_id: str) -> None:
         """Keep the session's job in the store, then run it here (once, if already waiting)."""
-        self.store.enqueue_job(session_id)
+        self.store.jobs.enqueue_job(session_id)
         with self._lock:
             if self._closed or session_id in self._waiting:
                 return
@@ -64,7 +64,7 @@ class Background:
                 clip(str(exc)),
             )
             with contextlib.suppress(Exception):
-                self.store.enqueue_job(session_id)
+                self.store.jobs.enqueue_job(session_id)
 
     @property
     def pending(self) -> int:

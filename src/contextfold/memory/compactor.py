@@ -282,7 +282,7 @@ class Compactor:
         compaction costs what it added, not the whole history again. A tag with no summary
         yet starts from all of its segments. Input already within ``tag_summary_tokens`` is
         stored as is."""
-        current = self.store.tag_summaries(session_id)
+        current = self.store.paging.tag_summaries(session_id)
         by_tag: dict[str, list[str]] = {}
         for seg in self.store.segments(session_id):
             for tag in seg.tags:
@@ -311,5 +311,5 @@ class Compactor:
 
         texts = self._map(build, todo)
         for tag, text in zip(todo, texts, strict=True):
-            self.store.upsert_tag_summary(session_id, tag, text, watermark)
+            self.store.paging.upsert_tag_summary(session_id, tag, text, watermark)
         return todo

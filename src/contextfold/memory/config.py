@@ -164,6 +164,14 @@ it cost 0.13 points of recall beyond ``RELEVANCE_FLOOR``
 (``benchmarks/calibrate_memory_floor.py``)."""
 
 
+ANN_MIN_TURNS: int | None = None
+"""The default ``recall.ann_min_turns``: off. On this project's 2-core machine the exact scan of
+a session's 384-d vectors (one core) stayed cheaper than an HNSW search that keeps
+recall@300 (``fts_limit``) at 0.99 at every size measured: 18 ms against 52 ms at 100k turns,
+where the HNSW search found only 97% of the exact top 300 (benchmarks/bench_turn_ann.py,
+docs/memory.md "The dense path"). Set it to use the index above that many vectors."""
+
+
 class RecallSettings(_Section):
     """How stored turns are ranked: the tag, full-text and dense signals, each scaled by its
     ``*_weight``, fused by ``fusion`` (``score``: min-max scaled scores summed; ``rrf``:
@@ -182,6 +190,13 @@ class RecallSettings(_Section):
     what the full-text and tag signals read: a query word or tag on more than that many of
     the session's turns is left out of them (it tells few turns apart, and reading its turns
     is what grows with the conversation; ``None``: no limit).
+
+    ``ann_min_turns``: a session with at least this many turn vectors is searched through an
+    HNSW index (``usearch``, the ``ann`` extra; ``null``, the default: always exact), with
+    ``expansion_search`` ``max(ann_expansion, 4 × fts_limit)``; below it, one exact
+    matrix-vector product. ``vector_files``: a file-backed SQLite store keeps each large
+    session's vectors and index in files beside it (``<database>.vectors/``), so a restart maps
+    them instead of reading every vector back (docs/memory.md, "Cost model").
 
     ``relevance_floor``: memory is injected only when the message's best cosine similarity
     with a stored turn it could recall reaches this floor; below it the message gets no memory
@@ -206,6 +221,9 @@ class RecallSettings(_Section):
     vector_cache_mb: float = Field(512, gt=0)
     tag_limit: int | None = Field(1000, ge=10)
     common_limit: int | None = Field(1000, ge=10)
+    ann_min_turns: int | None = Field(ANN_MIN_TURNS, ge=1000)
+    ann_expansion: int = Field(1600, ge=16)
+    vector_files: bool = True
     relevance_floor: float | None = Field(RELEVANCE_FLOOR, ge=-1, le=1)
     unknown_name_floor: float | None = Field(UNKNOWN_NAME_FLOOR, ge=-1, le=1)
 

@@ -114,7 +114,7 @@ class Delegation:
         known = cached[1]
         missing = [t for t in topics if t not in known]
         if missing:
-            summaries = self.store.tag_summaries(sid)
+            summaries = self.store.paging.tag_summaries(sid)
             segments = self.store.segments(sid)
             for tag in missing:
                 mine = [s for s in segments if tag in s.tags]
@@ -131,7 +131,7 @@ class Delegation:
     def dashboard(self, sid: str, topics: Sequence[str], limit: int = 12) -> str:
         """The ``<memory-budget>`` block: the paging budget, used and left, what is loaded,
         and the cost of each of the first ``limit`` ``topics`` at every depth."""
-        loaded = {t: e for t, e in self.store.working_set(sid).items() if e.depth != "none"}
+        loaded = {t: e for t, e in self.store.paging.working_set(sid).items() if e.depth != "none"}
         shown = list(dict.fromkeys([*loaded, *topics]))[:limit]
         if not shown:
             return ""

@@ -160,7 +160,7 @@ class MemoryEngine:
             self.store = open_memory_store(where, counter=self.counter)
         self.session_id = session_id
         self.rules = TagRules(cfg.tag_rules)
-        self.canonicalizer = TagCanonicalizer(self.store.aliases())
+        self.canonicalizer = TagCanonicalizer(self.store.vocab.aliases())
         # A client built here from the config is closed by close(); one passed in is the
         # caller's to close.
         self._owns_client = llm_client is None
@@ -223,6 +223,9 @@ class MemoryEngine:
             vector_cache_bytes=int(cfg.recall.vector_cache_mb * 2**20),
             tag_limit=cfg.recall.tag_limit,
             common_limit=cfg.recall.common_limit,
+            ann_min_turns=cfg.recall.ann_min_turns,
+            ann_expansion=cfg.recall.ann_expansion,
+            vector_dir=self._vector_dir(),
         )
         self.pager = Pager(self.store, budget=cfg.paging.budget)
         self.delegation = Delegation(
@@ -285,7 +288,7 @@ class MemoryEngine:
                 ) / 1e6
             # Attributed to the session whose work made the call (``derive`` sets it).
             sid = getattr(self._usage, "session_id", None) or self.session_id
-            self.store.log_cost(
+            self.store.costs.log_cost(
                 sid, kind, model, usage.prompt_tokens, usage.completion_tokens, cost
             )
 
@@ -903,7 +906,7 @@ class MemoryEngine:
             session = self.store.session(sid)
             last = self.store.last_seq(sid)
             live_tokens = self.store.active_tokens(sid)
-            summaries = self.store.tag_summaries(sid)
+            summaries = self.store.paging.tag_summaries(sid)
             return MemoryStatus(
                 session_id=sid,
                 turns=last,
@@ -916,13 +919,13 @@ class MemoryEngine:
                 tags=dict(sorted(self._counts(sid).items(), key=lambda kv: (-kv[1], kv[0]))),
                 tag_summaries=len(summaries),
                 stale_tag_summaries=sum(s.stale for s in summaries.values()),
-                working_set={t: e.depth for t, e in self.store.working_set(sid).items()},
+                working_set={t: e.depth for t, e in self.store.paging.working_set(sid).items()},
             )
 
     def cost_report(
         self, *, session_id: str | None = None, all_sessions: bool = False
     ) -> CostReport:
-        return self.store.cost_report(None if all_sessions else session_id or self.session_id)
+        return self.store.costs.cost_report(None if all_sessions else session_id or self.session_id)
 
     def add_alias(self, alias: str, canonical: str, *, session_id: str | None = None) -> None:
         """Register ``alias`` → ``canonical`` (stored; used by every later tagging and lookup)
@@ -935,9 +938,21 @@ class MemoryEngine:
         with self._vocab_lock:
             return self.vocab.remove_alias(alias, session_id=session_id)
 
+    def _vector_dir(self) -> Path | None:
+        """Where the recaller keeps large sessions' vectors and indexes: beside a file-backed
+        SQLite store (``recall.vector_files``); ``None`` for an in-memory or PostgreSQL one."""
+        path = getattr(self.store, "path", None)
+        if not self.config.recall.vector_files or self.embedder is None:
+            return None
+        if not isinstance(path, str) or path == ":memory:" or not Path(path).is_file():
+            return None  # in memory, or a PostgreSQL URL
+        return Path(f"{path}.vectors")
+
     def close(self) -> None:
-        """Finish the background work (``flush``), then close the client and the store."""
+        """Finish the background work (``flush``), write the vector files, then close the
+        client and the store."""
         self.background.close()
+        self.recaller.close()
         if self._owns_client and self.llm_client is not None:
             self.llm_client.close()
             self.llm_client = None

@@ -69,7 +69,7 @@ class Pager:
         if depth == "none":
             return ""
         if depth == "summary":
-            summary = self.store.tag_summaries(session_id).get(tag)
+            summary = self.store.paging.tag_summaries(session_id).get(tag)
             if summary is not None:
                 return summary.summary
             depth = "segments"  # not summarised yet: the segment summaries stand in
@@ -99,7 +99,7 @@ class Pager:
 
     def collapse(self, session_id: str, tag: str, depth: Depth = "summary") -> PagingResult:
         """Load ``tag`` at a shallower ``depth`` (``summary`` or ``none``) to free budget."""
-        current = self.store.working_set(session_id).get(tag)
+        current = self.store.paging.working_set(session_id).get(tag)
         before = current.depth if current else "none"
         if DEPTHS.index(depth) > DEPTHS.index(before):
             raise ConfigError(
@@ -110,15 +110,15 @@ class Pager:
 
     def touch(self, session_id: str, tags: list[str]) -> None:
         """Mark loaded topics as just used (automatic mode: the inbound message's tags)."""
-        ws = self.store.working_set(session_id)
+        ws = self.store.paging.working_set(session_id)
         for tag in tags:
             if tag in ws and ws[tag].depth != "none":
-                self.store.set_working_set(session_id, tag, ws[tag].depth, ws[tag].tokens)
+                self.store.paging.set_working_set(session_id, tag, ws[tag].depth, ws[tag].tokens)
 
     def loaded(self, session_id: str) -> list[PagedTopic]:
         """The topics loaded at a depth other than ``none``, least recently used first."""
         out = []
-        for tag, entry in self.store.working_set(session_id).items():
+        for tag, entry in self.store.paging.working_set(session_id).items():
             if entry.depth == "none":
                 continue
             text = self.topic_text(session_id, tag, entry.depth)
@@ -126,11 +126,11 @@ class Pager:
         return out
 
     def _set(self, session_id: str, tag: str, depth: Depth, *, reason: str) -> PagingResult:
-        ws = self.store.working_set(session_id)
+        ws = self.store.paging.working_set(session_id)
         before = ws[tag].depth if tag in ws else "none"
         tokens_before = ws[tag].tokens if tag in ws else 0
         tokens = self.topic_tokens(session_id, tag, depth)
-        self.store.set_working_set(session_id, tag, depth, tokens)
+        self.store.paging.set_working_set(session_id, tag, depth, tokens)
         changes = [
             PageChange(
                 tag=tag,
@@ -142,7 +142,7 @@ class Pager:
             )
         ]
         changes += self._evict(session_id, keep=tag)
-        final = self.store.working_set(session_id)
+        final = self.store.paging.working_set(session_id)
         return PagingResult(
             tag=tag,
             depth=final[tag].depth,
@@ -155,7 +155,7 @@ class Pager:
     def _evict(self, session_id: str, *, keep: str) -> list[PageChange]:
         changes: list[PageChange] = []
         while True:
-            ws = self.store.working_set(session_id)  # least recently used first
+            ws = self.store.paging.working_set(session_id)  # least recently used first
             total = sum(e.tokens for e in ws.values())
             if total <= self.budget:
                 return changes
@@ -165,7 +165,7 @@ class Pager:
                 return changes
             shallower = DEPTHS[DEPTHS.index(victim.depth) - 1]
             tokens = self.topic_tokens(session_id, victim.tag, shallower)
-            self.store.set_working_set(
+            self.store.paging.set_working_set(
                 session_id, victim.tag, shallower, tokens, last_used=victim.last_used
             )
             changes.append(

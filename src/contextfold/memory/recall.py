@@ -10,6 +10,8 @@ Three signals rank the stored raw turns:
   derived work (``MemoryEngine.derive``: inside ``on_turn_complete``, or a store-kept job),
   never inside a recall: a recall ranks the turns not embedded yet by full text and tags only
   (``pending_vectors`` says how many; the engine reports it as ``AssembledContext.unembedded``).
+  A session's vectors are kept per process by ``memory.turn_index`` (exact scan; an HNSW
+  index above ``ann_min_turns``; files beside a SQLite database so a restart maps them).
 
 Fusion is ``"score"`` by default: each signal's scores are min-max scaled over its own top
 list and summed with the signal's weight; ``"rrf"`` (reciprocal-rank fusion with constant
@@ -31,12 +33,14 @@ with the tags of the turn and of its segment.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future
 from datetime import timedelta
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -44,6 +48,14 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
 from contextfold.memory.periods import Period, query_period
+from contextfold.memory.turn_index import (
+    ANN_DEFAULTS,
+    IndexWorker,
+    SessionVectors,
+    VectorFiles,
+    ann_available,
+    grow_index,
+)
 from contextfold.retrieval.base import Embedder
 from contextfold.retrieval.embedders import EmbeddingQueue
 from contextfold.store.protocols import MemoryStorage
@@ -92,42 +104,9 @@ def _excerpt(text: str, words: Collection[str], width: int) -> str:
 Fusion = Literal["score", "rrf"]
 _PREFETCHED = 256  # queries started and not yet ranked, kept at most
 _PREFETCHED_CHARS = 4 * 1024 * 1024  # and at most this many characters of them
-
-
-class _SessionVectors:
-    """One session's cached vectors: rows appended in place, in a buffer that grows by a
-    quarter when full (amortised: a new vector copies no old one, and the buffer holds at
-    most a quarter more than the vectors)."""
-
-    __slots__ = ("_buffer", "_count", "_seqs", "born")
-
-    def __init__(self, born: int = 0) -> None:
-        self.born = born  # the session's ``born`` number (``MemoryStorage.session_version``)
-        self._seqs: list[int] = []
-        self._buffer: npt.NDArray[np.float32] = np.zeros((0, 0), np.float32)
-        self._count = 0
-
-    @property
-    def last(self) -> int:
-        return self._seqs[-1] if self._seqs else 0
-
-    @property
-    def nbytes(self) -> int:
-        return int(self._buffer.nbytes) + 8 * len(self._seqs)
-
-    def append(self, seqs: list[int], rows: npt.NDArray[np.float32]) -> None:
-        need = self._count + len(rows)
-        if need > len(self._buffer) or self._buffer.shape[1] != rows.shape[1]:
-            grown = np.empty((max(need, len(self._buffer) * 5 // 4), rows.shape[1]), np.float32)
-            if self._count:
-                grown[: self._count] = self._buffer[: self._count]
-            self._buffer = grown
-        self._buffer[self._count : need] = rows
-        self._count = need
-        self._seqs.extend(seqs)
-
-    def view(self) -> tuple[list[int], npt.NDArray[np.float32]]:
-        return self._seqs, self._buffer[: self._count]
+FILES_MIN_TURNS = 1_000  # a session's vectors go to files once it has this many
+ANN_TAIL = 512  # rows scanned exactly beside the index before the worker adds them
+READ_LATER_MIN = 20_000  # vectors read by the worker, not a recall, when nothing holds them
 
 
 class Recaller:
@@ -158,6 +137,9 @@ class Recaller:
         vector_cache_bytes: int = 512 * 2**20,
         tag_limit: int | None = None,
         common_limit: int | None = None,
+        ann_min_turns: int | None = None,
+        ann_expansion: int = ANN_DEFAULTS["expansion_search"],
+        vector_dir: str | Path | None = None,
     ) -> None:
         if fusion not in ("score", "rrf"):
             raise ValueError(f"fusion must be 'score' or 'rrf', not {fusion!r}")
@@ -177,10 +159,23 @@ class Recaller:
         self.date_slack = timedelta(days=date_slack_days)
         # Per session (the most recently used ``cached_sessions``, and at most
         # ``vector_cache_bytes`` in all; read back from the store).
-        self._vectors: OrderedDict[str, _SessionVectors] = OrderedDict()
+        self._vectors: OrderedDict[str, SessionVectors] = OrderedDict()
         self._vector_bytes = 0
         self.cached_sessions = 1000
         self.vector_cache_limit = vector_cache_bytes
+        # The HNSW index above ``ann_min_turns`` vectors (``None``, or no usearch: exact
+        # only); grown and saved by ``_worker``, in ``vector_dir`` files when there is one.
+        self.ann_min_turns = ann_min_turns if ann_available() else None
+        self.ann_settings = {**ANN_DEFAULTS, "expansion_search": ann_expansion}
+        self.files = VectorFiles(vector_dir) if vector_dir is not None else None
+        self.files_min_turns = FILES_MIN_TURNS
+        self.ann_tail = ANN_TAIL
+        # A session with at least this many vectors and no files (PostgreSQL, a first start)
+        # is read by the worker while recall answers without the dense signal.
+        self.read_later_min: int | None = READ_LATER_MIN
+        self._reading: set[str] = set()
+        self._worker = IndexWorker()
+        self.last_dense: dict[str, object] = {}  # how the last dense search ran (benchmarks)
         self._lock = threading.Lock()
         # Query vectors: concurrent recalls' queries are embedded in one batch, and a query
         # can be started early (``prefetch``) and collected by ``rank``.
@@ -214,47 +209,166 @@ class Recaller:
         return len(todo)
 
     def pending_vectors(self, session_id: str) -> int:
-        """How many of the session's turns have no vector yet (0 without an embedder): two
-        look-ups in primary keys, as vectors are written in seq order (``ensure_vectors``)."""
+        """How many of the session's turns the dense signal could not rank (0 without an
+        embedder): those without a vector yet — two look-ups in primary keys, as vectors are
+        written in seq order (``ensure_vectors``) — or every turn while the worker reads the
+        session's vectors (``read_later_min``)."""
         if self.embedder is None:
             return 0
+        with self._lock:
+            reading = session_id in self._reading
+        if reading:
+            return self.store.last_seq(session_id)
         return max(
             0, self.store.last_seq(session_id) - self.store.last_vector_seq(session_id, self._model)
         )
 
-    def _session_vectors(self, session_id: str) -> tuple[list[int], npt.NDArray[np.float32]]:
-        """The session's seqs with a vector and their matrix: the cached ones plus those stored
-        since (by this or another process), appended in place (all read again when the session
-        was deleted and written again); a session whose vectors alone
-        pass the cache's byte limit is read from the store and not kept. Nothing is embedded
-        here: the turns without a vector yet wait for the derived work."""
+    def _session_vectors(self, session_id: str) -> SessionVectors:
+        """The session's vectors: the cached ones plus those stored since (by this or another
+        process), appended in place (all read again when the session was deleted and written
+        again); on a miss, mapped from the session's files when they hold it (checked against
+        the store), else read from the store. A session whose vectors alone pass the cache's
+        byte limit is not kept. Nothing is embedded here: the turns without a vector yet wait
+        for the derived work."""
         with self._lock:
             entry = self._vectors.pop(session_id, None)
             if entry is not None:
-                self._vector_bytes -= entry.nbytes
+                self._vector_bytes -= entry.charged
         # Vectors are appended only, while the session lives: a session deleted and written
         # again (by any process) has a new ``born`` number, and its cached rows are dropped.
         version = self.store.session_version(session_id)
         born = version[0] if version is not None else 0
         if entry is None or entry.born != born:
-            entry = _SessionVectors(born)
-        new_seqs, new = self.store.turn_vectors(session_id, self._model, after=entry.last)
-        if new_seqs:
+            entry = None
+            if self.files is not None and version is not None:
+                loaded = self.files.load(
+                    session_id,
+                    self._model,
+                    born,
+                    lambda after: self.store.turn_vectors(session_id, self._model, after=after),
+                )
+                if loaded is not None:
+                    entry, new_seqs, new = loaded
+                    entry.append(new_seqs, new)
+            if entry is None:
+                if self._read_later(session_id, born):
+                    return SessionVectors(born)  # none yet: ``pending_vectors`` says so
+                entry = SessionVectors(born)
+                new_seqs, new = self.store.turn_vectors(session_id, self._model, after=0)
+                entry.append(new_seqs, new)
+        else:
+            new_seqs, new = self.store.turn_vectors(session_id, self._model, after=entry.last)
             entry.append(new_seqs, new)
-        seqs, matrix = entry.view()
+        self._schedule(session_id, entry)
+        self._keep(session_id, entry)
+        return entry
+
+    def _read_later(self, session_id: str, born: int) -> bool:
+        """Whether the session's vectors, absent from the cache and from files, are many
+        enough (``read_later_min``) to be read by the worker instead of this recall: then the
+        read is started (once) and the recall goes on without the dense signal."""
+        if self.read_later_min is None:
+            return False
         with self._lock:
-            if 0 < entry.nbytes <= self.vector_cache_limit:
+            if session_id in self._reading:
+                return True
+        if self.store.last_vector_seq(session_id, self._model) < self.read_later_min:
+            return False
+        with self._lock:
+            if session_id in self._reading:
+                return True
+            self._reading.add(session_id)
+        self._worker.submit(functools.partial(self._read, session_id, born))
+        return True
+
+    def _read(self, session_id: str, born: int) -> None:
+        """The worker's read of a session's vectors (``_read_later``)."""
+        try:
+            entry = SessionVectors(born)
+            new_seqs, new = self.store.turn_vectors(session_id, self._model, after=0)
+            entry.append(new_seqs, new)
+            self._keep(session_id, entry)
+        finally:
+            with self._lock:
+                self._reading.discard(session_id)
+        if self._due(entry):
+            self._work(session_id, entry)
+
+    def _keep(self, session_id: str, entry: SessionVectors) -> None:
+        """Put the entry in the cache, within its bounds (one too large is not kept)."""
+        with self._lock:
+            entry.charged = entry.nbytes
+            if 0 < entry.charged <= self.vector_cache_limit:
                 other = self._vectors.pop(session_id, None)  # another thread's read of it
                 if other is not None:
-                    self._vector_bytes -= other.nbytes
+                    self._vector_bytes -= other.charged
                 self._vectors[session_id] = entry
-                self._vector_bytes += entry.nbytes
+                self._vector_bytes += entry.charged
                 while len(self._vectors) > self.cached_sessions or (
                     self._vector_bytes > self.vector_cache_limit
                 ):
                     _, dropped = self._vectors.popitem(last=False)
-                    self._vector_bytes -= dropped.nbytes
-        return seqs, matrix
+                    self._vector_bytes -= dropped.charged
+
+    def _due(self, entry: SessionVectors) -> bool:
+        """Whether the entry has index or file work to do (``_work``)."""
+        n = len(entry)
+        grow = (
+            self.ann_min_turns is not None
+            and n >= self.ann_min_turns
+            and (entry.indexed == 0 or n - entry.indexed >= self.ann_tail)
+        )
+        rows = self.files is not None and n >= self.files_min_turns and entry.saved_rows < n
+        index = self.files is not None and entry.indexed - entry.saved_indexed >= max(
+            self.ann_tail, entry.saved_indexed // 10
+        )
+        return grow or rows or index
+
+    def _schedule(self, session_id: str, entry: SessionVectors) -> None:
+        if entry.queued or not self._due(entry):
+            return
+        entry.queued = True
+        self._worker.submit(lambda: self._work(session_id, entry))
+
+    def _work(self, session_id: str, entry: SessionVectors, *, final: bool = False) -> None:
+        """Grow the entry's index and write its files (the worker's job; ``final``: write
+        whatever is not written yet, as ``close`` does)."""
+        entry.queued = False
+        n = len(entry)
+        if (
+            self.ann_min_turns is not None
+            and n >= self.ann_min_turns
+            and (entry.indexed == 0 or n - entry.indexed >= (1 if final else self.ann_tail))
+        ):
+            grow_index(entry, self.ann_settings, self._worker.stopping)
+        if self.files is None or n < self.files_min_turns:
+            return
+        if entry.saved_rows < len(entry):
+            self.files.save_rows(session_id, self._model, entry)
+        step = 1 if final else max(self.ann_tail, entry.saved_indexed // 10)
+        if entry.index is not None and entry.indexed - entry.saved_indexed >= step:
+            self.files.save_index(session_id, self._model, entry)
+
+    def _born(self, session_id: str) -> int | None:
+        version = self.store.session_version(session_id)
+        return None if version is None else version[0]
+
+    def settle(self) -> None:
+        """Wait until the index and file work queued so far is done."""
+        self._worker.wait()
+
+    def close(self) -> None:
+        """Finish the queued work, write what the files lack (every cached session's rows and
+        index), and stop the worker."""
+        with self._lock:
+            entries = list(self._vectors.items())
+        for session_id, entry in entries:
+            self._worker.submit(functools.partial(self._work, session_id, entry, final=True))
+        self._worker.wait()
+        self._worker.close()
+        if self.files is not None:
+            # A deleted session's vectors do not outlive it on disk.
+            self.files.prune(self._born)
 
     def vector_cache_bytes(self) -> int:
         """The bytes the cached session vectors hold (never above ``vector_cache_limit``)."""
@@ -262,11 +376,13 @@ class Recaller:
             return self._vector_bytes
 
     def forget(self, session_id: str) -> None:
-        """Drop the cached vectors of a session (after it was deleted)."""
+        """Drop the cached vectors of a session (after it was deleted), and its files."""
         with self._lock:
             entry = self._vectors.pop(session_id, None)
             if entry is not None:
-                self._vector_bytes -= entry.nbytes
+                self._vector_bytes -= entry.charged
+        if self.files is not None and self.embedder is not None:
+            self.files.discard(session_id, self._model)
 
     def _queue(self, embedder: Embedder) -> EmbeddingQueue:
         with self._lock:
@@ -298,25 +414,21 @@ class Recaller:
             future = self._prefetched.pop(text, None)
             if future is not None:
                 self._prefetched_chars -= len(text)
-        return (future or queue.submit(text)).result().astype(np.float32)
+        if future is None:  # not prefetched: embedded in this thread when the queue is idle
+            return queue.embed([text])[0].astype(np.float32)
+        return future.result().astype(np.float32)
 
     def _dense(self, session_id: str, text: str, limit: int) -> list[tuple[int, float]]:
         if self.embedder is None or not text.strip():
             return []
-        seqs, matrix = self._session_vectors(session_id)
-        if not seqs:
+        entry = self._session_vectors(session_id)
+        if not len(entry):
             return []
         query = self._query_vector(self.embedder, text)
-        scores = matrix @ query
-        if len(scores) > limit:
-            # The top ``limit`` only, then ordered (no sort of them all); every turn tied with
-            # the last one kept is a candidate, so the ties fall as a stable sort orders them.
-            kth = np.partition(scores, len(scores) - limit)[len(scores) - limit]
-            part = np.flatnonzero(scores >= kth)
-            top = part[np.lexsort((part, -scores[part]))][:limit]
-        else:
-            top = np.argsort(-scores, kind="stable")
-        return [(seqs[i], float(scores[i])) for i in top]
+        use = self.ann_min_turns is not None and len(entry) >= self.ann_min_turns
+        hits, ann = entry.search(query, limit, self.ann_settings["expansion_search"], ann=use)
+        self.last_dense = {"rows": len(entry), "ann": ann, "indexed": entry.indexed}
+        return hits
 
     # -- tags -----------------------------------------------------------------------------------
 

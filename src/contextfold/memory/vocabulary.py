@@ -162,7 +162,7 @@ class Vocabulary:
         generation = self._generation(sid)
         cached = self._state.peek(sid)
         if cached is None or cached[0] != generation:
-            cached = (generation, self.store.aliases(sid), self.store.tag_splits(sid))
+            cached = (generation, self.store.vocab.aliases(sid), self.store.vocab.tag_splits(sid))
             self._state.put(sid, cached)
         return cached[1], cached[2]
 
@@ -183,7 +183,7 @@ class Vocabulary:
         generation = self._generation(sid)
         cached = self._related.peek(sid)
         if cached is None or cached[0] != generation:
-            cached = (generation, self.store.related_tag_counts(sid))
+            cached = (generation, self.store.vocab.related_tag_counts(sid))
             self._related.put(sid, cached)
         return cached[1]
 
@@ -263,7 +263,7 @@ class Vocabulary:
         only in ``session_id`` (``ConfigError`` for an empty tag, a cycle or no session)."""
         if session_id is None:
             self.canonicalizer.add_alias(alias, canonical)
-            self.store.set_alias(
+            self.store.vocab.set_alias(
                 self.canonicalizer.normalize(alias), self.canonicalizer.canonical(canonical)
             )
             return
@@ -275,17 +275,17 @@ class Vocabulary:
             raise ConfigError(
                 f"alias {source!r} -> {target!r} would make a cycle in session {session_id!r}"
             )
-        self.store.set_alias(source, target, session_id=session_id)
+        self.store.vocab.set_alias(source, target, session_id=session_id)
         self.forget(session_id)
 
     def remove_alias(self, alias: str, *, session_id: str | None = None) -> bool:
         """Remove a store-wide (or ``session_id``-scoped) alias; whether there was one."""
         names = dict.fromkeys([self.canonicalizer.normalize(alias), self.canonicalizer.fold(alias)])
         if session_id is not None:
-            found = [self.store.remove_alias(n, session_id=session_id) for n in names]
+            found = [self.store.vocab.remove_alias(n, session_id=session_id) for n in names]
             self.forget(session_id)
             return any(found)
-        found = [self.store.remove_alias(n) for n in names]
+        found = [self.store.vocab.remove_alias(n) for n in names]
         return self.canonicalizer.remove_alias(alias) or any(found)
 
     # -- expiry ---------------------------------------------------------------------------------
@@ -405,7 +405,7 @@ class Vocabulary:
         if groups:
             moves = {seq: [(sub, tag)] for sub, members in groups.items() for seq in members}
             self._retag(sid, moves, keep_old=True)
-        self.store.record_split(sid, tag, list(groups))
+        self.store.vocab.record_split(sid, tag, list(groups))
         self.forget(sid)
         return SplitReport(tag=tag, sub_tags=groups, source=source)
 
@@ -534,7 +534,7 @@ class Vocabulary:
         if not applied:
             return {}
         for alias, canonical in applied.items():
-            self.store.set_alias(alias, _follow(applied, canonical), session_id=sid)
+            self.store.vocab.set_alias(alias, _follow(applied, canonical), session_id=sid)
         moves = {
             seq: [(_follow(applied, tag), tag) for tag, related in pairs if not related]
             for seq, pairs in self.store.turns_tagged(sid, list(applied)).items()

@@ -394,9 +394,12 @@ class EmbeddingQueue:
     ``submit(text)`` returns a ``Future`` of the text's vector at once (start an embedding
     early, collect it when it is needed); ``embed(texts)`` waits for its own. One background
     thread runs the batches (at most ``max_batch`` texts each) and ends when nothing is
-    queued, so an idle queue holds no thread. A failing batch fails the futures of its texts,
-    nobody else's. Vectors are ``inner``'s: for embedders whose vectors do not depend on the
-    batch (all of this module's), batching changes no result.
+    queued, so an idle queue holds no thread. ``embed`` on an idle queue runs the batch in
+    the caller's own thread instead (no thread started and handed to per query); when its own
+    texts are done, what others queued meanwhile goes to the background thread. A failing
+    batch fails the futures of its texts, nobody else's. Vectors are ``inner``'s: for
+    embedders whose vectors do not depend on the batch (all of this module's), batching
+    changes no result.
 
     >>> from contextfold.testing import HashEmbedder
     >>> queue = EmbeddingQueue(HashEmbedder())
@@ -433,26 +436,42 @@ class EmbeddingQueue:
             if self._running:
                 return future
             self._running = True
+        self._start_worker()
+        return future
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        futures: list[Future[Vectors]] = [Future() for _ in texts]
+        with self._lock:
+            self._pending.extend(zip(texts, futures, strict=True))
+            idle = not self._running
+            self._running = True
+        if idle:  # nobody runs the queue: this thread does, until its own texts are done
+            self._drain(until=futures)
+        return np.stack([future.result() for future in futures])
+
+    def _start_worker(self) -> None:
         try:
             threading.Thread(target=self._drain, name="contextfold-embed", daemon=True).start()
         except RuntimeError:  # no new threads (the interpreter is shutting down): run here
             self._drain()
-        return future
 
-    def embed(self, texts: Sequence[str]) -> Vectors:
-        futures = [self.submit(text) for text in texts]
-        if not futures:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        return np.stack([future.result() for future in futures])
-
-    def _drain(self) -> None:
+    def _drain(self, until: Sequence[Future[Vectors]] = ()) -> None:
+        """Run batches until nothing is queued; with ``until`` (a caller's own futures), only
+        until those are done, then hand what is left to the background thread."""
         while True:
             with self._lock:
                 if not self._pending:
                     self._running = False
                     return
-                size = min(self.max_batch, len(self._pending))
-                batch = [self._pending.popleft() for _ in range(size)]
+                hand_off = bool(until) and all(future.done() for future in until)
+                if not hand_off:
+                    size = min(self.max_batch, len(self._pending))
+                    batch = [self._pending.popleft() for _ in range(size)]
+            if hand_off:
+                self._start_worker()
+                return
             live = [(text, f) for text, f in batch if f.set_running_or_notify_cancel()]
             if not live:
                 continue

@@ -9,7 +9,7 @@ context are cut (``preview``, saying how long they were), and the bus keeps at m
 records and at most ``max_bytes`` of their text, the oldest going first.
 
 Attached to a store (``EventBus.attach``: the server does it), the records are also kept
-there, written in batches by a thread of the bus (``MemoryStorage.put_records``, with the
+there, written in batches by a thread of the bus (``MemoryStorage.records.put_records``, with the
 same bounds), and read back from it: every worker process sharing the store lists, shows and
 streams the records of all of them (a stream polls the store for the other processes'
 records every ``poll`` seconds while it is open), and a restart keeps them.
@@ -225,7 +225,7 @@ class EventBus:
                 return True
             rows = [(r.id, r.session_id, r.model_dump_json()) for r in batch]
             try:
-                store.put_records(
+                store.records.put_records(
                     rows, origin=self.origin, keep=self.keep, max_bytes=self.max_bytes
                 )
             except Exception as exc:  # locked, closed or down: kept for the next try
@@ -277,7 +277,7 @@ class EventBus:
         if store is None:
             return None
         try:
-            rows = store.recent_records(self.keep, session_id=session_id)
+            rows = store.records.recent_records(self.keep, session_id=session_id)
         except Exception as exc:
             log.warning("cannot read dashboard records: %s: %s", type(exc).__name__, exc)
             return None
@@ -302,7 +302,7 @@ class EventBus:
                     self._poller = None
                     return
             try:
-                rows = store.records_after(cursor)
+                rows = store.records.records_after(cursor)
             except Exception as exc:
                 log.warning("cannot poll dashboard records: %s: %s", type(exc).__name__, exc)
                 continue
@@ -363,7 +363,7 @@ class EventBus:
         if found is not None or store is None:
             return found
         try:
-            row = store.record(record_id)
+            row = store.records.record(record_id)
         except Exception as exc:
             log.warning("cannot read a dashboard record: %s: %s", type(exc).__name__, exc)
             with self._lock:
@@ -388,7 +388,7 @@ class EventBus:
         cursor = 0
         if store is not None:
             try:  # before the caller's snapshot: a record written in between is streamed
-                cursor = store.records_cursor()
+                cursor = store.records.records_cursor()
             except Exception as exc:
                 log.warning("cannot poll dashboard records: %s: %s", type(exc).__name__, exc)
         with self._lock:

@@ -99,10 +99,10 @@ class JobWorker:
 
     def start(self) -> None:
         """Give back the jobs of dead processes, then start the threads."""
-        released = self.engine.store.release_jobs_of_dead()
+        released = self.engine.store.jobs.release_jobs_of_dead()
         if released:
             logger.warning("resumed %d job(s) left running by a process that stopped", released)
-        pending = self.engine.store.pending_jobs()
+        pending = self.engine.store.jobs.pending_jobs()
         if pending:
             logger.info("%d derive job(s) pending in the store; working through them", pending)
         for i in range(self.threads):
@@ -115,7 +115,7 @@ class JobWorker:
         with self._lock:
             if self._busy:
                 return False
-        return self.engine.store.pending_jobs() == 0
+        return self.engine.store.jobs.pending_jobs() == 0
 
     def notify(self) -> None:
         """New work was queued: look now rather than at the next idle tick."""
@@ -128,7 +128,7 @@ class JobWorker:
                 self.gate()
             try:
                 with self._lock:
-                    job = store.claim_job(self.owner, skip=frozenset(self._busy))
+                    job = store.jobs.claim_job(self.owner, skip=frozenset(self._busy))
                     if job is not None:
                         self._busy.add(job.session_id)
             except Exception as exc:  # a locked or broken store: wait and look again
@@ -147,10 +147,10 @@ class JobWorker:
                 self.failed += 1
                 self.errors = [*self.errors[-9:], message]
                 logger.error("job %d (%s) failed: %s", job.id, job.session_id, message)
-                self._settle(partial(store.fail_job, job.id, message, owner=self.owner))
+                self._settle(partial(store.jobs.fail_job, job.id, message, owner=self.owner))
             else:
                 self.done += 1
-                self._settle(partial(store.finish_job, job.id, self.owner))
+                self._settle(partial(store.jobs.finish_job, job.id, self.owner))
                 if report is not None and self.on_compacted is not None:
                     try:
                         self.on_compacted(report)
@@ -182,7 +182,7 @@ class JobWorker:
             except Exception as exc:
                 logger.warning("on_tick: %s: %s", type(exc).__name__, clip(str(exc)))
         try:
-            released = self.engine.store.release_jobs_of_dead()
+            released = self.engine.store.jobs.release_jobs_of_dead()
         except Exception as exc:
             logger.warning("cannot look for dead workers' jobs: %s: %s", type(exc).__name__, exc)
             return
@@ -206,8 +206,8 @@ class JobWorker:
             thread.join(timeout)
         self._running.clear()
         try:
-            self.engine.store.release_jobs(self.owner)
-            return self.engine.store.pending_jobs()
+            self.engine.store.jobs.release_jobs(self.owner)
+            return self.engine.store.jobs.pending_jobs()
         except Exception as exc:
             logger.warning("cannot release jobs at stop: %s: %s", type(exc).__name__, exc)
             return -1

@@ -488,7 +488,7 @@ def export_markdown(
     folder.mkdir(parents=True, exist_ok=True)
     report = ExportReport()
     for sid in wanted:
-        dump = store.dump_session(sid)
+        dump = store.transfer.dump_session(sid)
         place = folder / names[sid]
         if place.exists():
             shutil.rmtree(place)
@@ -498,8 +498,10 @@ def export_markdown(
         if progress is not None:
             progress(sid, len(dump.turns))
     everything = sessions is None
-    costs = [e for e in store.cost_entries() if everything or (e.session_id in report.folders)]
-    aliases = store.aliases()
+    costs = [
+        e for e in store.costs.cost_entries() if everything or (e.session_id in report.folders)
+    ]
+    aliases = store.vocab.aliases()
     _write(
         folder / STORE_FILE,
         {
@@ -555,7 +557,7 @@ def import_markdown(
         )
     report = ImportReport()
     for dump in dumps:
-        store.load_session(dump)
+        store.transfer.load_session(dump)
         report.sessions.append(dump.session.id)
         report.turns += len(dump.turns)
         if progress is not None:
@@ -564,7 +566,7 @@ def import_markdown(
     if aliases:
         with store.batch():
             for alias, canonical in aliases.items():
-                store.set_alias(str(alias), str(canonical))
+                store.vocab.set_alias(str(alias), str(canonical))
     report.aliases = len(aliases)
     report.costs = copy_costs(costs, store)
     return report

@@ -115,7 +115,7 @@ class PendingDerive(NamedTuple):
 
 
 class StoredRecord(BaseModel):
-    """One dashboard record as the store keeps it (``MemoryStorage.put_records``): ``body``
+    """One dashboard record as the store keeps it (``MemoryStorage.records.put_records``): ``body``
     is the record's JSON, opaque to the store; ``origin`` the process that wrote it
     (``owner_id``); ``change`` a store-wide number drawn each time it was written."""
 

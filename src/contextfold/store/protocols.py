@@ -1,9 +1,14 @@
 """The storage interfaces: what the engine, retrieval, graph and server code may ask of a store.
 
 Every backend (``store/sqlite/``: the embedded default; ``store/postgres/``: many processes
-and hosts sharing one database) implements these Protocols, and the conformance suite under
-``tests/store/`` runs unchanged against each. The invariants below are the contract: a
-backend that breaks one fails the suite.
+and hosts sharing one database) implements these Protocols, and the conformance suite beside
+them (``store/conformance/``) runs unchanged against each. The invariants below are the
+contract: a backend that breaks one fails the suite.
+
+``MemoryStorage`` is the core the hot paths use together (sessions, raw turns, tags, vectors,
+search, compaction, branches and the derive's writes); the rest of the memory store is its
+facets (``store/facets.py``), attributes of the store: ``store.records``, ``store.vocab``,
+``store.jobs``, ``store.costs``, ``store.paging`` and ``store.transfer``.
 
 **Memory store invariants** (``MemoryStorage``):
 
@@ -32,7 +37,7 @@ backend that breaks one fails the suite.
   ``1..upto`` with their tags, vectors and wholly-contained segments, and nothing the parent
   said later; ``SessionRecord.parent_id``/``fork_seq`` record where it came from.
 - *Work items.* Jobs are claimed by one worker at a time across every process sharing the
-  store (``claim_job``): a running job whose lease has passed, or whose owner is gone, is
+  store (``jobs.claim_job``): a running job whose lease has passed, or whose owner is gone, is
   claimed again; at most one job of a kind is pending per session.
 - *Generations.* ``session_version`` is ``(born, generation)``, numbers drawn from one
   store-wide increasing counter: ``born`` when the session row is made (``create_session``,
@@ -42,7 +47,7 @@ backend that breaks one fails the suite.
   watermark (``compact``), tag summaries. Appends (turns, vectors) draw nothing. A process
   caching anything of a session keys it by these, so another process's writes never leave it
   stale.
-- *Request records* (the dashboard's, ``put_records``): upserted by id, each write drawing a
+- *Request records* (the dashboard's, ``records.put_records``): upserted by id, each write drawing a
   new store-wide ``change``; the newest ``keep`` by first write, and at most ``max_bytes`` of
   bodies, are kept.
 - *Ranking is the backend's to keep identical.* ``search_turns``/``search_segments`` score
@@ -54,7 +59,6 @@ backend that breaks one fails the suite.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from collections.abc import Set as AbstractSet
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -63,25 +67,33 @@ import numpy as np
 import numpy.typing as npt
 
 from contextfold.items import Message
+from contextfold.store.facets import (
+    CostStorage,
+    JobStorage,
+    PagingStorage,
+    RecordStorage,
+    TransferStorage,
+    VocabularyStorage,
+)
 from contextfold.store.models import (
-    CostEntry,
-    CostReport,
-    Depth,
-    Job,
     NewSegment,
     PendingDerive,
-    SessionDump,
     SessionRecord,
-    StoredRecord,
     StoredSegment,
     StoredTurn,
-    TagSummary,
     TurnRow,
-    WorkingSetEntry,
 )
 from contextfold.tokens import TokenCounter
 
-__all__ = ["MemoryStorage"]
+__all__ = [
+    "CostStorage",
+    "JobStorage",
+    "MemoryStorage",
+    "PagingStorage",
+    "RecordStorage",
+    "TransferStorage",
+    "VocabularyStorage",
+]
 
 
 @runtime_checkable
@@ -93,6 +105,38 @@ class MemoryStorage(Protocol):
     path: str
     #: Counts each turn's text once, when it is appended.
     counter: TokenCounter
+
+    # -- facets (``store/facets.py``) ------------------------------------------------------------
+
+    @property
+    def records(self) -> RecordStorage:
+        """The dashboard's request records and the Responses API's response links."""
+        ...
+
+    @property
+    def vocab(self) -> VocabularyStorage:
+        """Tag aliases, tag splits and related-tag counts."""
+        ...
+
+    @property
+    def jobs(self) -> JobStorage:
+        """The queue of derived work (``commit_exchange`` queues a session's ``derive``)."""
+        ...
+
+    @property
+    def costs(self) -> CostStorage:
+        """The log of LLM calls with their cost."""
+        ...
+
+    @property
+    def paging(self) -> PagingStorage:
+        """Tag summaries and the working set."""
+        ...
+
+    @property
+    def transfer(self) -> TransferStorage:
+        """Whole sessions dumped and loaded as they were."""
+        ...
 
     def close(self) -> None: ...
 
@@ -308,83 +352,7 @@ class MemoryStorage(Protocol):
 
     def segments(self, session_id: str) -> list[StoredSegment]: ...
 
-    def upsert_tag_summary(
-        self,
-        session_id: str,
-        tag: str,
-        summary: str,
-        source_watermark: int,
-        *,
-        tokens: int | None = None,
-    ) -> None: ...
-
-    def tag_summaries(
-        self, session_id: str, tags: Sequence[str] | None = None
-    ) -> dict[str, TagSummary]:
-        """The tag summaries by tag (only those of ``tags`` when given)."""
-        ...
-
-    # -- aliases, working set, costs -----------------------------------------------------------
-
-    def set_alias(self, alias: str, canonical: str, *, session_id: str | None = None) -> None:
-        """``alias`` → ``canonical`` in every session, or only in ``session_id``
-        (``ConfigError`` when there is no such session)."""
-        ...
-
-    def aliases(self, session_id: str | None = None) -> dict[str, str]:
-        """The store-wide aliases, or only the ones scoped to ``session_id``."""
-        ...
-
-    def remove_alias(self, alias: str, *, session_id: str | None = None) -> bool:
-        """Remove a store-wide (or ``session_id``-scoped) alias; whether it existed."""
-        ...
-
-    # -- vocabulary ----------------------------------------------------------------------------
-
-    def record_split(self, session_id: str, tag: str, sub_tags: Sequence[str]) -> bool:
-        """Record that the splitter examined ``tag`` and split it into ``sub_tags`` (none: kept
-        as it is). Once per tag: ``False``, nothing written, when it was recorded already."""
-        ...
-
-    def tag_splits(self, session_id: str) -> dict[str, tuple[str, ...]]:
-        """Every tag the splitter examined in the session with its sub-tags."""
-        ...
-
-    def related_tag_counts(self, session_id: str) -> dict[str, int]:
-        """How many of the session's turns carry each related tag."""
-        ...
-
-    def set_working_set(
-        self,
-        session_id: str,
-        tag: str,
-        depth: Depth,
-        tokens: int,
-        *,
-        last_used: datetime | None = None,
-    ) -> None: ...
-
-    def working_set(self, session_id: str) -> dict[str, WorkingSetEntry]: ...
-
-    def log_cost(
-        self,
-        session_id: str | None,
-        kind: str,
-        model: str,
-        prompt_tokens: int,
-        completion_tokens: int,
-        cost_usd: float,
-        *,
-        at: datetime | None = None,
-    ) -> None: ...
-
-    def cost_report(self, session_id: str | None = None) -> CostReport: ...
-
-    def cost_entries(self) -> list[CostEntry]:
-        """The whole cost log, oldest first."""
-        ...
-
-    # -- jobs ----------------------------------------------------------------------------------
+    # -- derive --------------------------------------------------------------------------------
 
     def mark_derived(self, session_id: str, seq: int) -> None: ...
 
@@ -423,89 +391,6 @@ class MemoryStorage(Protocol):
         turns ("no turn") is missing."""
         ...
 
-    def enqueue_job(self, session_id: str, kind: str = "derive") -> None: ...
-
-    def drop_pending_job(self, session_id: str, kind: str = "derive") -> None: ...
-
-    def claim_job(
-        self, owner: str, *, lease: float = 60.0, skip: AbstractSet[str] = frozenset()
-    ) -> Job | None:
-        """The oldest claimable job (pending, or running past its lease), now ``owner``'s;
-        two workers never hold one job at once, whichever processes they run in."""
-        ...
-
-    def finish_job(self, job_id: int, owner: str | None = None) -> bool: ...
-
-    def fail_job(
-        self, job_id: int, error: str, *, retry: bool = True, owner: str | None = None
-    ) -> bool: ...
-
-    def release_jobs(self, owner: str) -> int: ...
-
-    def release_jobs_of_dead(self, alive: Callable[[int], bool] | None = None) -> int: ...
-
-    def pending_jobs(self) -> int: ...
-
-    def job_counts(self) -> dict[str, int]: ...
-
-    # -- request records (the dashboard's, from every process) --------------------------------
-
-    def put_records(
-        self,
-        records: Sequence[tuple[str, str, str]],
-        *,
-        origin: str,
-        keep: int = 500,
-        max_bytes: int = 16 * 1024 * 1024,
-    ) -> None:
-        """Write ``(id, session_id, body)`` records in one transaction (an id already stored
-        is replaced, keeping its place), each drawing a new ``change``; then drop the oldest
-        (by first write) past the newest ``keep`` or past ``max_bytes`` of bodies (the newest
-        one always stays)."""
-        ...
-
-    def recent_records(
-        self, limit: int = 500, *, session_id: str | None = None
-    ) -> list[StoredRecord]:
-        """The newest records (by first write), newest first; one session's when given."""
-        ...
-
-    def record(self, record_id: str) -> StoredRecord | None: ...
-
-    def records_after(self, change: int, *, limit: int = 1000) -> list[StoredRecord]:
-        """Records written (or rewritten) after ``change``, in the order of their changes."""
-        ...
-
-    def records_cursor(self) -> int:
-        """The latest ``change`` drawn (0 when none): where a poll of ``records_after``
-        starts."""
-        ...
-
-    # -- Responses API chains ------------------------------------------------------------------
-
-    def put_response_link(
-        self, principal: str, name: str, session_id: str, seq: int, start: int
-    ) -> None:
-        """Remember that the principal's response id (or ``conversation:<id>``) ``name``
-        names the stored turn ``(session_id, seq)``, its chain starting at ``start``
-        (replacing what the name named before; deleted with the session)."""
-        ...
-
-    def response_link(self, principal: str, name: str) -> tuple[str, int, int] | None:
-        """``(session_id, seq, start)`` that ``put_response_link`` stored for the name."""
-        ...
-
-    # -- moving whole sessions (migration, export) ---------------------------------------------
-
-    def dump_session(self, session_id: str) -> SessionDump:
-        """Everything stored for the session (``KeyError`` when there is none)."""
-        ...
-
-    def load_session(self, dump: SessionDump) -> None:
-        """Write a dumped session as it was: the same id, seqs, hashes, times, tags,
-        watermark, branch and derived seq (``ConfigError`` when the id exists)."""
-        ...
-
 
 # -- documents and the knowledge graph ---------------------------------------------------------
 
@@ -527,7 +412,7 @@ __all__ += ["CatalogueStorage", "DocumentStorage", "GraphStorage"]
 class DocumentStorage(Protocol):
     """Documents, their chunks and chunk vectors: the source of truth of a ``DocumentIndex``.
 
-    **Invariants** (the conformance suite ``tests/store/test_document_conformance.py`` checks
+    **Invariants** (the conformance suite ``store/conformance/documents.py`` checks
     each, on every backend):
 
     - *Derived and rebuildable.* The BM25 and vector indexes a ``DocumentIndex`` keeps in
@@ -656,7 +541,7 @@ class DocumentStorage(Protocol):
 class GraphStorage(Protocol):
     """The knowledge graph: typed nodes and weighted, typed edges, per tenant.
 
-    **Invariants** (checked by ``tests/store/test_graph_conformance.py`` on every backend):
+    **Invariants** (checked by ``store/conformance/graph.py`` on every backend):
 
     - *Node ids are never reused.* The store assigns ids in increasing order; a deleted
       node's id — even the highest — is never assigned again, after a reopen too, so an id a
@@ -780,7 +665,7 @@ class CatalogueStorage(Protocol):
     and its writes join ``graph.transaction()``, so a document's nodes, edges and entry
     commit together or not at all.
 
-    **Invariants** (``tests/store/test_graph_conformance.py``): one entry per
+    **Invariants** (``store/conformance/graph.py``): one entry per
     ``(tenant_id, document_id)`` (a second insert fails with the backend's integrity error);
     ``entries`` and ``counts`` never return another tenant's rows when tenants are given,
     and list by tenant then document id in byte order; ``node_ids`` are stored as given —

@@ -92,7 +92,7 @@ def copy_costs(entries: Iterable[CostEntry], dst: MemoryStorage) -> int:
     """Log ``entries`` in ``dst``, but not those it holds already (each entry counted: two
     identical calls stay two); returns how many were written. Running a copy twice writes
     nothing the second time."""
-    there = Counter(_cost_key(e) for e in dst.cost_entries())
+    there = Counter(_cost_key(e) for e in dst.costs.cost_entries())
     written = 0
     with dst.batch():
         for entry in entries:
@@ -100,7 +100,7 @@ def copy_costs(entries: Iterable[CostEntry], dst: MemoryStorage) -> int:
             if there[key] > 0:
                 there[key] -= 1
                 continue
-            dst.log_cost(
+            dst.costs.log_cost(
                 entry.session_id,
                 entry.kind,
                 entry.model,
@@ -139,19 +139,19 @@ def migrate(
             if progress is not None:
                 progress(sid, src.last_seq(sid))
             continue
-        dump = src.dump_session(sid)
-        dst.load_session(dump)
+        dump = src.transfer.dump_session(sid)
+        dst.transfer.load_session(dump)
         report.copied.append(sid)
         report.turns += len(dump.turns)
         if progress is not None:
             progress(sid, len(dump.turns))
-    aliases = src.aliases()
+    aliases = src.vocab.aliases()
     if aliases:
         with dst.batch():
             for alias, canonical in aliases.items():
-                dst.set_alias(alias, canonical)
+                dst.vocab.set_alias(alias, canonical)
     report.aliases = len(aliases)
-    report.costs = copy_costs(src.cost_entries(), dst)
+    report.costs = copy_costs(src.costs.cost_entries(), dst)
     report.problems = verify(src, dst, report.copied)
     report.warnings = [
         f"{p} (skipped: it was there already)" for p in verify(src, dst, report.skipped)

@@ -121,7 +121,7 @@ class ChatSession:
             usage.prompt_tokens * llm.prompt_price_per_million
             + usage.completion_tokens * llm.completion_price_per_million
         ) / 1e6
-        self.engine.store.log_cost(
+        self.engine.store.costs.log_cost(
             self.session_id,
             "chat",
             result.model or llm.model,

@@ -418,7 +418,7 @@ class ResponseChains:
         if self.store is None:
             return None
         try:
-            stored = self.store.response_link(principal, named)
+            stored = self.store.records.response_link(principal, named)
         except Exception as exc:  # the store is down: the chain is not known here
             logger.warning("cannot read a response link: %s: %s", type(exc).__name__, exc)
             return None
@@ -438,7 +438,7 @@ class ResponseChains:
     def remember(self, principal: str, response_id: str, link: Link) -> None:
         if self.store is not None:
             try:
-                self.store.put_response_link(
+                self.store.records.put_response_link(
                     principal, response_id, link.session_id, link.seq, link.start
                 )
             except Exception as exc:  # kept in this process only

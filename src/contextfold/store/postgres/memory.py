@@ -20,14 +20,19 @@ orderings and tie-breaks — so the conformance suite runs unchanged against bot
   it is not used, so the store runs on any PostgreSQL 13+ with no extension.)
 - **Ordering of text** is byte order (``COLLATE "C"``), as SQLite's ``BINARY``.
 
-The store is split over modules by responsibility: ``memory.py`` (sessions, raw turns, turn
-search), ``memory_derived.py`` (turn tags and vectors), ``memory_branches.py`` (lookups,
-turn keys, forks, exchanges, jobs), ``memory_state.py`` (segments and compaction, tag
-summaries, the working set, the cost log), ``memory_vocab.py`` (aliases, tag splits,
-related-tag counts), ``memory_transfer.py`` (dumping and
-loading whole sessions), ``memory_records.py`` (request records, response links),
-``schema.py`` (migrations), ``connection.py`` (the pool), ``search.py`` and ``fts.py`` (full
-text).
+The store is the core (``MemoryStorage``) and its facets (``store/facets.py``), each a class
+made with the store's ``connection.Database``, split over modules by responsibility:
+``memory.py`` (``PostgresMemoryStore``: sessions, raw turns, exchanges, the derive's read, turn
+search), ``memory_derived.py`` (turn tags and vectors, the derive's write:
+``PostgresDerived``), ``memory_branches.py`` (lookups, turn keys, forks: ``PostgresBranches``),
+``memory_state.py`` (segments and compaction: ``PostgresSegments``; ``store.paging``: tag
+summaries and the working set; ``store.costs``: the cost log), ``memory_jobs.py``
+(``store.jobs``), ``memory_vocab.py`` (``store.vocab``: aliases, tag splits, related-tag
+counts), ``memory_transfer.py`` (``store.transfer``: dumping and loading whole sessions),
+``memory_records.py`` (``store.records``: request records, response links), ``memory_db.py``
+(statements they share), ``schema.py`` (migrations), ``connection.py`` (the pool),
+``search.py`` and ``fts.py`` (full text). The core's methods whose code lives in
+``memory_derived.py``, ``memory_branches.py`` and ``memory_state.py`` call it there.
 
 Needs ``contextfold[postgres]`` (psycopg 3 and psycopg-pool)::
 
@@ -41,19 +46,23 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from contextfold._bounded import SessionLRU
+import numpy as np
+import numpy.typing as npt
+
 from contextfold.errors import ConfigError
 from contextfold.items import Message
-from contextfold.store.keychain import KEY_CHAIN_SESSIONS, KeyChain
 from contextfold.store.models import (
+    WRITE_CHUNK,
     BranchMoved,
+    NewSegment,
     PendingDerive,
     SessionRecord,
+    StoredSegment,
     StoredTurn,
     TurnRow,
     _message_json,
@@ -63,12 +72,14 @@ from contextfold.store.models import (
 )
 from contextfold.store.postgres.connection import Database, from_text, to_text, utc
 from contextfold.store.postgres.fts import Indexed, Tokenizer
-from contextfold.store.postgres.memory_branches import BranchesMixin
-from contextfold.store.postgres.memory_derived import DerivedMixin
-from contextfold.store.postgres.memory_records import RecordsMixin
-from contextfold.store.postgres.memory_state import StateMixin
-from contextfold.store.postgres.memory_transfer import TransferMixin
-from contextfold.store.postgres.memory_vocab import VocabMixin
+from contextfold.store.postgres.memory_branches import PostgresBranches
+from contextfold.store.postgres.memory_db import last_seq
+from contextfold.store.postgres.memory_derived import PostgresDerived
+from contextfold.store.postgres.memory_jobs import PostgresJobs
+from contextfold.store.postgres.memory_records import PostgresRecords
+from contextfold.store.postgres.memory_state import PostgresCosts, PostgresPaging, PostgresSegments
+from contextfold.store.postgres.memory_transfer import PostgresTransfer
+from contextfold.store.postgres.memory_vocab import PostgresVocab
 from contextfold.store.postgres.schema import (
     BRANCH_MOVED,
     MIGRATIONS,
@@ -107,9 +118,7 @@ def _appended(rows: Sequence[tuple[tuple[Any, ...], Indexed]]) -> tuple[str, str
     )
 
 
-class PostgresMemoryStore(
-    DerivedMixin, BranchesMixin, StateMixin, VocabMixin, TransferMixin, RecordsMixin
-):
+class PostgresMemoryStore:
     """The ``MemoryStorage`` of a PostgreSQL database at ``url`` (``postgresql://…``).
 
     ``counter`` counts each turn's text once, when it is appended (default ``cl100k_base``);
@@ -130,9 +139,18 @@ class PostgresMemoryStore(
             counter if counter is not None else TiktokenCounter("cl100k_base")
         )
         self._tokenizer = Tokenizer()
-        self._key_chains: SessionLRU[KeyChain] = SessionLRU(KEY_CHAIN_SESSIONS)
         with self._db.pool.connection() as conn:
             MIGRATIONS.apply(conn)
+        # The parts of the core kept in modules of their own, and the facets.
+        self._derived = PostgresDerived(self._db)
+        self._branches = PostgresBranches(self._db, self._tokenizer)
+        self._segments = PostgresSegments(self._db, self.counter, self._tokenizer)
+        self.records = PostgresRecords(self._db)
+        self.vocab = PostgresVocab(self._db)
+        self.jobs = PostgresJobs(self._db)
+        self.costs = PostgresCosts(self._db)
+        self.paging = PostgresPaging(self._db, self.counter)
+        self.transfer = PostgresTransfer(self._db, self, self._tokenizer)
 
     def _tx(self) -> AbstractContextManager[psycopg.Connection[Any]]:
         return self._db.tx()
@@ -245,14 +263,7 @@ class PostgresMemoryStore(
     def last_seq(self, session_id: str) -> int:
         """The seq of the session's last turn (0 when it has none)."""
         with self._read() as conn:
-            return self._last_seq(conn, session_id)
-
-    @staticmethod
-    def _last_seq(conn: psycopg.Connection[Any], session_id: str) -> int:
-        row = conn.execute(
-            "SELECT COALESCE(MAX(seq), 0) FROM turns WHERE session_id = %s", (session_id,)
-        ).fetchone()
-        return int(row[0]) if row else 0
+            return last_seq(conn, session_id)
 
     def append_turns(
         self,
@@ -343,6 +354,48 @@ class PostgresMemoryStore(
             raise
         last = int(found[0]) if found else 0
         return list(range(last + 1, last + 1 + len(rows)))
+
+    # -- exchanges ------------------------------------------------------------------------------
+
+    def commit_exchange(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        *,
+        partial: Sequence[bool] | None = None,
+        expect_last: int | None = None,
+        timestamps: Sequence[datetime] | None = None,
+    ) -> list[int]:
+        """Append ``messages`` raw and queue the session's ``derive`` job; their seqs. With
+        ``expect_last``, raise ``BranchMoved`` instead when the session's last turn is no
+        longer that seq. A history longer than ``WRITE_CHUNK`` turns is written one chunk per
+        transaction, each checking that the branch still ends where the previous one left
+        it (as the SQLite store does)."""
+        if timestamps is not None and len(timestamps) != len(messages):
+            raise ConfigError(
+                f"{len(messages)} messages need as many timestamps, got {len(timestamps)}"
+            )
+        rows = self._turn_rows(session_id, messages, timestamps, partial)
+        seqs: list[int] = []
+        expected = expect_last
+        starts = range(0, max(len(rows), 1), WRITE_CHUNK)
+        for start in starts:
+            seqs += self._insert_turns(
+                session_id,
+                rows[start : start + WRITE_CHUNK],
+                expected=expected,
+                enqueue="derive" if start == starts[-1] else None,
+            )
+            expected = seqs[-1] if seqs else expected
+        return seqs
+
+    def mark_derived(self, session_id: str, seq: int) -> None:
+        """Turns up to ``seq`` are derived (tagged and embedded)."""
+        with self._statement() as conn:
+            conn.execute(
+                "UPDATE sessions SET derived_seq = GREATEST(derived_seq, %s) WHERE id = %s",
+                (seq, session_id),
+            )
 
     def begin_derive(
         self,
@@ -501,17 +554,6 @@ class PostgresMemoryStore(
             ).fetchone()
         return int(row[0]) if row else 0
 
-    @staticmethod
-    def _count_live(conn: psycopg.Connection[Any], session_id: str) -> None:
-        """Count the session's live tokens (``sessions.live_tokens``) from its turns: after
-        turns were written other than by ``cf_append_json`` (a fork, a loaded session)."""
-        conn.execute(
-            "UPDATE sessions s SET live_tokens = (SELECT COALESCE(SUM(t.token_count), 0)"
-            " FROM turns t WHERE t.session_id = s.id AND t.seq >= s.compaction_watermark)"
-            " WHERE s.id = %s",
-            (session_id,),
-        )
-
     # -- search ---------------------------------------------------------------------------------
 
     def search_turns(
@@ -539,3 +581,113 @@ class PostgresMemoryStore(
         (``common_limit`` as the Protocol says)."""
         with self._read() as conn:
             return ranked(conn, self._tokenizer, TURNS, session_id, query, limit, common_limit)
+
+    # -- tags and vectors (``memory_derived.py``) ------------------------------------------------
+
+    def tag_turn(self, session_id: str, seq: int, tag: str, weight: float = 1.0) -> None:
+        self._derived.tag_turn(session_id, seq, tag, weight)
+
+    def set_turn_tags(
+        self, session_id: str, seq: int, tags: Mapping[str, float], related: Sequence[str] = ()
+    ) -> None:
+        self._derived.set_turn_tags(session_id, seq, tags, related)
+
+    def set_tags_many(
+        self, session_id: str, tagged: Mapping[int, tuple[Mapping[str, float], Sequence[str]]]
+    ) -> None:
+        self._derived.set_tags_many(session_id, tagged)
+
+    def write_derived(
+        self,
+        session_id: str,
+        tagged: Mapping[int, tuple[Mapping[str, float], Sequence[str]]],
+        derived_seq: int,
+    ) -> tuple[int, int]:
+        return self._derived.write_derived(session_id, tagged, derived_seq)
+
+    def tag_counts(
+        self, session_id: str, *, before: int | None = None, since: int | None = None
+    ) -> dict[str, int]:
+        return self._derived.tag_counts(session_id, before=before, since=since)
+
+    def topic_counts(self, session_id: str) -> tuple[int, dict[str, int]]:
+        return self._derived.topic_counts(session_id)
+
+    def turns_tagged(
+        self, session_id: str, tags: Sequence[str]
+    ) -> dict[int, list[tuple[str, bool]]]:
+        return self._derived.turns_tagged(session_id, tags)
+
+    def tag_overlap_scores(
+        self, session_id: str, weights: Mapping[str, tuple[float, float]]
+    ) -> dict[int, float]:
+        return self._derived.tag_overlap_scores(session_id, weights)
+
+    def tag_overlap_top(
+        self, session_id: str, weights: Mapping[str, tuple[float, float]], limit: int
+    ) -> tuple[list[tuple[int, float]], float]:
+        return self._derived.tag_overlap_top(session_id, weights, limit)
+
+    def tag_last_seen(
+        self, session_id: str, tags: Sequence[str] | None = None
+    ) -> dict[str, datetime]:
+        return self._derived.tag_last_seen(session_id, tags)
+
+    def turns_without_vectors(
+        self, session_id: str, model: str, *, after: int = 0
+    ) -> list[tuple[int, str]]:
+        return self._derived.turns_without_vectors(session_id, model, after=after)
+
+    def last_vector_seq(self, session_id: str, model: str) -> int:
+        return self._derived.last_vector_seq(session_id, model)
+
+    def add_turn_vectors(
+        self, session_id: str, model: str, seqs: Sequence[int], vectors: npt.NDArray[Any]
+    ) -> None:
+        self._derived.add_turn_vectors(session_id, model, seqs, vectors)
+
+    def turn_vectors(
+        self, session_id: str, model: str, *, after: int = 0
+    ) -> tuple[list[int], npt.NDArray[np.float32]]:
+        return self._derived.turn_vectors(session_id, model, after=after)
+
+    # -- compaction and segments (``memory_state.py``) -------------------------------------------
+
+    def compact(
+        self,
+        session_id: str,
+        segments: Sequence[NewSegment],
+        watermark: int,
+        *,
+        _before_commit: Callable[[], None] | None = None,
+    ) -> list[int]:
+        return self._segments.compact(
+            session_id, segments, watermark, _before_commit=_before_commit
+        )
+
+    def segments(self, session_id: str) -> list[StoredSegment]:
+        return self._segments.segments(session_id)
+
+    def search_segments(
+        self, session_id: str, query: str, limit: int = 10
+    ) -> list[tuple[StoredSegment, float]]:
+        return self._segments.search_segments(session_id, query, limit)
+
+    # -- lookups and branches (``memory_branches.py``) -------------------------------------------
+
+    def principal_of(self, session_id: str) -> str | None:
+        return self._branches.principal_of(session_id)
+
+    def turns_with_key(
+        self, principal: str, key: str, *, session_id: str | None = None, limit: int = 20
+    ) -> list[tuple[str, int]]:
+        return self._branches.turns_with_key(principal, key, session_id=session_id, limit=limit)
+
+    def latest_session(self, principal: str) -> tuple[str, int] | None:
+        return self._branches.latest_session(principal)
+
+    def turn_keys(self, session_id: str, lo: int, hi: int) -> dict[int, str]:
+        return self._branches.turn_keys(session_id, lo, hi)
+
+    def fork(self, session_id: str, upto: int, *, session_id_new: str | None = None) -> str:
+        return self._branches.fork(session_id, upto, session_id_new=session_id_new)

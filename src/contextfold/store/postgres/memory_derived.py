@@ -5,7 +5,8 @@ used, so the store needs no extension). A derive done in line writes what it der
 round trip (``write_derived``), as it reads what it starts from (``begin_derive``, in
 ``memory.py``).
 
-``DerivedMixin`` holds these methods; ``PostgresMemoryStore`` (``memory.py``) inherits them.
+``PostgresDerived`` holds these methods, a part of the store's core: ``PostgresMemoryStore``'s
+methods of the same names (``memory.py``) call it.
 Text is compared in byte order (``COLLATE "C"``), as SQLite's ``BINARY``.
 """
 
@@ -13,20 +14,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from contextfold.errors import ConfigError
-from contextfold.store.postgres.connection import from_text, utc
+from contextfold.store.postgres.connection import Database, from_text, utc
 
-if TYPE_CHECKING:
-    import psycopg
-
-__all__ = ["DerivedMixin"]
+__all__ = ["PostgresDerived"]
 
 
 def _tag_rows(
@@ -66,18 +63,13 @@ def _tag_json(rows: Sequence[tuple[str, int, str, float, bool]]) -> str:
     )
 
 
-class DerivedMixin:
-    """Turn tags and turn vectors, for ``PostgresMemoryStore``."""
+class PostgresDerived:
+    """The part of ``PostgresMemoryStore``'s core that holds turn tags and turn vectors (and
+    the derive's one-call write); the store's methods of these names call it. Made with the
+    store's ``Database``."""
 
-    if TYPE_CHECKING:
-
-        def _tx(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
-
-        def _read(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
-
-        def _statement(
-            self, *, guarded: bool = False
-        ) -> AbstractContextManager[psycopg.Connection[Any]]: ...
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     # -- tags -----------------------------------------------------------------------------------
 
@@ -110,7 +102,7 @@ class DerivedMixin:
         """``set_tags_many`` and ``mark_derived`` in one call of ``cf_write_derived``
         (``schema.m006``), under the session's row lock; (generation before, after). The
         given seqs' tags are replaced: the last row of a (seq, tag) given twice is kept."""
-        with self._statement() as conn:
+        with self._db.statement() as conn:
             row = conn.execute(
                 "SELECT missing, before, after FROM cf_write_derived(%s, %s::int[], %s::jsonb, %s)",
                 (
@@ -139,7 +131,7 @@ class DerivedMixin:
         """Write tag rows (the tags of ``seqs`` replaced first when ``replace``) in one call of
         ``cf_set_tags``; a (seq, tag) given twice keeps its last row, as the SQLite upsert.
         ``ConfigError`` naming the seqs with no turn (nothing written)."""
-        with self._statement() as conn:
+        with self._db.statement() as conn:
             row = conn.execute(
                 "SELECT cf_set_tags(%s, %s::int[], %s::int[], %s::text[], %s::float8[],"
                 " %s::bool[])",
@@ -158,14 +150,14 @@ class DerivedMixin:
         turns with seq < ``before`` and seq >= ``since`` when given. Without either: the
         counts kept on write (``tag_stats``), one row per tag."""
         if before is None and since is None:
-            with self._read() as conn:
+            with self._db.read() as conn:
                 rows = conn.execute(
                     "SELECT tag, turns FROM tag_stats WHERE session_id = %s AND turns > 0"
                     ' ORDER BY tag COLLATE "C"',
                     (session_id,),
                 ).fetchall()
             return {r[0]: int(r[1]) for r in rows}
-        with self._read() as conn:
+        with self._db.read() as conn:
             rows = conn.execute(
                 "SELECT tag, COUNT(*) FROM turn_tags WHERE session_id = %s AND NOT related"
                 ' AND seq < %s AND seq >= %s GROUP BY tag ORDER BY tag COLLATE "C"',
@@ -177,7 +169,7 @@ class DerivedMixin:
         """The session's compaction watermark and, read with it (one statement), for each tag
         a segment carries, how many compacted turns carry it, from the counts kept on write
         (``tag_stats``)."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             rows = conn.execute(
                 "SELECT s.compaction_watermark, t.tag, t.compacted FROM sessions s"
                 " LEFT JOIN tag_stats t ON t.session_id = s.id AND t.compacted > 0"
@@ -194,7 +186,7 @@ class DerivedMixin:
         """The turns carrying any of ``tags`` (as a tag or a related tag): seq -> the matching
         (tag, related) pairs."""
         found: dict[int, list[tuple[str, bool]]] = {}
-        with self._read() as conn:
+        with self._db.read() as conn:
             for seq, tag, related in conn.execute(
                 "SELECT seq, tag, related FROM turn_tags WHERE session_id = %s AND tag = ANY(%s)",
                 (session_id, list(tags)),
@@ -226,7 +218,7 @@ class DerivedMixin:
     ) -> dict[int, float]:
         """For each turn carrying any tag of ``weights``: the sum, over its matching tags, of
         the tag's weight (the first of the pair for a tag, the second for a related tag)."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             rows = conn.execute(
                 self._WEIGHTS + " SELECT seq, score FROM s",
                 self._weight_params(session_id, weights),
@@ -238,7 +230,7 @@ class DerivedMixin:
     ) -> tuple[list[tuple[int, float]], float]:
         """The ``limit`` best turns of ``tag_overlap_scores`` as (seq, score), best first
         (ties: the later turn first), and the lowest score of all the turns that matched."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             rows = conn.execute(
                 self._WEIGHTS + " SELECT seq, score, MIN(score) OVER () FROM s"
                 " ORDER BY score DESC, seq DESC LIMIT %s",
@@ -257,7 +249,7 @@ class DerivedMixin:
             " ON t.session_id = tt.session_id AND t.seq = tt.seq"
             " WHERE tt.session_id = %s AND NOT tt.related{} GROUP BY tt.tag"
         )
-        with self._read() as conn:
+        with self._db.read() as conn:
             if tags is None:
                 rows = conn.execute(query.format(""), (session_id,)).fetchall()
             else:
@@ -273,7 +265,7 @@ class DerivedMixin:
     ) -> list[tuple[int, str]]:
         """(seq, text) of the session's turns after seq ``after`` with no vector from
         ``model`` yet, in order."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             rows = conn.execute(
                 "SELECT t.seq, t.content_text FROM turns t WHERE t.session_id = %s"
                 " AND t.seq > %s AND NOT EXISTS (SELECT 1 FROM turn_vectors v"
@@ -285,7 +277,7 @@ class DerivedMixin:
 
     def last_vector_seq(self, session_id: str, model: str) -> int:
         """The highest seq of the session with a vector from ``model`` (0 when none)."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             row = conn.execute(
                 "SELECT MAX(seq) FROM turn_vectors WHERE session_id = %s AND model = %s",
                 (session_id, model),
@@ -299,7 +291,7 @@ class DerivedMixin:
         if len(seqs) != len(vectors):
             raise ConfigError(f"{len(seqs)} seqs need as many vectors, got {len(vectors)}")
         matrix = np.ascontiguousarray(vectors, dtype=np.float32)
-        with self._tx() as conn, conn.cursor() as cur:
+        with self._db.tx() as conn, conn.cursor() as cur:
             cur.executemany(
                 "INSERT INTO turn_vectors (session_id, seq, model, vector)"
                 " VALUES (%s, %s, %s, %s) ON CONFLICT (session_id, model, seq)"
@@ -314,7 +306,7 @@ class DerivedMixin:
         self, session_id: str, model: str, *, after: int = 0
     ) -> tuple[list[int], npt.NDArray[np.float32]]:
         """The seqs (> ``after``) with a vector from ``model`` and their vectors, in order."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             rows = conn.execute(
                 "SELECT seq, vector FROM turn_vectors WHERE session_id = %s AND model = %s"
                 " AND seq > %s ORDER BY seq",

@@ -1,5 +1,6 @@
-"""``PostgresMemoryStore``'s records shared by every process: the dashboard's request records
-and the Responses API's response links — the same semantics as the SQLite store's.
+"""``PostgresMemoryStore.records`` (``PostgresRecords``), shared by every process: the
+dashboard's request records and the Responses API's response links — the same semantics as
+the SQLite store's.
 
 A record's ``change`` is drawn from the ``records`` row of ``store_counters`` under its row
 lock, held to the end of the writing transaction: record writers commit in the order of
@@ -9,15 +10,12 @@ their numbers, so a reader polling ``records_after(last seen)`` never misses one
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from contextfold.store.models import StoredRecord, retention_cut
+from contextfold.store.postgres.connection import Database
 
-if TYPE_CHECKING:
-    import psycopg
-
-__all__ = ["RecordsMixin"]
+__all__ = ["PostgresRecords"]
 
 _COLUMNS = "id, session_id, origin, change, body"
 
@@ -26,18 +24,12 @@ def _record(row: Sequence[Any]) -> StoredRecord:
     return StoredRecord(id=row[0], session_id=row[1], origin=row[2], change=row[3], body=row[4])
 
 
-class RecordsMixin:
-    """Request records and response links, for ``PostgresMemoryStore``."""
+class PostgresRecords:
+    """``store.records``: request records and response links, over the store's
+    ``Database``."""
 
-    if TYPE_CHECKING:
-
-        def _tx(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
-
-        def _read(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
-
-        def _statement(
-            self, *, guarded: bool = False
-        ) -> AbstractContextManager[psycopg.Connection[Any]]: ...
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     # -- request records ------------------------------------------------------------------------
 
@@ -54,7 +46,7 @@ class RecordsMixin:
         past the newest ``keep`` or past ``max_bytes`` of bodies (the newest always stays)."""
         if not records:
             return
-        with self._tx() as conn:
+        with self._db.tx() as conn:
             for record_id, session_id, body in records:
                 found = conn.execute(
                     "UPDATE store_counters SET value = value + 1 WHERE name = 'records'"
@@ -85,7 +77,7 @@ class RecordsMixin:
         self, limit: int = 500, *, session_id: str | None = None
     ) -> list[StoredRecord]:
         """The newest records (by first write), newest first; one session's when given."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             if session_id is None:
                 rows = conn.execute(
                     f"SELECT {_COLUMNS} FROM request_records ORDER BY pos DESC LIMIT %s",
@@ -100,7 +92,7 @@ class RecordsMixin:
         return [_record(r) for r in rows]
 
     def record(self, record_id: str) -> StoredRecord | None:
-        with self._read() as conn:
+        with self._db.read() as conn:
             row = conn.execute(
                 f"SELECT {_COLUMNS} FROM request_records WHERE id = %s", (record_id,)
             ).fetchone()
@@ -108,7 +100,7 @@ class RecordsMixin:
 
     def records_after(self, change: int, *, limit: int = 1000) -> list[StoredRecord]:
         """Records written (or rewritten) after ``change``, in the order of their changes."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             rows = conn.execute(
                 f"SELECT {_COLUMNS} FROM request_records WHERE change > %s"
                 " ORDER BY change LIMIT %s",
@@ -118,7 +110,7 @@ class RecordsMixin:
 
     def records_cursor(self) -> int:
         """The latest ``change`` drawn (0 when none)."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             row = conn.execute("SELECT value FROM store_counters WHERE name = 'records'").fetchone()
         return int(row[0]) if row else 0
 
@@ -127,7 +119,7 @@ class RecordsMixin:
     def put_response_link(
         self, principal: str, name: str, session_id: str, seq: int, start: int
     ) -> None:
-        with self._statement() as conn:
+        with self._db.statement() as conn:
             conn.execute(
                 "INSERT INTO response_links (principal, name, session_id, seq, start)"
                 " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (principal, name) DO UPDATE SET"
@@ -136,7 +128,7 @@ class RecordsMixin:
             )
 
     def response_link(self, principal: str, name: str) -> tuple[str, int, int] | None:
-        with self._read() as conn:
+        with self._db.read() as conn:
             row = conn.execute(
                 "SELECT session_id, seq, start FROM response_links"
                 " WHERE principal = %s AND name = %s",

@@ -3,14 +3,16 @@ watermark moved in one transaction, under the session's row lock), segments and 
 full-text search, the one summary per tag, each session's working set and the cost
 log.
 
-``StateMixin`` holds these methods; ``PostgresMemoryStore`` (``memory.py``) inherits them.
+``PostgresSegments`` holds compaction and segments, a part of the store's core
+(``PostgresMemoryStore``'s methods of the same names call it); ``PostgresPaging``
+(``store.paging``: tag summaries, the working set) and ``PostgresCosts`` (``store.costs``: the
+cost log) are facets.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -21,52 +23,34 @@ from contextfold.store.models import (
     Depth,
     NewSegment,
     StoredSegment,
-    StoredTurn,
     TagSummary,
     WorkingSetEntry,
     _now,
     check_compaction,
 )
-from contextfold.store.postgres.connection import utc
+from contextfold.store.postgres.connection import Database, utc
 from contextfold.store.postgres.fts import Indexed, Tokenizer
+from contextfold.store.postgres.memory_db import last_seq
 from contextfold.store.postgres.search import SEGMENTS, index_rows, ranked
 from contextfold.tokens import TokenCounter
 
 if TYPE_CHECKING:
     import psycopg
 
-    from contextfold.store.models import SessionRecord
 
-__all__ = ["StateMixin"]
+__all__ = ["PostgresCosts", "PostgresPaging", "PostgresSegments"]
 
 
-class StateMixin:
-    """Segments, tag summaries, the working set and the cost log, for
-    ``PostgresMemoryStore``."""
+class PostgresSegments:
+    """The part of ``PostgresMemoryStore``'s core that holds compaction and segments; the
+    store's methods of these names call it. Made with the store's ``Database``, its token
+    counter (a segment given without its token counts is counted) and its ``Tokenizer``
+    (segment summaries are indexed for full text)."""
 
-    counter: TokenCounter
-
-    if TYPE_CHECKING:
-        _tokenizer: Tokenizer
-
-        def _tx(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
-
-        def _read(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
-
-        def _statement(
-            self, *, guarded: bool = False
-        ) -> AbstractContextManager[psycopg.Connection[Any]]: ...
-
-        @staticmethod
-        def _last_seq(conn: psycopg.Connection[Any], session_id: str) -> int: ...
-
-        def session(self, session_id: str) -> SessionRecord: ...
-
-        def turns(
-            self, session_id: str, start: int | None = None, end: int | None = None
-        ) -> list[StoredTurn]: ...
-
-        def turn_vectors(self, session_id: str, model: str, *, after: int = 0) -> Any: ...
+    def __init__(self, db: Database, counter: TokenCounter, tokenizer: Tokenizer) -> None:
+        self._db = db
+        self.counter = counter
+        self._tokenizer = tokenizer
 
     # -- compaction and segments ----------------------------------------------------------------
 
@@ -88,17 +72,17 @@ class StateMixin:
 
         indexed = self._tokenizer.rows([seg.summary for seg in segments], session_id)
         try:
-            with self._tx() as conn:
+            with self._db.tx() as conn:
                 row = conn.execute(
                     "SELECT compaction_watermark, id_tokens FROM sessions WHERE id = %s FOR UPDATE",
                     (session_id,),
                 ).fetchone()
                 if row is None:
                     raise ConfigError(f"unknown session {session_id!r}")
-                current, last = int(row[0]), self._last_seq(conn, session_id)
+                current, last = int(row[0]), last_seq(conn, session_id)
                 check_compaction(current, last, segments, watermark)
                 ids = [
-                    self._insert_segment(
+                    self.insert_segment(
                         conn,
                         session_id,
                         seg,
@@ -138,7 +122,7 @@ class StateMixin:
         return summary, full
 
     @staticmethod
-    def _insert_segment(
+    def insert_segment(
         conn: psycopg.Connection[Any],
         session_id: str,
         seg: NewSegment | StoredSegment,
@@ -175,7 +159,7 @@ class StateMixin:
 
     def segments(self, session_id: str) -> list[StoredSegment]:
         """The session's segments, earliest first."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             return self._segments(conn, session_id, None)
 
     @staticmethod
@@ -221,10 +205,19 @@ class StateMixin:
     ) -> list[tuple[StoredSegment, float]]:
         """Segments whose summary matches any word of ``query``, best first, with FTS5's
         ``-bm25()``."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             hits = ranked(conn, self._tokenizer, SEGMENTS, session_id, query, limit)
             by_id = {s.id: s for s in self._segments(conn, session_id, [h[0] for h in hits])}
         return [(by_id[segment_id], score) for segment_id, score in hits]
+
+
+class PostgresPaging:
+    """``store.paging``: tag summaries and the working set, over the store's ``Database``
+    (``counter`` counts a summary given without its token count)."""
+
+    def __init__(self, db: Database, counter: TokenCounter) -> None:
+        self._db = db
+        self.counter = counter
 
     # -- tag summaries --------------------------------------------------------------------------
 
@@ -239,7 +232,7 @@ class StateMixin:
     ) -> None:
         """Store the one summary of ``tag``, covering its turns up to ``source_watermark``."""
         count = self.counter.count(summary) if tokens is None else tokens
-        with self._statement() as conn:
+        with self._db.statement() as conn:
             conn.execute(
                 "INSERT INTO tag_summaries (session_id, tag, summary, tokens, source_watermark,"
                 " updated_at) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (session_id, tag)"
@@ -255,7 +248,7 @@ class StateMixin:
         ``stale`` when its tag has a turn after its ``source_watermark``."""
         only = "" if tags is None else " AND ts.tag = ANY(%s)"
         params: tuple[Any, ...] = (session_id,) if tags is None else (session_id, list(tags))
-        with self._read() as conn:
+        with self._db.read() as conn:
             rows = conn.execute(
                 "SELECT ts.session_id, ts.tag, ts.summary, ts.tokens, ts.source_watermark,"
                 " EXISTS (SELECT 1 FROM turn_tags tt WHERE tt.session_id = ts.session_id"
@@ -291,7 +284,7 @@ class StateMixin:
         import psycopg
 
         try:
-            with self._statement(guarded=True) as conn:
+            with self._db.statement(guarded=True) as conn:
                 conn.execute(
                     "INSERT INTO working_set (session_id, tag, depth, last_used, tokens)"
                     " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (session_id, tag) DO UPDATE SET"
@@ -306,7 +299,7 @@ class StateMixin:
 
     def working_set(self, session_id: str) -> dict[str, WorkingSetEntry]:
         """The session's working set by tag, least recently used first."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             rows = conn.execute(
                 "SELECT tag, depth, last_used, tokens FROM working_set WHERE session_id = %s"
                 ' ORDER BY last_used, tag COLLATE "C"',
@@ -316,6 +309,13 @@ class StateMixin:
             r[0]: WorkingSetEntry(tag=r[0], depth=r[1], last_used=utc(r[2]), tokens=r[3])
             for r in rows
         }
+
+
+class PostgresCosts:
+    """``store.costs``: the cost log, over the store's ``Database``."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     # -- costs ----------------------------------------------------------------------------------
 
@@ -331,7 +331,7 @@ class StateMixin:
         at: datetime | None = None,
     ) -> None:
         """Record one LLM call (``kind`` e.g. ``"tagging"``, ``"summary"``)."""
-        with self._statement() as conn:
+        with self._db.statement() as conn:
             conn.execute(
                 "INSERT INTO cost_log (session_id, at, kind, model, prompt_tokens,"
                 " completion_tokens, cost_usd) VALUES (%s, %s, %s, %s, %s, %s, %s)",
@@ -349,7 +349,7 @@ class StateMixin:
     def cost_report(self, session_id: str | None = None) -> CostReport:
         """Sums over the whole log, or over one session's calls."""
         where, params = ("WHERE session_id = %s", (session_id,)) if session_id else ("", ())
-        with self._read() as conn:
+        with self._db.read() as conn:
             total = conn.execute(
                 "SELECT COUNT(*), COALESCE(SUM(prompt_tokens), 0),"
                 " COALESCE(SUM(completion_tokens), 0), COALESCE(SUM(cost_usd), 0.0)"
@@ -372,7 +372,7 @@ class StateMixin:
 
     def cost_entries(self) -> list[CostEntry]:
         """The whole cost log, oldest first (in the order the calls were logged)."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             rows = conn.execute(
                 "SELECT session_id, at, kind, model, prompt_tokens, completion_tokens, cost_usd"
                 " FROM cost_log ORDER BY id"

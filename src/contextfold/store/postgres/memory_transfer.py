@@ -1,12 +1,12 @@
-"""``PostgresMemoryStore``'s whole-session moves: ``dump_session`` reads everything stored for
-one session into a ``SessionDump``; ``load_session`` writes one back as it was (the same id,
-seqs, hashes, times, tags, segments, tag summaries, working set, vectors, watermark,
-principal, branch and derived seq), in one transaction — from this store or, through
-``contextfold store migrate``, from another backend. The loaded session is a new incarnation
-(its ``born`` and ``generation`` are drawn here); its turns past the derived seq get the
-session's ``derive`` job, as ``commit_exchange`` would have queued.
+"""``PostgresMemoryStore.transfer``, whole-session moves: ``dump_session`` reads
+everything stored for one session into a ``SessionDump``; ``load_session`` writes one back as
+it was (the same id, seqs, hashes, times, tags, segments, tag summaries, working set,
+vectors, watermark, principal, branch and derived seq), in one transaction — from this store
+or, through ``contextfold store migrate``, from another backend. The loaded session is a new
+incarnation (its ``born`` and ``generation`` are drawn here); its turns past the derived seq
+get the session's ``derive`` job, as ``commit_exchange`` would have queued.
 
-``TransferMixin`` holds these methods; ``PostgresMemoryStore`` (``memory.py``) inherits them.
+``PostgresTransfer`` holds these methods: ``PostgresMemoryStore.transfer``.
 """
 
 from __future__ import annotations
@@ -14,86 +14,50 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from contextfold.errors import ConfigError
 from contextfold.store.models import (
-    NewSegment,
     SessionDump,
-    StoredSegment,
     StoredTurn,
-    TagSummary,
-    WorkingSetEntry,
     _message_json,
     _now,
     match_key,
 )
-from contextfold.store.postgres.connection import to_text, utc
+from contextfold.store.postgres.connection import Database, to_text, utc
 from contextfold.store.postgres.fts import Indexed, Tokenizer
+from contextfold.store.postgres.memory_db import count_live
+from contextfold.store.postgres.memory_state import PostgresSegments
 from contextfold.store.postgres.search import SEGMENTS, TURNS, index_rows
 from contextfold.store.transfer import check_dump
 
 if TYPE_CHECKING:
     import psycopg
 
-    from contextfold.store.models import SessionRecord
+    from contextfold.store.postgres.memory import PostgresMemoryStore
 
-__all__ = ["TransferMixin"]
+__all__ = ["PostgresTransfer"]
 
 
-class TransferMixin:
-    """``dump_session`` and ``load_session``, for ``PostgresMemoryStore``."""
+class PostgresTransfer:
+    """``store.transfer``: ``dump_session`` and ``load_session``, over the store's
+    ``Database``; ``store`` is the store whose sessions, turns, segments and facets a dump
+    reads, ``tokenizer`` indexes a loaded session's text."""
 
-    if TYPE_CHECKING:
-        _tokenizer: Tokenizer
-
-        def _tx(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
-
-        def _read(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
-
-        def session(self, session_id: str) -> SessionRecord: ...
-
-        @staticmethod
-        def _count_live(conn: psycopg.Connection[Any], session_id: str) -> None: ...
-
-        def turns(
-            self, session_id: str, start: int | None = None, end: int | None = None
-        ) -> list[StoredTurn]: ...
-
-        def segments(self, session_id: str) -> list[StoredSegment]: ...
-
-        def tag_summaries(self, session_id: str) -> dict[str, TagSummary]: ...
-
-        def working_set(self, session_id: str) -> dict[str, WorkingSetEntry]: ...
-
-        def aliases(self, session_id: str | None = None) -> dict[str, str]: ...
-
-        def tag_splits(self, session_id: str) -> dict[str, tuple[str, ...]]: ...
-
-        def turn_vectors(self, session_id: str, model: str, *, after: int = 0) -> Any: ...
-
-        @staticmethod
-        def _insert_segment(
-            conn: psycopg.Connection[Any],
-            session_id: str,
-            seg: NewSegment | StoredSegment,
-            tokens: tuple[int, int],
-            created_at: datetime,
-            seqs: Sequence[int],
-            indexed: Indexed,
-        ) -> int: ...
+    def __init__(self, db: Database, store: PostgresMemoryStore, tokenizer: Tokenizer) -> None:
+        self._db = db
+        self._store = store
+        self._tokenizer = tokenizer
 
     # -- moving whole sessions ------------------------------------------------------------------
 
     def dump_session(self, session_id: str) -> SessionDump:
         """Everything stored for the session (``KeyError`` when there is none)."""
         try:
-            record = self.session(session_id)
+            record = self._store.session(session_id)
         except ConfigError as exc:
             raise KeyError(session_id) from exc
-        with self._read() as conn:
+        with self._db.read() as conn:
             models = [
                 r[0]
                 for r in conn.execute(
@@ -104,13 +68,13 @@ class TransferMixin:
             ]
         return SessionDump(
             session=record,
-            turns=self.turns(session_id),
-            segments=self.segments(session_id),
-            tag_summaries=list(self.tag_summaries(session_id).values()),
-            working_set=list(self.working_set(session_id).values()),
-            vectors={model: self.turn_vectors(session_id, model) for model in models},
-            aliases=self.aliases(session_id),
-            tag_splits=self.tag_splits(session_id),
+            turns=self._store.turns(session_id),
+            segments=self._store.segments(session_id),
+            tag_summaries=list(self._store.paging.tag_summaries(session_id).values()),
+            working_set=list(self._store.paging.working_set(session_id).values()),
+            vectors={model: self._store.turn_vectors(session_id, model) for model in models},
+            aliases=self._store.vocab.aliases(session_id),
+            tag_splits=self._store.vocab.tag_splits(session_id),
         )
 
     def load_session(self, dump: SessionDump) -> None:
@@ -125,7 +89,7 @@ class TransferMixin:
         texts = [turn.message.text() for turn in dump.turns]
         turn_index = self._tokenizer.rows(texts, sid)
         segment_index = self._tokenizer.rows([s.summary for s in dump.segments], sid)
-        with self._tx() as conn:
+        with self._db.tx() as conn:
             try:
                 with conn.transaction():
                     conn.execute(
@@ -147,9 +111,9 @@ class TransferMixin:
             except psycopg.errors.UniqueViolation as exc:
                 raise ConfigError(f"session {sid!r} already exists") from exc
             self._load_turns(conn, sid, dump.turns, texts, turn_index, id_tokens)
-            self._count_live(conn, sid)
+            count_live(conn, sid)
             ids = [
-                self._insert_segment(
+                PostgresSegments.insert_segment(
                     conn,
                     sid,
                     seg,

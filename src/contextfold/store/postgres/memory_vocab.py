@@ -1,35 +1,26 @@
-"""``PostgresMemoryStore``'s vocabulary state: tag aliases (store-wide, or scoped to one
-session), the tags the splitter has examined with the sub-tags it made, and the session's
-related-tag counts — as the SQLite store's ``memory_vocab.py``.
+"""``PostgresMemoryStore.vocab`` (``PostgresVocab``), the vocabulary state: tag aliases
+(store-wide, or scoped to one session), the tags the splitter has examined with the sub-tags
+it made, and the session's related-tag counts — as the SQLite store's ``memory_vocab.py``.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
 
 from contextfold.errors import ConfigError
 from contextfold.store.models import _now
-from contextfold.store.postgres.connection import utc
+from contextfold.store.postgres.connection import Database, utc
 
-if TYPE_CHECKING:
-    import psycopg
-
-__all__ = ["VocabMixin"]
+__all__ = ["PostgresVocab"]
 
 
-class VocabMixin:
-    """Aliases, tag splits and related-tag counts, for ``PostgresMemoryStore``."""
+class PostgresVocab:
+    """``store.vocab``: aliases, tag splits and related-tag counts, over the store's
+    ``Database``."""
 
-    if TYPE_CHECKING:
-
-        def _read(self) -> AbstractContextManager[psycopg.Connection[Any]]: ...
-
-        def _statement(
-            self, *, guarded: bool = False
-        ) -> AbstractContextManager[psycopg.Connection[Any]]: ...
+    def __init__(self, db: Database) -> None:
+        self._db = db
 
     # -- aliases --------------------------------------------------------------------------------
 
@@ -39,7 +30,7 @@ class VocabMixin:
         import psycopg
 
         try:
-            with self._statement(guarded=True) as conn:
+            with self._db.statement(guarded=True) as conn:
                 if session_id is None:
                     conn.execute(
                         "INSERT INTO aliases (alias, canonical) VALUES (%s, %s)"
@@ -58,7 +49,7 @@ class VocabMixin:
 
     def aliases(self, session_id: str | None = None) -> dict[str, str]:
         """The store-wide aliases, or (``session_id``) the ones scoped to that session only."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             if session_id is None:
                 rows = conn.execute(
                     'SELECT alias, canonical FROM aliases ORDER BY alias COLLATE "C"'
@@ -73,7 +64,7 @@ class VocabMixin:
 
     def remove_alias(self, alias: str, *, session_id: str | None = None) -> bool:
         """Remove a store-wide alias (or one scoped to ``session_id``); whether it existed."""
-        with self._statement() as conn:
+        with self._db.statement() as conn:
             if session_id is None:
                 cur = conn.execute("DELETE FROM aliases WHERE alias = %s", (alias,))
             else:
@@ -92,7 +83,7 @@ class VocabMixin:
         import psycopg
 
         try:
-            with self._statement(guarded=True) as conn:
+            with self._db.statement(guarded=True) as conn:
                 cur = conn.execute(
                     "INSERT INTO tag_splits (session_id, tag, sub_tags, created_at)"
                     " VALUES (%s, %s, %s, %s) ON CONFLICT (session_id, tag) DO NOTHING",
@@ -104,7 +95,7 @@ class VocabMixin:
 
     def tag_splits(self, session_id: str) -> dict[str, tuple[str, ...]]:
         """Every tag the splitter examined in the session, with its sub-tags (``()``: kept)."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             rows = conn.execute(
                 "SELECT tag, sub_tags FROM tag_splits WHERE session_id = %s"
                 ' ORDER BY tag COLLATE "C"',
@@ -117,7 +108,7 @@ class VocabMixin:
     def related_tag_counts(self, session_id: str) -> dict[str, int]:
         """How many turns carry each related tag (and not the same tag as a tag): the counts
         kept on write (``related_tag_stats``), one row per tag."""
-        with self._read() as conn:
+        with self._db.read() as conn:
             rows = conn.execute(
                 "SELECT tag, turns FROM related_tag_stats WHERE session_id = %s AND turns > 0"
                 ' ORDER BY tag COLLATE "C"',

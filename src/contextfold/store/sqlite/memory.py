@@ -12,20 +12,26 @@ point leaves the old state or the new one, and never touches a raw turn.
 Turn text and segment summaries are indexed by FTS5 external-content tables (porter stemming),
 kept in sync by triggers; ``search_turns`` and ``search_segments`` rank with ``bm25()``.
 
-The store is split by responsibility over these modules (their public names are importable
-from here too):
+The store is the core (``MemoryStorage``) and its facets (``store/facets.py``), each a class
+over the store's connections (``memory_db.MemoryDb``), by responsibility over these modules:
 
-- ``memory.py`` — ``MemoryStore``: sessions, raw turns, tags, turn vectors, turn search;
-- ``memory_segments.py`` — compaction, segments and segment search (``SegmentsMixin``);
-- ``memory_state.py`` — tag summaries, the working set, the cost log (``StateMixin``);
+- ``memory.py`` — ``MemoryStore``: sessions, raw turns, tags, turn vectors, turn search, and
+  its facets as attributes;
+- ``memory_segments.py`` — compaction, segments and segment search (``SqliteSegments``, a
+  part of the core: the store's methods of these names call it);
+- ``memory_branches.py`` — principals, branches (forks) and exchanges committed with their
+  derive job (``SqliteBranches``, a part of the core as well);
+- ``memory_jobs.py`` — the jobs table (``store.jobs``: ``SqliteJobs``);
+- ``memory_state.py`` — tag summaries and the working set (``store.paging``:
+  ``SqlitePaging``), the cost log (``store.costs``: ``SqliteCosts``);
 - ``memory_vocab.py`` — aliases (store-wide and per session), tag splits, related-tag counts
-  (``VocabMixin``);
-- ``memory_branches.py`` — principals, branches (forks), exchanges committed with their
-  derive job, and the jobs table (``BranchesMixin``);
-- ``memory_transfer.py`` — whole sessions dumped and loaded as they were (``TransferMixin``:
-  ``dump_session``, ``load_session``; ``contextfold store migrate`` and the markdown export);
+  (``store.vocab``: ``SqliteVocab``);
+- ``memory_transfer.py`` — whole sessions dumped and loaded as they were (``store.transfer``:
+  ``SqliteTransfer``; ``contextfold store migrate`` and the markdown export);
 - ``memory_records.py`` — the dashboard's request records and the Responses API's response
-  links, shared by every process (``RecordsMixin``);
+  links, shared by every process (``store.records``: ``SqliteRecords``);
+- ``memory_db.py`` — ``MemoryDb``, the connections the store and its facets share, and the
+  turn-writing helpers;
 - ``memory_schema.py`` — ``MIGRATIONS``, the ordered ``m00N_…`` schema migrations;
 - ``store/models.py`` — the row models (``StoredTurn``, ``NewSegment``, …) and ``Depth``;
 - ``memory_fts.py`` — the FTS5 query built from free text (``store/text.query_terms``).
@@ -42,13 +48,11 @@ from here too):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sqlite3
-import threading
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -56,7 +60,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from contextfold._bounded import SessionLRU
 from contextfold.errors import ConfigError
 from contextfold.items import Message
 from contextfold.store.models import (
@@ -64,6 +67,7 @@ from contextfold.store.models import (
     Depth,
     Job,
     NewSegment,
+    PendingDerive,
     SessionRecord,
     StoredSegment,
     StoredTurn,
@@ -71,18 +75,14 @@ from contextfold.store.models import (
     TurnRow,
     WorkingSetEntry,
     _iso,
-    _message_json,
     _now,
-    match_key,
 )
-from contextfold.store.sqlite import FairLock, connect, select_in, transaction
-from contextfold.store.sqlite.memory_branches import (
-    KEY_CHAIN_SESSIONS,
-    BranchesMixin,
-    _KeyChain,
-)
+from contextfold.store.sqlite import select_in
+from contextfold.store.sqlite.memory_branches import SqliteBranches
+from contextfold.store.sqlite.memory_db import MemoryDb, insert_turns, last_seq, turn_rows
 from contextfold.store.sqlite.memory_fts import _fts_query
-from contextfold.store.sqlite.memory_records import RecordsMixin
+from contextfold.store.sqlite.memory_jobs import SqliteJobs
+from contextfold.store.sqlite.memory_records import SqliteRecords
 from contextfold.store.sqlite.memory_schema import MIGRATIONS
 from contextfold.store.sqlite.memory_schema import m001_create_memory as m001_create_memory
 from contextfold.store.sqlite.memory_schema import m002_create_fts as m002_create_fts
@@ -92,10 +92,10 @@ from contextfold.store.sqlite.memory_schema import (
 from contextfold.store.sqlite.memory_schema import (
     m004_session_scoped_fts as m004_session_scoped_fts,
 )
-from contextfold.store.sqlite.memory_segments import SegmentsMixin
-from contextfold.store.sqlite.memory_state import StateMixin
-from contextfold.store.sqlite.memory_transfer import TransferMixin
-from contextfold.store.sqlite.memory_vocab import VocabMixin
+from contextfold.store.sqlite.memory_segments import SqliteSegments
+from contextfold.store.sqlite.memory_state import SqliteCosts, SqlitePaging
+from contextfold.store.sqlite.memory_transfer import SqliteTransfer
+from contextfold.store.sqlite.memory_vocab import SqliteVocab
 from contextfold.store.text import query_terms
 from contextfold.tokens import TiktokenCounter, TokenCounter
 
@@ -118,11 +118,10 @@ __all__ = [
 _TurnTags = tuple[dict[str, float], list[str]]
 
 
-class MemoryStore(
-    SegmentsMixin, StateMixin, VocabMixin, BranchesMixin, TransferMixin, RecordsMixin
-):
-    """Sessions, raw turns, tags, segments, tag summaries, aliases, working sets and costs in one
-    SQLite file (or ``":memory:"``).
+class MemoryStore:
+    """Sessions, raw turns, tags, vectors and segments in one SQLite file (or ``":memory:"``),
+    with the store's facets over the same connections: ``records``, ``vocab``, ``jobs``,
+    ``costs``, ``paging`` and ``transfer``.
 
     ``counter`` counts each turn's text once, when it is appended (default ``cl100k_base``).
 
@@ -143,54 +142,29 @@ class MemoryStore(
         self.counter: TokenCounter = (
             counter if counter is not None else TiktokenCounter("cl100k_base")
         )
-        # A file store gives each thread its own connection: WAL lets readers run beside the
-        # one writer, and a transaction never takes in another thread's writes. An in-memory
-        # database exists only on its one connection, so threads share it and take turns at
-        # its transactions (``_tx``).
-        self._local = threading.local()
-        self._connections: list[sqlite3.Connection] = []
-        self._guard = threading.RLock()
-        self._writer = FairLock()  # this process's writers, one at a time, in order (``_tx``)
-        self._shared = self.path == ":memory:"
-        # Match keys of recently used sessions (``turn_keys``).
-        self._key_chains: SessionLRU[_KeyChain] = SessionLRU(KEY_CHAIN_SESSIONS)
-        first = connect(self.path)
-        self._local.conn = first
-        self._connections.append(first)
-        MIGRATIONS.apply(first)
+        self._db = MemoryDb(self.path)
+        MIGRATIONS.apply(self._db.conn)
+        # The parts of the core kept in modules of their own, and the facets.
+        self._segments = SqliteSegments(self._db, self.counter)
+        self._branches = SqliteBranches(self._db, self)
+        self.records = SqliteRecords(self._db)
+        self.vocab = SqliteVocab(self._db)
+        self.jobs = SqliteJobs(self._db)
+        self.costs = SqliteCosts(self._db)
+        self.paging = SqlitePaging(self._db, self.counter)
+        self.transfer = SqliteTransfer(self._db, self)
 
     @property
     def _conn(self) -> sqlite3.Connection:
         """This thread's connection."""
-        if self._shared:
-            return self._connections[0]
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = connect(self.path)
-            self._local.conn = conn
-            with self._guard:
-                self._connections.append(conn)
-        return conn
+        return self._db.conn
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction on this thread's connection (joining one already open).
-
-        The writers of this process queue on a lock before SQLite's: SQLite has one writer at
-        a time and its busy handler polls, so under many concurrent writers a waiting one can
-        lose every race until its timeout ("database is locked", measured at 50 concurrent
-        proxy sessions); blocked on the lock, writers take their turns, first come first
-        served (``FairLock``), so a long write done in chunks lets the others in between.
-        Writers of other processes still meet at SQLite's lock, with its busy timeout."""
-        with self._writer, transaction(self._conn) as conn:
-            yield conn
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
+        """A write transaction on this thread's connection (``MemoryDb.tx``)."""
+        return self._db.tx()
 
     def close(self) -> None:
-        with self._guard:
-            for conn in self._connections:
-                conn.close()
-            self._connections.clear()
-            self._local = threading.local()
+        self._db.close()
 
     # -- sessions -------------------------------------------------------------------------------
 
@@ -202,7 +176,7 @@ class MemoryStore(
         principal: str = "",
     ) -> str:
         """Create a session (a random id when none is given) and return its id. ``principal``
-        scopes it to one caller (see ``BranchesMixin``)."""
+        scopes it to one caller (see ``memory_branches.py``)."""
         sid = session_id or uuid.uuid4().hex
         try:
             with self._tx() as conn:
@@ -262,7 +236,7 @@ class MemoryStore(
 
     def last_seq(self, session_id: str) -> int:
         """The seq of the session's last turn (0 when it has none)."""
-        return self._last_seq(self._conn, session_id)
+        return last_seq(self._conn, session_id)
 
     def append_turns(
         self,
@@ -280,56 +254,9 @@ class MemoryStore(
                 f"{len(messages)} messages need as many timestamps, got {len(timestamps)}"
             )
         self.session(session_id)
-        rows = self._turn_rows(messages, timestamps, partial)
+        rows = turn_rows(self.counter, messages, timestamps, partial)
         with self._tx() as conn:
-            return self._insert_turns(conn, session_id, rows)
-
-    def _turn_rows(
-        self,
-        messages: Sequence[Message],
-        timestamps: Sequence[datetime] | None = None,
-        partial: Sequence[bool] | None = None,
-    ) -> list[tuple[Any, ...]]:
-        """The column values of new turns, computed before a write transaction opens (token
-        counts and hashes take time the write lock should not be held for)."""
-        now = _now()
-        rows = []
-        for i, message in enumerate(messages):
-            body = _message_json(message)
-            text = message.text()
-            rows.append(
-                (
-                    message.role,
-                    text,
-                    body,
-                    hashlib.sha256(body.encode("utf-8")).hexdigest(),
-                    _iso(timestamps[i] if timestamps is not None else now),
-                    self.counter.count(text),
-                    match_key(message.role, text),
-                    int(bool(partial[i])) if partial is not None else 0,
-                )
-            )
-        return rows
-
-    def _insert_turns(
-        self, conn: sqlite3.Connection, session_id: str, rows: Sequence[tuple[Any, ...]]
-    ) -> list[int]:
-        first = self._last_seq(conn, session_id) + 1
-        seqs = list(range(first, first + len(rows)))
-        conn.executemany(
-            "INSERT INTO turns (session_id, seq, role, content_text, message_json,"
-            " content_hash, created_at, token_count, match_key, partial)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            [(session_id, seq, *row) for seq, row in zip(seqs, rows, strict=True)],
-        )
-        return seqs
-
-    @staticmethod
-    def _last_seq(conn: sqlite3.Connection, session_id: str) -> int:
-        row = conn.execute(
-            "SELECT COALESCE(MAX(seq), 0) FROM turns WHERE session_id = ?", (session_id,)
-        ).fetchone()
-        return int(row[0])
+            return insert_turns(conn, session_id, rows)
 
     def turns(
         self, session_id: str, start: int | None = None, end: int | None = None
@@ -721,3 +648,83 @@ class MemoryStore(
         """Role, text, time and token count of the given turns, without parsing messages."""
         rows = self._turn_columns(session_id, seqs, "role, content_text, created_at, token_count")
         return {r[0]: TurnRow(r[0], r[1], r[2], datetime.fromisoformat(r[3]), r[4]) for r in rows}
+
+    # -- compaction and segments (``memory_segments.py``) ----------------------------------------
+
+    def topic_counts(self, session_id: str) -> tuple[int, dict[str, int]]:
+        return self._segments.topic_counts(session_id)
+
+    def compact(
+        self,
+        session_id: str,
+        segments: Sequence[NewSegment],
+        watermark: int,
+        *,
+        _before_commit: Callable[[], None] | None = None,
+    ) -> list[int]:
+        return self._segments.compact(
+            session_id, segments, watermark, _before_commit=_before_commit
+        )
+
+    def segments(self, session_id: str) -> list[StoredSegment]:
+        return self._segments.segments(session_id)
+
+    def search_segments(
+        self, session_id: str, query: str, limit: int = 10
+    ) -> list[tuple[StoredSegment, float]]:
+        return self._segments.search_segments(session_id, query, limit)
+
+    # -- lookups, branches and exchanges (``memory_branches.py``) --------------------------------
+
+    def principal_of(self, session_id: str) -> str | None:
+        return self._branches.principal_of(session_id)
+
+    def turns_with_key(
+        self, principal: str, key: str, *, session_id: str | None = None, limit: int = 20
+    ) -> list[tuple[str, int]]:
+        return self._branches.turns_with_key(principal, key, session_id=session_id, limit=limit)
+
+    def latest_session(self, principal: str) -> tuple[str, int] | None:
+        return self._branches.latest_session(principal)
+
+    def turn_keys(self, session_id: str, lo: int, hi: int) -> dict[int, str]:
+        return self._branches.turn_keys(session_id, lo, hi)
+
+    def fork(self, session_id: str, upto: int, *, session_id_new: str | None = None) -> str:
+        return self._branches.fork(session_id, upto, session_id_new=session_id_new)
+
+    def commit_exchange(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        *,
+        partial: Sequence[bool] | None = None,
+        expect_last: int | None = None,
+        timestamps: Sequence[datetime] | None = None,
+    ) -> list[int]:
+        return self._branches.commit_exchange(
+            session_id, messages, partial=partial, expect_last=expect_last, timestamps=timestamps
+        )
+
+    def mark_derived(self, session_id: str, seq: int) -> None:
+        self._branches.mark_derived(session_id, seq)
+
+    def begin_derive(
+        self,
+        session_id: str,
+        *,
+        context: int = 0,
+        append: Sequence[Message] = (),
+        timestamps: Sequence[datetime] | None = None,
+    ) -> PendingDerive:
+        return self._branches.begin_derive(
+            session_id, context=context, append=append, timestamps=timestamps
+        )
+
+    def write_derived(
+        self,
+        session_id: str,
+        tagged: Mapping[int, tuple[Mapping[str, float], Sequence[str]]],
+        derived_seq: int,
+    ) -> tuple[int, int]:
+        return self._branches.write_derived(session_id, tagged, derived_seq)

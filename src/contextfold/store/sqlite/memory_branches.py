@@ -1,5 +1,6 @@
 """``MemoryStore``'s conversation tree and its derived work: principals, branches, exchanges
-committed with their job, and the jobs table.
+committed with their job (``SqliteBranches``, a part of the store's core) — the jobs table
+itself is the ``store.jobs`` facet (``memory_jobs.py``).
 
 **Principals.** Every session belongs to one principal: the keyed hash of the credential that
 wrote it (``''`` for sessions the library creates). Lookups by content (``turns_with_key``)
@@ -13,9 +14,9 @@ an edited history, sees only its own ancestry and never what the parent said aft
 **Exchanges and jobs.** ``commit_exchange`` appends raw turns and queues a ``derive`` job for
 the session in the same transaction: the turns are durable the moment it returns, and the
 derived work (tags, vectors, compaction, tag summaries) is a row that any worker claims
-(``claim_job``), finishes (``finish_job``) or gives back (``fail_job``). A job whose worker died
-is claimed again: by lease (``lease_until`` passed) or, on one host, when its owner process is
-gone (``release_jobs_of_dead``).
+(``jobs.claim_job``), finishes (``jobs.finish_job``) or gives back (``jobs.fail_job``). A job
+whose worker died is claimed again: by lease (``lease_until`` passed) or, on one host, when
+its owner process is gone (``jobs.release_jobs_of_dead``).
 
 >>> from contextfold.items import Message
 >>> from contextfold.tokens import CharCounter
@@ -25,12 +26,12 @@ gone (``release_jobs_of_dead``).
 >>> store.commit_exchange(sid, [Message(role="user", content="hi"),
 ...                             Message(role="assistant", content="hello")])
 [1, 2]
->>> job = store.claim_job("worker-1")
->>> (job.session_id, job.kind, store.job_counts())
+>>> job = store.jobs.claim_job("worker-1")
+>>> (job.session_id, job.kind, store.jobs.job_counts())
 ('a', 'derive', {'running': 1})
->>> store.finish_job(job.id, "worker-1")  # still the worker's: done
+>>> store.jobs.finish_job(job.id, "worker-1")  # still the worker's: done
 True
->>> store.pending_jobs()
+>>> store.jobs.pending_jobs()
 0
 >>> branch = store.fork(sid, 1)
 >>> [t.message.text() for t in store.turns(branch)], store.session(branch).parent_id
@@ -40,34 +41,31 @@ True
 from __future__ import annotations
 
 import json
-import os
-import socket
 import sqlite3
 import threading
-import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from collections.abc import Set as AbstractSet
-from contextlib import AbstractContextManager
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from contextfold._bounded import SessionLRU
 from contextfold.errors import ConfigError
 from contextfold.items import Message
 from contextfold.store.models import (
-    MAX_ATTEMPTS,
     WRITE_CHUNK,
     BranchMoved,
-    Job,
     PendingDerive,
-    SessionRecord,
     _iso,
     _now,
     check_appended,
 )
+from contextfold.store.sqlite.memory_db import MemoryDb, insert_turns, last_seq, turn_rows
+from contextfold.store.sqlite.memory_jobs import enqueue
 
-__all__ = ["BranchesMixin"]
+if TYPE_CHECKING:
+    from contextfold.store.sqlite.memory import MemoryStore
+
+__all__ = ["KEY_CHAIN_SESSIONS", "SqliteBranches"]
 
 
 class _KeyChain:
@@ -126,66 +124,26 @@ class _KeyChain:
         return True
 
 
-#: How long a claimed job is its worker's before another may take it (seconds).
-LEASE_SECONDS = 60.0
-#: Attempts before a job is marked failed (it stays in the table, with its error).
 #: Sessions whose turn match keys are kept in memory (``turn_keys``).
 KEY_CHAIN_SESSIONS = 256
 
 
-def _held(job_id: int, owner: str | None) -> tuple[str, tuple[object, ...]]:
-    """The WHERE clause of "job ``job_id``, while ``owner`` runs it" (any state without an
-    owner)."""
-    if owner is None:
-        return "id = ?", (job_id,)
-    return "id = ? AND state = 'running' AND owner = ?", (job_id, owner)
+class SqliteBranches:
+    """The part of ``MemoryStore``'s core that holds its lookups by principal and match key,
+    its branches and its exchanges; the store's methods of these names call it. Made with
+    the store's connections and the store itself (``store``: the sessions and turns it
+    reads and writes)."""
 
-
-class BranchesMixin:
-    """Principals, branches, exchanges and jobs, for ``MemoryStore``."""
-
-    if TYPE_CHECKING:
-        _key_chains: SessionLRU[_KeyChain]
-
-        @property
-        def _conn(self) -> sqlite3.Connection: ...
-
-        def _tx(self) -> AbstractContextManager[sqlite3.Connection]: ...
-
-        def _turn_rows(
-            self,
-            messages: Sequence[Message],
-            timestamps: Sequence[datetime] | None = None,
-            partial: Sequence[bool] | None = None,
-        ) -> list[tuple[Any, ...]]: ...
-
-        def _insert_turns(
-            self, conn: sqlite3.Connection, session_id: str, rows: Sequence[tuple[Any, ...]]
-        ) -> list[int]: ...
-
-        @staticmethod
-        def _last_seq(conn: sqlite3.Connection, session_id: str) -> int: ...
-
-        def session(self, session_id: str) -> SessionRecord: ...
-
-        def session_version(self, session_id: str) -> tuple[int, int] | None: ...
-
-        def active_tokens(self, session_id: str) -> int: ...
-
-        def turn_texts_after(
-            self, session_id: str, after: int
-        ) -> list[tuple[int, str, str, str]]: ...
-
-        def set_tags_many(
-            self,
-            session_id: str,
-            tagged: Mapping[int, tuple[Mapping[str, float], Sequence[str]]],
-        ) -> None: ...
+    def __init__(self, db: MemoryDb, store: MemoryStore) -> None:
+        self._db = db
+        self._store = store
+        # Match keys of recently used sessions (``turn_keys``).
+        self._key_chains: SessionLRU[_KeyChain] = SessionLRU(KEY_CHAIN_SESSIONS)
 
     # -- lookups --------------------------------------------------------------------------------
 
     def principal_of(self, session_id: str) -> str | None:
-        row = self._conn.execute(
+        row = self._db.conn.execute(
             "SELECT principal FROM sessions WHERE id = ?", (session_id,)
         ).fetchone()
         return None if row is None else str(row[0])
@@ -205,19 +163,19 @@ class BranchesMixin:
             params.append(session_id)
         sql += " ORDER BY t.id DESC LIMIT ?"
         params.append(limit)
-        return [(str(r[0]), int(r[1])) for r in self._conn.execute(sql, params)]
+        return [(str(r[0]), int(r[1])) for r in self._db.conn.execute(sql, params)]
 
     def latest_session(self, principal: str) -> tuple[str, int] | None:
         """(session, last seq) of the principal's conversation that stored a turn last, or
         None when it has none."""
-        row = self._conn.execute(
+        row = self._db.conn.execute(
             "SELECT t.session_id FROM turns t JOIN sessions s ON s.id = t.session_id"
             " WHERE s.principal = ? ORDER BY t.id DESC LIMIT 1",
             (principal,),
         ).fetchone()
         if row is None:
             return None
-        return str(row[0]), self._last_seq(self._conn, str(row[0]))
+        return str(row[0]), last_seq(self._db.conn, str(row[0]))
 
     def turn_keys(self, session_id: str, lo: int, hi: int) -> dict[int, str]:
         """seq -> match key of the session's turns with ``lo <= seq <= hi``.
@@ -229,8 +187,8 @@ class BranchesMixin:
         costs one short query, not one row per turn."""
         chain = self._key_chains.get(session_id, _KeyChain)
         with chain.lock:
-            if not chain.extend(self._conn, session_id):
-                rows = self._conn.execute(
+            if not chain.extend(self._db.conn, session_id):
+                rows = self._db.conn.execute(
                     "SELECT seq, match_key FROM turns WHERE session_id = ? AND seq BETWEEN ? AND ?",
                     (session_id, lo, hi),
                 )
@@ -246,14 +204,14 @@ class BranchesMixin:
         reach); returns the new session's id. The derived state past the copy is queued as a
         ``derive`` job. ``ConfigError`` (nothing written) when ``session_id_new`` exists."""
         new = session_id_new or uuid.uuid4().hex
-        with self._tx() as conn:
+        with self._db.tx() as conn:
             row = conn.execute(
                 "SELECT principal, metadata, derived_seq FROM sessions WHERE id = ?",
                 (session_id,),
             ).fetchone()
             if row is None:
                 raise ConfigError(f"unknown session {session_id!r}")
-            last = self._last_seq(conn, session_id)
+            last = last_seq(conn, session_id)
             if not 0 <= upto <= last:
                 raise ConfigError(f"session {session_id!r} has no turn {upto} to fork at")
             segments = conn.execute(
@@ -322,7 +280,7 @@ class BranchesMixin:
                     (cursor.lastrowid, seg["id"]),
                 )
             if segments or upto:
-                self._enqueue(conn, new, "derive")
+                enqueue(conn, new, "derive")
         return new
 
     # -- exchanges ------------------------------------------------------------------------------
@@ -352,31 +310,31 @@ class BranchesMixin:
             raise ConfigError(
                 f"{len(messages)} messages need as many timestamps, got {len(timestamps)}"
             )
-        rows = self._turn_rows(messages, timestamps, partial)
+        rows = turn_rows(self._store.counter, messages, timestamps, partial)
         seqs: list[int] = []
         expected = expect_last
         starts = range(0, max(len(rows), 1), WRITE_CHUNK)
         for start in starts:
             chunk = rows[start : start + WRITE_CHUNK]
-            with self._tx() as conn:
+            with self._db.tx() as conn:
                 if (
                     conn.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone()
                     is None
                 ):
                     raise ConfigError(f"unknown session {session_id!r}")
                 if expected is not None:
-                    last = self._last_seq(conn, session_id)
+                    last = last_seq(conn, session_id)
                     if last != expected:
                         raise BranchMoved(session_id, expected, last)
-                seqs += self._insert_turns(conn, session_id, chunk)
+                seqs += insert_turns(conn, session_id, chunk)
                 if seqs and start == starts[-1]:
-                    self._enqueue(conn, session_id, "derive")
+                    enqueue(conn, session_id, "derive")
             expected = seqs[-1] if seqs else expected
         return seqs
 
     def mark_derived(self, session_id: str, seq: int) -> None:
         """Turns up to ``seq`` are derived (tagged and embedded)."""
-        with self._tx() as conn:
+        with self._db.tx() as conn:
             conn.execute(
                 "UPDATE sessions SET derived_seq = MAX(derived_seq, ?) WHERE id = ?",
                 (seq, session_id),
@@ -393,17 +351,17 @@ class BranchesMixin:
         """Append ``append``, drop the session's pending ``derive`` job and read the session,
         its live tokens and its turns after ``derived_seq - context``, in one transaction."""
         check_appended(append, timestamps)
-        rows = self._turn_rows(append, timestamps)
-        with self._tx() as conn:
-            record = self.session(session_id)
+        rows = turn_rows(self._store.counter, append, timestamps)
+        with self._db.tx() as conn:
+            record = self._store.session(session_id)
             if rows:
-                self._insert_turns(conn, session_id, rows)
+                insert_turns(conn, session_id, rows)
             conn.execute(
                 "DELETE FROM jobs WHERE session_id = ? AND kind = 'derive' AND state = 'pending'",
                 (session_id,),
             )
-            live = self.active_tokens(session_id)
-            turns = self.turn_texts_after(session_id, max(0, record.derived_seq - context))
+            live = self._store.active_tokens(session_id)
+            turns = self._store.turn_texts_after(session_id, max(0, record.derived_seq - context))
         return PendingDerive(record, live, turns)
 
     def write_derived(
@@ -414,164 +372,12 @@ class BranchesMixin:
     ) -> tuple[int, int]:
         """``set_tags_many`` and ``mark_derived`` in one transaction (``BEGIN IMMEDIATE``: no
         other writer between the two generations read); (generation before, after)."""
-        with self._tx():
-            before = self.session_version(session_id)
+        with self._db.tx():
+            before = self._store.session_version(session_id)
             if before is None:
                 raise ConfigError(f"unknown session {session_id!r}")
-            self.set_tags_many(session_id, tagged)
+            self._store.set_tags_many(session_id, tagged)
             self.mark_derived(session_id, derived_seq)
-            after = self.session_version(session_id)
+            after = self._store.session_version(session_id)
         assert after is not None  # the session's row is this transaction's
         return before[1], after[1]
-
-    # -- jobs -----------------------------------------------------------------------------------
-
-    @staticmethod
-    def _enqueue(conn: sqlite3.Connection, session_id: str, kind: str) -> None:
-        conn.execute(
-            "INSERT INTO jobs (session_id, kind, created_at) VALUES (?, ?, ?)"
-            " ON CONFLICT (session_id, kind) WHERE state = 'pending' DO NOTHING",
-            (session_id, kind, _iso(_now())),
-        )
-
-    def enqueue_job(self, session_id: str, kind: str = "derive") -> None:
-        """Queue ``kind`` for the session (nothing when one is already pending)."""
-        with self._tx() as conn:
-            self._enqueue(conn, session_id, kind)
-
-    def drop_pending_job(self, session_id: str, kind: str = "derive") -> None:
-        """Remove the session's pending ``kind`` job (its work is about to be done in line)."""
-        with self._tx() as conn:
-            conn.execute(
-                "DELETE FROM jobs WHERE session_id = ? AND kind = ? AND state = 'pending'",
-                (session_id, kind),
-            )
-
-    def claim_job(
-        self,
-        owner: str,
-        *,
-        lease: float = LEASE_SECONDS,
-        skip: AbstractSet[str] = frozenset(),
-    ) -> Job | None:
-        """Take the oldest job that is pending, or running with its lease expired, and whose
-        session has no other running job (a session's work runs in order); ``None`` when
-        there is none. ``skip``: sessions not to take now."""
-        now = time.time()
-        with self._tx() as conn:
-            rows = conn.execute(
-                "SELECT j.id, j.session_id, j.kind, j.attempts FROM jobs j"
-                " WHERE (j.state = 'pending' OR (j.state = 'running' AND j.lease_until < ?))"
-                " AND NOT EXISTS (SELECT 1 FROM jobs r WHERE r.session_id = j.session_id"
-                " AND r.id != j.id AND r.state = 'running' AND r.lease_until >= ?)"
-                " ORDER BY j.id LIMIT 64",
-                (now, now),
-            ).fetchall()
-            row = next((r for r in rows if r[1] not in skip), None)
-            if row is None:
-                return None
-            conn.execute(
-                "UPDATE jobs SET state = 'running', owner = ?, lease_until = ?,"
-                " attempts = attempts + 1 WHERE id = ?",
-                (owner, now + lease, row[0]),
-            )
-        return Job(id=row[0], session_id=row[1], kind=row[2], attempts=row[3] + 1)
-
-    def finish_job(self, job_id: int, owner: str | None = None) -> bool:
-        """Remove a job its worker has done; whether it was still that worker's. ``owner``:
-        only while ``owner`` holds it — a job given back meanwhile (``release_jobs`` at a
-        stop, or claimed again after its lease) stands for work queued since the claim and
-        stays."""
-        held, params = _held(job_id, owner)
-        with self._tx() as conn:
-            return conn.execute(f"DELETE FROM jobs WHERE {held}", params).rowcount > 0
-
-    def fail_job(
-        self, job_id: int, error: str, *, retry: bool = True, owner: str | None = None
-    ) -> bool:
-        """Give a job back after an error: pending again (or ``failed`` for good after
-        ``MAX_ATTEMPTS``, or when ``retry`` is false), its error kept; whether it was still
-        the worker's (``owner`` as in ``finish_job``: a job given back meanwhile is left as
-        it is)."""
-        held, params = _held(job_id, owner)
-        with self._tx() as conn:
-            row = conn.execute(
-                f"SELECT session_id, kind, attempts FROM jobs WHERE {held}", params
-            ).fetchone()
-            if row is None:
-                return False
-            again = retry and row[2] < MAX_ATTEMPTS
-            if again:
-                # A pending job of the session may have been queued meanwhile: it covers this.
-                conn.execute(
-                    "DELETE FROM jobs WHERE session_id = ? AND kind = ? AND state = 'pending'",
-                    (row[0], row[1]),
-                )
-            conn.execute(
-                "UPDATE jobs SET state = ?, owner = NULL, lease_until = NULL, error = ?"
-                " WHERE id = ?",
-                ("pending" if again else "failed", error[:2000], job_id),
-            )
-        return True
-
-    def release_jobs(self, owner: str) -> int:
-        """Give back every job ``owner`` holds (it is stopping); returns how many."""
-        with self._tx() as conn:
-            return self._release(conn, "owner = ?", (owner,))
-
-    def release_jobs_of_dead(self, alive: Callable[[int], bool] | None = None) -> int:
-        """Give back the running jobs whose owner is a process of this host that no longer
-        runs (a crash); returns how many."""
-        host = socket.gethostname()
-        check = alive or _pid_alive
-        dead = []
-        for (owner,) in self._conn.execute(
-            "SELECT DISTINCT owner FROM jobs WHERE state = 'running' AND owner IS NOT NULL"
-        ):
-            name, _, pid = str(owner).rpartition(":")
-            if name == host and pid.isdigit() and not check(int(pid)):
-                dead.append(owner)
-        with self._tx() as conn:
-            return sum(self._release(conn, "owner = ?", (owner,)) for owner in dead)
-
-    @staticmethod
-    def _release(conn: sqlite3.Connection, where: str, params: tuple[object, ...]) -> int:
-        rows = conn.execute(
-            f"SELECT id, session_id, kind FROM jobs WHERE state = 'running' AND {where}", params
-        ).fetchall()
-        for job_id, session_id, kind in rows:
-            pending = conn.execute(
-                "SELECT 1 FROM jobs WHERE session_id = ? AND kind = ? AND state = 'pending'",
-                (session_id, kind),
-            ).fetchone()
-            if pending:  # the pending one does the same work
-                conn.execute("DELETE FROM jobs WHERE id = ?", (job_id,))
-            else:
-                conn.execute(
-                    "UPDATE jobs SET state = 'pending', owner = NULL, lease_until = NULL"
-                    " WHERE id = ?",
-                    (job_id,),
-                )
-        return len(rows)
-
-    def pending_jobs(self) -> int:
-        """Jobs not done yet (pending or running)."""
-        row = self._conn.execute(
-            "SELECT COUNT(*) FROM jobs WHERE state IN ('pending', 'running')"
-        ).fetchone()
-        return int(row[0])
-
-    def job_counts(self) -> dict[str, int]:
-        """Jobs by state (``pending``, ``running``, ``failed``)."""
-        rows = self._conn.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state")
-        return {str(r[0]): int(r[1]) for r in rows}
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, another user's
-        return True
-    return True

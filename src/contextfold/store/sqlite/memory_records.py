@@ -1,6 +1,6 @@
-"""``MemoryStore``'s records shared by every process: the dashboard's request records and the
-Responses API's response links (the PostgreSQL store's ``memory_records.py`` keeps the same
-semantics).
+"""``MemoryStore.records`` (``SqliteRecords``): the records shared by every process, the
+dashboard's request records and the Responses API's response links (the PostgreSQL store's
+``memory_records.py`` keeps the same semantics).
 
 A record's ``change`` is drawn from the ``records`` row of ``store_counters`` inside the
 writing transaction (SQLite has one writer at a time): record writers commit in the order of
@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING
 
 from contextfold.store.models import StoredRecord, retention_cut
+from contextfold.store.sqlite.memory_db import MemoryDb
 
-__all__ = ["RecordsMixin"]
+__all__ = ["SqliteRecords"]
 
 
 def _record(row: sqlite3.Row) -> StoredRecord:
@@ -29,15 +28,12 @@ def _record(row: sqlite3.Row) -> StoredRecord:
     )
 
 
-class RecordsMixin:
-    """Request records and response links, for ``MemoryStore``."""
+class SqliteRecords:
+    """``store.records``: request records and response links, over the store's
+    ``MemoryDb``."""
 
-    if TYPE_CHECKING:
-
-        @property
-        def _conn(self) -> sqlite3.Connection: ...
-
-        def _tx(self) -> AbstractContextManager[sqlite3.Connection]: ...
+    def __init__(self, db: MemoryDb) -> None:
+        self._db = db
 
     # -- request records ------------------------------------------------------------------------
 
@@ -51,7 +47,7 @@ class RecordsMixin:
     ) -> None:
         if not records:
             return
-        with self._tx() as conn:
+        with self._db.tx() as conn:
             for record_id, session_id, body in records:
                 change = conn.execute(
                     "UPDATE store_counters SET value = value + 1 WHERE name = 'records'"
@@ -81,31 +77,31 @@ class RecordsMixin:
         self, limit: int = 500, *, session_id: str | None = None
     ) -> list[StoredRecord]:
         if session_id is None:
-            rows = self._conn.execute(
+            rows = self._db.conn.execute(
                 "SELECT * FROM request_records ORDER BY pos DESC LIMIT ?", (limit,)
             )
         else:
-            rows = self._conn.execute(
+            rows = self._db.conn.execute(
                 "SELECT * FROM request_records WHERE session_id = ? ORDER BY pos DESC LIMIT ?",
                 (session_id, limit),
             )
         return [_record(r) for r in rows]
 
     def record(self, record_id: str) -> StoredRecord | None:
-        row = self._conn.execute(
+        row = self._db.conn.execute(
             "SELECT * FROM request_records WHERE id = ?", (record_id,)
         ).fetchone()
         return None if row is None else _record(row)
 
     def records_after(self, change: int, *, limit: int = 1000) -> list[StoredRecord]:
-        rows = self._conn.execute(
+        rows = self._db.conn.execute(
             "SELECT * FROM request_records WHERE change > ? ORDER BY change LIMIT ?",
             (change, limit),
         )
         return [_record(r) for r in rows]
 
     def records_cursor(self) -> int:
-        row = self._conn.execute(
+        row = self._db.conn.execute(
             "SELECT value FROM store_counters WHERE name = 'records'"
         ).fetchone()
         return int(row[0]) if row else 0
@@ -115,7 +111,7 @@ class RecordsMixin:
     def put_response_link(
         self, principal: str, name: str, session_id: str, seq: int, start: int
     ) -> None:
-        with self._tx() as conn:
+        with self._db.tx() as conn:
             conn.execute(
                 "INSERT INTO response_links (principal, name, session_id, seq, start)"
                 " VALUES (?, ?, ?, ?, ?) ON CONFLICT (principal, name) DO UPDATE SET"
@@ -124,7 +120,7 @@ class RecordsMixin:
             )
 
     def response_link(self, principal: str, name: str) -> tuple[str, int, int] | None:
-        row = self._conn.execute(
+        row = self._db.conn.execute(
             "SELECT session_id, seq, start FROM response_links WHERE principal = ? AND name = ?",
             (principal, name),
         ).fetchone()

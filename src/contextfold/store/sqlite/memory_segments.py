@@ -1,8 +1,8 @@
 """``MemoryStore``'s segments: compaction (segments stored and the watermark moved in one
 transaction), reading segments back, and full-text search over their summaries.
 
-``SegmentsMixin`` holds these methods; ``MemoryStore`` (``store/memory.py``) inherits them and
-provides the connection, the token counter and ``_last_seq``.
+``SqliteSegments`` holds these methods, a part of the store's core: ``MemoryStore``'s methods
+of the same names (``memory.py``) call it.
 """
 
 from __future__ import annotations
@@ -10,32 +10,25 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from contextfold.errors import ConfigError, StoreError
 from contextfold.store.models import NewSegment, StoredSegment, _iso, _now, check_compaction
+from contextfold.store.sqlite.memory_db import MemoryDb, last_seq
 from contextfold.store.sqlite.memory_fts import _fts_query
 from contextfold.tokens import TokenCounter
 
-__all__ = ["SegmentsMixin"]
+__all__ = ["SqliteSegments"]
 
 
-class SegmentsMixin:
-    """Compaction and segments, for ``MemoryStore``."""
+class SqliteSegments:
+    """The part of ``MemoryStore``'s core that holds compaction and segments; the store's
+    methods of these names call it. Made with the store's connections and its token counter
+    (a segment given without its token counts is counted)."""
 
-    counter: TokenCounter
-
-    if TYPE_CHECKING:
-
-        @property
-        def _conn(self) -> sqlite3.Connection: ...
-
-        def _tx(self) -> AbstractContextManager[sqlite3.Connection]: ...
-
-        @staticmethod
-        def _last_seq(conn: sqlite3.Connection, session_id: str) -> int: ...
+    def __init__(self, db: MemoryDb, counter: TokenCounter) -> None:
+        self._db = db
+        self.counter = counter
 
     # -- compaction and segments ----------------------------------------------------------------
 
@@ -43,7 +36,7 @@ class SegmentsMixin:
         """The session's compaction watermark and, read with it, for each tag a segment
         carries, how many compacted turns (below the watermark) carry it: from the counts
         kept on write (``tag_stats``), one row per tag; one statement, so the two agree."""
-        rows = self._conn.execute(
+        rows = self._db.conn.execute(
             "SELECT s.compaction_watermark, t.tag, t.compacted FROM sessions s"
             " LEFT JOIN tag_stats t ON t.session_id = s.id AND t.compacted > 0"
             " AND t.segments > 0 WHERE s.id = ? ORDER BY t.tag",
@@ -69,13 +62,13 @@ class SegmentsMixin:
         ``_before_commit`` (tests only) runs after the segments are inserted and before the
         watermark moves."""
         try:
-            with self._tx() as conn:
+            with self._db.tx() as conn:
                 row = conn.execute(
                     "SELECT compaction_watermark FROM sessions WHERE id = ?", (session_id,)
                 ).fetchone()
                 if row is None:
                     raise ConfigError(f"unknown session {session_id!r}")
-                current, last = int(row[0]), self._last_seq(conn, session_id)
+                current, last = int(row[0]), last_seq(conn, session_id)
                 check_compaction(current, last, segments, watermark)
                 ids = [self._insert_segment(conn, session_id, seg) for seg in segments]
                 if _before_commit is not None:
@@ -127,12 +120,12 @@ class SegmentsMixin:
         if ids is not None and not ids:
             return []
         where = "" if ids is None else f" AND id IN ({','.join('?' * len(ids))})"
-        rows = self._conn.execute(
+        rows = self._db.conn.execute(
             f"SELECT * FROM segments WHERE session_id = ?{where} ORDER BY first_seq, id",
             (session_id, *(ids or ())),
         ).fetchall()
         seqs: dict[int, list[int]] = {}
-        for r in self._conn.execute(
+        for r in self._db.conn.execute(
             "SELECT st.segment_id, st.seq FROM segment_turns st JOIN segments s"
             " ON s.id = st.segment_id WHERE s.session_id = ? ORDER BY st.segment_id, st.seq",
             (session_id,),
@@ -165,7 +158,7 @@ class SegmentsMixin:
         match = _fts_query(query, "summary", session_id)
         if match is None:
             return []
-        rows = self._conn.execute(
+        rows = self._db.conn.execute(
             "SELECT s.id, -bm25(segments_fts, 1, 0) AS score FROM segments_fts JOIN segments s"
             " ON s.id = segments_fts.rowid WHERE segments_fts MATCH ? AND s.session_id = ?"
             " ORDER BY bm25(segments_fts, 1, 0), s.first_seq LIMIT ?",

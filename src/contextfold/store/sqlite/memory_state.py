@@ -2,17 +2,16 @@
 session's working set (the topics paged in and at which depth) and the log of LLM calls with
 their cost (summed by ``cost_report``, read whole by ``cost_entries``).
 
-``StateMixin`` holds these methods; ``MemoryStore`` (``store/memory.py``) inherits them and
-provides the connection and the token counter.
+``SqlitePaging`` (``MemoryStore.paging``: tag summaries, the working set) and ``SqliteCosts``
+(``MemoryStore.costs``: the cost log) hold these methods, each made with the store's
+connections (``memory_db.MemoryDb``).
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from contextfold.errors import ConfigError
 from contextfold.store.models import (
@@ -25,23 +24,19 @@ from contextfold.store.models import (
     _now,
 )
 from contextfold.store.sqlite.connection import select_in
+from contextfold.store.sqlite.memory_db import MemoryDb
 from contextfold.tokens import TokenCounter
 
-__all__ = ["StateMixin"]
+__all__ = ["SqliteCosts", "SqlitePaging"]
 
 
-class StateMixin:
-    """Tag summaries, the working set and the cost log, for ``MemoryStore`` (aliases:
-    ``memory_vocab.py``)."""
+class SqlitePaging:
+    """``store.paging``: tag summaries and the working set, over the store's ``MemoryDb``
+    (``counter`` counts a summary given without its token count)."""
 
-    counter: TokenCounter
-
-    if TYPE_CHECKING:
-
-        @property
-        def _conn(self) -> sqlite3.Connection: ...
-
-        def _tx(self) -> AbstractContextManager[sqlite3.Connection]: ...
+    def __init__(self, db: MemoryDb, counter: TokenCounter) -> None:
+        self._db = db
+        self.counter = counter
 
     # -- tag summaries --------------------------------------------------------------------------
 
@@ -56,7 +51,7 @@ class StateMixin:
     ) -> None:
         """Store the one summary of ``tag``, covering its turns up to ``source_watermark``."""
         count = self.counter.count(summary) if tokens is None else tokens
-        with self._tx() as conn:
+        with self._db.tx() as conn:
             conn.execute(
                 "INSERT INTO tag_summaries (session_id, tag, summary, tokens, source_watermark,"
                 " updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, tag) DO UPDATE"
@@ -77,10 +72,10 @@ class StateMixin:
             " FROM tag_summaries ts WHERE ts.session_id = ?{} ORDER BY ts.tag"
         )
         if tags is None:
-            rows = self._conn.execute(query.format(""), (session_id,)).fetchall()
+            rows = self._db.conn.execute(query.format(""), (session_id,)).fetchall()
         else:
             in_tags = query.format(" AND ts.tag IN ({})")
-            rows = select_in(self._conn, in_tags, tags, before=(session_id,))
+            rows = select_in(self._db.conn, in_tags, tags, before=(session_id,))
         return {
             r["tag"]: TagSummary(
                 session_id=r["session_id"],
@@ -106,7 +101,7 @@ class StateMixin:
     ) -> None:
         """Record the depth a topic is paged in at (``last_used`` defaults to now)."""
         try:
-            with self._tx() as conn:
+            with self._db.tx() as conn:
                 conn.execute(
                     "INSERT INTO working_set (session_id, tag, depth, last_used, tokens)"
                     " VALUES (?, ?, ?, ?, ?) ON CONFLICT (session_id, tag) DO UPDATE SET"
@@ -121,7 +116,7 @@ class StateMixin:
 
     def working_set(self, session_id: str) -> dict[str, WorkingSetEntry]:
         """The session's working set by tag, least recently used first."""
-        rows = self._conn.execute(
+        rows = self._db.conn.execute(
             "SELECT tag, depth, last_used, tokens FROM working_set WHERE session_id = ?"
             " ORDER BY last_used, tag",
             (session_id,),
@@ -136,7 +131,12 @@ class StateMixin:
             for r in rows
         }
 
-    # -- costs ----------------------------------------------------------------------------------
+
+class SqliteCosts:
+    """``store.costs``: the cost log, over the store's ``MemoryDb``."""
+
+    def __init__(self, db: MemoryDb) -> None:
+        self._db = db
 
     def log_cost(
         self,
@@ -150,7 +150,7 @@ class StateMixin:
         at: datetime | None = None,
     ) -> None:
         """Record one LLM call (``kind`` e.g. ``"tagging"``, ``"summary"``)."""
-        with self._tx() as conn:
+        with self._db.tx() as conn:
             conn.execute(
                 "INSERT INTO cost_log (session_id, at, kind, model, prompt_tokens,"
                 " completion_tokens, cost_usd) VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -168,12 +168,12 @@ class StateMixin:
     def cost_report(self, session_id: str | None = None) -> CostReport:
         """Sums over the whole log, or over one session's calls."""
         where, params = ("WHERE session_id = ?", (session_id,)) if session_id else ("", ())
-        total = self._conn.execute(
+        total = self._db.conn.execute(
             "SELECT COUNT(*), COALESCE(SUM(prompt_tokens), 0), COALESCE(SUM(completion_tokens),"
             f" 0), COALESCE(SUM(cost_usd), 0.0) FROM cost_log {where}",
             params,
         ).fetchone()
-        by_kind = self._conn.execute(
+        by_kind = self._db.conn.execute(
             f"SELECT kind, SUM(cost_usd) FROM cost_log {where} GROUP BY kind ORDER BY kind",
             params,
         )
@@ -188,7 +188,7 @@ class StateMixin:
     def cost_entries(self) -> list[CostEntry]:
         """The whole cost log, oldest first (by ``at``; calls logged at the same moment in the
         order they were written)."""
-        rows = self._conn.execute(
+        rows = self._db.conn.execute(
             "SELECT session_id, at, kind, model, prompt_tokens, completion_tokens, cost_usd"
             " FROM cost_log ORDER BY at, id"
         )

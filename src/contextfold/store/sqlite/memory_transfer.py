@@ -1,6 +1,6 @@
-"""``MemoryStore``'s whole-session moves: ``dump_session`` reads everything stored for one
-session into a ``SessionDump``, ``load_session`` writes one back as it was — into this store or,
-through ``contextfold store migrate``, into another backend.
+"""``MemoryStore.transfer`` (``SqliteTransfer``), whole-session moves: ``dump_session`` reads
+everything stored for one session into a ``SessionDump``, ``load_session`` writes one back as
+it was — into this store or, through ``contextfold store migrate``, into another backend.
 
 A load is one transaction: the session row (id, creation time, metadata, principal, branch,
 watermark, derived seq), its raw turns with their own seqs, hashes, times, token counts and
@@ -17,8 +17,8 @@ turns already derived get none.
 >>> sid = a.create_session("s1")
 >>> a.append_turns(sid, [Message(role="user", content="hi")])
 [1]
->>> b.load_session(a.dump_session("s1"))
->>> [t.message.text() for t in b.turns("s1")], b.pending_jobs()
+>>> b.transfer.load_session(a.transfer.dump_session("s1"))
+>>> [t.message.text() for t in b.turns("s1")], b.jobs.pending_jobs()
 (['hi'], 1)
 """
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -35,62 +35,42 @@ import numpy as np
 from contextfold.errors import ConfigError
 from contextfold.store.models import (
     SessionDump,
-    SessionRecord,
-    StoredSegment,
     StoredTurn,
-    TagSummary,
-    WorkingSetEntry,
     _iso,
     _message_json,
     _now,
     match_key,
 )
+from contextfold.store.sqlite.memory_db import MemoryDb
+from contextfold.store.sqlite.memory_jobs import enqueue
 from contextfold.store.transfer import check_dump
 
-__all__ = ["TransferMixin"]
+if TYPE_CHECKING:
+    from contextfold.store.sqlite.memory import MemoryStore
+
+__all__ = ["SqliteTransfer"]
 
 
-class TransferMixin:
-    """``dump_session`` and ``load_session``, for ``MemoryStore``."""
+class SqliteTransfer:
+    """``store.transfer``: ``dump_session`` and ``load_session``, over the store's
+    ``MemoryDb``; ``store`` is the store whose sessions, turns, segments and facets a dump
+    reads."""
 
-    if TYPE_CHECKING:
-        _shared: bool
-
-        @property
-        def _conn(self) -> sqlite3.Connection: ...
-
-        def _tx(self) -> AbstractContextManager[sqlite3.Connection]: ...
-
-        def session(self, session_id: str) -> SessionRecord: ...
-
-        def turns(
-            self, session_id: str, start: int | None = None, end: int | None = None
-        ) -> list[StoredTurn]: ...
-
-        def segments(self, session_id: str) -> list[StoredSegment]: ...
-
-        def tag_summaries(self, session_id: str) -> dict[str, TagSummary]: ...
-
-        def working_set(self, session_id: str) -> dict[str, WorkingSetEntry]: ...
-
-        def aliases(self, session_id: str | None = None) -> dict[str, str]: ...
-
-        def tag_splits(self, session_id: str) -> dict[str, tuple[str, ...]]: ...
-
-        @staticmethod
-        def _enqueue(conn: sqlite3.Connection, session_id: str, kind: str) -> None: ...
+    def __init__(self, db: MemoryDb, store: MemoryStore) -> None:
+        self._db = db
+        self._store = store
 
     @contextmanager
     def _snapshot(self) -> Iterator[sqlite3.Connection]:
         """One read transaction on this thread's connection: every read inside sees the same
         state, whatever other processes write meanwhile (and nothing is locked for writing;
         the in-memory store, one connection for all threads, takes its writers' turn)."""
-        conn = self._conn
+        conn = self._db.conn
         if conn.in_transaction:
             yield conn
             return
-        if self._shared:
-            with self._tx() as shared:
+        if self._db.shared:
+            with self._db.tx() as shared:
                 yield shared
             return
         conn.execute("BEGIN")
@@ -123,14 +103,14 @@ class TransferMixin:
                 matrix = np.stack([np.frombuffer(r[1], dtype=np.float32) for r in rows])
                 vectors[model] = ([int(r[0]) for r in rows], matrix)
             return SessionDump(
-                session=self.session(session_id),
-                turns=self.turns(session_id),
-                segments=self.segments(session_id),
-                tag_summaries=list(self.tag_summaries(session_id).values()),
-                working_set=list(self.working_set(session_id).values()),
+                session=self._store.session(session_id),
+                turns=self._store.turns(session_id),
+                segments=self._store.segments(session_id),
+                tag_summaries=list(self._store.paging.tag_summaries(session_id).values()),
+                working_set=list(self._store.paging.working_set(session_id).values()),
                 vectors=vectors,
-                aliases=self.aliases(session_id),
-                tag_splits=self.tag_splits(session_id),
+                aliases=self._store.vocab.aliases(session_id),
+                tag_splits=self._store.vocab.tag_splits(session_id),
             )
 
     def load_session(self, dump: SessionDump) -> None:
@@ -140,7 +120,7 @@ class TransferMixin:
         record = dump.session
         sid = record.id
         try:
-            with self._tx() as conn:
+            with self._db.tx() as conn:
                 conn.execute(
                     "INSERT INTO sessions (id, created_at, metadata, compaction_watermark,"
                     " principal, parent_id, fork_seq, derived_seq)"
@@ -159,7 +139,7 @@ class TransferMixin:
                 self._load_turns(conn, sid, dump.turns)
                 self._load_derived(conn, dump)
                 if dump.turns and dump.turns[-1].seq > record.derived_seq:
-                    self._enqueue(conn, sid, "derive")
+                    enqueue(conn, sid, "derive")
         except sqlite3.IntegrityError as exc:
             if "sessions.id" in str(exc):
                 raise ConfigError(f"session {sid!r} already exists") from exc

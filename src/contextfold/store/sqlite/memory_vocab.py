@@ -1,8 +1,8 @@
 """``MemoryStore``'s vocabulary state: tag aliases (store-wide, or scoped to one session), the
 tags the splitter has examined with the sub-tags it made, and the session's related-tag counts.
 
-``VocabMixin`` holds these methods; ``MemoryStore`` (``memory.py``) inherits them and provides
-the connection.
+``SqliteVocab`` holds these methods: ``MemoryStore.vocab`` (``memory.py``), made with the
+store's connections (``memory_db.MemoryDb``).
 """
 
 from __future__ import annotations
@@ -10,24 +10,20 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING
 
 from contextfold.errors import ConfigError
 from contextfold.store.models import _iso, _now
+from contextfold.store.sqlite.memory_db import MemoryDb
 
-__all__ = ["VocabMixin"]
+__all__ = ["SqliteVocab"]
 
 
-class VocabMixin:
-    """Aliases, tag splits and related-tag counts, for ``MemoryStore``."""
+class SqliteVocab:
+    """``store.vocab``: aliases, tag splits and related-tag counts, over the store's
+    ``MemoryDb``."""
 
-    if TYPE_CHECKING:
-
-        @property
-        def _conn(self) -> sqlite3.Connection: ...
-
-        def _tx(self) -> AbstractContextManager[sqlite3.Connection]: ...
+    def __init__(self, db: MemoryDb) -> None:
+        self._db = db
 
     # -- aliases --------------------------------------------------------------------------------
 
@@ -35,7 +31,7 @@ class VocabMixin:
         """Make ``alias`` resolve to ``canonical``: in every session, or only in
         ``session_id`` (``ConfigError`` when there is no such session)."""
         try:
-            with self._tx() as conn:
+            with self._db.tx() as conn:
                 if session_id is None:
                     conn.execute(
                         "INSERT INTO aliases (alias, canonical) VALUES (?, ?)"
@@ -55,9 +51,9 @@ class VocabMixin:
     def aliases(self, session_id: str | None = None) -> dict[str, str]:
         """The store-wide aliases, or (``session_id``) the ones scoped to that session only."""
         if session_id is None:
-            rows = self._conn.execute("SELECT alias, canonical FROM aliases ORDER BY alias")
+            rows = self._db.conn.execute("SELECT alias, canonical FROM aliases ORDER BY alias")
         else:
-            rows = self._conn.execute(
+            rows = self._db.conn.execute(
                 "SELECT alias, canonical FROM session_aliases WHERE session_id = ? ORDER BY alias",
                 (session_id,),
             )
@@ -65,7 +61,7 @@ class VocabMixin:
 
     def remove_alias(self, alias: str, *, session_id: str | None = None) -> bool:
         """Remove a store-wide alias (or one scoped to ``session_id``); whether it existed."""
-        with self._tx() as conn:
+        with self._db.tx() as conn:
             if session_id is None:
                 cur = conn.execute("DELETE FROM aliases WHERE alias = ?", (alias,))
             else:
@@ -82,7 +78,7 @@ class VocabMixin:
         judged uniform). Once per tag: ``False`` (nothing written) when it was recorded
         already."""
         try:
-            with self._tx() as conn:
+            with self._db.tx() as conn:
                 cur = conn.execute(
                     "INSERT INTO tag_splits (session_id, tag, sub_tags, created_at)"
                     " VALUES (?, ?, ?, ?) ON CONFLICT (session_id, tag) DO NOTHING",
@@ -94,7 +90,7 @@ class VocabMixin:
 
     def tag_splits(self, session_id: str) -> dict[str, tuple[str, ...]]:
         """Every tag the splitter examined in the session, with its sub-tags (``()``: kept)."""
-        rows = self._conn.execute(
+        rows = self._db.conn.execute(
             "SELECT tag, sub_tags FROM tag_splits WHERE session_id = ? ORDER BY tag",
             (session_id,),
         )
@@ -105,7 +101,7 @@ class VocabMixin:
     def related_tag_counts(self, session_id: str) -> dict[str, int]:
         """How many turns carry each related tag (and not the same tag as a tag): the counts
         kept on write (``related_tag_stats``), one row per tag."""
-        rows = self._conn.execute(
+        rows = self._db.conn.execute(
             "SELECT tag, turns FROM related_tag_stats WHERE session_id = ? AND turns > 0"
             " ORDER BY tag",
             (session_id,),

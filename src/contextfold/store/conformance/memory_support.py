@@ -1,6 +1,8 @@
-"""Shared data and helpers of the memory-store conformance suite (``tests/store/``)."""
+"""Shared data and helpers of the memory-store conformance suite."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from contextfold.items import Message, TextBlock, ToolResultBlock, ToolUseBlock
 from contextfold.store import open_memory_store
@@ -76,16 +78,22 @@ def is_sqlite(store: MemoryStorage) -> bool:
 
 
 class StoreFactory:
-    """Opens stores at ``location`` (a new ``":memory:"`` database each call for
-    ``sqlite-memory``), and closes them all at the end of the test."""
+    """Opens stores at ``location`` with ``open`` (``open_memory_store``: a new ``":memory:"``
+    database each call for ``sqlite-memory``), and closes them all at the end of the test."""
 
-    def __init__(self, backend: str, location: str) -> None:
+    def __init__(
+        self,
+        backend: str,
+        location: str,
+        open: Callable[..., MemoryStorage] = open_memory_store,
+    ) -> None:
         self.backend = backend
         self.location = location
+        self._open = open
         self.opened: list[MemoryStorage] = []
 
     def __call__(self, *, counter: TokenCounter | None = None) -> MemoryStorage:
-        store = open_memory_store(self.location, counter=counter or CharCounter())
+        store = self._open(self.location, counter=counter or CharCounter())
         self.opened.append(store)
         return store
 

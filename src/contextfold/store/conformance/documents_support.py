@@ -1,51 +1,32 @@
-"""What the document- and graph-store conformance suites share: the backends, a place on
-each, and an opener that closes every store a test opened.
-
-``sqlite`` is a file in the test's ``tmp_path`` (so two store objects share it, as two
-processes would); ``postgres`` is a new database of the test's own on the session's real
-server (``postgres_url``). Stores are opened through ``open_document_store`` /
-``open_graph_store`` — the way the index and the server open theirs — and the tests use
-only the ``DocumentStorage`` / ``GraphStorage`` Protocols' API.
+"""What the document- and graph-store conformance suites share: an opener that closes every
+store a test opened, and the documents and chunks they store. The tests use only the
+``DocumentStorage`` / ``GraphStorage`` Protocols' API (and, for the graph's catalogue and
+``KnowledgeStore``, contextfold's openers at the place's location).
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from contextfold.retrieval.base import Chunk, chunk_id, content_hash
 from contextfold.store.document_models import DocumentRecord
-
-BACKENDS = ["sqlite", "postgres"]
-
-
-def location(backend: str, request: pytest.FixtureRequest, tmp_path: Path, name: str) -> str:
-    """Where a test's store lives on ``backend``."""
-    if backend == "sqlite":
-        return str(tmp_path / name)
-    url: str = request.getfixturevalue("postgres_url")  # starts the server only for these
-    return url
-
-
-def integrity_error(backend: str) -> type[Exception]:
-    """The error a write breaking a uniqueness or reference rule raises on ``backend``."""
-    if backend == "sqlite":
-        return sqlite3.IntegrityError
-    import psycopg
-
-    return psycopg.IntegrityError
 
 
 class Opener:
     """``opener()`` opens another store object on the test's location; all are closed at
     teardown."""
 
-    def __init__(self, open_fn: Callable[[str], Any], where: str, backend: str) -> None:
+    def __init__(
+        self,
+        open_fn: Callable[[str], Any],
+        where: str,
+        backend: str,
+        integrity_error: type[Exception] = Exception,
+    ) -> None:
         self._open, self.location, self.backend = open_fn, where, backend
+        #: The error a write breaking a uniqueness or reference rule raises on the backend.
+        self.integrity_error = integrity_error
         self.opened: list[Any] = []
 
     def __call__(self) -> Any:

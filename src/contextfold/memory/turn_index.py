@@ -1,0 +1,498 @@
+"""A session's turn vectors for dense recall: a float32 matrix appended in place, an HNSW
+index (``usearch``) over it once the session passes ``ann_min_turns``, and, for a file-backed
+store, both kept in files beside the database so a restart maps them instead of reading every
+vector back.
+
+* **Exact** (below ``ann_min_turns``): one matrix-vector product over every row.
+* **ANN** (at or above it): the HNSW index covers a prefix of the rows (``indexed``); the rows
+  after it (the *tail*: vectors stored since the index last grew) are scanned exactly, and the
+  two lists are merged. Rows join the index in a background thread (``IndexWorker``), never
+  inside a recall: a recall that arrives first scans them exactly.
+* **Files** (``VectorFiles``): ``<key>.f32`` holds the rows as raw float32, appended only;
+  ``<key>.seqs`` their seqs (int64); ``<key>.usearch`` the saved index (written to a temporary
+  name, then renamed); ``<key>.json`` says how many rows and index entries are whole. The key
+  names the session, the embedder and the session's incarnation (``born``), so a session
+  deleted and written again never reads the old files. Loading maps the files and checks them
+  against the store: sizes, the index's own header, and the last rows against the store's
+  vectors for the same seqs. A file that fails any check is deleted and rebuilt from the
+  store, never used. The rows after the files' last one are read from the store (another
+  process may have written them).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import queue
+import threading
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["ANN_DEFAULTS", "IndexWorker", "SessionVectors", "VectorFiles"]
+
+log = logging.getLogger(__name__)
+
+Matrix = npt.NDArray[np.float32]
+
+#: HNSW settings: ``connectivity``, ``expansion_add``, and the ``expansion_search`` floor (a
+#: search uses at least ``4 × limit``). On synthetic clustered 384-d vectors they gave
+#: recall@300 against exact 0.9993 at 10k vectors and 0.974 at 100k
+#: (benchmarks/bench_turn_ann.py), which is why the index is off by default.
+ANN_DEFAULTS = {"connectivity": 32, "expansion_add": 96, "expansion_search": 1600}
+_CHECK_ROWS = 8  # rows compared with the store when files are loaded
+_ADD_CHUNK = 16  # rows added to a live index per lock hold (a search waits at most this)
+
+
+def _new_index(dim: int, connectivity: int, expansion_add: int, expansion_search: int) -> Any:
+    # usearch's native library, loaded first, crashes onnxruntime when it loads later (a
+    # segfault on the first embedding); loading onnxruntime first avoids it.
+    with contextlib.suppress(ImportError):
+        import onnxruntime  # noqa: F401
+    from usearch.index import Index
+
+    return Index(
+        ndim=dim,
+        metric="ip",  # turn vectors are L2-normalised: the inner product is the cosine
+        dtype="f32",
+        connectivity=connectivity,
+        expansion_add=expansion_add,
+        expansion_search=expansion_search,
+    )
+
+
+def ann_available() -> bool:
+    """Whether ``usearch`` is installed (looked up, not imported: see ``_new_index``)."""
+    return importlib.util.find_spec("usearch") is not None
+
+
+def _top(scores: Matrix, limit: int) -> npt.NDArray[np.intp]:
+    """Positions of the ``limit`` highest scores, best first; ties by position (a stable
+    sort's order), every score tied with the last one kept being a candidate."""
+    if len(scores) > limit:
+        kth = np.partition(scores, len(scores) - limit)[len(scores) - limit]
+        part = np.flatnonzero(scores >= kth)
+        top: npt.NDArray[np.intp] = part[np.lexsort((part, -scores[part]))][:limit]
+        return top
+    return np.argsort(-scores, kind="stable")
+
+
+class SessionVectors:
+    """One session's vectors: ``base`` rows (mapped from files, read-only) then rows appended
+    in a buffer that grows by a quarter when full; an optional HNSW index over the first
+    ``indexed`` rows. ``lock`` guards the index against a search while rows are added."""
+
+    def __init__(self, born: int = 0, *, base: Matrix | None = None, seqs: Any = ()) -> None:
+        self.born = born  # the session's ``born`` number (``MemoryStorage.session_version``)
+        self._base: Matrix = base if base is not None else np.zeros((0, 0), np.float32)
+        self._seqs: list[int] = seqs if isinstance(seqs, list) else [int(s) for s in seqs]
+        self._buffer: Matrix = np.zeros((0, 0), np.float32)
+        self._count = 0  # rows used in the buffer
+        self.index: Any = None  # a usearch Index (or a read-only view of a saved one)
+        self.indexed = 0  # rows 0..indexed-1 are in ``index``
+        self.index_is_view = False
+        self.saved_rows = len(self._base)  # rows already in the files
+        self.saved_indexed = 0  # index entries in the saved index file
+        self.lock = threading.Lock()
+        self.queued = False  # a worker job for this entry is waiting
+        self.charged = 0  # the bytes the recaller's cache counted for it
+
+    @property
+    def last(self) -> int:
+        return self._seqs[-1] if self._seqs else 0
+
+    def __len__(self) -> int:
+        return len(self._seqs)
+
+    @property
+    def dim(self) -> int:
+        return int(self._base.shape[1] if len(self._base) else self._buffer.shape[1])
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this entry holds in memory: the buffer, the mapped rows (their pages count
+        once read), the seqs and the index."""
+        index = 0
+        if self.index is not None and not self.index_is_view:
+            with contextlib.suppress(Exception):
+                index = int(self.index.memory_usage)
+        return int(self._buffer.nbytes + self._base.nbytes) + 8 * len(self._seqs) + index
+
+    @property
+    def seqs(self) -> list[int]:
+        return self._seqs
+
+    def append(self, seqs: list[int], rows: Matrix) -> None:
+        if not seqs:
+            return
+        need = self._count + len(rows)
+        if need > len(self._buffer) or self._buffer.shape[1] != rows.shape[1]:
+            grown = np.empty((max(need, len(self._buffer) * 5 // 4), rows.shape[1]), np.float32)
+            if self._count:
+                grown[: self._count] = self._buffer[: self._count]
+            self._buffer = grown
+        self._buffer[self._count : need] = rows
+        self._count = need
+        self._seqs.extend(seqs)
+
+    def rows(self, start: int, stop: int | None = None) -> Matrix:
+        """Rows ``start`` to ``stop`` (a view where they lie in one part, else a copy)."""
+        stop = len(self._seqs) if stop is None else stop
+        nb = len(self._base)
+        if stop <= nb:
+            return self._base[start:stop]
+        if start >= nb:
+            return self._buffer[start - nb : stop - nb]
+        return np.concatenate([self._base[start:], self._buffer[: stop - nb]])
+
+    def scores(self, query: Matrix, start: int = 0) -> Matrix:
+        """Exact scores of rows ``start``.. (one product per part). ``einsum``, not ``@``:
+        BLAS's threads, woken for every matrix-vector product, cost more than the product on
+        a loaded machine (3,000 x 384: 0.2 ms this way, 7-12 ms through OpenBLAS's threads;
+        benchmarks/bench_turn_ann.py)."""
+        nb = len(self._base)
+        parts = []
+        if start < nb:
+            parts.append(np.einsum("ij,j->i", self._base[start:], query))
+        if self._count and start < nb + self._count:
+            rows = self._buffer[max(0, start - nb) : self._count]
+            parts.append(np.einsum("ij,j->i", rows, query))
+        if not parts:
+            return np.zeros(0, np.float32)
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def search(
+        self, query: Matrix, limit: int, expansion: int, *, ann: bool = True
+    ) -> tuple[list[tuple[int, float]], bool]:
+        """The ``limit`` best (seq, cosine) pairs, best first, and whether the ANN index
+        answered (``ann``: may it; rows it does not cover yet are scanned exactly)."""
+        # Rows are only appended, so a scan needs no lock (the rows it scores keep their
+        # place); the index does, against the worker adding to it.
+        if not ann or self.index is None or self.indexed == 0:
+            scores = self.scores(query)
+            return [(self._seqs[i], float(scores[i])) for i in _top(scores, limit)], False
+        with self.lock:
+            index, indexed = self.index, self.indexed
+            index.expansion_search = max(expansion, 4 * limit)
+            found = index.search(query, min(limit, indexed))
+        keys = np.asarray(found.keys, dtype=np.int64)
+        sims = 1.0 - np.asarray(found.distances, dtype=np.float32)
+        tail = self.scores(query, indexed)
+        tail_seqs = np.asarray(self._seqs[indexed : indexed + len(tail)], dtype=np.int64)
+        all_seqs = np.concatenate([keys, tail_seqs])
+        all_scores = np.concatenate([sims, tail]).astype(np.float32)
+        # Ties fall by seq, as the exact scan's rows (in seq order) would have them.
+        order = np.lexsort((all_seqs, -all_scores))[:limit]
+        return [(int(all_seqs[i]), float(all_scores[i])) for i in order], True
+
+
+class VectorFiles:
+    """The files of sessions' vectors and indexes in one folder (see the module docstring).
+    A process's writers take an advisory lock per session (``fcntl``) so two processes
+    sharing the store append the same rows once."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+
+    def _key(self, session_id: str, model: str, born: int) -> str:
+        digest = hashlib.sha256(f"{session_id}\0{model}".encode()).hexdigest()[:24]
+        return f"{digest}-{born}"
+
+    def _paths(self, key: str) -> dict[str, Path]:
+        return {s: self.folder / f"{key}.{s}" for s in ("f32", "seqs", "usearch", "json", "lock")}
+
+    @contextlib.contextmanager
+    def _locked(self, key: str) -> Any:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with self._paths(key)["lock"].open("a+b") as handle:
+            try:
+                import fcntl
+
+                fcntl.flock(handle, fcntl.LOCK_EX)
+            except ImportError:  # pragma: no cover - not on POSIX: one process per store
+                pass
+            yield
+
+    def _meta(self, key: str) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self._paths(key)["json"].read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def _write_meta(self, key: str, meta: dict[str, Any]) -> None:
+        path = self._paths(key)["json"]
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(meta), encoding="utf-8")
+        tmp.replace(path)
+
+    def discard(
+        self, session_id: str, model: str, born: int | None = None, *, keep: int | None = None
+    ) -> None:
+        """Delete a session's files: one incarnation's (``born``), or every one's but
+        ``keep``'s."""
+        if not self.folder.is_dir():
+            return
+        prefix = self._key(session_id, model, 0).rsplit("-", 1)[0]
+        for path in self.folder.glob(f"{prefix}-*"):
+            incarnation = path.name.split(".", 1)[0]
+            if (born is None or incarnation == f"{prefix}-{born}") and (
+                keep is None or incarnation != f"{prefix}-{keep}"
+            ):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+
+    def prune(self, born_of: Callable[[str], int | None]) -> int:
+        """Delete the files of sessions that are gone or were written again (``born_of``:
+        the session's ``born`` now, ``None`` when it no longer exists). Returns how many
+        sessions' files went."""
+        if not self.folder.is_dir():
+            return 0
+        gone = 0
+        for path in self.folder.glob("*.json"):
+            try:
+                meta = json.loads(path.read_text(encoding="utf-8"))
+                session, model, born = meta["session"], meta["model"], int(meta["born"])
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if born_of(session) != born:
+                self.discard(session, model, born)
+                gone += 1
+        return gone
+
+    def load(
+        self,
+        session_id: str,
+        model: str,
+        born: int,
+        check: Callable[[int], tuple[list[int], Matrix]],
+    ) -> tuple[SessionVectors, list[int], Matrix] | None:
+        """The session's entry mapped from its files, with the store's rows after them, or
+        ``None`` (no files, or files that failed a check: then they are deleted).
+        ``check(after)`` reads the store's vectors after seq ``after``."""
+        key = self._key(session_id, model, born)
+        paths = self._paths(key)
+        meta = self._meta(key)
+        if meta is None:
+            self.discard(session_id, model, keep=born)  # an older incarnation's files
+            return None
+        try:
+            return self._load(meta, paths, session_id, model, born, check)
+        except Exception as exc:  # a torn or foreign file: never trusted, rebuilt
+            log.warning("vector files of session %r discarded: %s", session_id, exc)
+            self.discard(session_id, model, born)
+            return None
+
+    def _load(
+        self,
+        meta: dict[str, Any],
+        paths: dict[str, Path],
+        session_id: str,
+        model: str,
+        born: int,
+        check: Callable[[int], tuple[list[int], Matrix]],
+    ) -> tuple[SessionVectors, list[int], Matrix] | None:
+        if (meta.get("session"), meta.get("model"), meta.get("born")) != (session_id, model, born):
+            raise ValueError("the files belong to another session or embedder")
+        rows, dim, indexed = int(meta["rows"]), int(meta["dim"]), int(meta.get("indexed", 0))
+        if rows <= 0 or dim <= 0 or not 0 <= indexed <= rows:
+            raise ValueError(f"bad counts {rows}, {dim}, {indexed}")
+        if paths["f32"].stat().st_size < rows * dim * 4 or paths["seqs"].stat().st_size < rows * 8:
+            raise ValueError("a file is shorter than its rows")
+        base = np.memmap(paths["f32"], dtype=np.float32, mode="r", shape=(rows, dim))
+        seqs = np.fromfile(paths["seqs"], dtype=np.int64, count=rows)
+        if len(seqs) != rows or (rows > 1 and not bool(np.all(np.diff(seqs) > 0))):
+            raise ValueError("seqs are not increasing")
+        # The last rows must be the store's vectors for the same seqs; the store's rows after
+        # them come back in the same read.
+        first = max(0, rows - _CHECK_ROWS)
+        after = int(seqs[first - 1]) if first else 0
+        store_seqs, store_rows = check(after)
+        n = rows - first
+        if store_seqs[:n] != seqs[first:].tolist() or not np.array_equal(
+            store_rows[:n], base[first:]
+        ):
+            raise ValueError("the last rows differ from the store's")
+        entry = SessionVectors(born, base=base, seqs=seqs.tolist())
+        entry.saved_rows = rows
+        if indexed and ann_available():  # without usearch the rows serve, the index waits
+            with contextlib.suppress(ImportError):
+                import onnxruntime  # noqa: F401  (before usearch: see ``_new_index``)
+            from usearch.index import Index
+
+            info = Index.metadata(str(paths["usearch"]))
+            if (
+                info is None
+                or int(info["dimensions"]) != dim
+                or int(info["count_present"]) != indexed
+                or int(info["count_deleted"]) != 0
+            ):
+                raise ValueError("the index file does not match its rows")
+            index = Index.restore(str(paths["usearch"]), view=True)
+            if index is None or len(index) != indexed:
+                raise ValueError("the index file does not load")
+            probe = int(seqs[indexed - 1])
+            got = np.asarray(index.get(probe), dtype=np.float32).reshape(-1)
+            if not np.array_equal(got, np.asarray(base[indexed - 1])):
+                raise ValueError("the index's last vector differs from its row")
+            entry.index, entry.indexed, entry.index_is_view = index, indexed, True
+            entry.saved_indexed = indexed
+        new_seqs = store_seqs[n:]
+        new_rows = store_rows[n:] if new_seqs else np.zeros((0, dim), np.float32)
+        return entry, new_seqs, new_rows
+
+    def save_rows(self, session_id: str, model: str, entry: SessionVectors) -> None:
+        """Append the entry's rows not in the files yet (the files are started when there are
+        none, or when they do not hold the rows this entry starts from)."""
+        key = self._key(session_id, model, entry.born)
+        paths = self._paths(key)
+        with self._locked(key):
+            meta = self._meta(key)
+            have = int(meta["rows"]) if meta and meta.get("born") == entry.born else 0
+            if have > len(entry):
+                entry.saved_rows = len(entry)  # another process wrote further
+                return
+            start = have
+            rows = np.ascontiguousarray(entry.rows(start), dtype=np.float32)
+            seqs = np.asarray(entry.seqs[start:], dtype=np.int64)
+            for path, data in ((paths["f32"], rows), (paths["seqs"], seqs)):
+                with path.open("r+b" if path.exists() and start else "wb") as handle:
+                    handle.truncate(
+                        start * (data.itemsize * (data.shape[1] if data.ndim > 1 else 1))
+                    )
+                    handle.seek(0, os.SEEK_END)
+                    handle.write(data.tobytes())
+                    handle.flush()
+                    os.fsync(handle.fileno())
+            indexed = int(meta.get("indexed", 0)) if meta and start else 0
+            self._write_meta(
+                key,
+                {
+                    "session": session_id,
+                    "model": model,
+                    "born": entry.born,
+                    "dim": entry.dim,
+                    "rows": len(entry),
+                    "indexed": indexed,
+                },
+            )
+            entry.saved_rows = len(entry)
+
+    def save_index(self, session_id: str, model: str, entry: SessionVectors) -> None:
+        """Write the entry's index (to a temporary file, then renamed over the old one)."""
+        key = self._key(session_id, model, entry.born)
+        paths = self._paths(key)
+        with self._locked(key):
+            meta = self._meta(key)
+            if not meta or meta.get("born") != entry.born or int(meta["rows"]) < entry.indexed:
+                return
+            with entry.lock:
+                index, indexed = entry.index, entry.indexed
+                tmp = paths["usearch"].with_name(f"{key}.usearch.{os.getpid()}.tmp")
+                index.save(str(tmp))
+            with tmp.open("rb") as handle:
+                os.fsync(handle.fileno())
+            tmp.replace(paths["usearch"])
+            self._write_meta(key, {**meta, "indexed": indexed})
+            entry.saved_indexed = indexed
+
+
+_WORKERS: weakref.WeakSet[IndexWorker] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_workers() -> None:
+    # A daemon thread inside usearch when the interpreter exits aborts the process: stop them
+    # between chunks first.
+    for worker in list(_WORKERS):
+        worker.stopping.set()
+        worker.close()
+
+
+class IndexWorker:
+    """One daemon thread that grows sessions' indexes and writes their files, so a recall
+    never waits for either. ``wait()`` returns when the queued work is done (tests, close)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._guard = threading.Lock()
+        self.stopping = threading.Event()  # set at exit: jobs stop between chunks
+        _WORKERS.add(self)
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._guard:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="contextfold-turn-index", daemon=True
+                )
+                self._thread.start()
+        self._jobs.put(job)
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                if job is None:
+                    return
+                if not self.stopping.is_set():
+                    job()
+            except Exception:  # the exact scan keeps answering; the next recall retries
+                log.exception("turn index work failed")
+            finally:
+                self._jobs.task_done()
+
+    def wait(self) -> None:
+        self._jobs.join()
+
+    def close(self) -> None:
+        with self._guard:
+            thread = self._thread
+            self._thread = None
+        if thread is not None and thread.is_alive():
+            self._jobs.put(None)
+            thread.join()
+
+
+def grow_index(
+    entry: SessionVectors, settings: dict[str, int], stopping: threading.Event | None = None
+) -> bool:
+    """Add the entry's rows after ``indexed`` to its index (made when there is none; a
+    mapped view is first copied into memory), a chunk at a time (``stopping`` ends it between
+    chunks). Returns whether every row was added."""
+    total = len(entry)
+    start = entry.indexed
+    if start >= total:
+        return False
+    if entry.index is None or entry.index_is_view:
+        # (A view is read-only: it is copied.)
+        fresh = _new_index(entry.dim, **settings) if entry.index is None else entry.index.copy()
+        # Built aside: searches go on (exactly, or with the old view) meanwhile.
+        for at in range(start, total, 16 * _ADD_CHUNK):
+            if stopping is not None and stopping.is_set():
+                return False
+            stop = min(total, at + 16 * _ADD_CHUNK)
+            rows = np.ascontiguousarray(entry.rows(at, stop))
+            fresh.add(np.asarray(entry.seqs[at:stop], dtype=np.uint64), rows, threads=1)
+        with entry.lock:
+            entry.index, entry.indexed, entry.index_is_view = fresh, total, False
+        return True
+    for at in range(start, total, _ADD_CHUNK):
+        if stopping is not None and stopping.is_set():
+            return False
+        stop = min(total, at + _ADD_CHUNK)
+        rows = np.ascontiguousarray(entry.rows(at, stop))
+        keys = np.asarray(entry.seqs[at:stop], dtype=np.uint64)
+        with entry.lock:
+            entry.index.add(keys, rows, threads=1)
+            entry.indexed = stop
+    return True

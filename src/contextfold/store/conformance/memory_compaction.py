@@ -1,0 +1,229 @@
+"""Conformance: compaction (segments and watermark in one transaction, all or nothing, even
+when the writer is killed), segments, tag summaries, ids that only grow."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from contextfold.errors import ConfigError
+from contextfold.store.conformance.memory_support import (
+    TOPICS,
+    StoreFactory,
+    exchange,
+    filled,
+    messages,
+)
+from contextfold.store.models import NewSegment
+from contextfold.store.protocols import MemoryStorage
+from contextfold.tokens import CharCounter
+
+
+def _segment(first: int, last: int) -> NewSegment:
+    return NewSegment(first_seq=first, last_seq=last, summary="x", full_text="")
+
+
+_CHILD = """
+import sys, time
+from contextfold.store import open_memory_store
+from contextfold.store.models import NewSegment
+from contextfold.tokens import CharCounter
+
+def hook():
+    print("READY", flush=True)
+    time.sleep(60)
+
+store = open_memory_store(sys.argv[1], counter=CharCounter())
+segment = NewSegment(first_seq=1, last_seq=4, summary="billing and kubernetes", full_text="...")
+store.compact("s1", [segment], 5, _before_commit=hook)
+print("COMMITTED", flush=True)
+"""
+
+
+def test_compaction_killed_mid_transaction_leaves_the_old_state(open_store: StoreFactory) -> None:
+    store = filled(open_store())
+    before = store.turns("s1")
+    store.close()
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_CHILD), open_store.location],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    with child.stdout:
+        ready = child.stdout.readline().strip()  # segments inserted, watermark not moved
+        child.send_signal(signal.SIGKILL)
+        assert child.wait(timeout=30) == -signal.SIGKILL
+    assert ready == "READY"
+    after = open_store()
+    assert after.turns("s1") == before
+    assert after.segments("s1") == [] and after.session("s1").compaction_watermark == 0
+    assert after.search_segments("s1", "kubernetes") == []
+    after.compact("s1", [NewSegment(first_seq=1, last_seq=4, summary="s", full_text="")], 5)
+    assert after.session("s1").compaction_watermark == 5
+
+
+def test_an_exception_inside_compaction_rolls_everything_back(memory_store: MemoryStorage) -> None:
+    store = filled(memory_store)
+
+    def boom() -> None:
+        raise RuntimeError("summarizer crashed")
+
+    segment = NewSegment(first_seq=1, last_seq=2, summary="deploy", full_text="")
+    with pytest.raises(RuntimeError, match="summarizer crashed"):
+        store.compact("s1", [segment], 3, _before_commit=boom)
+    assert store.segments("s1") == [] and store.session("s1").compaction_watermark == 0
+    assert store.search_segments("s1", "deploy") == []
+    assert len(store.turns("s1")) == len(TOPICS)
+    assert store.active_tokens("s1") == sum(t.token_count for t in store.turns("s1"))
+    # The same compaction goes through afterwards, its segment covering exactly its turns.
+    [segment_id] = store.compact("s1", [segment], 3)
+    [stored] = store.segments("s1")
+    assert (stored.id, stored.seqs) == (segment_id, (1, 2))
+    assert store.session("s1").compaction_watermark == 3
+
+
+def test_compaction_moves_the_watermark_with_its_segments(memory_store: MemoryStorage) -> None:
+    store = filled(memory_store)
+    first = NewSegment(first_seq=1, last_seq=3, summary="a", full_text="t", tags=("deploy",))
+    [segment_id] = store.compact("s1", [first], 4)
+    assert store.session("s1").compaction_watermark == 4
+    [stored] = store.segments("s1")
+    assert (stored.id, stored.seqs, stored.tags) == (segment_id, (1, 2, 3), ("deploy",))
+    store.compact("s1", [NewSegment(first_seq=4, last_seq=6, summary="b", full_text="")], 7)
+    assert [s.first_seq for s in store.segments("s1")] == [1, 4]
+    assert len(store.turns("s1")) == len(TOPICS)  # raw turns are never removed
+
+
+def test_segments_are_stored_as_given(memory_store: MemoryStorage) -> None:
+    store = filled(memory_store)
+    given = [
+        NewSegment(
+            first_seq=1,
+            last_seq=2,
+            summary="Deploy on Friday.",
+            full_text="user: deploy\nassistant: ok",
+            tags=("deploy", "billing"),
+            related_tags=("release",),
+            summary_tokens=7,
+            full_tokens=11,
+        ),
+        NewSegment(first_seq=3, last_seq=3, summary="Pods restart.", full_text="full"),
+    ]
+    ids = store.compact("s1", given, 5)  # turn 4 compacted without a segment
+    assert len(ids) == 2 and ids[0] < ids[1]
+    first, second = store.segments("s1")
+    assert (first.id, first.session_id, first.first_seq, first.last_seq) == (ids[0], "s1", 1, 2)
+    assert (first.summary, first.full_text) == (given[0].summary, given[0].full_text)
+    assert (first.tags, first.related_tags) == (("deploy", "billing"), ("release",))
+    assert first.seqs == (1, 2)
+    assert (first.summary_tokens, first.full_tokens) == (7, 11)
+    counter = CharCounter()
+    assert second.summary_tokens == counter.count("Pods restart.")
+    assert second.full_tokens == counter.count("full")
+    assert (second.id, second.seqs, second.tags) == (ids[1], (3,), ())
+    assert first.created_at.tzinfo is not None
+    assert store.compact("s1", [], 5) == [] and store.session("s1").compaction_watermark == 5
+    with pytest.raises(ConfigError, match="unknown session"):
+        store.compact("nope", [], 0)
+
+
+@pytest.mark.parametrize(
+    ("segments", "watermark", "message"),
+    [
+        ([], 8, "beyond the last turn"),
+        ([], 2, "only moves forward"),
+        ([NewSegment(first_seq=2, last_seq=5, summary="", full_text="")], 5, "not within"),
+        ([NewSegment(first_seq=3, last_seq=4, summary="", full_text="")], 6, "not within"),
+    ],
+)
+def test_compaction_refuses_an_invalid_watermark_or_segment(
+    memory_store: MemoryStorage, segments: list[NewSegment], watermark: int, message: str
+) -> None:
+    store = filled(memory_store)
+    store.compact("s1", [NewSegment(first_seq=1, last_seq=3, summary="", full_text="")], 4)
+    with pytest.raises(ConfigError, match=message):
+        store.compact("s1", segments, watermark)
+    assert len(store.segments("s1")) == 1 and store.session("s1").compaction_watermark == 4
+
+
+def test_a_refused_segment_refuses_the_whole_compaction(memory_store: MemoryStorage) -> None:
+    store = filled(memory_store)
+    good = NewSegment(first_seq=1, last_seq=2, summary="kiln", full_text="")
+    bad = NewSegment(first_seq=3, last_seq=9, summary="glaze", full_text="")
+    with pytest.raises(ConfigError):
+        store.compact("s1", [good, bad], 5)
+    assert store.segments("s1") == [] and store.session("s1").compaction_watermark == 0
+    assert store.search_segments("s1", "kiln") == []
+
+
+def test_segment_ids_only_grow_also_after_deletes(memory_store: MemoryStorage) -> None:
+    store = memory_store
+    seen: list[int] = []
+    for sid in ("a", "b"):
+        store.create_session(sid)
+        store.append_turns(sid, messages(["one", "two", "three"]))
+        seen += store.compact(sid, [_segment(1, 2)], 3)
+    assert seen == sorted(seen) and len(set(seen)) == 2
+    store.delete_session("b")  # the newest segment goes with it
+    store.create_session("c")
+    store.append_turns("c", messages(["one", "two"]))
+    [fresh] = store.compact("c", [_segment(1, 1)], 2)
+    assert fresh > max(seen)
+
+
+def test_job_ids_only_grow_also_after_deletes(memory_store: MemoryStorage) -> None:
+    store = memory_store
+    ids: list[int] = []
+    for n in range(3):
+        sid = store.create_session(f"s{n}")
+        exchange(store, sid, n)
+        job = store.jobs.claim_job("w")
+        assert job is not None
+        ids.append(job.id)
+        assert store.jobs.finish_job(job.id, "w")  # the newest job's row is gone
+    store.jobs.enqueue_job("s2")
+    store.delete_session("s2")  # so is a pending one, with its session
+    exchange(store, "s1", 9)
+    job = store.jobs.claim_job("w")
+    assert job is not None and ids == sorted(ids) and len(set(ids)) == 3
+    assert job.id > max(ids) + 1  # past the deleted pending job's id too
+
+
+# -- tag summaries --------------------------------------------------------------------------------
+
+
+def test_tag_summary_becomes_stale_when_its_tag_gets_a_newer_turn(
+    memory_store: MemoryStorage,
+) -> None:
+    store = filled(memory_store)
+    for seq in (1, 3):
+        store.tag_turn("s1", seq, "kubernetes")
+    store.paging.upsert_tag_summary("s1", "kubernetes", "Deploy Friday; pods restart.", 3)
+    assert store.paging.tag_summaries("s1")["kubernetes"].stale is False
+    store.tag_turn("s1", 4, "lunch")  # another tag's turn does not matter
+    assert store.paging.tag_summaries("s1")["kubernetes"].stale is False
+    store.tag_turn("s1", 5, "kubernetes")
+    assert store.paging.tag_summaries("s1")["kubernetes"].stale is True
+    store.paging.upsert_tag_summary("s1", "kubernetes", "Updated.", 5, tokens=3)
+    summary = store.paging.tag_summaries("s1")["kubernetes"]
+    assert (summary.stale, summary.tokens, summary.summary) == (False, 3, "Updated.")
+
+
+def test_tag_summaries_read_back_by_tag(memory_store: MemoryStorage) -> None:
+    store = filled(memory_store)
+    store.set_tags_many("s1", {6: ({"ops": 1.0}, ["billing"])})
+    store.paging.upsert_tag_summary("s1", "lunch", "Ramen or tacos.", 4)
+    store.paging.upsert_tag_summary("s1", "billing", "Nightly cron.", 2)
+    got = store.paging.tag_summaries("s1")
+    assert list(got) == ["billing", "lunch"]
+    billing = got["billing"]
+    assert (billing.session_id, billing.tag, billing.summary) == ("s1", "billing", "Nightly cron.")
+    assert billing.tokens == CharCounter().count("Nightly cron.")
+    assert billing.source_watermark == 2
+    assert billing.stale is False  # a related tag on a later turn does not make it stale
+    assert store.paging.tag_summaries("other") == {}

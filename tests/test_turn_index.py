@@ -1,0 +1,361 @@
+"""The dense path's session vectors (memory/turn_index.py): the HNSW index above
+``ann_min_turns`` answers as the exact scan does, grows as vectors land, sees another store
+object's writes, and a restart maps the files beside the database instead of reading every
+vector back — never trusting a torn or foreign file. Speed is measured by
+benchmarks/bench_turn_ann.py, not here."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from contextfold.items import Message
+from contextfold.memory.config import MemoryConfig
+from contextfold.memory.engine import MemoryEngine
+from contextfold.memory.recall import Recaller
+from contextfold.store.sqlite.memory import MemoryStore
+from contextfold.testing import HashEmbedder
+from contextfold.tokens import CharCounter
+
+DIM = 32
+N = 3000
+LIMIT = 50
+
+
+class Vectors:
+    """Seeded clustered unit vectors; ``embed`` answers ``"q <n>"`` with query ``n`` and
+    ``"row <seq>"`` with the stored vector of that seq (an exact match)."""
+
+    name = "synthetic"
+
+    def __init__(self, seed: int = 7) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.centres = self.rng.standard_normal((40, DIM))
+        self.queries = self.draw(40)
+        self.rows: dict[int, npt.NDArray[np.float32]] = {}
+
+    def draw(self, count: int) -> npt.NDArray[np.float32]:
+        rows = self.centres[self.rng.integers(0, len(self.centres), count)]
+        rows = rows + 0.7 * self.rng.standard_normal((count, DIM))
+        return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+
+    def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
+        out = []
+        for text in texts:
+            kind, n = text.split()
+            out.append(self.queries[int(n)] if kind == "q" else self.rows[int(n)])
+        return np.stack(out)
+
+
+def fill(store: MemoryStore, vectors: Vectors, count: int, sid: str = "s") -> None:
+    if store.session_version(sid) is None:
+        store.create_session(sid)
+    start = store.last_seq(sid)
+    store.append_turns(sid, [Message(role="user", content=f"t{i}") for i in range(count)])
+    seqs = list(range(start + 1, start + count + 1))
+    rows = vectors.draw(count)
+    vectors.rows.update(zip(seqs, rows, strict=True))
+    store.add_turn_vectors(sid, vectors.name, seqs, rows)
+
+
+def recaller(store: MemoryStore, vectors: Vectors, **kw: Any) -> Recaller:
+    return Recaller(store, embedder=vectors, fts_limit=LIMIT, **kw)
+
+
+def top(r: Recaller, text: str, sid: str = "s") -> list[tuple[int, float]]:
+    return r._dense(sid, text, LIMIT)
+
+
+def reads(store: MemoryStore) -> list[int]:
+    """The ``after`` of every ``turn_vectors`` call from now on."""
+    calls: list[int] = []
+    original = store.turn_vectors
+
+    def spy(session_id: str, model: str, *, after: int = 0) -> Any:
+        calls.append(after)
+        return original(session_id, model, after=after)
+
+    store.turn_vectors = spy  # type: ignore[method-assign]
+    return calls
+
+
+@pytest.fixture(scope="module")
+def filled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Vectors]:
+    """A database with one session of N vectors, its files written by a closed recaller."""
+    path = tmp_path_factory.mktemp("ann") / "m.db"
+    vectors = Vectors()
+    store = MemoryStore(path, counter=CharCounter())
+    fill(store, vectors, N)
+    r = recaller(store, vectors, ann_min_turns=1000, vector_dir=f"{path}.vectors")
+    top(r, "q 0")
+    r.close()
+    return path, vectors
+
+
+def copy_db(filled: tuple[Path, Vectors], into: Path) -> Path:
+    import shutil
+
+    path, _ = filled
+    for name in (path.name, f"{path.name}-wal", f"{path.name}-shm"):
+        if (path.parent / name).exists():
+            shutil.copy(path.parent / name, into / name)
+    shutil.copytree(f"{path}.vectors", into / f"{path.name}.vectors")
+    return into / path.name
+
+
+def test_above_the_threshold_the_index_answers_with_the_exact_top_k(
+    filled: tuple[Path, Vectors],
+) -> None:
+    path, vectors = filled
+    store = MemoryStore(path, counter=CharCounter())
+    exact = recaller(store, vectors, ann_min_turns=None)
+    ann = recaller(store, vectors, ann_min_turns=1000)
+    top(ann, "q 0")  # the first recall scans exactly and starts the build
+    ann.settle()
+    recall = []
+    for n in range(20):
+        got, want = top(ann, f"q {n}"), top(exact, f"q {n}")
+        assert ann.last_dense["ann"] is True and exact.last_dense["ann"] is False
+        recall.append(len({s for s, _ in got} & {s for s, _ in want}) / LIMIT)
+        assert got[0] == pytest.approx(want[0])  # the best turn and its cosine
+    assert np.mean(recall) >= 0.99
+    below = recaller(store, vectors, ann_min_turns=N + 1)  # below it: the exact scan itself
+    assert top(below, "q 3") == top(exact, "q 3") and below.last_dense["ann"] is False
+
+
+def test_vectors_that_land_are_seen_by_the_next_query_then_join_the_index(
+    filled: tuple[Path, Vectors], tmp_path: Path
+) -> None:
+    path = copy_db(filled, tmp_path)
+    vectors = filled[1]
+    store = MemoryStore(path, counter=CharCounter())
+    ann = recaller(store, vectors, ann_min_turns=1000)
+    ann.ann_tail = 1
+    top(ann, "q 0")
+    ann.settle()
+    entry = ann._vectors["s"]
+    before = entry.indexed
+    fill(store, vectors, 5)
+    new = store.last_seq("s")
+    hits = top(ann, f"row {new}")  # the tail is scanned exactly beside the index
+    assert hits[0][0] == new and hits[0][1] == pytest.approx(1.0, abs=1e-5)
+    ann.settle()
+    assert entry.indexed == before + 5 == len(entry)  # added, not rebuilt
+    assert top(ann, f"row {new}")[0][0] == new and ann.last_dense["ann"] is True
+
+
+def test_a_restart_maps_the_files_and_reads_only_their_last_rows(
+    filled: tuple[Path, Vectors], tmp_path: Path
+) -> None:
+    path = copy_db(filled, tmp_path)
+    vectors = filled[1]
+    store = MemoryStore(path, counter=CharCounter())
+    calls = reads(store)
+    again = recaller(store, vectors, ann_min_turns=1000, vector_dir=f"{path}.vectors")
+    hits = top(again, "q 4")
+    assert calls == [N - 8]  # the 8 rows checked against the store, and nothing before them
+    assert again.last_dense["ann"] is True and again._vectors["s"].index_is_view
+    exact = recaller(MemoryStore(path, counter=CharCounter()), vectors, ann_min_turns=None)
+    want = top(exact, "q 4")
+    assert len({s for s, _ in hits} & {s for s, _ in want}) >= 0.98 * LIMIT
+
+
+def test_another_store_objects_writes_are_seen_after_the_files(
+    filled: tuple[Path, Vectors], tmp_path: Path
+) -> None:
+    path = copy_db(filled, tmp_path)
+    vectors = filled[1]
+    writer = MemoryStore(path, counter=CharCounter())
+    fill(writer, vectors, 3)  # after the files were written
+    reader = recaller(
+        MemoryStore(path, counter=CharCounter()),
+        vectors,
+        ann_min_turns=1000,
+        vector_dir=f"{path}.vectors",
+    )
+    assert top(reader, f"row {N + 3}")[0][0] == N + 3
+    fill(writer, vectors, 2)  # while the reader holds the session
+    assert top(reader, f"row {N + 5}")[0][0] == N + 5
+
+
+def _truncate_rows(path: Path) -> None:
+    (f32,) = Path(f"{path}.vectors").glob("*.f32")
+    with f32.open("r+b") as f:
+        f.truncate(f32.stat().st_size - 4 * DIM)
+
+
+def _flip_last_row(path: Path) -> None:
+    (f32,) = Path(f"{path}.vectors").glob("*.f32")
+    data = bytearray(f32.read_bytes())
+    data[-8:] = bytes(8)
+    f32.write_bytes(bytes(data))
+
+
+def _tear_index(path: Path) -> None:
+    (index,) = Path(f"{path}.vectors").glob("*.usearch")
+    index.write_bytes(index.read_bytes()[: index.stat().st_size // 2])
+
+
+def _garbage_meta(path: Path) -> None:
+    (meta,) = Path(f"{path}.vectors").glob("*.json")
+    meta.write_text('{"rows": 3', encoding="utf-8")
+
+
+def _foreign_meta(path: Path) -> None:
+    (meta,) = Path(f"{path}.vectors").glob("*.json")
+    meta.write_text(meta.read_text(encoding="utf-8").replace('"s"', '"other"'), "utf-8")
+
+
+@pytest.mark.parametrize(
+    "damage", [_truncate_rows, _flip_last_row, _tear_index, _garbage_meta, _foreign_meta]
+)
+def test_a_torn_or_foreign_file_is_rebuilt_never_trusted(
+    filled: tuple[Path, Vectors], tmp_path: Path, damage: Any
+) -> None:
+    path = copy_db(filled, tmp_path)
+    vectors = filled[1]
+    damage(path)
+    store = MemoryStore(path, counter=CharCounter())
+    calls = reads(store)
+    again = recaller(store, vectors, ann_min_turns=None, vector_dir=f"{path}.vectors")
+    exact = recaller(MemoryStore(path, counter=CharCounter()), vectors, ann_min_turns=None)
+    assert top(again, "q 5") == top(exact, "q 5")
+    assert calls[-1] == 0  # every vector read from the store
+    again.close()  # the files are written again, whole
+    store = MemoryStore(path, counter=CharCounter())
+    calls = reads(store)
+    third = recaller(store, vectors, ann_min_turns=None, vector_dir=f"{path}.vectors")
+    assert top(third, "q 5") == top(exact, "q 5") and calls == [N - 8]
+
+
+def test_a_session_written_again_never_gets_its_old_vectors(
+    filled: tuple[Path, Vectors], tmp_path: Path
+) -> None:
+    path = copy_db(filled, tmp_path)
+    store = MemoryStore(path, counter=CharCounter())
+    store.delete_session("s")
+    fresh = Vectors(seed=99)
+    fill(store, fresh, 2500)
+    again = recaller(store, fresh, ann_min_turns=1000, vector_dir=f"{path}.vectors")
+    exact = recaller(MemoryStore(path, counter=CharCounter()), fresh, ann_min_turns=None)
+    assert top(again, "q 1") == top(exact, "q 1")
+    assert all(seq <= 2500 for seq, _ in top(again, "q 2"))
+    old = [p for p in Path(f"{path}.vectors").iterdir() if p.name.endswith("-1.f32")]
+    assert old == []  # the old incarnation's files are gone
+
+
+def test_closing_deletes_the_files_of_a_deleted_session(
+    filled: tuple[Path, Vectors], tmp_path: Path
+) -> None:
+    path = copy_db(filled, tmp_path)
+    store = MemoryStore(path, counter=CharCounter())
+    folder = Path(f"{path}.vectors")
+    assert list(folder.glob("*.f32"))
+    store.delete_session("s")
+    recaller(store, filled[1], vector_dir=folder).close()
+    assert list(folder.glob("*.f32")) == [] and list(folder.glob("*.usearch")) == []
+
+
+def test_the_vector_cache_counts_the_index_and_holds_its_limit() -> None:
+    store = MemoryStore(counter=CharCounter())
+    vectors = Vectors()
+    for sid in ("a", "b", "c"):
+        fill(store, vectors, 1500, sid)
+    rows = 1500 * DIM * 4
+    unbounded = recaller(store, vectors, ann_min_turns=1000)
+    for sid in ("a", "b", "c"):
+        top(unbounded, "q 1", sid)
+    unbounded.settle()
+    top(unbounded, "q 1", "a")
+    indexed = unbounded._vectors["a"].charged
+    assert indexed > rows + 8 * 1500  # the index's memory is counted
+    limit = 2 * indexed + indexed // 2
+    bounded = recaller(store, vectors, ann_min_turns=1000, vector_cache_bytes=limit)
+    for _ in range(2):
+        for sid in ("a", "b", "c"):
+            assert top(bounded, "q 1", sid)[0][0] == top(unbounded, "q 1", sid)[0][0]
+            bounded.settle()
+            assert bounded.vector_cache_bytes() <= limit
+    assert len(bounded._vectors) == 2
+
+
+def test_the_engine_keeps_files_only_beside_a_sqlite_file(tmp_path: Path) -> None:
+    cfg = MemoryConfig.model_validate({"recall": {"ann_min_turns": 5000}})
+    assert MemoryConfig().recall.ann_min_turns is None  # exact by default (the benchmark)
+    in_memory = MemoryEngine(cfg, store=MemoryStore(":memory:"), embedder=HashEmbedder(dim=16))
+    assert in_memory.recaller.files is None
+    on_file = MemoryEngine(cfg, store=tmp_path / "m.db", embedder=HashEmbedder(dim=16))
+    assert on_file.recaller.files is not None
+    assert on_file.recaller.files.folder == tmp_path / "m.db.vectors"
+    assert on_file.recaller.ann_min_turns == 5000
+    off = MemoryConfig.model_validate({"recall": {"vector_files": False, "ann_min_turns": None}})
+    plain = MemoryEngine(off, store=tmp_path / "n.db", embedder=HashEmbedder(dim=16))
+    assert plain.recaller.files is None and plain.recaller.ann_min_turns is None
+    for engine in (in_memory, on_file, plain):
+        engine.close()
+    with pytest.raises(ValueError):
+        MemoryConfig.model_validate({"recall": {"ann_min_turns": 10}})
+
+
+def test_a_large_session_nothing_holds_is_read_by_the_worker_and_the_recall_says_so() -> None:
+    store = MemoryStore(counter=CharCounter())  # no files: as PostgreSQL
+    vectors = Vectors()
+    fill(store, vectors, 300)
+    r = recaller(store, vectors)
+    r.read_later_min = 200
+    calls = reads(store)
+    gate = threading.Event()
+    r._worker.submit(lambda: gate.wait(10))  # the worker waits until the recalls answered
+    assert top(r, "q 1") == []  # no dense signal yet, the read started
+    assert r.pending_vectors("s") == 300  # every turn waits for it
+    assert top(r, "q 1") == []
+    reads_queued = [j for j in r._worker._jobs.queue if getattr(j, "func", None) == r._read]
+    assert len(reads_queued) == 1  # started once
+    gate.set()
+    r.settle()
+    assert calls == [0]  # read once, by the worker
+    exact = recaller(MemoryStore(counter=CharCounter()), vectors)
+    fill(exact.store, Vectors(), 300)  # the same seeded vectors
+    assert top(r, "q 1") == top(exact, "q 1") and r.pending_vectors("s") == 0
+    small = recaller(store, vectors)
+    small.read_later_min = 301  # below it the recall reads them itself
+    assert top(small, "q 1") == top(exact, "q 1")
+
+
+def test_recalls_from_several_threads_while_the_index_grows(
+    filled: tuple[Path, Vectors], tmp_path: Path
+) -> None:
+    path = copy_db(filled, tmp_path)
+    vectors = filled[1]
+    store = MemoryStore(path, counter=CharCounter())
+    ann = recaller(store, vectors, ann_min_turns=1000)
+    ann.ann_tail = 1
+    top(ann, "q 0")
+    ann.settle()
+    errors: list[BaseException] = []
+
+    def ask(n: int) -> None:
+        try:
+            for i in range(15):
+                assert len(top(ann, f"q {(n + i) % 40}")) == LIMIT
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for _ in range(3):  # vectors land, the worker adds them, while the threads search
+        fill(store, vectors, 20)
+        top(ann, "q 1")
+    for thread in threads:
+        thread.join()
+    ann.settle()
+    assert errors == []
+    newest = store.last_seq("s")
+    assert top(ann, f"row {newest}")[0][0] == newest
+    assert ann._vectors["s"].indexed == newest == N + 60
