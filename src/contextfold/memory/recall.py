@@ -415,7 +415,8 @@ class Recaller:
             if future is not None:
                 self._prefetched_chars -= len(text)
         if future is None:  # not prefetched: embedded in this thread when the queue is idle
-            return queue.embed([text])[0].astype(np.float32)
+            vector: npt.NDArray[np.float32] = queue.embed([text])[0].astype(np.float32)
+            return vector
         return future.result().astype(np.float32)
 
     def _dense(self, session_id: str, text: str, limit: int) -> list[tuple[int, float]]:
