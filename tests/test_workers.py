@@ -482,16 +482,16 @@ def test_a_session_deleted_and_written_again_elsewhere_is_read_again(
 ) -> None:
     one, other = two
     _say(one, "s", "The red fox jumps.", "A red fox indeed.")
-    assert other.recaller._session_vectors("s")[0] == [1, 2]
+    assert other.recaller._session_vectors("s").seqs == [1, 2]
     keys = TurnKeys(other.store)
     assert keys.seqs_matching("s", {key_of(Message(role="user", content="The red fox jumps."))})
     assert other.store.turn_keys("s", 1, 2)
     # Deleted and written again, through the other engine, with the same last turn.
     one.store.delete_session("s")
     _say(one, "s", "A blue whale sings.", "A red fox indeed.")
-    seqs, matrix = other.recaller._session_vectors("s")
+    vectors = other.recaller._session_vectors("s")
     fresh_seqs, fresh = one.store.turn_vectors("s", other.recaller._model)
-    assert seqs == fresh_seqs and np.array_equal(matrix, fresh)
+    assert vectors.seqs == fresh_seqs and np.array_equal(vectors.rows(0), fresh)
     assert not keys.seqs_matching("s", {key_of(Message(role="user", content="The red fox jumps."))})
     assert keys.seqs_matching("s", {key_of(Message(role="user", content="A blue whale sings."))})
     assert other.store.turn_keys("s", 1, 1) == one.store.turn_keys("s", 1, 1)
