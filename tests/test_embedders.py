@@ -429,3 +429,37 @@ def test_a_caller_draining_the_queue_returns_when_its_own_texts_are_done() -> No
     inner.gates["theirs"].set()
     assert np.array_equal(other.result(10), HashEmbedder().embed(["theirs"])[0])
     assert inner.threads == {"mine": "caller", "theirs": "contextfold-embed"}
+
+
+class _InterruptedOnce(HashEmbedder):
+    """A HashEmbedder whose first call is interrupted (Ctrl-C in the calling thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.interrupted = False
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if not self.interrupted:
+            self.interrupted = True
+            raise KeyboardInterrupt
+        return super().embed(texts)
+
+
+def test_an_interrupted_embedding_leaves_the_queue_working() -> None:
+    queue = EmbeddingQueue(_InterruptedOnce())
+    with pytest.raises(KeyboardInterrupt):
+        queue.embed(["what did we decide"])
+    later = queue.submit("and the budget?")
+    assert np.array_equal(later.result(10), HashEmbedder().embed(["and the budget?"])[0])
+
+
+def test_an_embedder_returning_too_few_vectors_fails_its_texts_and_not_the_queue() -> None:
+    class Short(HashEmbedder):
+        def embed(self, texts: Sequence[str]) -> np.ndarray:
+            return super().embed(texts)[:-1]
+
+    queue = EmbeddingQueue(Short())
+    with pytest.raises(EmbeddingError, match="1 texts"):
+        queue.embed(["one"])
+    with pytest.raises(EmbeddingError):
+        queue.submit("two").result(10)

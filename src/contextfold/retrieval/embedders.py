@@ -478,12 +478,29 @@ class EmbeddingQueue:
             self.batches += 1
             try:
                 vectors = self.inner.embed([text for text, _ in live])
+                if len(vectors) != len(live):
+                    raise EmbeddingError(
+                        f"{self.name} returned {len(vectors)} vectors for {len(live)} texts"
+                    )
             except Exception as exc:
                 for _, future in live:
                     future.set_exception(exc)
+            except BaseException as exc:  # an interrupt (Ctrl-C in the caller's thread)
+                for _, future in live:
+                    future.set_exception(exc)
+                self._release()
+                raise
             else:
                 for (_, future), vector in zip(live, vectors, strict=True):
                     future.set_result(vector)
+
+    def _release(self) -> None:
+        """This thread stops running the queue: what is queued goes to a worker."""
+        with self._lock:
+            if not self._pending:
+                self._running = False
+                return
+        self._start_worker()
 
 
 class FunctionEmbedder(_LearnsDim):
