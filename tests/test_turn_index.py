@@ -359,3 +359,37 @@ def test_recalls_from_several_threads_while_the_index_grows(
     newest = store.last_seq("s")
     assert top(ann, f"row {newest}")[0][0] == newest
     assert ann._vectors["s"].indexed == newest == N + 60
+
+
+def test_a_large_session_the_cache_cannot_hold_is_not_read_again_at_every_recall() -> None:
+    store = MemoryStore(counter=CharCounter())  # no files: as PostgreSQL
+    vectors = Vectors()
+    fill(store, vectors, 400)
+    r = recaller(store, vectors, vector_cache_bytes=10_000)  # 400 x 32 x 4 bytes do not fit
+    r.read_later_min = 200
+    calls = reads(store)
+    for _ in range(4):
+        assert top(r, "q 1") == []  # recall never waits for the read, nor does it
+        r.settle()
+        assert r.pending_vectors("s") == 400  # and it says every turn went without dense
+    assert calls == [0]  # read once: then known not to fit, not read again
+    assert r.vector_cache_bytes() == 0
+    fill(store, vectors, 10)  # more vectors do not make it fit
+    assert top(r, "q 1") == [] and r.pending_vectors("s") == 410
+    r.settle()
+    assert calls == [0]
+    r.vector_cache_limit = 10**7  # a limit that holds it: read (once more) and kept
+    assert top(r, "q 1") == []
+    r.settle()
+    exact = recaller(store, vectors, vector_cache_bytes=10**7)
+    exact.read_later_min = None
+    assert top(r, "q 1") == top(exact, "q 1") != [] and r.pending_vectors("s") == 0
+    assert calls.count(0) == 3  # the worker's read, then ``exact``'s own (whole reads)
+    store.delete_session("s")  # a session written again is judged again
+    fill(store, vectors, 300)
+    r.vector_cache_limit = 10_000
+    assert top(r, "q 1") == []
+    r.settle()
+    assert r.pending_vectors("s") == 300 and calls.count(0) == 4
+    assert top(r, "q 1") == [] and calls.count(0) == 4
+    r.close()

@@ -174,6 +174,9 @@ class Recaller:
         # is read by the worker while recall answers without the dense signal.
         self.read_later_min: int | None = READ_LATER_MIN
         self._reading: set[str] = set()
+        # Sessions read so that were found too large for the cache: their ``born`` and bytes.
+        # They are not read again (every recall would) while the limit stays below that.
+        self._too_large: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._worker = IndexWorker()
         self.last_dense: dict[str, object] = {}  # how the last dense search ran (benchmarks)
         self._lock = threading.Lock()
@@ -212,12 +215,13 @@ class Recaller:
         """How many of the session's turns the dense signal could not rank (0 without an
         embedder): those without a vector yet — two look-ups in primary keys, as vectors are
         written in seq order (``ensure_vectors``) — or every turn while the worker reads the
-        session's vectors (``read_later_min``)."""
+        session's vectors (``read_later_min``) or when they are too many for the cache."""
         if self.embedder is None:
             return 0
         with self._lock:
             reading = session_id in self._reading
-        if reading:
+            too_large = self._too_large.get(session_id)
+        if reading or (too_large is not None and self._still_too_large(session_id, too_large)):
             return self.store.last_seq(session_id)
         return max(
             0, self.store.last_seq(session_id) - self.store.last_vector_seq(session_id, self._model)
@@ -250,6 +254,8 @@ class Recaller:
                 if loaded is not None:
                     entry, new_seqs, new = loaded
                     entry.append(new_seqs, new)
+                    with self._lock:
+                        self._too_large.pop(session_id, None)  # the files serve it now
             if entry is None:
                 if self._read_later(session_id, born):
                     return SessionVectors(born)  # none yet: ``pending_vectors`` says so
@@ -272,6 +278,12 @@ class Recaller:
         with self._lock:
             if session_id in self._reading:
                 return True
+            too_large = self._too_large.get(session_id)
+        if too_large is not None:
+            if self._still_too_large(session_id, too_large, born):
+                return True  # not read again: no dense signal, ``pending_vectors`` says so
+            with self._lock:
+                self._too_large.pop(session_id, None)
         if self.store.last_vector_seq(session_id, self._model) < self.read_later_min:
             return False
         with self._lock:
@@ -287,28 +299,45 @@ class Recaller:
             entry = SessionVectors(born)
             new_seqs, new = self.store.turn_vectors(session_id, self._model, after=0)
             entry.append(new_seqs, new)
-            self._keep(session_id, entry)
+            if not self._keep(session_id, entry):
+                # Read again it would be dropped again, at every recall: remembered instead.
+                with self._lock:
+                    self._too_large[session_id] = (born, entry.nbytes)
+                    while len(self._too_large) > self.cached_sessions:
+                        self._too_large.popitem(last=False)
         finally:
             with self._lock:
                 self._reading.discard(session_id)
         if self._due(entry):
             self._work(session_id, entry)
 
-    def _keep(self, session_id: str, entry: SessionVectors) -> None:
-        """Put the entry in the cache, within its bounds (one too large is not kept)."""
+    def _still_too_large(
+        self, session_id: str, too_large: tuple[int, int], born: int | None = None
+    ) -> bool:
+        """Whether a session found too large for the cache (``_read``) still is: the same
+        incarnation, and a limit still below its bytes (more vectors only add to them)."""
+        if born is None:
+            born = self._born(session_id)
+        return too_large[0] == born and too_large[1] > self.vector_cache_limit
+
+    def _keep(self, session_id: str, entry: SessionVectors) -> bool:
+        """Put the entry in the cache, within its bounds (one too large is not kept);
+        returns whether it was kept."""
         with self._lock:
             entry.charged = entry.nbytes
-            if 0 < entry.charged <= self.vector_cache_limit:
-                other = self._vectors.pop(session_id, None)  # another thread's read of it
-                if other is not None:
-                    self._vector_bytes -= other.charged
-                self._vectors[session_id] = entry
-                self._vector_bytes += entry.charged
-                while len(self._vectors) > self.cached_sessions or (
-                    self._vector_bytes > self.vector_cache_limit
-                ):
-                    _, dropped = self._vectors.popitem(last=False)
-                    self._vector_bytes -= dropped.charged
+            if not 0 < entry.charged <= self.vector_cache_limit:
+                return False
+            other = self._vectors.pop(session_id, None)  # another thread's read of it
+            if other is not None:
+                self._vector_bytes -= other.charged
+            self._vectors[session_id] = entry
+            self._vector_bytes += entry.charged
+            while len(self._vectors) > self.cached_sessions or (
+                self._vector_bytes > self.vector_cache_limit
+            ):
+                _, dropped = self._vectors.popitem(last=False)
+                self._vector_bytes -= dropped.charged
+        return True
 
     def _due(self, entry: SessionVectors) -> bool:
         """Whether the entry has index or file work to do (``_work``)."""
@@ -381,6 +410,7 @@ class Recaller:
             entry = self._vectors.pop(session_id, None)
             if entry is not None:
                 self._vector_bytes -= entry.charged
+            self._too_large.pop(session_id, None)
         if self.files is not None and self.embedder is not None:
             self.files.discard(session_id, self._model)
 
