@@ -393,3 +393,34 @@ def test_a_large_session_the_cache_cannot_hold_is_not_read_again_at_every_recall
     assert r.pending_vectors("s") == 300 and calls.count(0) == 4
     assert top(r, "q 1") == [] and calls.count(0) == 4
     r.close()
+
+
+@pytest.mark.parametrize("damage", ["missing", "short"])
+def test_rows_are_never_appended_after_a_gap_in_a_missing_or_short_file(
+    tmp_path: Path, damage: str
+) -> None:
+    path = tmp_path / "m.db"
+    store = MemoryStore(path, counter=CharCounter())
+    vectors = Vectors()
+    fill(store, vectors, 1200)
+    r = recaller(store, vectors, vector_dir=f"{path}.vectors")
+    top(r, "q 1")
+    r.settle()
+    (f32,) = (tmp_path / "m.db.vectors").glob("*.f32")
+    if damage == "missing":
+        f32.unlink()
+    else:
+        with f32.open("r+b") as handle:
+            handle.truncate(500 * DIM * 4)
+    fill(store, vectors, 600)  # the JSON says 1,200 rows are whole: these 600 follow them
+    top(r, "q 1")
+    r.settle()
+    r.close()
+    again = recaller(store, vectors, vector_dir=f"{path}.vectors")
+    entry = again._session_vectors("s")
+    rows = entry.rows(0, len(entry))
+    assert len(entry) == 1800
+    assert np.array_equal(rows, np.stack([vectors.rows[s] for s in range(1, 1801)]))
+    assert f32.stat().st_size == 1800 * DIM * 4
+    assert top(again, "row 5")[0][0] == 5
+    again.close()

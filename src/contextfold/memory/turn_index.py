@@ -362,10 +362,27 @@ class VectorFiles:
                 entry.saved_rows = len(entry)  # another process wrote further
                 return
             start = have
+            if start and (
+                meta is None
+                or meta.get("dim") != entry.dim
+                or not self._holds(paths, start, entry.dim)
+            ):
+                # The files lack rows the JSON counts (deleted, cut short): appending would
+                # leave a gap (zeros the checks of the last rows never see). Rewritten whole.
+                start = 0
             rows = np.ascontiguousarray(entry.rows(start), dtype=np.float32)
             seqs = np.asarray(entry.seqs[start:], dtype=np.int64)
             for path, data in ((paths["f32"], rows), (paths["seqs"], seqs)):
-                with path.open("r+b" if path.exists() and start else "wb") as handle:
+                if not start:
+                    # A new file renamed into place: a mapping of the old one keeps its pages.
+                    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+                    with tmp.open("wb") as handle:
+                        handle.write(data.tobytes())
+                        handle.flush()
+                        os.fsync(handle.fileno())
+                    tmp.replace(path)
+                    continue
+                with path.open("r+b") as handle:
                     handle.truncate(
                         start * (data.itemsize * (data.shape[1] if data.ndim > 1 else 1))
                     )
@@ -374,6 +391,8 @@ class VectorFiles:
                     handle.flush()
                     os.fsync(handle.fileno())
             indexed = int(meta.get("indexed", 0)) if meta and start else 0
+            if not start:
+                entry.saved_indexed = 0  # the JSON counts no index entries now
             self._write_meta(
                 key,
                 {
@@ -386,6 +405,17 @@ class VectorFiles:
                 },
             )
             entry.saved_rows = len(entry)
+
+    @staticmethod
+    def _holds(paths: dict[str, Path], rows: int, dim: int) -> bool:
+        """Whether the row and seq files hold at least ``rows`` whole rows."""
+        try:
+            return (
+                paths["f32"].stat().st_size >= rows * dim * 4
+                and paths["seqs"].stat().st_size >= rows * 8
+            )
+        except OSError:
+            return False
 
     def save_index(self, session_id: str, model: str, entry: SessionVectors) -> None:
         """Write the entry's index (to a temporary file, then renamed over the old one)."""
