@@ -424,3 +424,96 @@ def test_rows_are_never_appended_after_a_gap_in_a_missing_or_short_file(
     assert f32.stat().st_size == 1800 * DIM * 4
     assert top(again, "row 5")[0][0] == 5
     again.close()
+
+
+def test_an_index_renamed_in_before_its_json_is_rewritten_is_used_not_deleted(
+    filled: tuple[Path, Vectors], tmp_path: Path
+) -> None:
+    # ``save_index`` renames the new index into place, then rewrites the JSON: a loader in
+    # between sees the new index with the old count.
+    import json
+
+    path = copy_db(filled, tmp_path)
+    (meta,) = Path(f"{path}.vectors").glob("*.json")
+    data = json.loads(meta.read_text(encoding="utf-8"))
+    assert data["indexed"] == N
+    meta.write_text(json.dumps({**data, "indexed": N - 700}), encoding="utf-8")
+    store = MemoryStore(path, counter=CharCounter())
+    calls = reads(store)
+    again = recaller(store, filled[1], ann_min_turns=1000, vector_dir=f"{path}.vectors")
+    entry = again._session_vectors("s")
+    assert calls == [N - 8] and entry.indexed == N  # the whole index serves
+    assert len(list(Path(f"{path}.vectors").glob("*.usearch"))) == 1
+    again.close()
+
+
+def test_files_are_deleted_under_the_sessions_lock_and_the_lock_stays_whole(
+    filled: tuple[Path, Vectors], tmp_path: Path
+) -> None:
+    path = copy_db(filled, tmp_path)
+    store = MemoryStore(path, counter=CharCounter())
+    r = recaller(store, filled[1], vector_dir=f"{path}.vectors")
+    files = r.files
+    assert files is not None
+    key = files._key("s", filled[1].name, r._born("s") or 0)
+    held, release = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        with files._locked(key):
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=writer)
+    holder.start()
+    assert held.wait(10)
+    deleting = threading.Thread(target=files.discard, args=("s", filled[1].name))
+    deleting.start()
+    deleting.join(0.3)
+    assert deleting.is_alive()  # it waits for the writer
+    assert len(list(Path(f"{path}.vectors").glob(f"{key}.*"))) == 5
+    release.set()
+    holder.join()
+    deleting.join(10)
+    assert list(Path(f"{path}.vectors").glob(f"{key}.*")) == []
+    r.close()
+
+
+def test_a_writer_waiting_on_a_lock_file_that_was_deleted_takes_the_new_one(
+    tmp_path: Path,
+) -> None:
+    from contextfold.memory.turn_index import VectorFiles
+
+    files = VectorFiles(tmp_path)
+    key = files._key("s", "m", 1)
+    first_in, first_out = threading.Event(), threading.Event()
+    go, gone = threading.Event(), threading.Event()
+    waiter_in, waiter_out = threading.Event(), threading.Event()
+
+    def first() -> None:
+        with files._locked(key):
+            first_in.set()
+            go.wait(10)
+            files._discard_locked(key)  # the session's files go, its lock file too
+            gone.set()
+            first_out.wait(10)
+
+    def waiter() -> None:
+        with files._locked(key):  # opens the lock file now, gets it once ``first`` is done
+            waiter_in.set()
+            waiter_out.wait(10)
+
+    one = threading.Thread(target=first)
+    one.start()
+    assert first_in.wait(10)
+    two = threading.Thread(target=waiter)
+    two.start()
+    two.join(0.3)  # it waits on the lock file ``first`` holds
+    go.set()
+    assert gone.wait(10)
+    with files._locked(key):  # a new lock file: this later writer holds the lock...
+        first_out.set()
+        one.join(10)
+        assert not waiter_in.wait(0.3)  # ...and the waiter does not hold it at the same time
+    assert waiter_in.wait(10)
+    waiter_out.set()
+    two.join(10)

@@ -212,15 +212,28 @@ class VectorFiles:
 
     @contextlib.contextmanager
     def _locked(self, key: str) -> Any:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        with self._paths(key)["lock"].open("a+b") as handle:
-            try:
-                import fcntl
+        """Hold the session's lock. The lock file is deleted only by its holder
+        (``_discard_locked``): a writer that got the lock of a file deleted meanwhile opens
+        the path again, so two writers never hold locks on two files of one name."""
+        path = self._paths(key)["lock"]
+        while True:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with path.open("a+b") as handle:
+                try:
+                    import fcntl
 
-                fcntl.flock(handle, fcntl.LOCK_EX)
-            except ImportError:  # pragma: no cover - not on POSIX: one process per store
-                pass
-            yield
+                    fcntl.flock(handle, fcntl.LOCK_EX)
+                except ImportError:  # pragma: no cover - not on POSIX: one process per store
+                    pass
+                try:
+                    now = path.stat()
+                except FileNotFoundError:
+                    continue  # deleted while this writer waited: lock the new one
+                held = os.fstat(handle.fileno())
+                if (now.st_ino, now.st_dev) != (held.st_ino, held.st_dev):
+                    continue
+                yield
+                return
 
     def _meta(self, key: str) -> dict[str, Any] | None:
         try:
@@ -239,17 +252,27 @@ class VectorFiles:
         self, session_id: str, model: str, born: int | None = None, *, keep: int | None = None
     ) -> None:
         """Delete a session's files: one incarnation's (``born``), or every one's but
-        ``keep``'s."""
+        ``keep``'s; each under its lock (a writer's append is never cut)."""
         if not self.folder.is_dir():
             return
         prefix = self._key(session_id, model, 0).rsplit("-", 1)[0]
-        for path in self.folder.glob(f"{prefix}-*"):
-            incarnation = path.name.split(".", 1)[0]
-            if (born is None or incarnation == f"{prefix}-{born}") and (
-                keep is None or incarnation != f"{prefix}-{keep}"
+        keys = {path.name.split(".", 1)[0] for path in self.folder.glob(f"{prefix}-*")}
+        for key in sorted(keys):
+            if (born is None or key == f"{prefix}-{born}") and (
+                keep is None or key != f"{prefix}-{keep}"
             ):
+                with self._locked(key):
+                    self._discard_locked(key)
+
+    def _discard_locked(self, key: str) -> None:
+        """Delete one incarnation's files, the lock file last (its lock held by the caller)."""
+        paths = self._paths(key)
+        for path in self.folder.glob(f"{key}.*"):
+            if path != paths["lock"]:
                 with contextlib.suppress(OSError):
                     path.unlink()
+        with contextlib.suppress(OSError):
+            paths["lock"].unlink()
 
     def prune(self, born_of: Callable[[str], int | None]) -> int:
         """Delete the files of sessions that are gone or were written again (``born_of``:
@@ -287,10 +310,18 @@ class VectorFiles:
             return None
         try:
             return self._load(meta, paths, session_id, model, born, check)
-        except Exception as exc:  # a torn or foreign file: never trusted, rebuilt
-            log.warning("vector files of session %r discarded: %s", session_id, exc)
-            self.discard(session_id, model, born)
-            return None
+        except Exception:  # perhaps a writer between its files: checked again under the lock
+            pass
+        with self._locked(key):
+            meta = self._meta(key)
+            try:
+                if meta is None:
+                    raise ValueError("no JSON file")
+                return self._load(meta, paths, session_id, model, born, check)
+            except Exception as exc:  # a torn or foreign file: never trusted, rebuilt
+                log.warning("vector files of session %r discarded: %s", session_id, exc)
+                self._discard_locked(key)
+                return None
 
     def _load(
         self,
@@ -330,13 +361,16 @@ class VectorFiles:
             from usearch.index import Index
 
             info = Index.metadata(str(paths["usearch"]))
+            # ``save_index`` renames the index in, then writes the JSON: an index holding
+            # more entries than the JSON counts (none past the rows) is the newer, whole one.
             if (
                 info is None
                 or int(info["dimensions"]) != dim
-                or int(info["count_present"]) != indexed
+                or not indexed <= int(info["count_present"]) <= rows
                 or int(info["count_deleted"]) != 0
             ):
                 raise ValueError("the index file does not match its rows")
+            indexed = int(info["count_present"])
             index = Index.restore(str(paths["usearch"]), view=True)
             if index is None or len(index) != indexed:
                 raise ValueError("the index file does not load")
