@@ -517,3 +517,36 @@ def test_a_writer_waiting_on_a_lock_file_that_was_deleted_takes_the_new_one(
     assert waiter_in.wait(10)
     waiter_out.set()
     two.join(10)
+
+
+def test_the_index_the_worker_builds_is_charged_to_the_cache_within_its_limit() -> None:
+    store = MemoryStore(counter=CharCounter())
+    vectors = Vectors()
+    for sid in ("a", "b"):
+        fill(store, vectors, 3000, sid)
+    rows = 3000 * DIM * 4 + 8 * 3000  # one session's rows and seqs
+    small = recaller(store, vectors, ann_min_turns=1000, vector_cache_bytes=3 * rows)
+    top(small, "q 1", "a")
+    small.settle()  # the index would pass the limit: the rows stay, scanned exactly
+    entry = small._vectors["a"]
+    assert entry.index is None and small.vector_cache_bytes() == entry.nbytes == entry.charged
+    assert small.vector_cache_bytes() <= 3 * rows
+    top(small, "q 1", "a")
+    small.settle()
+    assert small._vectors["a"].index is None  # not built again at the next recall
+    exact = recaller(store, vectors, ann_min_turns=None)
+    assert top(small, "q 1", "a") == top(exact, "q 1", "a")
+    unbounded = recaller(store, vectors, ann_min_turns=1000)
+    top(unbounded, "q 1", "a")
+    unbounded.settle()
+    indexed = unbounded._vectors["a"].nbytes
+    assert indexed > 3 * rows
+    two = recaller(store, vectors, ann_min_turns=1000, vector_cache_bytes=indexed + rows)
+    top(two, "q 1", "b")  # b's rows are cached
+    two.settle()  # b's index makes room only for itself
+    top(two, "q 1", "a")
+    two.settle()  # a's index needs the room b holds: b goes
+    assert list(two._vectors) == ["a"] and two._vectors["a"].index is not None
+    assert two.vector_cache_bytes() == two._vectors["a"].nbytes <= indexed + rows
+    for r in (small, exact, unbounded, two):
+        r.close()

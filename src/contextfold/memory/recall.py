@@ -339,11 +339,32 @@ class Recaller:
                 self._vector_bytes -= dropped.charged
         return True
 
+    def _recharge(self, session_id: str, entry: SessionVectors) -> None:
+        """Charge the cache for an entry whose index grew (``_work``): other sessions go, least
+        recently used first, to make room; an index that alone passes the limit is dropped
+        and not built again for this entry (its rows, if they fit, are scanned exactly)."""
+        with self._lock:
+            if self._vectors.get(session_id) is not entry:
+                return  # not cached (too large, or evicted meanwhile): nothing charged
+            if entry.nbytes > self.vector_cache_limit and entry.index is not None:
+                with entry.lock:
+                    entry.index, entry.indexed, entry.index_is_view = None, 0, False
+                entry.index_too_large = True
+            self._vector_bytes += entry.nbytes - entry.charged
+            entry.charged = entry.nbytes
+            for other in [sid for sid in self._vectors if sid != session_id]:
+                if self._vector_bytes <= self.vector_cache_limit:
+                    break
+                self._vector_bytes -= self._vectors.pop(other).charged
+            if self._vector_bytes > self.vector_cache_limit:  # its rows alone pass it
+                self._vector_bytes -= self._vectors.pop(session_id).charged
+
     def _due(self, entry: SessionVectors) -> bool:
         """Whether the entry has index or file work to do (``_work``)."""
         n = len(entry)
         grow = (
             self.ann_min_turns is not None
+            and not entry.index_too_large
             and n >= self.ann_min_turns
             and (entry.indexed == 0 or n - entry.indexed >= self.ann_tail)
         )
@@ -366,10 +387,12 @@ class Recaller:
         n = len(entry)
         if (
             self.ann_min_turns is not None
+            and not entry.index_too_large
             and n >= self.ann_min_turns
             and (entry.indexed == 0 or n - entry.indexed >= (1 if final else self.ann_tail))
         ):
             grow_index(entry, self.ann_settings, self._worker.stopping)
+            self._recharge(session_id, entry)
         if self.files is None or n < self.files_min_turns:
             return
         if entry.saved_rows < len(entry):

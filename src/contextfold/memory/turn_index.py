@@ -105,6 +105,7 @@ class SessionVectors:
         self.lock = threading.Lock()
         self.queued = False  # a worker job for this entry is waiting
         self.charged = 0  # the bytes the recaller's cache counted for it
+        self.index_too_large = False  # its index passed the cache's limit: none is built
 
     @property
     def last(self) -> int:
@@ -177,13 +178,16 @@ class SessionVectors:
         answered (``ann``: may it; rows it does not cover yet are scanned exactly)."""
         # Rows are only appended, so a scan needs no lock (the rows it scores keep their
         # place); the index does, against the worker adding to it.
-        if not ann or self.index is None or self.indexed == 0:
+        found = None
+        if ann and self.index is not None and self.indexed:
+            with self.lock:  # (the index may have been dropped since: ``Recaller._recharge``)
+                index, indexed = self.index, self.indexed
+                if index is not None and indexed:
+                    index.expansion_search = max(expansion, 4 * limit)
+                    found = index.search(query, min(limit, indexed))
+        if found is None:
             scores = self.scores(query)
             return [(self._seqs[i], float(scores[i])) for i in _top(scores, limit)], False
-        with self.lock:
-            index, indexed = self.index, self.indexed
-            index.expansion_search = max(expansion, 4 * limit)
-            found = index.search(query, min(limit, indexed))
         keys = np.asarray(found.keys, dtype=np.int64)
         sims = 1.0 - np.asarray(found.distances, dtype=np.float32)
         tail = self.scores(query, indexed)
