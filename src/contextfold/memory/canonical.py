@@ -213,15 +213,16 @@ class TagCanonicalizer:
         if new:
             self._protected |= new
             # Only a tag whose last part is one of these words can fold differently now: the
-            # cached tags that may hold one are dropped, not the whole cache (a conversation
-            # protects a name now and then, and each full clear made every tag of the
-            # vocabulary pay for its canonical form again).
-            folding = [w for w in new if len(w) > 3 and w.endswith("s")]
+            # cached tags whose normalized last part is one are dropped, not the whole cache
+            # (a conversation protects a name now and then, and each full clear made every
+            # tag of the vocabulary pay for its canonical form again). The normalized form,
+            # not the raw tag: ``Ree'ves`` holds no ``reeves`` but normalizes to it.
+            folding = {w for w in new if len(w) > 3 and w.endswith("s")}
             if folding:
                 self._cache = {
                     tag: found
                     for tag, found in self._cache.items()
-                    if not any(w in tag.lower() for w in folding) and "#" not in tag
+                    if normalize_tag(tag).rpartition("-")[2] not in folding
                 }
 
     def canonical(self, tag: str) -> str:
