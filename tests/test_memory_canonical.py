@@ -10,7 +10,12 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from contextfold.errors import ConfigError
-from contextfold.memory.canonical import TagCanonicalizer, fold_plural, normalize_tag
+from contextfold.memory.canonical import (
+    TagCanonicalizer,
+    _last_part,
+    fold_plural,
+    normalize_tag,
+)
 from contextfold.memory.rules import DEFAULT_RULE, TagRule, TagRules
 
 # -- normalize and fold ----------------------------------------------------------------------
@@ -309,3 +314,8 @@ def test_rules_validate_their_fields() -> None:
         TagRules.from_config([{"match": "x*", "ttl_days": 0}])
     with pytest.raises(ValidationError, match="prio"):
         TagRules.from_config([{"match": "x*", "prio": 1}])
+
+
+@given(st.text(alphabet="ab-s'.#+ \u00c9", max_size=12))
+def test_the_last_part_of_a_tag_is_that_of_its_normalized_form(tag: str) -> None:
+    assert _last_part(tag) == normalize_tag(tag).rpartition("-")[2]

@@ -124,6 +124,16 @@ def normalize_tag(tag: str) -> str:
     return _HYPHENS.sub("-", text).strip("-")
 
 
+_PLAIN = re.compile(r"[a-z0-9-]*")
+
+
+def _last_part(tag: str) -> str:
+    """The last hyphen-part of ``normalize_tag(tag)`` (a plain tag skips the regexes)."""
+    if _PLAIN.fullmatch(tag):  # already lower-case, hyphenated and mark-free
+        return tag.rstrip("-").rpartition("-")[2]
+    return normalize_tag(tag).rpartition("-")[2]
+
+
 def _fold_word(word: str, protected: frozenset[str] | set[str]) -> str:
     if word in _IRREGULAR:
         return _IRREGULAR[word]
@@ -222,7 +232,7 @@ class TagCanonicalizer:
                 self._cache = {
                     tag: found
                     for tag, found in self._cache.items()
-                    if normalize_tag(tag).rpartition("-")[2] not in folding
+                    if _last_part(tag) not in folding
                 }
 
     def canonical(self, tag: str) -> str:
