@@ -103,8 +103,21 @@ def test_protected_words_are_not_folded() -> None:
 
 
 _PLAIN_WORDS = st.sampled_from(
-    ["james", "adams", "paris", "notes", "Lists", "caches", "news", "db", "c#", "hopkins", "go"]
-    + ["reeves", "Jones"]
+    [
+        "james",
+        "adams",
+        "paris",
+        "notes",
+        "Lists",
+        "caches",
+        "news",
+        "db",
+        "c#",
+        "hopkins",
+        "go",
+        "reeves",
+        "Jones",
+    ]
 )
 
 
