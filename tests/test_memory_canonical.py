@@ -148,13 +148,15 @@ def test_protecting_a_word_gives_what_a_fresh_canonicalizer_would(
 
 def test_protecting_a_word_keeps_the_cached_tags_it_cannot_change() -> None:
     canon = TagCanonicalizer()
-    for tag in ("databases", "queries", "paris-trip", "notes", "trip-to-paris", "Par'is"):
+    for tag in ("databases", "queries", "reeves-trip", "notes", "trip-with-reeves", "Ree'ves"):
         canon.canonical(tag)
-    canon.protect("Paris")
-    # only the tags whose normalized last part is "paris" can fold differently now
-    assert sorted(canon._cache) == ["databases", "notes", "paris-trip", "queries"]
-    assert canon.canonical("paris-trip") == "paris-trip"
-    assert canon.canonical("trip-to-paris") == "trip-to-paris"
+    canon.protect("Reeves")
+    # only the tags whose normalized last part is "reeves" can fold differently now
+    assert sorted(canon._cache) == ["databases", "notes", "queries", "reeves-trip"]
+    assert canon.canonical("reeves-trip") == "reeves-trip"
+    assert canon.canonical("trip-with-reeves") == "trip-with-reeves"
+    canon.protect("Paris")  # never folded: nothing it could change is dropped
+    assert len(canon._cache) == 5
 
 
 @pytest.mark.parametrize("spelling", ["Ree'ves", "ree.ves", "REE!VES", "ops/ree'ves"])
@@ -332,3 +334,21 @@ def test_rules_validate_their_fields() -> None:
 @given(st.text(alphabet="ab-s'.#+ \u00c9", max_size=12))
 def test_the_last_part_of_a_tag_is_that_of_its_normalized_form(tag: str) -> None:
     assert _last_part(tag) == normalize_tag(tag).rpartition("-")[2]
+
+
+def test_the_version_grows_when_a_canonical_form_may_change() -> None:
+    canon = TagCanonicalizer()
+    start = canon.version
+    canon.protect("Paris", "go")  # neither can fold: no canonical form changes
+    canon.remove_alias("db")  # there was none
+    assert canon.version == start
+    canon.add_alias("db", "database")
+    assert canon.version > start
+    before = canon.version
+    canon.protect("Reeves")
+    assert canon.version > before
+    before = canon.version
+    canon.protect("reeves")  # already protected
+    assert canon.version == before
+    assert canon.remove_alias("DB")
+    assert canon.version > before

@@ -6,6 +6,7 @@ embedding tagger runs on ``HashEmbedder`` and on a tiny embedder whose geometry 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Iterator, Sequence
@@ -18,7 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from contextfold.errors import EmbeddingError
+from contextfold.errors import ConfigError, EmbeddingError
 from contextfold.llm import OpenAICompatibleClient, Usage
 from contextfold.memory.canonical import TagCanonicalizer
 from contextfold.memory.splitting import find_overbroad, split_tag
@@ -572,6 +573,68 @@ def test_a_vocabulary_growing_turn_by_turn_keeps_one_index_and_the_others_theirs
     result = tagger.tag("kiln pottery and tag3", vocabulary=grown)
     assert "pottery" in result.tags and "tag3" in result.tags
     assert "glaze" not in names and "tag3" in names  # extended by the new tag, not rebuilt
+
+
+def _index_names(tagger: KeywordTagger, vocabulary: list[str]) -> dict[str, list[Any]]:
+    index = tagger._known_index(vocabulary)  # type: ignore[attr-defined]
+    return {stem: sorted(entries) for stem, entries in index.items() if entries}
+
+
+def test_a_carried_index_follows_an_alias_added_since_it_was_built() -> None:
+    canon = TagCanonicalizer()
+    tagger = KeywordTagger(canonicalizer=canon)
+    _index_names(tagger, ["deploy", "billing", "release", "invoice"])
+    canon.add_alias("release", "deploy")
+    vocabulary = ["deploy", "billing", "invoice"]
+    fresh = _index_names(KeywordTagger(canonicalizer=canon), vocabulary)
+    assert _index_names(tagger, vocabulary) == fresh
+    assert [name for name, _ in fresh["deploy"]] == ["deploy"]
+
+
+def test_a_carried_index_follows_a_replaced_canonicalizer() -> None:
+    tagger = KeywordTagger()
+    vocabulary = ["deploy", "billing", "release"]
+    _index_names(tagger, vocabulary)
+    tagger.canonicalizer = TagCanonicalizer({"release": "deploy"})
+    fresh = _index_names(KeywordTagger(canonicalizer=tagger.canonicalizer), vocabulary)
+    assert _index_names(tagger, vocabulary) == fresh
+    assert "releas" not in fresh
+
+
+_VOCAB_WORDS = st.sampled_from(
+    ["deploy", "release", "billing", "invoice", "reeves", "Jones", "release-notes", "kiln"]
+)
+_VOCAB_STEP = st.one_of(
+    st.tuples(
+        st.just("vocabulary"),
+        st.integers(min_value=0, max_value=6),
+        st.lists(_VOCAB_WORDS, max_size=3),
+    ),
+    st.tuples(st.just("alias"), _VOCAB_WORDS, _VOCAB_WORDS),
+    st.tuples(st.just("unalias"), _VOCAB_WORDS),
+    st.tuples(st.just("protect"), _VOCAB_WORDS),
+)
+
+
+@given(st.lists(_VOCAB_STEP, min_size=1, max_size=12))
+def test_a_carried_index_equals_a_fresh_one_across_canonicalizer_changes(
+    steps: list[tuple[Any, ...]],
+) -> None:
+    canon = TagCanonicalizer()
+    tagger = KeywordTagger(canonicalizer=canon)
+    vocabulary: list[str] = []
+    for step in steps:
+        if step[0] == "vocabulary":  # keep a start of the last one, append new tags
+            vocabulary = [*vocabulary[: step[1]], *step[2]]
+        elif step[0] == "alias":
+            with contextlib.suppress(ConfigError):  # a cycle or a self-alias: refused
+                canon.add_alias(step[1], step[2])
+        elif step[0] == "unalias":
+            canon.remove_alias(step[1])
+        else:
+            canon.protect(step[1])
+        fresh = _index_names(KeywordTagger(canonicalizer=canon), vocabulary)
+        assert _index_names(tagger, vocabulary) == fresh
 
 
 def test_the_stem_cache_holds_its_limit(monkeypatch: pytest.MonkeyPatch) -> None:

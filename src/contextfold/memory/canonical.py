@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict
 
@@ -134,7 +134,7 @@ def _last_part(tag: str) -> str:
     return normalize_tag(tag).rpartition("-")[2]
 
 
-def _fold_word(word: str, protected: frozenset[str] | set[str]) -> str:
+def _fold_word(word: str, protected: Collection[str]) -> str:
     if word in _IRREGULAR:
         return _IRREGULAR[word]
     if len(word) <= 3 or not word.endswith("s") or word in _INVARIANT or word in protected:
@@ -203,11 +203,19 @@ class TagCanonicalizer:
         self._aliases: dict[str, str] = {}
         self._protected: set[str] = {normalize_tag(w) for w in protected}
         self._cache: dict[str, str] = {}
+        self._version = 0
         for alias, canonical in (aliases or {}).items():
             self.add_alias(alias, canonical)
 
     def __repr__(self) -> str:
         return f"TagCanonicalizer({len(self._aliases)} aliases)"
+
+    @property
+    def version(self) -> int:
+        """Grows whenever ``canonical`` may answer differently for some tag (an alias added or
+        removed, a word protected that could fold): what a caller caching canonical forms
+        compares to know its cache is still good."""
+        return self._version
 
     def normalize(self, tag: str) -> str:
         """``normalize_tag(tag)``: lower-case, hyphenated, punctuation-free; may be ``""``."""
@@ -227,8 +235,9 @@ class TagCanonicalizer:
             # (a conversation protects a name now and then, and each full clear made every
             # tag of the vocabulary pay for its canonical form again). The normalized form,
             # not the raw tag: ``Ree'ves`` holds no ``reeves`` but normalizes to it.
-            folding = {w for w in new if len(w) > 3 and w.endswith("s")}
+            folding = {w for w in new if _fold_word(w, ()) != _fold_word(w, (w,))}
             if folding:
+                self._version += 1
                 self._cache = {
                     tag: found
                     for tag, found in self._cache.items()
@@ -280,11 +289,14 @@ class TagCanonicalizer:
                 f"resolves to {source!r}); remove the other alias first"
             )
         self._aliases[source] = target
+        self._version += 1
         self._cache.clear()
 
     def remove_alias(self, alias: str) -> bool:
         """Forget the alias ``alias``; whether there was one."""
         found = self._aliases.pop(self.fold(alias), None) is not None
+        if found:
+            self._version += 1
         self._cache.clear()
         return found
 

@@ -251,6 +251,8 @@ class KeywordTagger:
         # aliases), and each keeps its own.
         self._known: list[tuple[list[str], dict[str, list[tuple[str, tuple[str, ...]]]]]] = []
         self._known_lock = threading.Lock()
+        # the canonicalizer (and its version) that _known was built by
+        self._known_by = (self.canonicalizer, self.canonicalizer.version)
         self._df: dict[str, int] = {}
         self._docs = 0
         self._lock = threading.Lock()
@@ -408,9 +410,15 @@ class KeywordTagger:
         session's tags in first-seen order), so the index sharing the longest start with it
         is carried over: the tags after that start are taken out and the new ones indexed,
         instead of indexing every tag again (a vocabulary that lost a tag, merged or split,
-        still shares most of its start)."""
+        still shares most of its start). Indexes built before the canonicalizer changed (an
+        alias, a protected name) are dropped: their entries, and the ones a carried index
+        would take out, are the old canonical forms."""
         words = list(vocabulary)
         with self._known_lock:
+            canonicalizer = self.canonicalizer
+            by = (canonicalizer, canonicalizer.version)
+            if by[0] is not self._known_by[0] or by[1] != self._known_by[1]:
+                self._known, self._known_by = [], by
             base: tuple[list[str], dict[str, list[tuple[str, tuple[str, ...]]]]] = ([], {})
             shared = 0
             for entry in self._known:
