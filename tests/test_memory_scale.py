@@ -11,7 +11,9 @@ from typing import Any
 
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
+from contextfold.memory.recall import Recaller
 from contextfold.memory.summarize import ExtractiveSummarizer
+from contextfold.store.conformance.memory_support import stored
 from contextfold.store.sqlite.memory import MemoryStore
 from contextfold.testing import HashEmbedder
 from contextfold.tokens import CharCounter
@@ -343,6 +345,40 @@ def test_the_proxy_record_says_when_recall_ran_without_some_vectors() -> None:
     plan.notes.clear()
     recall(SimpleNamespace(memory=engine), plan, parsed)  # type: ignore[arg-type]
     assert not any("not embedded" in note for note in plan.notes)
+
+
+def test_common_limit_counts_a_tags_related_rows_too() -> None:
+    """A tag on few turns as a primary tag but on many as a related one has many rows to sum:
+    ``common_limit`` bounds its rows, so it counts both."""
+    store = MemoryStore(counter=CharCounter())
+    stored(store, "s", *(f"turn {n} about walnut and oak" for n in range(20)))
+    store.set_tags_many(
+        "s",
+        {
+            **{seq: ({"walnut": 1.0}, []) for seq in (1, 2, 3)},
+            **{seq: ({"oak": 1.0}, ["walnut"]) for seq in range(4, 12)},
+            **{seq: ({"teak": 1.0}, ["walnut"]) for seq in range(12, 21)},
+        },
+    )
+    assert store.tag_counts("s")["walnut"] == 3 and store.tag_counts("s")["oak"] == 8
+    weights: list[list[str]] = []
+    original = store.tag_overlap_scores
+
+    def spy(session_id: str, wanted: Any) -> Any:
+        weights.append(list(wanted))
+        return original(session_id, wanted)
+
+    store.tag_overlap_scores = spy  # type: ignore[method-assign]
+    recaller = Recaller(store, common_limit=10)
+    ranked = recaller.rank("s", "walnut oak", tags=["walnut", "oak"])
+    # walnut is on 3 turns as a tag and 17 more as a related tag: 20 rows > 10, left out
+    assert weights[-1] == ["oak"]
+    assert {r.seq for r in ranked if "tags" in r.ranks} == set(range(4, 12))
+    # the counts the caller keeps are used as given (the engine passes its cached ones)
+    recaller.rank("s", "walnut oak", tags=["walnut", "oak"], related_counts={})
+    assert weights[-1] == ["walnut", "oak"]
+    assert Recaller(store, common_limit=20).rank("s", "walnut", tags=["walnut"])
+    assert weights[-1] == ["walnut"]
 
 
 def test_words_and_tags_on_more_turns_than_common_limit_are_left_out() -> None:

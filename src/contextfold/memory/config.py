@@ -188,8 +188,9 @@ class RecallSettings(_Section):
     signal's candidates (the best by tag overlap; ``None``: every turn carrying a tag of the
     message), as ``fts_limit`` caps the full-text and dense ones. ``common_limit`` bounds
     what the full-text and tag signals read: a query word or tag on more than that many of
-    the session's turns is left out of them (it tells few turns apart, and reading its turns
-    is what grows with the conversation; ``None``: no limit).
+    the session's turns (a tag's counting those that carry it as a related tag) is left out
+    of them (it tells few turns apart, and reading its turns is what grows with the
+    conversation; ``None``: no limit).
 
     ``ann_min_turns``: a session with at least this many turn vectors is searched through an
     HNSW index (``usearch``, the ``ann`` extra; ``null``, the default: always exact), with

@@ -734,6 +734,7 @@ class MemoryEngine:
                     related=tags.related_tags,
                     exclude=exclude,
                     tag_counts=self._counts(sid),
+                    related_counts=self.vocab.related_counts(sid),
                 )
             )
             limit = budget if budget is not None else self.config.assembly.memory_budget

@@ -116,8 +116,8 @@ class Recaller:
     (``k`` is the RRF constant); ``fts_limit`` how many full-text and dense hits to fuse;
     ``weights`` scale each signal's share; ``neighbor_weight``, ``length_prior`` and
     ``date_weight`` as in the module docstring (0 turns each off); ``common_limit`` leaves a
-    query word or tag on more than that many of the session's turns out of the full-text and
-    tag signals (``None``: no limit), so what they read is bounded by the words' rarity."""
+    query word or tag on more than that many of the session's turns (a tag's counting those
+    that carry it as a related tag) out of the full-text and tag signals (``None``: no limit), so what they read is bounded by the words' rarity."""
 
     def __init__(
         self,
@@ -492,6 +492,7 @@ class Recaller:
         tags: Sequence[str],
         related: Sequence[str],
         counts: Mapping[str, int] | None,
+        related_counts: Mapping[str, int] | None = None,
     ) -> tuple[list[tuple[int, float]], float | None]:
         """The best ``tag_limit`` turns by tag overlap, best first, and the lowest overlap score
         of every turn that matched (``None`` when none did)."""
@@ -502,8 +503,15 @@ class Recaller:
             counts = self.store.tag_counts(session_id)
         if self.common_limit is not None:
             # A tag on more turns than ``common_limit`` tells few of them apart (its IDF is
-            # the lowest), and summing its rows is what grows with the conversation.
-            wanted = [tag for tag in wanted if counts.get(tag, 0) <= self.common_limit]
+            # the lowest), and summing its rows is what grows with the conversation. Its rows
+            # are the turns carrying it as a tag and those carrying it as a related tag (one
+            # row per turn either way, so never more than the session's turns).
+            if related_counts is None:
+                related_counts = self.store.vocab.related_tag_counts(session_id)
+            limit = self.common_limit
+            wanted = [
+                tag for tag in wanted if counts.get(tag, 0) + related_counts.get(tag, 0) <= limit
+            ]
             if not wanted:
                 return [], None
         total = max(1, self.store.last_seq(session_id))
@@ -532,11 +540,13 @@ class Recaller:
         exclude: Collection[int] = (),
         limit: int = 200,
         tag_counts: Mapping[str, int] | None = None,
+        related_counts: Mapping[str, int] | None = None,
     ) -> list[RankedTurn]:
         """The session's turns for ``text``, best first (at most ``limit``), skipping the seqs
         in ``exclude`` (e.g. turns the live history already holds). ``tag_counts`` (turns per
-        tag) saves a query when the caller keeps them."""
-        tag_hits, tag_low = self._tag_scores(session_id, tags, related, tag_counts)
+        tag) and ``related_counts`` (turns per related tag) save a query each when the caller
+        keeps them."""
+        tag_hits, tag_low = self._tag_scores(session_id, tags, related, tag_counts, related_counts)
         signals = {
             "tags": tag_hits,
             "fts": self.store.search_turn_seqs(
