@@ -117,7 +117,8 @@ class Recaller:
     ``weights`` scale each signal's share; ``neighbor_weight``, ``length_prior`` and
     ``date_weight`` as in the module docstring (0 turns each off); ``common_limit`` leaves a
     query word or tag on more than that many of the session's turns (a tag's counting those
-    that carry it as a related tag) out of the full-text and tag signals (``None``: no limit), so what they read is bounded by the words' rarity."""
+    that carry it as a related tag) out of the full-text and tag signals (``None``: no
+    limit), so what they read is bounded by the words' rarity."""
 
     def __init__(
         self,
