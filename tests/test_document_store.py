@@ -9,38 +9,8 @@ import sqlite3
 import pytest
 
 from contextfold.errors import StoreError
-from contextfold.retrieval.base import Chunk, chunk_id, content_hash
 from contextfold.store.sqlite import MigrationRegistry, connect
-from contextfold.store.sqlite.documents import MIGRATIONS, DocumentRecord, DocumentStore
-
-
-def _doc(text: str, tenant: str = "t1", **metadata) -> DocumentRecord:
-    digest = content_hash(text)
-    return DocumentRecord(
-        id=digest[:12],
-        tenant=tenant,
-        content_hash=digest,
-        source=None,
-        text=text,
-        metadata=metadata,
-        created_at="2026-01-01T00:00:00",
-    )
-
-
-def _chunks(doc: DocumentRecord, parts: list[str]) -> list[Chunk]:
-    return [
-        Chunk(
-            id=chunk_id(doc.id, i, p),
-            doc_id=doc.id,
-            index=i,
-            text=p,
-            start=0,
-            end=len(p),
-            token_count=len(p.split()),
-            metadata={"part": i},
-        )
-        for i, p in enumerate(parts)
-    ]
+from contextfold.store.sqlite.documents import MIGRATIONS, DocumentStore
 
 
 def test_migrations_are_recorded_once(tmp_path) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from contextfold.items import Message
+from contextfold.store.conformance.memory_search import search_stays_in_its_session
 from contextfold.store.conformance.memory_support import TOPICS, filled, messages
 from contextfold.store.sqlite import connect
 from contextfold.store.sqlite.memory import MIGRATIONS, MemoryStore, NewSegment
@@ -144,19 +145,7 @@ def test_an_m003_file_is_reindexed_and_search_stays_in_its_session(tmp_path: Pat
     MIGRATIONS.apply(conn, upto="m003_related_tags_and_vectors")
     conn.close()
     store = _store(tmp_path / "m003.db")  # upgrades to the session-scoped index
-    sessions = ("conv-1", "conv-10", "a-b", "---")
-    for n, sid in enumerate(sessions):
-        store.create_session(sid)
-        store.append_turns(sid, [Message(role="user", content=f"kiln firing number {n}")])
-    for n, sid in enumerate(sessions):
-        assert len(store.search_turn_seqs(sid, "kiln")) == 1
-        ((turn, _),) = store.search_turns(sid, "kiln")
-        assert turn.session_id == sid and turn.message.text().endswith(str(n))
-    # Session words are not content: "conv" matches no turn text.
-    assert store.search_turn_seqs("conv-1", "conv") == []
-    store.compact("a-b", [NewSegment(first_seq=1, last_seq=1, summary="kiln", full_text="")], 2)
-    assert [seg.session_id for seg, _ in store.search_segments("a-b", "kiln")] == ["a-b"]
-    assert store.search_segments("conv-1", "kiln") == []
+    search_stays_in_its_session(store)
 
 
 def _m005_file(path: Path) -> None:

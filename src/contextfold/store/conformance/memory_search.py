@@ -93,7 +93,12 @@ def test_question_words_do_not_match_turns_that_only_share_grammar(
 
 
 def test_search_stays_in_its_session(memory_store: MemoryStorage) -> None:
-    store = memory_store
+    search_stays_in_its_session(memory_store)
+
+
+def search_stays_in_its_session(store: MemoryStorage) -> None:
+    """Turns and segments found by search belong to the session searched, whatever words its
+    id holds (also run on a store upgraded from an older schema)."""
     sessions = ("conv-1", "conv-10", "a-b", "---")
     for n, sid in enumerate(sessions):
         store.create_session(sid)
