@@ -256,6 +256,22 @@ def peak_rss_mb() -> float:
     return round(peak / (1024 * 1024 if sys.platform == "darwin" else 1024), 1)
 
 
+def run_child(script: str, spec: dict[str, Any], *args: str) -> dict[str, Any]:
+    """Run ``script --child SPEC`` (after ``args``) in a fresh interpreter, so each measured
+    run starts with a clean process (its RSS, caches and imports its own); the JSON object
+    it prints last is its result. A failed child stops the benchmark with its stderr."""
+    done = subprocess.run(
+        [sys.executable, script, *args, "--child", json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{spec.get('label', spec)} failed:\n{done.stderr}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
 def base_result(name: str, description: str, quick: bool) -> dict[str, Any]:
     return {
         "name": name,

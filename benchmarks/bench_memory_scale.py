@@ -31,8 +31,6 @@ import argparse
 import json
 import random
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -283,15 +281,7 @@ def main() -> None:
             continue
         if sizes is not None and size_name(spec) not in sizes:
             continue
-        done = subprocess.run(
-            [sys.executable, __file__, "--data-dir", str(data_dir), "--child", json.dumps(spec)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise SystemExit(f"{spec['label']} failed:\n{done.stderr}")
-        run = json.loads(done.stdout.strip().splitlines()[-1])
+        run = common.run_child(__file__, spec, "--data-dir", str(data_dir))
         runs.append(run)
         print(summary(run), flush=True)
     result = common.base_result("memory_scale", __doc__.splitlines()[0], args.quick)

@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -262,15 +260,7 @@ def main() -> None:
             spec["ann"] = spec["n"] in with_ann
     runs = []
     for spec in specs:
-        done = subprocess.run(
-            [sys.executable, __file__, "--child", json.dumps(spec)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise SystemExit(f"{spec} failed:\n{done.stderr}")
-        run = json.loads(done.stdout.strip().splitlines()[-1])
+        run = common.run_child(__file__, spec)
         runs.append(run)
         print(summary(run), flush=True)
     result = common.base_result("turn_ann", __doc__.splitlines()[0], args.quick)

@@ -323,3 +323,23 @@ def test_scaleout_benchmark_quick_run(tmp_path: Path) -> None:
         assert run["contextfold_added_ms"]["p50"] is not None
     assert result["correctness"] and all(v is True for v in result["correctness"].values())
     assert "## Scale-out" in md.read_text(encoding="utf-8")
+
+
+def test_turn_ann_benchmark_quick_run(tmp_path: Path) -> None:
+    """``bench_turn_ann.py`` times the dense signal on a session's turn vectors, exact and
+    through the HNSW index, from a fresh process and after a restart from the vector files."""
+    result, md = run_quick(tmp_path, "bench_turn_ann.py", "turn_ann")
+    expected = (COMMON_KEYS - {"configs", "goals", "peak_rss_mb"}) | {"runs", "parameters"}
+    assert result.keys() >= expected  # each run reports its own process's peak RSS
+    assert all("peak_rss_mb" in run for run in result["runs"])
+    assert result["correctness"] and all(v is True for v in result["correctness"].values())
+    assert result["runs"]
+    for run in result["runs"]:
+        exact = run["exact"]
+        assert exact["first_read"] == run["turns"]  # a fresh process reads every vector
+        assert exact["steady"].keys() >= TIMING_KEYS and exact["steady"]["n"] > 0
+        # A restart maps the files and reads only the rows it checks from the store.
+        assert exact["restart"]["read_from_store"] < run["turns"]
+        if "ann" in run:
+            assert 0.0 <= run["ann"]["recall_at_k"] <= 1.0 and run["ann"]["answered_by_index"]
+    assert "## Dense recall of a session's turn vectors" in md.read_text(encoding="utf-8")
