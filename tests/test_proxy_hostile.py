@@ -28,6 +28,8 @@ from contextfold.server.config import (
     ProxySettings,
     ServerConfig,
 )
+from contextfold.store.sqlite import memory as sqlite_memory
+from contextfold.store.sqlite import memory_branches, memory_db
 from fake_llm import FakeLLMServer, ModelTurn, ToolCall
 from proxy_support import Served, closed_after_test, free_port, make_engine, serve
 
@@ -303,20 +305,21 @@ def test_a_long_history_being_stored_holds_no_other_session(
     """The store write of a 3,000-message history, made slow (a slow disk), does not hold a
     small request of another client: that one's exchange is stored and its reply received
     while the long one is still being written."""
-    store_type = type(engine.store)
-    insert = store_type._insert_turns
+    insert = memory_db.insert_turns
     written = 0
     writing = threading.Event()
 
-    def slow_insert(self: Any, conn: Any, session_id: str, rows: Any) -> list[int]:
+    def slow_insert(conn: Any, session_id: str, rows: Any) -> list[int]:
         nonlocal written
         if len(rows) > 20:  # the long history's rows
             writing.set()
             time.sleep(len(rows) * 0.002)
             written += len(rows)
-        return insert(self, conn, session_id, rows)
+        return insert(conn, session_id, rows)
 
-    monkeypatch.setattr(store_type, "_insert_turns", slow_insert)
+    assert isinstance(engine.store, sqlite_memory.MemoryStore)
+    for module in (sqlite_memory, memory_branches):  # every SQLite path that writes turns
+        monkeypatch.setattr(module, "insert_turns", slow_insert)
     config = ServerConfig(port=0, proxy=ProxySettings(upstream=fake_llm.url))
     with serve(config, engine) as served:
         big = threading.Thread(
