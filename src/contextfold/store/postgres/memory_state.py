@@ -269,6 +269,36 @@ class PostgresPaging:
             for r in rows
         }
 
+    def segments_since_summary(
+        self, session_id: str, tags: Sequence[str] | None = None
+    ) -> dict[str, list[str]]:
+        """For each tag (of ``tags`` when given), the summaries of its segments past its tag
+        summary's watermark (all of them when it has none), earliest first. Only segments past
+        the lowest watermark of the session's summaries are read, unless a tag that some
+        segment carries has no summary at all (``tag_stats`` says which)."""
+        with self._db.read() as conn:
+            rows = conn.execute(
+                "SELECT j.tag, s.summary FROM segments s,"
+                " jsonb_array_elements_text(s.tags::jsonb) AS j(tag)"
+                " WHERE s.session_id = %(sid)s"
+                " AND (%(tags)s::text[] IS NULL OR j.tag = ANY(%(tags)s::text[]))"
+                " AND (s.last_seq > (SELECT COALESCE(MIN(ts.source_watermark), -1)"
+                "  FROM tag_summaries ts WHERE ts.session_id = %(sid)s)"
+                "  OR EXISTS (SELECT 1 FROM tag_stats st WHERE st.session_id = %(sid)s"
+                "  AND st.segments > 0"
+                "  AND (%(tags)s::text[] IS NULL OR st.tag = ANY(%(tags)s::text[]))"
+                "  AND NOT EXISTS (SELECT 1 FROM tag_summaries ts"
+                "  WHERE ts.session_id = %(sid)s AND ts.tag = st.tag)))"
+                " AND NOT EXISTS (SELECT 1 FROM tag_summaries ts WHERE ts.session_id = %(sid)s"
+                " AND ts.tag = j.tag AND ts.source_watermark >= s.last_seq)"
+                " ORDER BY s.first_seq, s.id",
+                {"sid": session_id, "tags": None if tags is None else list(tags)},
+            ).fetchall()
+        out: dict[str, list[str]] = {}
+        for tag, summary in rows:
+            out.setdefault(tag, []).append(summary)
+        return out
+
     # -- working set ----------------------------------------------------------------------------
 
     def set_working_set(
