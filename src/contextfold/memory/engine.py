@@ -917,7 +917,7 @@ class MemoryEngine:
                 context_window=self.config.context_window,
                 level=self.compactor.monitor.level(live_tokens),
                 compaction_watermark=session.compaction_watermark,
-                segments=len(self.store.segments(sid)),
+                segments=len(self.store.segments(sid, full_text=False)),
                 tags=dict(sorted(self._counts(sid).items(), key=lambda kv: (-kv[1], kv[0]))),
                 tag_summaries=len(summaries),
                 stale_tag_summaries=sum(s.stale for s in summaries.values()),

@@ -298,3 +298,31 @@ def test_segments_since_summary_finds_an_old_segment_of_a_tag_never_summarised(
     assert store.paging.segments_since_summary("s1") == {"old": ["a"]}
     assert store.paging.segments_since_summary("s1", tags=["old"]) == {"old": ["a"]}
     assert store.paging.segments_since_summary("s1", tags=["k8s"]) == {}
+
+
+def test_segments_read_by_tag_and_without_their_full_text(memory_store: MemoryStorage) -> None:
+    """``segments(tag=)`` is the segments carrying the tag, as filtering all of them gives,
+    with their source turns; ``full_text=False`` leaves only the full text out."""
+    store = filled(memory_store)
+    store.compact(
+        "s1",
+        [
+            NewSegment(first_seq=1, last_seq=2, summary="a", full_text="A A", tags=("k8s",)),
+            NewSegment(first_seq=3, last_seq=4, summary="b", full_text="B B", tags=("lunch",)),
+            NewSegment(first_seq=5, last_seq=5, summary="c", full_text="C", tags=("lunch", "k8s")),
+        ],
+        6,
+    )
+    every = store.segments("s1")
+    for tag in ("k8s", "lunch"):
+        assert store.segments("s1", tag=tag) == [s for s in every if tag in s.tags]
+    assert [s.seqs for s in store.segments("s1", tag="k8s")] == [(1, 2), (5,)]
+    assert store.segments("s1", tag="absent") == [] and store.segments("other", tag="k8s") == []
+    light = store.segments("s1", full_text=False)
+    assert [s.full_text for s in light] == ["", "", ""]
+    assert [s.model_copy(update={"full_text": ""}) for s in every] == light
+    assert [s.full_tokens for s in light] == [s.full_tokens for s in every] != [0, 0, 0]
+    assert [s.id for s in store.segments("s1", tag="lunch", full_text=False)] == [
+        every[1].id,
+        every[2].id,
+    ]
