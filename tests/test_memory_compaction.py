@@ -150,3 +150,16 @@ def test_the_extractive_summarizers_memo_holds_its_bytes_limit_measured_whole() 
     real = _deep_size(memo._data) - _deep_size(type(memo._data)())
     assert real <= limit, (real, memo.bytes)
     assert real >= memo.bytes * 0.6  # the measure is near the real size, not far above it
+
+
+def test_summary_cache_mb_sets_the_engines_summarizer_memo_limit() -> None:
+    from contextfold.memory.config import MemoryConfig
+    from contextfold.memory.engine import MemoryEngine
+    from contextfold.store.sqlite.memory import MemoryStore
+
+    cfg = MemoryConfig.model_validate({"compaction": {"summary_cache_mb": 0.5}})
+    engine = MemoryEngine(cfg, store=MemoryStore(counter=COUNTER), embedder=None, counter=COUNTER)
+    summarizer = engine.compactor.summarizer
+    assert isinstance(summarizer, ExtractiveSummarizer)
+    assert summarizer._cache.max_bytes == 512 * 1024
+    engine.close()

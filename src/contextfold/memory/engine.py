@@ -326,7 +326,11 @@ class MemoryEngine:
 
     def _make_summarizer(self) -> Summarizer:
         cfg = self.config
-        extractive = ExtractiveSummarizer(self.counter, ratio=cfg.compaction.summary_ratio)
+        extractive = ExtractiveSummarizer(
+            self.counter,
+            ratio=cfg.compaction.summary_ratio,
+            cache_bytes=int(cfg.compaction.summary_cache_mb * 2**20),
+        )
         if cfg.compaction.summarizer == "llm" and cfg.llm is not None:
             return LLMSummarizer(
                 self.llm_client,
