@@ -176,7 +176,8 @@ class PostgresSegments:
     ) -> list[StoredSegment]:
         if ids is not None and not ids:
             return []
-        where, params = " WHERE s.session_id = %s", [session_id]
+        where = " WHERE s.session_id = %s"
+        params: list[object] = [session_id]
         if ids is not None:
             where += " AND s.id = ANY(%s)"
             params.append(list(ids))

@@ -129,7 +129,8 @@ class SqliteSegments:
     ) -> list[StoredSegment]:
         if ids is not None and not ids:
             return []
-        where, params = " WHERE s.session_id = ?", [session_id]
+        where = " WHERE s.session_id = ?"
+        params: list[object] = [session_id]
         if ids is not None:
             where += f" AND s.id IN ({','.join('?' * len(ids))})"
             params += ids
