@@ -116,3 +116,50 @@ def test_seed_option_b_runs_with_the_import_changed(
     assert not assembled.broad and not assembled.temporal  # type: ignore[attr-defined]
     assert capsys.readouterr().out.startswith("Compacted ")
     assert runs[0]["assembled"].matched_tags == ()  # nothing stored before the first turn
+
+
+def _deep_size(obj: object, seen: set[int] | None = None) -> int:
+    """The bytes ``obj`` and everything it holds take (containers followed, each object once)."""
+    import sys
+
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    size = sys.getsizeof(obj)
+    if isinstance(obj, dict):
+        size += sum(_deep_size(k, seen) + _deep_size(v, seen) for k, v in obj.items())
+    elif isinstance(obj, (list, tuple, set, frozenset)):
+        size += sum(_deep_size(x, seen) for x in obj)
+    return size
+
+
+def test_the_extractive_summarizers_memo_holds_its_bytes_limit_measured_whole() -> None:
+    """The memo of scored sentences stays within ``cache_bytes`` as really measured (keys,
+    sentences, their words): it is what kept a long session's process growing."""
+    limit = 256 * 1024
+    summarizer = ExtractiveSummarizer(COUNTER, cache_bytes=limit)
+    for n in range(3000):
+        text = f"Ann: Kiln firing {n} on {n % 28 + 1} March reached {n}00 degrees for batch {n}."
+        summarizer.summarize(
+            [text, f"Bob: Glaze {n} cracked; Priya refired it twice."], max_tokens=20
+        )
+    memo = summarizer._cache
+    assert 0 < memo.bytes <= limit
+    assert len(memo) < 3000 * 2  # entries went out to hold it
+    real = _deep_size(memo._data) - _deep_size(type(memo._data)())
+    assert real <= limit, (real, memo.bytes)
+    assert real >= memo.bytes * 0.6  # the measure is near the real size, not far above it
+
+
+def test_summary_cache_mb_sets_the_engines_summarizer_memo_limit() -> None:
+    from contextfold.memory.config import MemoryConfig
+    from contextfold.memory.engine import MemoryEngine
+    from contextfold.store.sqlite.memory import MemoryStore
+
+    cfg = MemoryConfig.model_validate({"compaction": {"summary_cache_mb": 0.5}})
+    engine = MemoryEngine(cfg, store=MemoryStore(counter=COUNTER), embedder=None, counter=COUNTER)
+    summarizer = engine.compactor.summarizer
+    assert isinstance(summarizer, ExtractiveSummarizer)
+    assert summarizer._cache.max_bytes == 512 * 1024
+    engine.close()

@@ -414,3 +414,46 @@ def test_words_and_tags_on_more_turns_than_common_limit_are_left_out() -> None:
     assert found and {r.seq for r in a if "fts" in r.ranks} == {seq for seq, _ in found}
     assert len(store.search_turn_seqs("default", query, limit=300)) > len(found)
     assert {r.seq for r in b if "fts" in r.ranks} > {r.seq for r in a if "fts" in r.ranks}
+
+
+def _segment_rows_read(store: MemoryStore) -> list[int]:
+    """Every segment row the store hands back from here on (``segments`` and the paging's
+    ``segments_since_summary``, one per tag and segment), one entry per call."""
+    rows: list[int] = []
+    segments, since = store.segments, store.paging.segments_since_summary
+
+    def spy_segments(session_id: str) -> list[Any]:
+        out = segments(session_id)
+        rows.append(len(out))
+        return out
+
+    def spy_since(session_id: str, tags: Sequence[str] | None = None) -> dict[str, list[str]]:
+        out = since(session_id, tags)
+        rows.append(sum(len(v) for v in out.values()))
+        return out
+
+    store.segments = spy_segments  # type: ignore[method-assign]
+    store.paging.segments_since_summary = spy_since  # type: ignore[method-assign]
+    return rows
+
+
+def test_a_turn_and_its_compaction_read_only_the_segments_they_add() -> None:
+    """Writing to a long compacted session reads the segments the new compactions made, not
+    every segment of the session (their full text least of all): what a turn reads does not
+    grow with the conversation."""
+    engine = _compacting(compaction={"protected_recent_turns": 4, "max_segment_tokens": 100})
+    for start in range(0, 80, 4):
+        engine.on_turn_complete(_pairs(start, 4))
+    store = engine.store
+    before = len(store.segments("default"))
+    assert before > 12
+    rows = _segment_rows_read(store)
+    for start in range(80, 100, 4):
+        engine.on_turn_complete(_pairs(start, 4))
+    read = sum(rows)
+    added = len(store.segments("default")) - before
+    assert added > 0
+    tags_per_segment = max(len(s.tags) for s in store.segments("default"))
+    assert read <= added * tags_per_segment, (read, added, before)
+    summaries = store.paging.tag_summaries("default")
+    assert set(summaries) == {t for s in store.segments("default") for t in s.tags}

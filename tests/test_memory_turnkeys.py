@@ -27,3 +27,47 @@ def test_engine_filters_nothing_before_the_first_compaction() -> None:
     assert "March 3" not in assembled.prepend_text
     # Without the history, the same turns are recalled.
     assert "March 3" in eng.on_message_inbound("When is the Henninger filing due?").prepend_text
+
+
+class _LongSession:
+    """Just what ``TurnKeys`` reads of a store: a session of ``n`` turns, made when asked."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def turn_texts_with_incarnation(
+        self, session_id: str, after: int
+    ) -> tuple[int | None, list[tuple[int, str, str, str]]]:
+        roles = ("user", "assistant")
+        return 1, [
+            (s, roles[s % 2], f"turn {s} of the long chat", "")
+            for s in range(after + 1, self.n + 1)
+        ]
+
+
+def test_a_long_sessions_turn_keys_take_a_few_bytes_per_turn() -> None:
+    """The keys of a 100k-turn session (exact and whitespace-collapsed) are two machine words
+    per turn, not two Python ints and their list slots (80 bytes per turn)."""
+    import gc
+    import tracemalloc
+
+    from contextfold.items import Message
+    from contextfold.memory.turnkeys import TurnKeys, key_of
+
+    n = 100_000
+    keys = TurnKeys(_LongSession(n))  # type: ignore[arg-type]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        assert len(keys.keys("s")) == n
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held <= n * 2 * 8 * 1.25, held
+    last = Message(role="assistant" if n % 2 else "user", content=f"turn {n} of the long chat")
+    assert keys.seqs_matching("s", {key_of(last)}) == {n}
+    assert keys.seqs_held(
+        "s", [Message(role=last.role, content=f"turn  {n} of the long chat")]
+    ) == {n}

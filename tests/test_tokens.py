@@ -196,6 +196,22 @@ def test_long_texts_are_counted_without_entering_the_cache() -> None:
     assert counter.count.cache_info().currsize == 1
 
 
+def test_the_default_cache_holds_16k_texts_of_at_most_1k_characters() -> None:
+    """What a long-lived process keeps of the texts it counted (every turn it stores) stays
+    within 16,384 texts of at most 1,024 characters, however many it counts."""
+    from contextfold.tokens import CACHE_SIZE, CACHE_TEXT_CHARS
+
+    assert (CACHE_SIZE, CACHE_TEXT_CHARS) == (16_384, 1_024)
+    counter = TiktokenCounter("o200k_base")
+    for n in range(CACHE_SIZE + 500):
+        counter.count(f"turn {n}")
+    assert counter.count.cache_info().currsize == CACHE_SIZE
+    counter.count.cache_clear()
+    counter.count("x" * CACHE_TEXT_CHARS)
+    counter.count("y" * (CACHE_TEXT_CHARS + 1))
+    assert counter.count.cache_info().currsize == 1
+
+
 @pytest.mark.parametrize(("text", "expected"), [("", 0), ("a", 1), ("abcd", 1), ("abcde", 2)])
 def test_char_counter_counts_ceil_quarter(text: str, expected: int) -> None:
     counter = CharCounter()

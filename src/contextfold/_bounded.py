@@ -62,13 +62,17 @@ class BoundedMemo(Generic[K, V]):
     def __len__(self) -> int:
         return len(self._data)
 
-    def get(self, key: K, make: Callable[[], V], *, size: int) -> V:
+    def get(self, key: K, make: Callable[[], V], *, size: int | Callable[[V], int]) -> V:
+        """The memo's value for ``key``, made by ``make`` on a miss. ``size``: the entry's
+        bytes, or a function measuring them from the value made."""
         with self._lock:
             found = self._data.get(key)
             if found is not None:
                 self._data.move_to_end(key)
                 return found[0]
         value = make()
+        if callable(size):
+            size = size(value)
         if size * 4 > self.max_bytes:
             return value
         with self._lock:

@@ -149,6 +149,13 @@ class TokenCounter(Protocol):
     def cut(self, text: str, max_tokens: int, *, from_end: bool = False) -> str: ...
 
 
+#: A ``TiktokenCounter``'s cache: at most this many texts, each of at most this many
+#: characters (a long-lived process counts every turn it stores: 65,536 entries of up to 4,096
+#: characters held 20 MB or more of texts counted once, in a 100k-turn session).
+CACHE_SIZE = 16_384
+CACHE_TEXT_CHARS = 1_024
+
+
 class TiktokenCounter:
     """Exact counts with an OpenAI encoding, memoised in an LRU cache keyed by content.
 
@@ -162,8 +169,8 @@ class TiktokenCounter:
         *,
         estimated: bool = False,
         safety_margin: float = 0.0,
-        cache_size: int = 65_536,
-        cache_text_chars: int = 4_096,
+        cache_size: int = CACHE_SIZE,
+        cache_text_chars: int = CACHE_TEXT_CHARS,
         fallback: bool = False,
     ) -> None:
         if encoding not in _ENCODINGS:

@@ -241,7 +241,7 @@ def _interactive(
     opened = open_engine(config, session, llm=True, context_window=context_window)
     with opened as engine, _closing_client(engine):
         if reset:
-            engine.store.delete_session(session)
+            engine.delete_session(session)
         ChatApp(ChatSession(engine, budget=budget), export_path=export).run()
 
 
@@ -314,7 +314,7 @@ def chat_command(
         opened = open_engine(config, session, llm=True, context_window=context_window)
         with opened as engine, _closing_client(engine):
             if reset:
-                engine.store.delete_session(session)
+                engine.delete_session(session)
             live = list(history)
             console = Console(stderr=True)
             with Progress(

@@ -44,7 +44,7 @@ def domains_command(
         counts = engine.status().tags
         summaries = engine.store.paging.tag_summaries(session)
         segments: dict[str, int] = {}
-        for segment in engine.store.segments(session):
+        for segment in engine.store.segments(session, full_text=False):
             for tag in segment.tags:
                 segments[tag] = segments.get(tag, 0) + 1
     rows: list[dict[str, Any]] = []

@@ -154,7 +154,7 @@ def recall_command(
     with cli_errors(), open_engine(config, session, must_exist=True) as engine:
         name = _resolve_tag(engine, tag, engine.vocabulary())
         summary = engine.store.paging.tag_summaries(session).get(name)
-        segments = [s for s in engine.store.segments(session) if name in s.tags]
+        segments = engine.store.segments(session, tag=name, full_text=False)
     if json_out:
         echo_json(
             {

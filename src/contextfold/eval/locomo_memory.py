@@ -78,7 +78,11 @@ class MemoryEngineSystem:
             return MemoryStore(counter=self.ctx.counter)
         store = self.ctx.shared_store()
         for sid in store.sessions():
-            store.delete_session(sid)
+            # Through the last conversation's engine when there is one: its vector files go too.
+            if self.engine is not None:
+                self.engine.delete_session(sid)
+            else:
+                store.delete_session(sid)
         return store
 
     def contexts(self, question: str, budgets: Sequence[int]) -> dict[int, str]:

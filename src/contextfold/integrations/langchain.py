@@ -290,7 +290,7 @@ class ContextfoldChatHistory(BaseChatMessageHistory):
         )
 
     def clear(self) -> None:
-        self.engine.store.delete_session(self.session_id)
+        self.engine.delete_session(self.session_id)
 
 
 def recall_memory(

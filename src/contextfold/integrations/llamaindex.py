@@ -264,4 +264,4 @@ class ContextfoldMemory(BaseMemory):
 
     def reset(self) -> None:
         self._pending = []
-        self.engine.store.delete_session(self.session_id)
+        self.engine.delete_session(self.session_id)

@@ -122,7 +122,7 @@ class Backend:
         sid, store = self.session, self.memory.store
         summaries = store.paging.tag_summaries(sid)
         working = store.paging.working_set(sid)
-        segments = store.segments(sid)
+        segments = store.segments(sid, full_text=False)
         topics = []
         for tag, turns in self.memory.status().tags.items():
             tagged = [s for s in segments if tag in s.tags]
@@ -146,7 +146,7 @@ class Backend:
         sid, store = self.session, self.memory.store
         name = self.resolve_tag(tag)
         summary = store.paging.tag_summaries(sid).get(name)
-        segments = [s for s in store.segments(sid) if name in s.tags]
+        segments = store.segments(sid, tag=name, full_text=False)
         return {
             "session_id": sid,
             "tag": name,

@@ -235,7 +235,7 @@ class Assembler:
                     seg.summary_tokens,
                     {"segment_id": seg.id, "first_seq": seg.first_seq, "tags": list(seg.tags)},
                 )
-                for seg in self.store.segments(sid)  # earliest first
+                for seg in self.store.segments(sid, full_text=False)  # earliest first
             ]
         # A broad question takes every live topic's summary (cached per generation); a
         # specific one reads its own tags' summaries only.

@@ -228,6 +228,7 @@ class Compactor:
                     full_text="\n".join(t.message.text() for t in group),
                     tags=tags,
                     related_tags=related,
+                    summary_tokens=self.store.counter.count(summary),
                     full_tokens=sum(t.token_count for t in group),
                 )
             )
@@ -237,8 +238,7 @@ class Compactor:
             session_id, {tag for seg in segments for tag in seg.tags}
         )
         compacted = sum(t.token_count for t in batch)
-        stored = {s.id: s for s in self.store.segments(session_id)}
-        summary_tokens = sum(stored[i].summary_tokens for i in ids)
+        summary_tokens = sum(seg.summary_tokens or 0 for seg in segments)
         report = CompactionReport(
             session_id=session_id,
             level=level,
@@ -282,13 +282,15 @@ class Compactor:
         compaction costs what it added, not the whole history again. A tag with no summary
         yet starts from all of its segments. Input already within ``tag_summary_tokens`` is
         stored as is."""
-        current = self.store.paging.tag_summaries(session_id)
-        by_tag: dict[str, list[str]] = {}
-        for seg in self.store.segments(session_id):
-            for tag in seg.tags:
-                done = current.get(tag)
-                if done is None or seg.last_seq > done.source_watermark:
-                    by_tag.setdefault(tag, []).append(seg.summary)
+        # Only the segments each tag's summary has not taken in (their summaries, not their
+        # full text), and only the summaries of the tags that have some: a compaction reads
+        # what it added, not the whole session.
+        by_tag = self.store.paging.segments_since_summary(
+            session_id, None if tags is None else sorted(tags)
+        )
+        if not by_tag:
+            return []
+        current = self.store.paging.tag_summaries(session_id, tags=sorted(by_tag))
         if tags is None:
             tags = {t for t in by_tag if t not in current or current[t].stale}
         watermark = self.store.session(session_id).compaction_watermark - 1

@@ -121,6 +121,9 @@ class CompactionSettings(_Section):
     summary_ratio: float = Field(0.3, gt=0, le=1)
     tag_summary_tokens: int = Field(200, ge=16)
     max_segment_tokens: int = Field(2000, ge=64)
+    # The extractive summarizer's memo of scored sentences (segment summaries come back at
+    # every tag summary's roll-forward), in MB as really held (keys, sentences, words).
+    summary_cache_mb: float = Field(16, ge=0)
     # A compaction ``on_turn_complete`` trips: ``inline`` (the default: the library's two
     # hooks are synchronous, and the call returns its report) runs it inside the call;
     # ``background`` keeps it as a store-kept job that the engine's background thread runs

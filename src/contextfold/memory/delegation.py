@@ -114,10 +114,9 @@ class Delegation:
         known = cached[1]
         missing = [t for t in topics if t not in known]
         if missing:
-            summaries = self.store.paging.tag_summaries(sid)
-            segments = self.store.segments(sid)
+            summaries = self.store.paging.tag_summaries(sid, tags=missing)
             for tag in missing:
-                mine = [s for s in segments if tag in s.tags]
+                mine = self.store.segments(sid, tag=tag)  # this topic's segments only
                 seg = "\n".join(s.summary for s in mine)
                 full = "\n".join(s.full_text for s in mine)
                 summary = summaries[tag].summary if tag in summaries else seg

@@ -45,6 +45,7 @@ from contextfold.memory.rules import TagRules
 from contextfold.memory.summarize import ExtractiveSummarizer, LLMSummarizer, Summarizer
 from contextfold.memory.tagging import EmbeddingTagger, KeywordTagger, LLMTagger, Tagger, TagResult
 from contextfold.memory.tools import run_tool_call, tool_definitions
+from contextfold.memory.turn_index import VectorFiles
 from contextfold.memory.turnkeys import TurnKeys, key_of
 from contextfold.memory.vocabulary import SplitReport, Vocabulary
 from contextfold.retrieval.base import Embedder
@@ -325,7 +326,11 @@ class MemoryEngine:
 
     def _make_summarizer(self) -> Summarizer:
         cfg = self.config
-        extractive = ExtractiveSummarizer(self.counter, ratio=cfg.compaction.summary_ratio)
+        extractive = ExtractiveSummarizer(
+            self.counter,
+            ratio=cfg.compaction.summary_ratio,
+            cache_bytes=int(cfg.compaction.summary_cache_mb * 2**20),
+        )
         if cfg.compaction.summarizer == "llm" and cfg.llm is not None:
             return LLMSummarizer(
                 self.llm_client,
@@ -916,7 +921,7 @@ class MemoryEngine:
                 context_window=self.config.context_window,
                 level=self.compactor.monitor.level(live_tokens),
                 compaction_watermark=session.compaction_watermark,
-                segments=len(self.store.segments(sid)),
+                segments=len(self.store.segments(sid, full_text=False)),
                 tags=dict(sorted(self._counts(sid).items(), key=lambda kv: (-kv[1], kv[0]))),
                 tag_summaries=len(summaries),
                 stale_tag_summaries=sum(s.stale for s in summaries.values()),
@@ -942,12 +947,37 @@ class MemoryEngine:
     def _vector_dir(self) -> Path | None:
         """Where the recaller keeps large sessions' vectors and indexes: beside a file-backed
         SQLite store (``recall.vector_files``); ``None`` for an in-memory or PostgreSQL one."""
-        path = getattr(self.store, "path", None)
         if not self.config.recall.vector_files or self.embedder is None:
             return None
+        return self._vector_folder()
+
+    def _vector_folder(self) -> Path | None:
+        """The folder beside a file-backed SQLite store where vector files live (written by
+        any engine on the store that has an embedder); ``None`` for other stores."""
+        path = getattr(self.store, "path", None)
         if not isinstance(path, str) or path == ":memory:" or not Path(path).is_file():
             return None  # in memory, or a PostgreSQL URL
         return Path(f"{path}.vectors")
+
+    def delete_session(self, session_id: str | None = None) -> bool:
+        """Delete a session with everything derived from it: its rows in the store
+        (``MemoryStorage.delete_session``), its cached vectors and, beside a SQLite store, its
+        vector files, now rather than when an engine next closes; whether it existed. The CLI,
+        the LangChain and LlamaIndex adapters and the LoCoMo runner delete through here."""
+        sid = session_id or self.session_id
+        with self.lock(sid):
+            existed = self.store.delete_session(sid)
+            self.recaller.forget(sid)
+            folder = self._vector_folder()
+            if folder is not None and folder.is_dir():
+                # Every model's files, also those an engine with another (or any) embedder
+                # wrote: the files of a session the store no longer holds.
+                VectorFiles(folder).prune(self._born)
+        return existed
+
+    def _born(self, session_id: str) -> int | None:
+        version = self.store.session_version(session_id)
+        return None if version is None else version[0]
 
     def close(self) -> None:
         """Finish the background work (``flush``), write the vector files, then close the

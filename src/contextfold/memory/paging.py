@@ -73,7 +73,8 @@ class Pager:
             if summary is not None:
                 return summary.summary
             depth = "segments"  # not summarised yet: the segment summaries stand in
-        segments = [s for s in self.store.segments(session_id) if tag in s.tags]
+        # The topic's segments only, their full text only at depth "full".
+        segments = self.store.segments(session_id, tag=tag, full_text=depth == "full")
         if depth == "segments":
             return "\n".join(s.summary for s in segments)
         return "\n".join(s.full_text for s in segments)
@@ -87,7 +88,9 @@ class Pager:
         return {depth: self.topic_tokens(session_id, tag, depth) for depth in DEPTHS}
 
     def _known(self, session_id: str, tag: str) -> None:
-        tags = {t for s in self.store.segments(session_id) for t in s.tags}
+        if self.store.segments(session_id, tag=tag, full_text=False):
+            return
+        tags = {t for s in self.store.segments(session_id, full_text=False) for t in s.tags}
         if tag not in tags:
             known = ", ".join(sorted(tags)[:20]) or "none yet (nothing is compacted)"
             raise ConfigError(f"no stored topic {tag!r}; stored topics: {known}")

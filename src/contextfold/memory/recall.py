@@ -618,7 +618,7 @@ class Recaller:
             return []
         watermark = self.store.session(session_id).compaction_watermark
         segment_of: dict[int, tuple[int, tuple[str, ...]]] = {}
-        for seg in self.store.segments(session_id):
+        for seg in self.store.segments(session_id, full_text=False):
             for seq in seg.seqs:
                 segment_of[seq] = (seg.id, seg.tags)
         words = [w.lower() for w in query.split() if len(w) > 2]

@@ -83,6 +83,20 @@ def _sentences(text: str) -> list[str]:
     return out
 
 
+#: One text's scored sentences: ``(score, sentence with its speaker, lower-cased words)``.
+_Scored = tuple[tuple[float, str, tuple[str, ...]], ...]
+
+
+def _entry_size(scored: _Scored) -> int:
+    """The bytes a memo entry's value holds, near enough (CPython: a tuple is 40 bytes and 8
+    per item, a float 24, each sentence and word its own str), plus the memo's own entry."""
+    size = 160 + 8 * len(scored)  # the tuple, the memo's (value, size) pair and its slot
+    for _, sentence, words in scored:
+        size += 64 + 24 + text_size(sentence) + 40 + 8 * len(words)
+        size += sum(text_size(w) for w in words)
+    return size
+
+
 class ExtractiveSummarizer:
     """Keeps the sentences that carry entities, numbers and dates, to ``ratio`` of the input's
     tokens (never more than ``max_tokens``), in their original order.
@@ -92,27 +106,36 @@ class ExtractiveSummarizer:
     names (1.5), words shared with the segment's tags (1) and the first sentence of a turn (1);
     ties keep the earlier sentence."""
 
-    def __init__(self, counter: TokenCounter, *, ratio: float = 0.3, min_tokens: int = 24) -> None:
+    def __init__(
+        self,
+        counter: TokenCounter,
+        *,
+        ratio: float = 0.3,
+        min_tokens: int = 24,
+        cache_bytes: int = 16 * 2**20,
+    ) -> None:
         if not 0 < ratio <= 1:
             raise ContextfoldError(f"ratio must be in (0, 1], got {ratio}")
         self.counter = counter
         self.ratio = ratio
         self.min_tokens = min_tokens
-        # Bounded by entries and by the bytes of the texts it is keyed by.
-        self._cache: BoundedMemo[str, tuple[tuple[float, str, tuple[str, ...]], ...]] = BoundedMemo(
-            entries=50_000, max_bytes=16 * 1024 * 1024
-        )
+        # Bounded by entries and by ``cache_bytes``: each entry measured whole (its key, its
+        # sentences and their words, ``_entry_size``), not by its key's text alone, which
+        # is a quarter of it or less.
+        self._cache: BoundedMemo[str, _Scored] = BoundedMemo(entries=50_000, max_bytes=cache_bytes)
 
     def __repr__(self) -> str:
         return f"ExtractiveSummarizer(ratio={self.ratio})"
 
-    def _scored(self, text: str) -> tuple[tuple[float, str, tuple[str, ...]], ...]:
+    def _scored(self, text: str) -> _Scored:
         """The sentences of one text as ``(score without the tag bonus, sentence with its
         speaker, lower-cased words)``. Cached: tag summaries see the same segment-summary
         lines again at every compaction."""
-        return self._cache.get(text, lambda: self._score(text), size=3 * text_size(text))
+        return self._cache.get(
+            text, lambda: self._score(text), size=lambda v: text_size(text) + _entry_size(v)
+        )
 
-    def _score(self, text: str) -> tuple[tuple[float, str, tuple[str, ...]], ...]:
+    def _score(self, text: str) -> _Scored:
         match = _SPEAKER.match(text)
         speaker = match.group(1) if match else None
         body = text[match.end() :] if match else text

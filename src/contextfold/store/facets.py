@@ -199,6 +199,16 @@ class PagingStorage(Protocol):
         """The tag summaries by tag (only those of ``tags`` when given)."""
         ...
 
+    def segments_since_summary(
+        self, session_id: str, tags: Sequence[str] | None = None
+    ) -> dict[str, list[str]]:
+        """What each tag's summary has not taken in yet: for each tag a segment carries (only
+        those of ``tags`` when given), the summaries of its segments whose ``last_seq`` is past
+        its tag summary's ``source_watermark`` (all of its segments when it has no summary),
+        earliest first; a tag with none is left out. Reads those segments' summaries only, not
+        their full text nor the other segments (a compaction's read, ``docs/memory.md``)."""
+        ...
+
     def set_working_set(
         self,
         session_id: str,

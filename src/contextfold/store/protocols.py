@@ -350,7 +350,13 @@ class MemoryStorage(Protocol):
         """Store ``segments`` and move the watermark in one transaction; raw turns untouched."""
         ...
 
-    def segments(self, session_id: str) -> list[StoredSegment]: ...
+    def segments(
+        self, session_id: str, *, tag: str | None = None, full_text: bool = True
+    ) -> list[StoredSegment]:
+        """The session's segments, earliest first: only those carrying ``tag`` when given;
+        with ``full_text=False`` each one's ``full_text`` is ``""``, not read (its
+        ``full_tokens`` stay)."""
+        ...
 
     # -- derive --------------------------------------------------------------------------------
 

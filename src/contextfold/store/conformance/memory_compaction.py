@@ -227,3 +227,102 @@ def test_tag_summaries_read_back_by_tag(memory_store: MemoryStorage) -> None:
     assert billing.source_watermark == 2
     assert billing.stale is False  # a related tag on a later turn does not make it stale
     assert store.paging.tag_summaries("other") == {}
+
+
+def _since_summary_from_all(store: MemoryStorage, sid: str) -> dict[str, list[str]]:
+    """``segments_since_summary`` worked out from every segment (the rule it keeps)."""
+    current = store.paging.tag_summaries(sid)
+    out: dict[str, list[str]] = {}
+    for seg in store.segments(sid):
+        for tag in seg.tags:
+            if tag not in current or seg.last_seq > current[tag].source_watermark:
+                out.setdefault(tag, []).append(seg.summary)
+    return out
+
+
+def test_segments_since_summary_reads_each_tags_segments_after_its_summary(
+    memory_store: MemoryStorage,
+) -> None:
+    """The input of a tag summary's roll-forward, read per tag: the summaries of the tag's
+    segments compacted after its summary's watermark (all of them for a tag with no summary),
+    earliest first; the same as working it out from every segment, at every step."""
+    store = filled(memory_store)
+    store.append_turns("s1", messages(TOPICS))  # 12 turns
+    paging = store.paging
+    assert paging.segments_since_summary("s1") == {}
+    store.compact(
+        "s1",
+        [
+            NewSegment(first_seq=1, last_seq=2, summary="a", full_text="", tags=("k8s", "ops")),
+            NewSegment(first_seq=3, last_seq=4, summary="b", full_text="", tags=("lunch",)),
+        ],
+        5,
+    )
+    assert paging.segments_since_summary("s1") == {"k8s": ["a"], "ops": ["a"], "lunch": ["b"]}
+    assert paging.segments_since_summary("s1") == _since_summary_from_all(store, "s1")
+    for tag in ("k8s", "ops", "lunch"):
+        paging.upsert_tag_summary("s1", tag, f"{tag} so far", 4)
+    assert paging.segments_since_summary("s1") == {}
+    store.compact(
+        "s1",
+        [
+            NewSegment(first_seq=5, last_seq=7, summary="c", full_text="", tags=("k8s", "new")),
+            NewSegment(first_seq=8, last_seq=9, summary="d", full_text="", tags=("k8s",)),
+        ],
+        10,
+    )
+    expected = {"k8s": ["c", "d"], "new": ["c"]}
+    assert paging.segments_since_summary("s1") == expected
+    assert paging.segments_since_summary("s1") == _since_summary_from_all(store, "s1")
+    assert paging.segments_since_summary("s1", tags=["new", "lunch", "absent"]) == {"new": ["c"]}
+    assert paging.segments_since_summary("s1", tags=[]) == {}
+    paging.upsert_tag_summary("s1", "k8s", "k8s later", 7)  # covers segment c, not d
+    assert paging.segments_since_summary("s1", tags=["k8s"]) == {"k8s": ["d"]}
+    assert paging.segments_since_summary("s1") == _since_summary_from_all(store, "s1")
+    assert paging.segments_since_summary("other") == {}
+
+
+def test_segments_since_summary_finds_an_old_segment_of_a_tag_never_summarised(
+    memory_store: MemoryStorage,
+) -> None:
+    """A tag whose segments are all older than every other summary's watermark, and that has
+    no summary of its own, still gets all of them."""
+    store = filled(memory_store)
+    store.compact(
+        "s1", [NewSegment(first_seq=1, last_seq=2, summary="a", full_text="", tags=("old",))], 3
+    )
+    store.compact(
+        "s1", [NewSegment(first_seq=3, last_seq=4, summary="b", full_text="", tags=("k8s",))], 5
+    )
+    store.paging.upsert_tag_summary("s1", "k8s", "k8s so far", 4)
+    assert store.paging.segments_since_summary("s1") == {"old": ["a"]}
+    assert store.paging.segments_since_summary("s1", tags=["old"]) == {"old": ["a"]}
+    assert store.paging.segments_since_summary("s1", tags=["k8s"]) == {}
+
+
+def test_segments_read_by_tag_and_without_their_full_text(memory_store: MemoryStorage) -> None:
+    """``segments(tag=)`` is the segments carrying the tag, as filtering all of them gives,
+    with their source turns; ``full_text=False`` leaves only the full text out."""
+    store = filled(memory_store)
+    store.compact(
+        "s1",
+        [
+            NewSegment(first_seq=1, last_seq=2, summary="a", full_text="A A", tags=("k8s",)),
+            NewSegment(first_seq=3, last_seq=4, summary="b", full_text="B B", tags=("lunch",)),
+            NewSegment(first_seq=5, last_seq=5, summary="c", full_text="C", tags=("lunch", "k8s")),
+        ],
+        6,
+    )
+    every = store.segments("s1")
+    for tag in ("k8s", "lunch"):
+        assert store.segments("s1", tag=tag) == [s for s in every if tag in s.tags]
+    assert [s.seqs for s in store.segments("s1", tag="k8s")] == [(1, 2), (5,)]
+    assert store.segments("s1", tag="absent") == [] and store.segments("other", tag="k8s") == []
+    light = store.segments("s1", full_text=False)
+    assert [s.full_text for s in light] == ["", "", ""]
+    assert [s.model_copy(update={"full_text": ""}) for s in every] == light
+    assert [s.full_tokens for s in light] == [s.full_tokens for s in every] != [0, 0, 0]
+    assert [s.id for s in store.segments("s1", tag="lunch", full_text=False)] == [
+        every[1].id,
+        every[2].id,
+    ]

@@ -665,8 +665,10 @@ class PostgresMemoryStore:
             session_id, segments, watermark, _before_commit=_before_commit
         )
 
-    def segments(self, session_id: str) -> list[StoredSegment]:
-        return self._segments.segments(session_id)
+    def segments(
+        self, session_id: str, *, tag: str | None = None, full_text: bool = True
+    ) -> list[StoredSegment]:
+        return self._segments.segments(session_id, tag=tag, full_text=full_text)
 
     def search_segments(
         self, session_id: str, query: str, limit: int = 10

@@ -157,31 +157,49 @@ class PostgresSegments:
         )
         return segment_id
 
-    def segments(self, session_id: str) -> list[StoredSegment]:
-        """The session's segments, earliest first."""
+    def segments(
+        self, session_id: str, *, tag: str | None = None, full_text: bool = True
+    ) -> list[StoredSegment]:
+        """The session's segments, earliest first (those carrying ``tag`` when given; their
+        ``full_text`` left empty, unread, with ``full_text=False``)."""
         with self._db.read() as conn:
-            return self._segments(conn, session_id, None)
+            return self._segments(conn, session_id, None, tag=tag, full_text=full_text)
 
     @staticmethod
     def _segments(
-        conn: psycopg.Connection[Any], session_id: str, ids: Sequence[int] | None
+        conn: psycopg.Connection[Any],
+        session_id: str,
+        ids: Sequence[int] | None,
+        *,
+        tag: str | None = None,
+        full_text: bool = True,
     ) -> list[StoredSegment]:
         if ids is not None and not ids:
             return []
-        where = "" if ids is None else " AND id = ANY(%s)"
+        where = " WHERE s.session_id = %s"
+        params: list[object] = [session_id]
+        if ids is not None:
+            where += " AND s.id = ANY(%s)"
+            params.append(list(ids))
+        if tag is not None:
+            where += " AND s.tags::jsonb ? %s"
+            params.append(tag)
+        text = "s.full_text" if full_text else "''"
         rows = conn.execute(
-            "SELECT id, session_id, first_seq, last_seq, summary, full_text, tags, related_tags,"
-            f" summary_tokens, full_tokens, created_at FROM segments WHERE session_id = %s{where}"
-            " ORDER BY first_seq, id",
-            (session_id, *([list(ids)] if ids is not None else [])),
+            "SELECT s.id, s.session_id, s.first_seq, s.last_seq, s.summary,"
+            f" {text}, s.tags, s.related_tags, s.summary_tokens, s.full_tokens, s.created_at"
+            f" FROM segments s{where} ORDER BY s.first_seq, s.id",
+            params,
         ).fetchall()
         seqs: dict[int, list[int]] = {}
-        for segment_id, seq in conn.execute(
-            "SELECT st.segment_id, st.seq FROM segment_turns st JOIN segments s"
-            " ON s.id = st.segment_id WHERE s.session_id = %s ORDER BY st.segment_id, st.seq",
-            (session_id,),
-        ):
-            seqs.setdefault(segment_id, []).append(seq)
+        if rows:
+            # The source turns of these segments only (not every segment's of the session).
+            for segment_id, seq in conn.execute(
+                "SELECT st.segment_id, st.seq FROM segment_turns st JOIN segments s"
+                f" ON s.id = st.segment_id{where} ORDER BY st.segment_id, st.seq",
+                params,
+            ):
+                seqs.setdefault(segment_id, []).append(seq)
         return [
             StoredSegment(
                 id=r[0],
@@ -268,6 +286,36 @@ class PostgresPaging:
             )
             for r in rows
         }
+
+    def segments_since_summary(
+        self, session_id: str, tags: Sequence[str] | None = None
+    ) -> dict[str, list[str]]:
+        """For each tag (of ``tags`` when given), the summaries of its segments past its tag
+        summary's watermark (all of them when it has none), earliest first. Only segments past
+        the lowest watermark of the session's summaries are read, unless a tag that some
+        segment carries has no summary at all (``tag_stats`` says which)."""
+        with self._db.read() as conn:
+            rows = conn.execute(
+                "SELECT j.tag, s.summary FROM segments s,"
+                " jsonb_array_elements_text(s.tags::jsonb) AS j(tag)"
+                " WHERE s.session_id = %(sid)s"
+                " AND (%(tags)s::text[] IS NULL OR j.tag = ANY(%(tags)s::text[]))"
+                " AND (s.last_seq > (SELECT COALESCE(MIN(ts.source_watermark), -1)"
+                "  FROM tag_summaries ts WHERE ts.session_id = %(sid)s)"
+                "  OR EXISTS (SELECT 1 FROM tag_stats st WHERE st.session_id = %(sid)s"
+                "  AND st.segments > 0"
+                "  AND (%(tags)s::text[] IS NULL OR st.tag = ANY(%(tags)s::text[]))"
+                "  AND NOT EXISTS (SELECT 1 FROM tag_summaries ts"
+                "  WHERE ts.session_id = %(sid)s AND ts.tag = st.tag)))"
+                " AND NOT EXISTS (SELECT 1 FROM tag_summaries ts WHERE ts.session_id = %(sid)s"
+                " AND ts.tag = j.tag AND ts.source_watermark >= s.last_seq)"
+                " ORDER BY s.first_seq, s.id",
+                {"sid": session_id, "tags": None if tags is None else list(tags)},
+            ).fetchall()
+        out: dict[str, list[str]] = {}
+        for tag, summary in rows:
+            out.setdefault(tag, []).append(summary)
+        return out
 
     # -- working set ----------------------------------------------------------------------------
 

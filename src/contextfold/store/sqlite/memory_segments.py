@@ -112,25 +112,47 @@ class SqliteSegments:
         )
         return segment_id
 
-    def segments(self, session_id: str) -> list[StoredSegment]:
-        """The session's segments, earliest first."""
-        return self._segments(session_id, None)
+    def segments(
+        self, session_id: str, *, tag: str | None = None, full_text: bool = True
+    ) -> list[StoredSegment]:
+        """The session's segments, earliest first (those carrying ``tag`` when given; their
+        ``full_text`` left empty, unread, with ``full_text=False``)."""
+        return self._segments(session_id, None, tag=tag, full_text=full_text)
 
-    def _segments(self, session_id: str, ids: Sequence[int] | None) -> list[StoredSegment]:
+    def _segments(
+        self,
+        session_id: str,
+        ids: Sequence[int] | None,
+        *,
+        tag: str | None = None,
+        full_text: bool = True,
+    ) -> list[StoredSegment]:
         if ids is not None and not ids:
             return []
-        where = "" if ids is None else f" AND id IN ({','.join('?' * len(ids))})"
+        where = " WHERE s.session_id = ?"
+        params: list[object] = [session_id]
+        if ids is not None:
+            where += f" AND s.id IN ({','.join('?' * len(ids))})"
+            params += ids
+        if tag is not None:
+            where += " AND EXISTS (SELECT 1 FROM json_each(s.tags) j WHERE j.value = ?)"
+            params.append(tag)
+        text = "s.full_text" if full_text else "''"
         rows = self._db.conn.execute(
-            f"SELECT * FROM segments WHERE session_id = ?{where} ORDER BY first_seq, id",
-            (session_id, *(ids or ())),
+            "SELECT s.id, s.session_id, s.first_seq, s.last_seq, s.summary,"
+            f" {text} AS full_text, s.tags, s.related_tags, s.summary_tokens, s.full_tokens,"
+            f" s.created_at FROM segments s{where} ORDER BY s.first_seq, s.id",
+            params,
         ).fetchall()
         seqs: dict[int, list[int]] = {}
-        for r in self._db.conn.execute(
-            "SELECT st.segment_id, st.seq FROM segment_turns st JOIN segments s"
-            " ON s.id = st.segment_id WHERE s.session_id = ? ORDER BY st.segment_id, st.seq",
-            (session_id,),
-        ):
-            seqs.setdefault(r[0], []).append(r[1])
+        if rows:
+            # The source turns of these segments only (not every segment's of the session).
+            for r in self._db.conn.execute(
+                "SELECT st.segment_id, st.seq FROM segment_turns st JOIN segments s"
+                f" ON s.id = st.segment_id{where} ORDER BY st.segment_id, st.seq",
+                params,
+            ):
+                seqs.setdefault(r[0], []).append(r[1])
         return [
             StoredSegment(
                 id=r["id"],

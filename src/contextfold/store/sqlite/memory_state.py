@@ -9,6 +9,7 @@ connections (``memory_db.MemoryDb``).
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
@@ -87,6 +88,34 @@ class SqlitePaging:
             )
             for r in rows
         }
+
+    def segments_since_summary(
+        self, session_id: str, tags: Sequence[str] | None = None
+    ) -> dict[str, list[str]]:
+        """For each tag (of ``tags`` when given), the summaries of its segments past its tag
+        summary's watermark (all of them when it has none), earliest first. Only segments past
+        the lowest watermark of the session's summaries are read, unless a tag that some
+        segment carries has no summary at all (``tag_stats`` says which)."""
+        rows = self._db.conn.execute(
+            "SELECT j.value, s.summary FROM segments s, json_each(s.tags) j"
+            " WHERE s.session_id = :sid"
+            " AND (:tags IS NULL OR j.value IN (SELECT value FROM json_each(:tags)))"
+            " AND (s.last_seq > (SELECT COALESCE(MIN(ts.source_watermark), -1)"
+            "  FROM tag_summaries ts WHERE ts.session_id = :sid)"
+            "  OR EXISTS (SELECT 1 FROM tag_stats st WHERE st.session_id = :sid"
+            "  AND st.segments > 0"
+            "  AND (:tags IS NULL OR st.tag IN (SELECT value FROM json_each(:tags)))"
+            "  AND NOT EXISTS (SELECT 1 FROM tag_summaries ts WHERE ts.session_id = :sid"
+            "  AND ts.tag = st.tag)))"
+            " AND NOT EXISTS (SELECT 1 FROM tag_summaries ts WHERE ts.session_id = :sid"
+            " AND ts.tag = j.value AND ts.source_watermark >= s.last_seq)"
+            " ORDER BY s.first_seq, s.id",
+            {"sid": session_id, "tags": None if tags is None else json.dumps(list(tags))},
+        )
+        out: dict[str, list[str]] = {}
+        for tag, summary in rows:
+            out.setdefault(tag, []).append(summary)
+        return out
 
     # -- working set ----------------------------------------------------------------------------
 
