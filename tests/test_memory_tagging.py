@@ -646,3 +646,18 @@ def test_the_stem_cache_holds_its_limit(monkeypatch: pytest.MonkeyPatch) -> None
         tagger.tag(" ".join(f"word{n}x{k} running" for k in range(10)))
         assert len(tagger._stems) <= 50  # type: ignore[attr-defined]
     assert tagger._stem("running") == "run"  # type: ignore[attr-defined]
+
+
+def test_configured_keywords_follow_an_alias_added_after_the_tagger_was_built() -> None:
+    canon = TagCanonicalizer()
+    tagger = KeywordTagger({"legal": ["court"], "billing": ["invoice"]}, canonicalizer=canon)
+    assert tagger.tag("The court ruled on the invoice.").tags[:2] == ("legal", "billing")
+    canon.add_alias("legal", "law")
+    fresh = KeywordTagger({"legal": ["court"], "billing": ["invoice"]}, canonicalizer=canon)
+    text = "The court ruled on the invoice."
+    assert tagger.tag(text).tags[:2] == ("law", "billing")
+    assert tagger.tag(text) == fresh.tag(text)
+    canon.remove_alias("legal")
+    assert tagger.tag(text).tags[:2] == ("legal", "billing")
+    tagger.canonicalizer = TagCanonicalizer({"billing": "payments"})
+    assert tagger.tag(text).tags[:2] == ("legal", "payment")
