@@ -290,27 +290,27 @@ def test_a_vocabulary_read_again_after_a_compaction_keeps_its_order() -> None:
     before = list(engine.vocabulary())
     indexed: list[bool] = []
     tagger = engine.inbound_tagger
-    original = tagger._known_index  # type: ignore[attr-defined]
-    entry = tagger._known_entry  # type: ignore[attr-defined]
+    original = tagger._buckets  # type: ignore[attr-defined]
+    group = tagger._group  # type: ignore[attr-defined]
     touched: list[str] = []
 
-    def counted(tag: str) -> Any:
-        touched.append(tag)
-        return entry(tag)
+    def counted(buckets: Any, tags: Sequence[str]) -> None:
+        touched.extend(tags)
+        group(buckets, tags)
 
-    tagger._known_entry = counted  # type: ignore[attr-defined]
+    tagger._group = counted  # type: ignore[attr-defined]
 
     def spy(vocabulary: Sequence[str]) -> Any:
         touched.clear()
-        index = original(vocabulary)
-        # extended, not rebuilt: only the tags that changed were (un)indexed
-        indexed.append(len(touched) < len(vocabulary))  # a rebuild indexes every tag
-        return index
+        groups = original(vocabulary)
+        # extended, not rebuilt: only the tags that changed were (un)grouped
+        indexed.append(len(touched) < len(vocabulary))  # a rebuild groups every tag
+        return groups
 
     # The first inbound vocabulary (the stored tags with their related tags and aliases) is
     # not the one the stored turns were tagged with: it gets its own index, kept from then on.
     engine.on_message_inbound("walnut veneer")
-    tagger._known_index = spy  # type: ignore[attr-defined]
+    tagger._buckets = spy  # type: ignore[attr-defined]
     for start in range(8, 60, 4):  # compactions draw new generations: the counts are re-read
         engine.on_turn_complete(_pairs(start, 4))
     assert engine.store.session("default").compaction_watermark > 0
@@ -318,7 +318,7 @@ def test_a_vocabulary_read_again_after_a_compaction_keeps_its_order() -> None:
     assert after[: len(before)] == before  # the first tags first, new ones after
     assert sorted(after) == sorted(engine.store.tag_counts("default"))
     engine.on_message_inbound("walnut veneer dock 4")
-    # the tagger's index was extended (only the new tags indexed), never rebuilt
+    # the tagger's groups were extended (only the new tags grouped), never rebuilt
     assert len(indexed) > 5 and all(indexed)
 
 

@@ -279,6 +279,27 @@ def test_session_aliases_apply_to_their_session_only() -> None:
     assert "postgres" not in tags("s")
 
 
+def test_the_inbound_vocabulary_is_made_once_per_generation_and_follows_every_change() -> None:
+    engine = plain_engine(aliases={"auto": False})
+    engine.on_turn_complete(
+        [{"role": "user", "content": "Postgres vacuum settings"}], session_id="s"
+    )
+    counts = engine._counts("s")  # type: ignore[attr-defined]
+    first = engine.vocab.inbound_vocabulary("s", counts)
+    # the same generation: the same list, not one made again per message
+    assert engine.vocab.inbound_vocabulary("s", counts) is first
+    engine.tag_message("pg vacuum", session_id="s")  # cached before the alias below
+    engine.add_alias("pg", "postgres", session_id="s")  # a scoped alias: no new turn
+    assert "pg" in engine.vocab.inbound_vocabulary("s", engine._counts("s"))  # type: ignore[attr-defined]
+    found = engine.tag_message("pg vacuum", session_id="s")
+    assert "postgres" in found.tags + found.related_tags
+    engine.on_turn_complete([{"role": "user", "content": "Kiln glaze firing"}], session_id="s")
+    after = engine.vocab.inbound_vocabulary("s", engine._counts("s"))  # type: ignore[attr-defined]
+    assert after[: len(first)] == first and "kiln" in after  # grown in its order
+    assert engine.remove_alias("pg", session_id="s") is True
+    assert "pg" not in engine.vocab.inbound_vocabulary("s", engine._counts("s"))  # type: ignore[attr-defined]
+
+
 # -- expiry ----------------------------------------------------------------------------------------
 
 

@@ -32,7 +32,13 @@ from pydantic import BaseModel, ConfigDict
 
 from contextfold.errors import ConfigError
 
-__all__ = ["AliasSuggestion", "TagCanonicalizer", "fold_plural", "normalize_tag"]
+__all__ = [
+    "IRREGULAR_PLURALS",
+    "AliasSuggestion",
+    "TagCanonicalizer",
+    "fold_plural",
+    "normalize_tag",
+]
 
 _SEPARATORS = re.compile(r"[\s_/\\]+")
 _PUNCTUATION = re.compile(r"[^\w-]+")
@@ -84,6 +90,9 @@ _IRREGULAR = {
     "volcanoes": "volcano",
     "torpedoes": "torpedo",
 }
+#: The plurals folded to a word of another start (``mice`` -> ``mouse``); every other fold
+#: only shortens the end of a word of four or more letters, keeping its first two.
+IRREGULAR_PLURALS = frozenset(_IRREGULAR)
 # Singular words ending in "s" (their plural adds "es": aliases, statuses, gases).
 _S_SINGULARS = _words(
     "alias atlas bias canvas gas status virus bonus campus bus census corpus focus chorus "
@@ -110,6 +119,10 @@ _CHE_SINGULARS = _words("cache niche headache avalanche quiche moustache ache cr
 _KEEP_ENDINGS = ("ss", "us", "sis", "itis", "polis", "ics", "ops", "fs", "js")
 
 
+#: A tag ``normalize_tag`` leaves as it is (most tags: stored canonical), told by one match.
+_NORMALIZED = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+
+
 def normalize_tag(tag: str) -> str:
     """Lower-case, trim and hyphenate ``tag``; ``""`` when nothing word-like is left.
 
@@ -118,6 +131,8 @@ def normalize_tag(tag: str) -> str:
     >>> normalize_tag("C++"), normalize_tag("???")
     ('cplusplus', '')
     """
+    if _NORMALIZED.fullmatch(tag):
+        return tag
     text = tag.strip().lower().replace("+", "plus").replace("#", "sharp")
     text = _SEPARATORS.sub("-", text)
     text = _PUNCTUATION.sub("", text)
@@ -299,6 +314,11 @@ class TagCanonicalizer:
             self._version += 1
         self._cache.clear()
         return found
+
+    @property
+    def alias_sources(self) -> frozenset[str]:
+        """The aliases' own (folded) spellings, the tags whose canonical form is another."""
+        return frozenset(self._aliases)
 
     @property
     def aliases(self) -> dict[str, str]:
