@@ -414,3 +414,25 @@ def test_words_and_tags_on_more_turns_than_common_limit_are_left_out() -> None:
     assert found and {r.seq for r in a if "fts" in r.ranks} == {seq for seq, _ in found}
     assert len(store.search_turn_seqs("default", query, limit=300)) > len(found)
     assert {r.seq for r in b if "fts" in r.ranks} > {r.seq for r in a if "fts" in r.ranks}
+
+
+def test_the_known_tag_cache_holds_its_limit_and_tags_as_an_unbounded_one() -> None:
+    def engine(limit: int) -> MemoryEngine:
+        config = MemoryConfig.model_validate({"tagger": {"known_tag_cache": limit}})
+        store = MemoryStore(counter=CharCounter())
+        return MemoryEngine(config, store=store, embedder=None, counter=CharCounter())
+
+    small, large = engine(8), engine(200_000)
+    words = ["walnut", "veneer", "teak", "oak", "maple", "cedar", "birch", "ash", "elm", "pine"]
+    history = [
+        {"role": "user", "content": f"The {a} and {b} boards for order {n} arrived."}
+        for n, (a, b) in enumerate(zip(words, words[1:] + words[:1], strict=True))
+    ]
+    for eng in (small, large):
+        eng.on_turn_complete(history)
+    for a in words:
+        for b in words[:4]:
+            question = f"Where are the {a} {b} boards?"
+            assert small.tag_message(question) == large.tag_message(question)
+            assert len(small.inbound_tagger._entries) <= 8  # type: ignore[attr-defined]
+    assert len(large.inbound_tagger._entries) > 8  # type: ignore[attr-defined]
