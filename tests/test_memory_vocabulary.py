@@ -360,3 +360,25 @@ def test_versions_are_not_merged_as_near_spellings() -> None:
     )
     assert engine.vocab.session_aliases("s") == {}
     assert {"windows-10", "windows-11"} <= set(engine.vocabulary(session_id="s"))
+
+
+def test_without_a_ttl_rule_no_tag_of_the_session_is_asked_about() -> None:
+    engine = plain_engine()
+    engine.on_turn_complete([{"role": "user", "content": "Kiln glaze firing schedule"}])
+    asked: list[str] = []
+    for_tag = engine.rules.for_tag
+
+    def spy(tag: str) -> Any:
+        asked.append(tag)
+        return for_tag(tag)
+
+    engine.rules.for_tag = spy  # type: ignore[method-assign]
+    assert not engine.rules.has_ttl
+    assert engine.vocab.expired("default", engine.vocabulary()) == []
+    assert asked == []  # a session of any size: nothing per tag
+    cfg = MemoryConfig.model_validate({"tag_rules": [{"match": "kiln*", "ttl_days": 1}]})
+    timed = MemoryEngine(cfg, store=MemoryStore(counter=COUNTER), embedder=None, counter=COUNTER)
+    assert timed.rules.has_ttl
+    timed.on_turn_complete([{"role": "user", "content": "Kiln glaze firing schedule"}])
+    later = datetime.now(UTC) + timedelta(days=3)
+    assert timed.vocab.expired("default", timed.vocabulary(), later) == ["kiln-glaze"]

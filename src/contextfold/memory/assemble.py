@@ -155,7 +155,11 @@ class Assembler:
         # "409 turns" of a tag 14 turns had), for the tags a segment carries.
         counts = self._compacted_counts(sid, record.born, watermark)
         # When a tag was last seen matters only to the tags with a TTL rule: only theirs is read.
-        ttl = [tag for tag in counts if self.rules.for_tag(tag).ttl_days is not None]
+        ttl = (
+            [tag for tag in counts if self.rules.for_tag(tag).ttl_days is not None]
+            if self.rules.has_ttl
+            else []
+        )
         last_seen = self.store.tag_last_seen(sid, tags=ttl) if ttl else {}
         live = [
             tag

@@ -306,6 +306,8 @@ class Vocabulary:
         """The session's tags whose ``ttl_days`` ran out since they were last on a turn (when
         each was last seen is read once per generation of the session)."""
         now = now or datetime.now(UTC)
+        if not self.rules.has_ttl:  # no tag can expire: none of the session's is asked about
+            return []
         ttl = [tag for tag in counts if self.rules.for_tag(tag).ttl_days is not None]
         if not ttl:
             return []
