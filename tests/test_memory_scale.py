@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -436,3 +437,21 @@ def test_the_known_tag_cache_holds_its_limit_and_tags_as_an_unbounded_one() -> N
             assert small.tag_message(question) == large.tag_message(question)
             assert len(small.inbound_tagger._entries) <= 8  # type: ignore[attr-defined]
     assert len(large.inbound_tagger._entries) > 8  # type: ignore[attr-defined]
+
+
+def test_the_topics_are_ordered_by_rule_priority_then_count_then_name() -> None:
+    from contextfold.memory.rules import TagRules
+
+    engine = _compacting()
+    engine.on_turn_complete(_pairs(0, 40))
+    sid = "default"
+    assert engine.store.session(sid).compaction_watermark > 0
+    counts = engine.store.topic_counts(sid)[1]
+    assert len(set(counts.values())) > 1  # the order by count is tested
+    now = datetime.now(UTC)
+    topics, _ = engine.assembler._topics(sid, now, False, 500)  # type: ignore[attr-defined]
+    assert topics == sorted(counts, key=lambda t: (-counts[t], t))  # no rules: count, name
+    engine.assembler.rules = TagRules.from_config([{"match": topics[-1], "priority": 9}])
+    engine.assembler._topic_cache.pop(sid)  # type: ignore[attr-defined]
+    ruled, _ = engine.assembler._topics(sid, now, False, 500)  # type: ignore[attr-defined]
+    assert ruled[0] == topics[-1] and ruled[1:] == topics[:-1]

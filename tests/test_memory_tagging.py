@@ -768,3 +768,26 @@ def test_the_known_tag_entries_hold_their_limit() -> None:
         assert len(tagger._entries) <= 30  # type: ignore[attr-defined]
     with pytest.raises(ConfigError, match="cache_limit"):
         KeywordTagger(cache_limit=0)
+
+
+def test_protecting_a_name_drops_only_the_known_tag_entries_ending_in_it() -> None:
+    tagger = KeywordTagger()
+    vocabulary = ["trip-with-reeves", "reeves", "kiln", "kiln-glaze", "trip"]
+    tagger.tag("the kiln glaze and the trip with reeves", vocabulary=vocabulary)
+    assert set(tagger._entries) == set(vocabulary)  # type: ignore[attr-defined]
+    tagger.canonicalizer.protect("Reeves")
+    result = tagger.tag("the kiln glaze and the trip with Reeves", vocabulary=vocabulary)
+    fresh = KeywordTagger(canonicalizer=TagCanonicalizer(protected=["reeves"]))
+    assert result == fresh.tag("the kiln glaze and the trip with Reeves", vocabulary=vocabulary)
+    made: list[str] = []
+    entry = tagger._known_entry  # type: ignore[attr-defined]
+
+    def counted(tag: str) -> Any:
+        made.append(tag)
+        return entry(tag)
+
+    tagger._known_entry = counted  # type: ignore[attr-defined]
+    tagger.canonicalizer.protect("Jenkins")  # changes no tag of the vocabulary
+    tagger.canonicalizer.protect("Reevess")
+    tagger.tag("kiln glaze trip", vocabulary=vocabulary)
+    assert made == []  # kept: no protected name is one of their last parts

@@ -166,7 +166,11 @@ class Assembler:
             for tag in counts
             if tag not in last_seen or not self.rules.expired(tag, last_seen[tag], now)
         ]
-        live.sort(key=lambda t: (-self.rules.priority(t), -counts[t], t))
+        if len(self.rules):
+            live.sort(key=lambda t: (-self.rules.priority(t), -counts[t], t))
+        else:  # every tag at the default priority: by count, then name (stable sorts, in C)
+            live.sort()
+            live.sort(key=counts.__getitem__, reverse=True)
         hint = self._hint(live, counts, max(watermark - 1, 0), tools, limit)
         self._topic_cache.put(sid, (key, live, hint))
         return live, hint

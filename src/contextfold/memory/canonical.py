@@ -140,6 +140,8 @@ def normalize_tag(tag: str) -> str:
 
 
 _PLAIN = re.compile(r"[a-z0-9-]*")
+#: How many changes a canonicalizer remembers for ``changed_since``.
+_CHANGES_KEPT = 64
 
 
 def _last_part(tag: str) -> str:
@@ -219,6 +221,9 @@ class TagCanonicalizer:
         self._protected: set[str] = {normalize_tag(w) for w in protected}
         self._cache: dict[str, str] = {}
         self._version = 0
+        # The last changes, oldest first: (the version it made, the last parts it changed the
+        # canonical forms of; ``None``: an alias, any tag's).
+        self._changes: list[tuple[int, frozenset[str] | None]] = []
         for alias, canonical in (aliases or {}).items():
             self.add_alias(alias, canonical)
 
@@ -231,6 +236,28 @@ class TagCanonicalizer:
         removed, a word protected that could fold): what a caller caching canonical forms
         compares to know its cache is still good."""
         return self._version
+
+    def _changed(self, parts: frozenset[str] | None) -> None:
+        self._version += 1
+        self._changes.append((self._version, parts))
+        del self._changes[:-_CHANGES_KEPT]
+
+    def changed_since(self, version: int) -> frozenset[str] | None:
+        """What may answer differently from ``canonical`` since ``version``: the tags whose
+        ``last_part`` is one of the returned words (only names were protected since), or any
+        tag (``None``: an alias changed, or ``version`` is older than the changes kept)."""
+        if version == self._version:
+            return frozenset()
+        since = [parts for made, parts in self._changes if made > version]
+        if len(since) != self._version - version or any(p is None for p in since):
+            return None
+        return frozenset().union(*since)  # type: ignore[arg-type]
+
+    @staticmethod
+    def last_part(tag: str) -> str:
+        """The last hyphen-part of the normalized ``tag``: what protecting a name changes
+        the canonical forms of (``changed_since``)."""
+        return _last_part(tag)
 
     def normalize(self, tag: str) -> str:
         """``normalize_tag(tag)``: lower-case, hyphenated, punctuation-free; may be ``""``."""
@@ -252,7 +279,7 @@ class TagCanonicalizer:
             # not the raw tag: ``Ree'ves`` holds no ``reeves`` but normalizes to it.
             folding = {w for w in new if _fold_word(w, ()) != _fold_word(w, (w,))}
             if folding:
-                self._version += 1
+                self._changed(frozenset(folding))
                 self._cache = {
                     tag: found
                     for tag, found in self._cache.items()
@@ -304,14 +331,14 @@ class TagCanonicalizer:
                 f"resolves to {source!r}); remove the other alias first"
             )
         self._aliases[source] = target
-        self._version += 1
+        self._changed(None)
         self._cache.clear()
 
     def remove_alias(self, alias: str) -> bool:
         """Forget the alias ``alias``; whether there was one."""
         found = self._aliases.pop(self.fold(alias), None) is not None
         if found:
-            self._version += 1
+            self._changed(None)
         self._cache.clear()
         return found
 

@@ -275,6 +275,9 @@ class KeywordTagger:
         # version) in ``_entries_by``.
         self._entries: dict[str, tuple[str, tuple[str, ...]] | None] = {}
         self._entries_by = (self.canonicalizer, self.canonicalizer.version)
+        # The entries' tags by ``TagCanonicalizer.last_part``: protecting a name drops only
+        # the entries of the tags ending in it.
+        self._entries_by_last: dict[str, list[str]] = {}
         self._prefix_stems = language in _PREFIX_STEMMERS
         self._df: dict[str, int] = {}
         self._docs = 0
@@ -506,10 +509,21 @@ class KeywordTagger:
             canonicalizer = self.canonicalizer
             by = (canonicalizer, canonicalizer.version)
             if by[0] is not self._entries_by[0] or by[1] != self._entries_by[1]:
-                # an alias or a protected name changed some canonical forms: made again as
-                # the lookups need them
-                self._entries, self._entries_by = {}, by
-            entries = self._entries
+                # Some canonical forms changed: a protected name changes only the tags ending
+                # in it (dropped); an alias, any tag (all dropped). Made again as needed.
+                changed = (
+                    by[0].changed_since(self._entries_by[1])
+                    if by[0] is self._entries_by[0]
+                    else None
+                )
+                if changed is None:
+                    self._entries, self._entries_by_last = {}, {}
+                for part in changed or ():
+                    for tag in self._entries_by_last.pop(part, ()):
+                        self._entries.pop(tag, None)
+                self._entries_by = by
+            entries, by_last = self._entries, self._entries_by_last
+            last_part = canonicalizer.last_part
             out = []
             for tag in tags:
                 try:
@@ -517,7 +531,9 @@ class KeywordTagger:
                 except KeyError:
                     if len(entries) >= self.cache_limit:
                         entries.clear()
+                        by_last.clear()
                     entry = entries[tag] = self._known_entry(tag)
+                    by_last.setdefault(last_part(tag), []).append(tag)
                 if entry is not None:
                     out.append(entry)
             return out
