@@ -814,6 +814,37 @@ def _render_memory_scale(path: Path, data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _render_first_recall(path: Path, data: dict[str, Any]) -> list[str]:
+    p = data["parameters"]
+    lines = [
+        "## The first recall after a restart or a compaction (`bench_first_recall.py`)",
+        "",
+        data["description"],
+        "",
+        f"- Command: `{data['command']}` → `{_relative(str(path))}`",
+        f"- Machine: {_machine_line(data)}",
+        f"- One session, keyword-only; {p['questions']} steady recalls, {p['repeats']} first "
+        f"recalls of each kind ({p['grow']} turns added before each compaction), "
+        f"{p['rounds']} child process(es) per code version, alternating; medians.",
+        "",
+        "| turns | code | steady p50 ms (CPU) | after restart ms (CPU) | ratio wall / CPU | "
+        "after compaction ms (CPU) | ratio wall / CPU |",
+        "|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for run in data["runs"]:
+        for label, s in run["summary"].items():
+            lines.append(
+                f"| {run['turns']:,} | {label} | {s['steady_wall_ms']:,.1f} "
+                f"({s['steady_cpu_ms']:,.1f}) | {s['after_restart_wall_ms']:,.1f} "
+                f"({s['after_restart_cpu_ms']:,.1f}) | {s['after_restart_wall_ratio']}× / "
+                f"{s['after_restart_cpu_ratio']}× | {s['after_compaction_wall_ms']:,.1f} "
+                f"({s['after_compaction_cpu_ms']:,.1f}) | {s['after_compaction_wall_ratio']}× / "
+                f"{s['after_compaction_cpu_ratio']}× |"
+            )
+    lines += ["", f"- Correctness flags: {_flags(data['correctness'])}."]
+    return lines
+
+
 def _render_turn_ann(path: Path, data: dict[str, Any]) -> list[str]:
     p = data["parameters"]
     lines = [
@@ -1194,6 +1225,7 @@ def _render_telemetry(path: Path, data: dict[str, Any]) -> list[str]:
 _RENDERERS = {
     "memory": _render_memory,
     "memory_scale": _render_memory_scale,
+    "first_recall": _render_first_recall,
     "turn_ann": _render_turn_ann,
     "proxy": _render_proxy,
     "durability": _render_durability,
@@ -1232,7 +1264,7 @@ def render_results(results_dir: Path) -> str:
         "process, data loading included. Re-run with `python benchmarks/bench_window.py`, "
         "`python benchmarks/bench_history_trim.py`, `python benchmarks/bench_retrieval.py`, "
         "`python benchmarks/bench_memory.py`, `python benchmarks/bench_memory_scale.py`, "
-        "`python benchmarks/bench_turn_ann.py`, "
+        "`python benchmarks/bench_turn_ann.py`, `python benchmarks/bench_first_recall.py`, "
         "`python benchmarks/bench_proxy.py`, "
         "`python benchmarks/bench_durability.py`, `python benchmarks/bench_warm_start.py`, "
         "`python benchmarks/bench_tool_outputs.py` (`--synthesized` for the synthesized "

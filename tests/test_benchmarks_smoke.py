@@ -250,6 +250,23 @@ def test_memory_scale_benchmark_quick_run(tmp_path: Path) -> None:
     assert "## Memory as it grows" in md.read_text(encoding="utf-8")
 
 
+@needs_data
+def test_first_recall_benchmark_quick_run(tmp_path: Path) -> None:
+    """``bench_first_recall.py`` repeats the first recall after a restart and after a
+    compaction beside the steady one, in child processes on copies of one stored session."""
+    result, md = run_quick(tmp_path, "bench_first_recall.py", "first_recall")
+    assert result.keys() >= (COMMON_KEYS - {"configs", "goals"}) | {"runs", "parameters"}
+    (run,) = result["runs"]
+    assert run["turns"] == 300 and run["build"]["tags"] > 0
+    (measured,) = run["sides"]["this checkout"]
+    assert measured["steady"].keys() >= TIMING_KEYS and measured["steady"]["n"] == 3
+    assert measured["after_restart"]["n"] == measured["after_compaction"]["n"] == 2
+    summary = run["summary"]["this checkout"]
+    assert summary["after_restart_wall_ratio"] > 0 and summary["after_compaction_cpu_ratio"] > 0
+    assert result["correctness"] and all(v is True for v in result["correctness"].values())
+    assert "## The first recall after a restart or a compaction" in md.read_text(encoding="utf-8")
+
+
 def test_memory_floor_calibration_quick_run(tmp_path: Path) -> None:
     result, md = run_quick(tmp_path, "calibrate_memory_floor.py", "memory_floor_calibration")
     assert result["split"] == "tune" and result["quick"] is True

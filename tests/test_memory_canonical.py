@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -352,3 +353,47 @@ def test_the_version_grows_when_a_canonical_form_may_change() -> None:
     assert canon.version == before
     assert canon.remove_alias("DB")
     assert canon.version > before
+
+
+_CHANGE = st.one_of(
+    st.tuples(st.just("protect"), _WORDS),
+    st.tuples(st.just("alias"), _TAGS, _TAGS),
+    st.tuples(st.just("unalias"), _TAGS),
+)
+
+
+@given(st.lists(_TAGS, min_size=1, max_size=10), st.lists(_CHANGE, max_size=8))
+def test_changed_since_names_every_tag_whose_canonical_form_changed(
+    tags: list[str], changes: list[tuple[str, ...]]
+) -> None:
+    canon = TagCanonicalizer()
+    seen = [(canon.version, [canon.canonical(t) for t in tags])]
+    for change in changes:
+        if change[0] == "protect":
+            canon.protect(change[1])
+        elif change[0] == "alias":
+            with contextlib.suppress(ConfigError):
+                canon.add_alias(change[1], change[2])
+        else:
+            canon.remove_alias(change[1])
+        seen.append((canon.version, [canon.canonical(t) for t in tags]))
+    now = [canon.canonical(t) for t in tags]
+    for version, forms in seen:
+        changed = canon.changed_since(version)
+        for tag, before, after in zip(tags, forms, now, strict=True):
+            if before != after:  # named by the change, or every tag may have changed
+                assert changed is None or canon.last_part(tag) in changed
+    assert canon.changed_since(canon.version) == frozenset()
+
+
+def test_changed_since_forgets_old_changes_and_says_so() -> None:
+    canon = TagCanonicalizer()
+    start = canon.version
+    canon.protect("Reeves")
+    assert canon.changed_since(start) == {"reeves"}
+    for n in range(100):
+        canon.protect(f"Names{n}s")
+    assert canon.changed_since(start) is None  # older than the changes kept: any tag
+    recent = canon.version
+    canon.add_alias("db", "database")
+    assert canon.changed_since(recent) is None

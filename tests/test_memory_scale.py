@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -290,27 +291,27 @@ def test_a_vocabulary_read_again_after_a_compaction_keeps_its_order() -> None:
     before = list(engine.vocabulary())
     indexed: list[bool] = []
     tagger = engine.inbound_tagger
-    original = tagger._known_index  # type: ignore[attr-defined]
-    entry = tagger._known_entry  # type: ignore[attr-defined]
+    original = tagger._buckets  # type: ignore[attr-defined]
+    group = tagger._group  # type: ignore[attr-defined]
     touched: list[str] = []
 
-    def counted(tag: str) -> Any:
-        touched.append(tag)
-        return entry(tag)
+    def counted(buckets: Any, tags: Sequence[str]) -> None:
+        touched.extend(tags)
+        group(buckets, tags)
 
-    tagger._known_entry = counted  # type: ignore[attr-defined]
+    tagger._group = counted  # type: ignore[attr-defined]
 
     def spy(vocabulary: Sequence[str]) -> Any:
         touched.clear()
-        index = original(vocabulary)
-        # extended, not rebuilt: only the tags that changed were (un)indexed
-        indexed.append(len(touched) < len(vocabulary))  # a rebuild indexes every tag
-        return index
+        groups = original(vocabulary)
+        # extended, not rebuilt: only the tags that changed were (un)grouped
+        indexed.append(len(touched) < len(vocabulary))  # a rebuild groups every tag
+        return groups
 
     # The first inbound vocabulary (the stored tags with their related tags and aliases) is
     # not the one the stored turns were tagged with: it gets its own index, kept from then on.
     engine.on_message_inbound("walnut veneer")
-    tagger._known_index = spy  # type: ignore[attr-defined]
+    tagger._buckets = spy  # type: ignore[attr-defined]
     for start in range(8, 60, 4):  # compactions draw new generations: the counts are re-read
         engine.on_turn_complete(_pairs(start, 4))
     assert engine.store.session("default").compaction_watermark > 0
@@ -318,7 +319,7 @@ def test_a_vocabulary_read_again_after_a_compaction_keeps_its_order() -> None:
     assert after[: len(before)] == before  # the first tags first, new ones after
     assert sorted(after) == sorted(engine.store.tag_counts("default"))
     engine.on_message_inbound("walnut veneer dock 4")
-    # the tagger's index was extended (only the new tags indexed), never rebuilt
+    # the tagger's groups were extended (only the new tags grouped), never rebuilt
     assert len(indexed) > 5 and all(indexed)
 
 
@@ -457,3 +458,43 @@ def test_a_turn_and_its_compaction_read_only_the_segments_they_add() -> None:
     assert read <= added * tags_per_segment, (read, added, before)
     summaries = store.paging.tag_summaries("default")
     assert set(summaries) == {t for s in store.segments("default") for t in s.tags}
+
+
+def test_the_known_tag_cache_holds_its_limit_and_tags_as_an_unbounded_one() -> None:
+    def engine(limit: int) -> MemoryEngine:
+        config = MemoryConfig.model_validate({"tagger": {"known_tag_cache": limit}})
+        store = MemoryStore(counter=CharCounter())
+        return MemoryEngine(config, store=store, embedder=None, counter=CharCounter())
+
+    small, large = engine(8), engine(200_000)
+    words = ["walnut", "veneer", "teak", "oak", "maple", "cedar", "birch", "ash", "elm", "pine"]
+    history = [
+        {"role": "user", "content": f"The {a} and {b} boards for order {n} arrived."}
+        for n, (a, b) in enumerate(zip(words, words[1:] + words[:1], strict=True))
+    ]
+    for eng in (small, large):
+        eng.on_turn_complete(history)
+    for a in words:
+        for b in words[:4]:
+            question = f"Where are the {a} {b} boards?"
+            assert small.tag_message(question) == large.tag_message(question)
+            assert len(small.inbound_tagger._entries) <= 8  # type: ignore[attr-defined]
+    assert len(large.inbound_tagger._entries) > 8  # type: ignore[attr-defined]
+
+
+def test_the_topics_are_ordered_by_rule_priority_then_count_then_name() -> None:
+    from contextfold.memory.rules import TagRules
+
+    engine = _compacting()
+    engine.on_turn_complete(_pairs(0, 40))
+    sid = "default"
+    assert engine.store.session(sid).compaction_watermark > 0
+    counts = engine.store.topic_counts(sid)[1]
+    assert len(set(counts.values())) > 1  # the order by count is tested
+    now = datetime.now(UTC)
+    topics, _ = engine.assembler._topics(sid, now, False, 500)  # type: ignore[attr-defined]
+    assert topics == sorted(counts, key=lambda t: (-counts[t], t))  # no rules: count, name
+    engine.assembler.rules = TagRules.from_config([{"match": topics[-1], "priority": 9}])
+    engine.assembler._topic_cache.pop(sid)  # type: ignore[attr-defined]
+    ruled, _ = engine.assembler._topics(sid, now, False, 500)  # type: ignore[attr-defined]
+    assert ruled[0] == topics[-1] and ruled[1:] == topics[:-1]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -572,7 +573,8 @@ def test_a_vocabulary_growing_turn_by_turn_keeps_one_index_and_the_others_theirs
     tagger.canonicalizer.canonical = spy  # type: ignore[method-assign]
     result = tagger.tag("kiln pottery and tag3", vocabulary=grown)
     assert "pottery" in result.tags and "tag3" in result.tags
-    assert "glaze" not in names and "tag3" in names  # extended by the new tag, not rebuilt
+    assert "glaze" not in names  # extended by the new tag, not rebuilt
+    assert "tag3" not in names  # its entry was made for the stored vocabulary already
 
 
 def _index_names(tagger: KeywordTagger, vocabulary: list[str]) -> dict[str, list[Any]]:
@@ -602,8 +604,11 @@ def test_a_carried_index_follows_a_replaced_canonicalizer() -> None:
 
 
 _VOCAB_WORDS = st.sampled_from(
-    ["deploy", "release", "billing", "invoice", "reeves", "Jones", "release-notes", "kiln"]
-)
+    [
+        "deploy", "release", "billing", "invoice", "reeves", "Jones", "release-notes", "kiln",
+        "mice", "mouse-trap", "Dying", "die", "db", " Support_Group", "s", "x-ray", "lying",
+    ]
+)  # fmt: skip
 _VOCAB_STEP = st.one_of(
     st.tuples(
         st.just("vocabulary"),
@@ -616,13 +621,29 @@ _VOCAB_STEP = st.one_of(
 )
 
 
-@given(st.lists(_VOCAB_STEP, min_size=1, max_size=12))
+def _stems_of(tagger: KeywordTagger, text: str) -> set[str]:
+    return {tagger._stem(w) for w in re.findall(r"\w+", text.lower())}  # type: ignore[attr-defined]
+
+
+def _looked_up(tagger: KeywordTagger, vocabulary: list[str], text: str) -> dict[str, list[Any]]:
+    """What a text's lookup finds: the index restricted to the text's stems."""
+    index = tagger._known_index(vocabulary, _stems_of(tagger, text))  # type: ignore[attr-defined]
+    return {stem: sorted(entries) for stem, entries in index.items() if entries}
+
+
+def _restricted(full: dict[str, list[Any]], tagger: KeywordTagger, text: str) -> dict[str, Any]:
+    present = _stems_of(tagger, text)
+    return {stem: entries for stem, entries in full.items() if stem in present}
+
+
+@given(st.lists(_VOCAB_STEP, min_size=1, max_size=12), st.lists(_VOCAB_WORDS, max_size=4))
 def test_a_carried_index_equals_a_fresh_one_across_canonicalizer_changes(
-    steps: list[tuple[Any, ...]],
+    steps: list[tuple[Any, ...]], words: list[str]
 ) -> None:
     canon = TagCanonicalizer()
     tagger = KeywordTagger(canonicalizer=canon)
     vocabulary: list[str] = []
+    text = " ".join(w.replace("-", " ") for w in words) + " deploying invoices"
     for step in steps:
         if step[0] == "vocabulary":  # keep a start of the last one, append new tags
             vocabulary = [*vocabulary[: step[1]], *step[2]]
@@ -633,7 +654,11 @@ def test_a_carried_index_equals_a_fresh_one_across_canonicalizer_changes(
             canon.remove_alias(step[1])
         else:
             canon.protect(step[1])
-        fresh = _index_names(KeywordTagger(canonicalizer=canon), vocabulary)
+        fresh_tagger = KeywordTagger(canonicalizer=canon)
+        fresh = _index_names(fresh_tagger, vocabulary)
+        # a text's lookup (only the tags starting like its stems) finds what the whole
+        # index holds for its stems, carried or fresh
+        assert _looked_up(tagger, vocabulary, text) == _restricted(fresh, tagger, text)
         assert _index_names(tagger, vocabulary) == fresh
 
 
@@ -646,3 +671,123 @@ def test_the_stem_cache_holds_its_limit(monkeypatch: pytest.MonkeyPatch) -> None
         tagger.tag(" ".join(f"word{n}x{k} running" for k in range(10)))
         assert len(tagger._stems) <= 50  # type: ignore[attr-defined]
     assert tagger._stem("running") == "run"  # type: ignore[attr-defined]
+
+
+def test_configured_keywords_follow_an_alias_added_after_the_tagger_was_built() -> None:
+    canon = TagCanonicalizer()
+    tagger = KeywordTagger({"legal": ["court"], "billing": ["invoice"]}, canonicalizer=canon)
+    assert tagger.tag("The court ruled on the invoice.").tags[:2] == ("legal", "billing")
+    canon.add_alias("legal", "law")
+    fresh = KeywordTagger({"legal": ["court"], "billing": ["invoice"]}, canonicalizer=canon)
+    text = "The court ruled on the invoice."
+    assert tagger.tag(text).tags[:2] == ("law", "billing")
+    assert tagger.tag(text) == fresh.tag(text)
+    canon.remove_alias("legal")
+    assert tagger.tag(text).tags[:2] == ("legal", "billing")
+    tagger.canonicalizer = TagCanonicalizer({"billing": "payments"})
+    assert tagger.tag(text).tags[:2] == ("legal", "payment")
+
+
+@pytest.mark.parametrize("language", ["english", "porter"])
+def test_a_prefix_stemmer_keeps_the_first_two_letters_the_lookup_relies_on(language: str) -> None:
+    """``KeywordTagger._known_index`` looks a stem ``s`` up among the tags starting with
+    ``s[:2]`` (or ``s[0] + "y"`` when ``s[1]`` is ``i``; when ``s`` is shorter, ``s``
+    followed by nothing, ``e``, ``i`` or ``s``): every word of up to four letters, and
+    inflections of every start of up to three letters, stem so."""
+    import itertools
+    import string
+
+    from contextfold.analysis import _stemmer
+
+    letters = string.ascii_lowercase
+    words = ["".join(p) for n in range(1, 5) for p in itertools.product(letters, repeat=n)]
+    starts = ["".join(p) for n in (1, 2, 3) for p in itertools.product(letters, repeat=n)]
+    suffixes = ["ing", "ed", "ies", "ied", "es", "ly", "ingly", "edly", "ying", "yed", "ness"]
+    suffixes += ["s", "eed", "ement", "ance", "ation", "ational", "fulness", "iveness", "alli"]
+    suffixes += ["ogi", "bli", "ator", "aliti", "biliti", "icate", "ical", "ful", "sses", "e"]
+    words += [start + suffix for start in starts for suffix in suffixes]
+    words += ["dying", "lying", "tying", "skies", "gently", "early", "only", "news", "x9s", "a1"]
+    stems = _stemmer(language).stemWords(words)
+    missed = [
+        (word, stem)
+        for word, stem in zip(words, stems, strict=True)
+        if not (
+            word[:2] in {stem + after for after in ("", "e", "i", "s")}
+            if len(stem) < 2
+            else word[:2] == stem[:2] or (stem[1] == "i" and word[:2] == stem[0] + "y")
+        )
+    ]
+    assert missed == []
+
+
+_TAG_POOL = [
+    "kiln", "kilns", "glaze", "pottery-class", "support-group", "mice", "mouse", "dying",
+    "die", "lie", "lying", "db", "database", "Jones", "james", "x-ray", "a", "s", "C++",
+    "caroline", "carolines", "news", "analysis", "ayes", "eye", "running", "run", "ai",
+]  # fmt: skip
+_TEXT_WORDS = [*_TAG_POOL, "the", "a", "s", "dyed", "kilning", "supporting", "groups", "ran"]
+
+
+@given(
+    st.lists(st.sampled_from(_TAG_POOL), max_size=15),
+    st.lists(st.lists(st.sampled_from(_TEXT_WORDS), min_size=1, max_size=8), max_size=4),
+    st.lists(st.tuples(st.sampled_from(_TAG_POOL), st.sampled_from(_TAG_POOL)), max_size=2),
+)
+def test_a_lookup_by_the_texts_stems_tags_as_the_whole_index_does(
+    vocabulary: list[str], texts: list[list[str]], aliases: list[tuple[str, str]]
+) -> None:
+    canon = TagCanonicalizer()
+    for alias, target in aliases:
+        with contextlib.suppress(ConfigError):
+            canon.add_alias(alias, target)
+    lazy = KeywordTagger(canonicalizer=canon)
+    whole = KeywordTagger(canonicalizer=canon)
+    whole._prefix_stems = False  # type: ignore[attr-defined]
+    for words in texts:
+        text = " ".join(words)
+        assert lazy.tag(text, vocabulary=vocabulary) == whole.tag(text, vocabulary=vocabulary)
+
+
+def test_a_first_lookup_makes_entries_only_for_the_tags_starting_like_the_text() -> None:
+    vocabulary = [f"{a}{b}topic{n}" for a in "abcdefgh" for b in "aeiou" for n in range(20)]
+    vocabulary += ["kiln", "kiln-glaze"]
+    tagger = KeywordTagger()
+    result = tagger.tag("Is the kiln glaze ready?", vocabulary=vocabulary)
+    assert result.tags[0] == "kiln-glaze"
+    made = set(tagger._entries)  # type: ignore[attr-defined]
+    assert {"kiln", "kiln-glaze"} <= made
+    assert len(made) < 50  # of 802: only the groups of "is", "the", "kiln", "glaze", "ready"
+
+
+def test_the_known_tag_entries_hold_their_limit() -> None:
+    tagger = KeywordTagger(cache_limit=30)
+    vocabulary = [f"kiln-{n}" for n in range(100)]
+    for n in range(0, 100, 7):
+        result = tagger.tag(f"the kiln {n}", vocabulary=vocabulary)
+        assert f"kiln-{n}" in result.tags
+        assert len(tagger._entries) <= 30  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="cache_limit"):
+        KeywordTagger(cache_limit=0)
+
+
+def test_protecting_a_name_drops_only_the_known_tag_entries_ending_in_it() -> None:
+    tagger = KeywordTagger()
+    vocabulary = ["trip-with-reeves", "reeves", "kiln", "kiln-glaze", "trip"]
+    tagger.tag("the kiln glaze and the trip with reeves", vocabulary=vocabulary)
+    assert set(tagger._entries) == set(vocabulary)  # type: ignore[attr-defined]
+    tagger.canonicalizer.protect("Reeves")
+    result = tagger.tag("the kiln glaze and the trip with Reeves", vocabulary=vocabulary)
+    fresh = KeywordTagger(canonicalizer=TagCanonicalizer(protected=["reeves"]))
+    assert result == fresh.tag("the kiln glaze and the trip with Reeves", vocabulary=vocabulary)
+    made: list[str] = []
+    entry = tagger._known_entry  # type: ignore[attr-defined]
+
+    def counted(tag: str) -> Any:
+        made.append(tag)
+        return entry(tag)
+
+    tagger._known_entry = counted  # type: ignore[attr-defined]
+    tagger.canonicalizer.protect("Jenkins")  # changes no tag of the vocabulary
+    tagger.canonicalizer.protect("Reevess")
+    tagger.tag("kiln glaze trip", vocabulary=vocabulary)
+    assert made == []  # kept: no protected name is one of their last parts

@@ -279,6 +279,27 @@ def test_session_aliases_apply_to_their_session_only() -> None:
     assert "postgres" not in tags("s")
 
 
+def test_the_inbound_vocabulary_is_made_once_per_generation_and_follows_every_change() -> None:
+    engine = plain_engine(aliases={"auto": False})
+    engine.on_turn_complete(
+        [{"role": "user", "content": "Postgres vacuum settings"}], session_id="s"
+    )
+    counts = engine._counts("s")  # type: ignore[attr-defined]
+    first = engine.vocab.inbound_vocabulary("s", counts)
+    # the same generation: the same list, not one made again per message
+    assert engine.vocab.inbound_vocabulary("s", counts) is first
+    engine.tag_message("pg vacuum", session_id="s")  # cached before the alias below
+    engine.add_alias("pg", "postgres", session_id="s")  # a scoped alias: no new turn
+    assert "pg" in engine.vocab.inbound_vocabulary("s", engine._counts("s"))  # type: ignore[attr-defined]
+    found = engine.tag_message("pg vacuum", session_id="s")
+    assert "postgres" in found.tags + found.related_tags
+    engine.on_turn_complete([{"role": "user", "content": "Kiln glaze firing"}], session_id="s")
+    after = engine.vocab.inbound_vocabulary("s", engine._counts("s"))  # type: ignore[attr-defined]
+    assert after[: len(first)] == first and "kiln" in after  # grown in its order
+    assert engine.remove_alias("pg", session_id="s") is True
+    assert "pg" not in engine.vocab.inbound_vocabulary("s", engine._counts("s"))  # type: ignore[attr-defined]
+
+
 # -- expiry ----------------------------------------------------------------------------------------
 
 
@@ -339,3 +360,25 @@ def test_versions_are_not_merged_as_near_spellings() -> None:
     )
     assert engine.vocab.session_aliases("s") == {}
     assert {"windows-10", "windows-11"} <= set(engine.vocabulary(session_id="s"))
+
+
+def test_without_a_ttl_rule_no_tag_of_the_session_is_asked_about() -> None:
+    engine = plain_engine()
+    engine.on_turn_complete([{"role": "user", "content": "Kiln glaze firing schedule"}])
+    asked: list[str] = []
+    for_tag = engine.rules.for_tag
+
+    def spy(tag: str) -> Any:
+        asked.append(tag)
+        return for_tag(tag)
+
+    engine.rules.for_tag = spy  # type: ignore[method-assign]
+    assert not engine.rules.has_ttl
+    assert engine.vocab.expired("default", engine.vocabulary()) == []
+    assert asked == []  # a session of any size: nothing per tag
+    cfg = MemoryConfig.model_validate({"tag_rules": [{"match": "kiln*", "ttl_days": 1}]})
+    timed = MemoryEngine(cfg, store=MemoryStore(counter=COUNTER), embedder=None, counter=COUNTER)
+    assert timed.rules.has_ttl
+    timed.on_turn_complete([{"role": "user", "content": "Kiln glaze firing schedule"}])
+    later = datetime.now(UTC) + timedelta(days=3)
+    assert timed.vocab.expired("default", timed.vocabulary(), later) == ["kiln-glaze"]

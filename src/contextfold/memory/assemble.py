@@ -155,14 +155,22 @@ class Assembler:
         # "409 turns" of a tag 14 turns had), for the tags a segment carries.
         counts = self._compacted_counts(sid, record.born, watermark)
         # When a tag was last seen matters only to the tags with a TTL rule: only theirs is read.
-        ttl = [tag for tag in counts if self.rules.for_tag(tag).ttl_days is not None]
+        ttl = (
+            [tag for tag in counts if self.rules.for_tag(tag).ttl_days is not None]
+            if self.rules.has_ttl
+            else []
+        )
         last_seen = self.store.tag_last_seen(sid, tags=ttl) if ttl else {}
         live = [
             tag
             for tag in counts
             if tag not in last_seen or not self.rules.expired(tag, last_seen[tag], now)
         ]
-        live.sort(key=lambda t: (-self.rules.priority(t), -counts[t], t))
+        if len(self.rules):
+            live.sort(key=lambda t: (-self.rules.priority(t), -counts[t], t))
+        else:  # every tag at the default priority: by count, then name (stable sorts, in C)
+            live.sort()
+            live.sort(key=counts.__getitem__, reverse=True)
         hint = self._hint(live, counts, max(watermark - 1, 0), tools, limit)
         self._topic_cache.put(sid, (key, live, hint))
         return live, hint

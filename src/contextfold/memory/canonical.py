@@ -32,7 +32,13 @@ from pydantic import BaseModel, ConfigDict
 
 from contextfold.errors import ConfigError
 
-__all__ = ["AliasSuggestion", "TagCanonicalizer", "fold_plural", "normalize_tag"]
+__all__ = [
+    "IRREGULAR_PLURALS",
+    "AliasSuggestion",
+    "TagCanonicalizer",
+    "fold_plural",
+    "normalize_tag",
+]
 
 _SEPARATORS = re.compile(r"[\s_/\\]+")
 _PUNCTUATION = re.compile(r"[^\w-]+")
@@ -84,6 +90,9 @@ _IRREGULAR = {
     "volcanoes": "volcano",
     "torpedoes": "torpedo",
 }
+#: The plurals folded to a word of another start (``mice`` -> ``mouse``); every other fold
+#: only shortens the end of a word of four or more letters, keeping its first two.
+IRREGULAR_PLURALS = frozenset(_IRREGULAR)
 # Singular words ending in "s" (their plural adds "es": aliases, statuses, gases).
 _S_SINGULARS = _words(
     "alias atlas bias canvas gas status virus bonus campus bus census corpus focus chorus "
@@ -110,6 +119,10 @@ _CHE_SINGULARS = _words("cache niche headache avalanche quiche moustache ache cr
 _KEEP_ENDINGS = ("ss", "us", "sis", "itis", "polis", "ics", "ops", "fs", "js")
 
 
+#: A tag ``normalize_tag`` leaves as it is (most tags: stored canonical), told by one match.
+_NORMALIZED = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+
+
 def normalize_tag(tag: str) -> str:
     """Lower-case, trim and hyphenate ``tag``; ``""`` when nothing word-like is left.
 
@@ -118,6 +131,8 @@ def normalize_tag(tag: str) -> str:
     >>> normalize_tag("C++"), normalize_tag("???")
     ('cplusplus', '')
     """
+    if _NORMALIZED.fullmatch(tag):
+        return tag
     text = tag.strip().lower().replace("+", "plus").replace("#", "sharp")
     text = _SEPARATORS.sub("-", text)
     text = _PUNCTUATION.sub("", text)
@@ -125,6 +140,8 @@ def normalize_tag(tag: str) -> str:
 
 
 _PLAIN = re.compile(r"[a-z0-9-]*")
+#: How many changes a canonicalizer remembers for ``changed_since``.
+_CHANGES_KEPT = 64
 
 
 def _last_part(tag: str) -> str:
@@ -204,6 +221,9 @@ class TagCanonicalizer:
         self._protected: set[str] = {normalize_tag(w) for w in protected}
         self._cache: dict[str, str] = {}
         self._version = 0
+        # The last changes, oldest first: (the version it made, the last parts it changed the
+        # canonical forms of; ``None``: an alias, any tag's).
+        self._changes: list[tuple[int, frozenset[str] | None]] = []
         for alias, canonical in (aliases or {}).items():
             self.add_alias(alias, canonical)
 
@@ -216,6 +236,28 @@ class TagCanonicalizer:
         removed, a word protected that could fold): what a caller caching canonical forms
         compares to know its cache is still good."""
         return self._version
+
+    def _changed(self, parts: frozenset[str] | None) -> None:
+        self._version += 1
+        self._changes.append((self._version, parts))
+        del self._changes[:-_CHANGES_KEPT]
+
+    def changed_since(self, version: int) -> frozenset[str] | None:
+        """What may answer differently from ``canonical`` since ``version``: the tags whose
+        ``last_part`` is one of the returned words (only names were protected since), or any
+        tag (``None``: an alias changed, or ``version`` is older than the changes kept)."""
+        if version == self._version:
+            return frozenset()
+        since = [parts for made, parts in self._changes if made > version]
+        if len(since) != self._version - version or any(p is None for p in since):
+            return None
+        return frozenset().union(*since)  # type: ignore[arg-type]
+
+    @staticmethod
+    def last_part(tag: str) -> str:
+        """The last hyphen-part of the normalized ``tag``: what protecting a name changes
+        the canonical forms of (``changed_since``)."""
+        return _last_part(tag)
 
     def normalize(self, tag: str) -> str:
         """``normalize_tag(tag)``: lower-case, hyphenated, punctuation-free; may be ``""``."""
@@ -237,7 +279,7 @@ class TagCanonicalizer:
             # not the raw tag: ``Ree'ves`` holds no ``reeves`` but normalizes to it.
             folding = {w for w in new if _fold_word(w, ()) != _fold_word(w, (w,))}
             if folding:
-                self._version += 1
+                self._changed(frozenset(folding))
                 self._cache = {
                     tag: found
                     for tag, found in self._cache.items()
@@ -289,16 +331,21 @@ class TagCanonicalizer:
                 f"resolves to {source!r}); remove the other alias first"
             )
         self._aliases[source] = target
-        self._version += 1
+        self._changed(None)
         self._cache.clear()
 
     def remove_alias(self, alias: str) -> bool:
         """Forget the alias ``alias``; whether there was one."""
         found = self._aliases.pop(self.fold(alias), None) is not None
         if found:
-            self._version += 1
+            self._changed(None)
         self._cache.clear()
         return found
+
+    @property
+    def alias_sources(self) -> frozenset[str]:
+        """The aliases' own (folded) spellings, the tags whose canonical form is another."""
+        return frozenset(self._aliases)
 
     @property
     def aliases(self) -> dict[str, str]:

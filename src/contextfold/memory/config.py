@@ -108,6 +108,9 @@ class TaggerSettings(_Section):
     max_tags: int = Field(5, ge=1, le=20)
     embedding_threshold: float = Field(0.25, ge=-1, le=1)
     lookback_words: int = Field(8, ge=0)
+    # Known-tag entries (a tag's canonical form and stems) the keyword tagger keeps, made as
+    # messages need them; all are dropped when the limit is reached or an alias changes.
+    known_tag_cache: int = Field(200_000, ge=1)
     splitting: SplittingSettings = SplittingSettings()
     aliases: AliasSettings = AliasSettings()
 

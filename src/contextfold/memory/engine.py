@@ -173,6 +173,7 @@ class MemoryEngine:
             cfg.tagger.keywords or None,
             max_tags=cfg.tagger.max_tags,
             canonicalizer=self.canonicalizer,
+            cache_limit=cfg.tagger.known_tag_cache,
         )
         self.tagger: Tagger = tagger if tagger is not None else self._make_tagger(keyword)
         self.inbound_tagger: Tagger = (

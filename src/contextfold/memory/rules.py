@@ -55,6 +55,9 @@ class TagRules:
             re.compile(fnmatch.translate(rule.match.lower())) for rule in self._rules
         )
         self._lookup = lru_cache(maxsize=4096)(self._first_match)
+        #: Whether any rule has a TTL: without one no tag expires, and a caller looking for
+        #: the tags that may need not ask about each tag of a session.
+        self.has_ttl = any(rule.ttl_days is not None for rule in self._rules)
 
     @classmethod
     def from_config(cls, rules: Sequence[dict[str, object]]) -> TagRules:
@@ -81,7 +84,7 @@ class TagRules:
 
     def for_tag(self, tag: str) -> TagRule:
         """The first rule whose pattern matches ``tag``; ``DEFAULT_RULE`` when none does."""
-        return self._lookup(tag)
+        return self._lookup(tag) if self._rules else DEFAULT_RULE
 
     def priority(self, tag: str) -> int:
         return self.for_tag(tag).priority

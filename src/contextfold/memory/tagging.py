@@ -33,7 +33,7 @@ import logging
 import math
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -41,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, computed_field, model_validator
 
 from contextfold.analysis import _stemmer, _stopwords
 from contextfold.errors import ConfigError, ContextfoldError
-from contextfold.memory.canonical import TagCanonicalizer
+from contextfold.memory.canonical import IRREGULAR_PLURALS, TagCanonicalizer
 from contextfold.memory.intent import detect_broad, detect_temporal
 from contextfold.retrieval.base import Embedder
 
@@ -165,6 +165,20 @@ _CHATTER_VERBS = _words(
 )
 # How many vocabularies' indexes a keyword tagger keeps (``KeywordTagger._known_index``).
 _KNOWN_INDEXES = 4
+# Stemmers whose stem of a word keeps the word's first two letters, except where the second
+# letter ``y`` became ``i`` (``dying`` -> ``die``) or the stem is shorter than two letters
+# (``s``; ``aing`` -> ``a``, and in porter ``as`` -> ``a``, ``s`` -> ``""``): checked over
+# every word of up to four letters and inflections of every three-letter start
+# (``test_memory_tagging``). With one of these, a known tag is looked up only among the
+# vocabulary's tags that start like one of the text's stems (``KeywordTagger._known_index``).
+_PREFIX_STEMMERS = frozenset({"english", "porter"})
+# What follows a stem shorter than two letters in the words stemmed to it.
+_SHORT_STEM_NEXT = ("", "e", "i", "s")
+# A tag whose canonical form starts with its own first two letters whatever the aliases: one
+# already normalized (lower-case ASCII letters and digits, single hyphens inside).
+_PLAIN_TAG = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+# The lines of a newline-joined vocabulary that are not plain tags (found in one scan).
+_ODD_LINES = re.compile(r"^(?![a-z0-9]+(?:-[a-z0-9]+)*$).*$", re.MULTILINE)
 _WORD_OR_BREAK = re.compile(r"\w+|[.!?;:,()\[\]{}\"“”]|\n")
 _SENTENCE_END = frozenset(".!?\n")
 _TITLES = ("mr", "mrs", "ms", "dr", "prof", "st", "jr", "sr", "vs", "etc")
@@ -230,6 +244,7 @@ class KeywordTagger:
         learn: bool = True,
         lookback_words: int = 8,
         language: str = "english",
+        cache_limit: int = _CACHE_LIMIT,
     ) -> None:
         if max_tags < 1:
             raise ConfigError(f"max_tags must be >= 1, got {max_tags}")
@@ -246,27 +261,39 @@ class KeywordTagger:
         self._names: set[str] = set()
         self._titles = frozenset(self._stem(w) for w in _TITLES)
         self._surface: dict[str, str] = {}
-        # The indexes of the last few vocabularies, newest first: the stored turns' tagging and
-        # the inbound tagging pass different ones (the inbound one adds related tags and
-        # aliases), and each keeps its own.
-        self._known: list[tuple[list[str], dict[str, list[tuple[str, tuple[str, ...]]]]]] = []
+        if cache_limit < 1:
+            raise ConfigError(f"cache_limit must be >= 1, got {cache_limit}")
+        self.cache_limit = cache_limit
+        # The last few vocabularies, newest first, each with its tags grouped by their first
+        # two letters (``_buckets``): the stored turns' tagging and the inbound tagging pass
+        # different ones (the inbound one adds related tags and aliases), and each keeps its
+        # own. The groups depend on the tags' spelling alone, not on the canonicalizer.
+        self._known: list[tuple[list[str], dict[str, list[str]]]] = []
         self._known_lock = threading.Lock()
-        # the canonicalizer (and its version) that _known was built by
-        self._known_by = (self.canonicalizer, self.canonicalizer.version)
+        # Known-tag entries (canonical name, stems of its parts) by tag, made as a text's
+        # lookup needs them, at most ``cache_limit``; valid for the canonicalizer (and its
+        # version) in ``_entries_by``.
+        self._entries: dict[str, tuple[str, tuple[str, ...]] | None] = {}
+        self._entries_by = (self.canonicalizer, self.canonicalizer.version)
+        # The entries' tags by ``TagCanonicalizer.last_part``: protecting a name drops only
+        # the entries of the tags ending in it.
+        self._entries_by_last: dict[str, list[str]] = {}
+        self._prefix_stems = language in _PREFIX_STEMMERS
         self._df: dict[str, int] = {}
         self._docs = 0
         self._lock = threading.Lock()
-        self._keywords: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
-        self._configured: list[str] = []
+        # The configured tags as given and their keywords' stems; their canonical names follow
+        # the canonicalizer (an alias added later renames them), made again when it changes.
+        self._keyword_specs: list[tuple[str, list[tuple[str, ...]]]] = []
         for tag, words in (vocabulary or {}).items():
-            name = self.canonicalizer.canonical(tag)
-            if not name:
+            if not self.canonicalizer.canonical(tag):
                 raise ConfigError(f"configured tag {tag!r} is empty after normalization")
-            self._configured.append(name)
-            for phrase in words:
-                stems = tuple(self._stem(w) for w in re.findall(r"\w+", phrase.lower()))
-                if stems:
-                    self._keywords.setdefault(stems[0], []).append((name, stems))
+            stems = [tuple(self._stem(w) for w in re.findall(r"\w+", p.lower())) for p in words]
+            self._keyword_specs.append((tag, [s for s in stems if s]))
+        self._keywords_by: tuple[TagCanonicalizer, int] | None = None
+        self._keyword_index: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+        self._configured: list[str] = []
+        self._configured_keywords()
 
     def __repr__(self) -> str:
         return (
@@ -277,6 +304,21 @@ class KeywordTagger:
     @property
     def documents_seen(self) -> int:
         return self._docs
+
+    def _configured_keywords(self) -> dict[str, list[tuple[str, tuple[str, ...]]]]:
+        """The configured keywords by the stem of their first word, each with its tag's
+        canonical name under the canonicalizer now (made again when it changed)."""
+        by = (self.canonicalizer, self.canonicalizer.version)
+        if self._keywords_by != by:
+            index: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+            configured: list[str] = []
+            for tag, phrases in self._keyword_specs:
+                name = by[0].canonical(tag)
+                configured.append(name)
+                for stems in phrases:
+                    index.setdefault(stems[0], []).append((name, stems))
+            self._keyword_index, self._configured, self._keywords_by = index, configured, by
+        return self._keyword_index
 
     def _stem(self, word: str) -> str:
         found = self._stems.get(word)
@@ -403,51 +445,131 @@ class KeywordTagger:
         parts = tuple(self._stem(p) for p in name.split("-") if p)
         return (name, parts) if parts else None
 
-    def _known_index(
-        self, vocabulary: Sequence[str]
-    ) -> dict[str, list[tuple[str, tuple[str, ...]]]]:
-        """Known tags by the stem of their first part. A vocabulary grows by appending (a
-        session's tags in first-seen order), so the index sharing the longest start with it
-        is carried over: the tags after that start are taken out and the new ones indexed,
-        instead of indexing every tag again (a vocabulary that lost a tag, merged or split,
-        still shares most of its start). Indexes built before the canonicalizer changed (an
-        alias, a protected name) are dropped: their entries, and the ones a carried index
-        would take out, are the old canonical forms."""
+    @staticmethod
+    def _bucket(tag: str) -> str:
+        """The group of ``tag`` in a vocabulary's ``_buckets``: the first two letters of its
+        first part when its canonical form starts with them (whatever the aliases, which are
+        looked up apart), else ``""``, the group every lookup reads."""
+        if tag in IRREGULAR_PLURALS or not _PLAIN_TAG.fullmatch(tag):
+            return ""  # "mice" -> "mouse"; " DB" -> "db"
+        return tag[:2].rstrip("-")  # "x-ray": "x"
+
+    def _group(self, buckets: dict[str, list[str]], tags: Sequence[str]) -> None:
+        """Add ``tags`` to their ``_bucket`` groups (the tags that are not plain are found
+        in one regex scan of the vocabulary, not one match per tag)."""
+        if not tags:
+            return
+        joined = "\n".join(tags)
+        if joined.count("\n") != len(tags) - 1:  # a tag holding a newline: one by one
+            for tag in tags:
+                buckets.setdefault(self._bucket(tag), []).append(tag)
+            return
+        odd = set(_ODD_LINES.findall(joined)) | IRREGULAR_PLURALS.intersection(tags)
+        for tag in tags:
+            buckets.setdefault("" if tag in odd else tag[:2].rstrip("-"), []).append(tag)
+
+    def _buckets(self, vocabulary: Sequence[str]) -> dict[str, list[str]]:
+        """The vocabulary's tags grouped by ``_bucket``. A vocabulary grows by appending (a
+        session's tags in first-seen order), so the groups of the one sharing the longest
+        start with it are carried over: the tags after that start are taken out and the new
+        ones added, instead of grouping every tag again (a vocabulary that lost a tag, merged
+        or split, still shares most of its start)."""
         words = list(vocabulary)
         with self._known_lock:
-            canonicalizer = self.canonicalizer
-            by = (canonicalizer, canonicalizer.version)
-            if by[0] is not self._known_by[0] or by[1] != self._known_by[1]:
-                self._known, self._known_by = [], by
-            base: tuple[list[str], dict[str, list[tuple[str, tuple[str, ...]]]]] = ([], {})
+            base: tuple[list[str], dict[str, list[str]]] = ([], {})
             shared = 0
             for entry in self._known:
                 common = _common_start(entry[0], words)
                 if common > shared:
                     base, shared = entry, common
-            seen, index = base
-            # An index whose vocabulary grew takes its base's place: the vocabulary that grew
-            # has one index however often it grew (a derive's tagging grows its vocabulary
-            # turn by turn; kept beside each other, those indexes pushed the inbound tagging's
-            # out, and the first recall after each derive built it again for every tag). One
-            # that lost tags is kept beside its base, which may be another caller's.
+            seen, buckets = base
+            # A vocabulary that grew takes its base's place: the vocabulary that grew has one
+            # entry however often it grew (a derive's tagging grows its vocabulary turn by
+            # turn; kept beside each other, those pushed the inbound tagging's out). One that
+            # lost tags is kept beside its base, which may be another caller's.
             grown = shared == len(seen)
             others = [e for e in self._known if e is not base] if grown else list(self._known)
             if shared < len(seen) or shared < len(words):
-                # A new index, not the old one changed: a caller holding the old one (on
+                # New groups, not the old ones changed: a caller holding the old ones (on
                 # another thread) never sees the change.
-                index = {stem: list(names) for stem, names in index.items()}
+                buckets = {key: list(tags) for key, tags in buckets.items()}
                 for tag in seen[shared:]:
-                    gone = self._known_entry(tag)
-                    if gone is not None and gone in index.get(gone[1][0], ()):
-                        index[gone[1][0]].remove(gone)
-                for tag in words[shared:]:
-                    added = self._known_entry(tag)
-                    if added is not None:
-                        index.setdefault(added[1][0], []).append(added)
+                    group = buckets.get(self._bucket(tag))
+                    if group is not None and tag in group:
+                        group.remove(tag)
+                self._group(buckets, words[shared:])
                 seen = words
-            self._known = [(seen, index), *others[: _KNOWN_INDEXES - 1]]
-            return index
+            self._known = [(seen, buckets), *others[: _KNOWN_INDEXES - 1]]
+            return buckets
+
+    def _entries_for(self, tags: Iterable[str]) -> list[tuple[str, tuple[str, ...]]]:
+        """The known-tag entries of ``tags`` (those with a non-empty canonical form), made once
+        per canonicalizer version and kept at most ``cache_limit`` at a time."""
+        with self._known_lock:
+            canonicalizer = self.canonicalizer
+            by = (canonicalizer, canonicalizer.version)
+            if by[0] is not self._entries_by[0] or by[1] != self._entries_by[1]:
+                # Some canonical forms changed: a protected name changes only the tags ending
+                # in it (dropped); an alias, any tag (all dropped). Made again as needed.
+                changed = (
+                    by[0].changed_since(self._entries_by[1])
+                    if by[0] is self._entries_by[0]
+                    else None
+                )
+                if changed is None:
+                    self._entries, self._entries_by_last = {}, {}
+                for part in changed or ():
+                    for tag in self._entries_by_last.pop(part, ()):
+                        self._entries.pop(tag, None)
+                self._entries_by = by
+            entries, by_last = self._entries, self._entries_by_last
+            last_part = canonicalizer.last_part
+            out = []
+            for tag in tags:
+                try:
+                    entry = entries[tag]
+                except KeyError:
+                    if len(entries) >= self.cache_limit:
+                        entries.clear()
+                        by_last.clear()
+                    entry = entries[tag] = self._known_entry(tag)
+                    by_last.setdefault(last_part(tag), []).append(tag)
+                if entry is not None:
+                    out.append(entry)
+            return out
+
+    def _known_index(
+        self, vocabulary: Sequence[str], present: Collection[str] | None = None
+    ) -> dict[str, list[tuple[str, tuple[str, ...]]]]:
+        """Known tags by the stem of their first part: every tag of the vocabulary, or with
+        ``present`` (a text's stems) only those whose first stem is one of them, which is all
+        a text's lookup needs. Only those tags' canonical forms and stems are made: with a
+        prefix-keeping stemmer (``_PREFIX_STEMMERS``) a tag whose first stem is ``s`` starts
+        with ``s``'s first two letters, so only the tags starting like one of the text's
+        stems are looked at (besides the ones an alias may rename, and the ``""`` group). The
+        first lookup in a fresh process costs what the text touches, not the vocabulary's
+        size."""
+        buckets = self._buckets(vocabulary)
+        if present is None or not self._prefix_stems:
+            candidates: Iterable[str] = [t for group in buckets.values() for t in group]
+        else:
+            keys = {""}
+            for stem in present:
+                if len(stem) < 2:  # "s"; "a" from "aing"; "" from "s" (porter)
+                    keys.update(stem + after for after in _SHORT_STEM_NEXT)
+                    continue
+                keys.add(stem[:2])
+                if stem[1] == "i":  # "dying" -> "die", "ay" -> "ai" (porter)
+                    keys.add(stem[0] + "y")
+            # A tag whose folded form is an alias starts like the alias (folding keeps a
+            # plain tag's first two letters), and its canonical form is the alias's target.
+            keys.update(a[:2].rstrip("-") for a in self.canonicalizer.alias_sources)
+            candidates = [t for key in keys for t in buckets.get(key, ())]
+        index: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+        for name, parts in self._entries_for(candidates):
+            if present is None or parts[0] in present:
+                index.setdefault(parts[0], []).append((name, parts))
+        return index
 
     def tag(
         self, text: str, *, vocabulary: Sequence[str] = (), context: Sequence[str] = ()
@@ -465,17 +587,18 @@ class KeywordTagger:
         related: list[str] = []
         consumed: set[str] = set()  # stems explained by a chosen keyword, known tag or pair
         taken: set[str] = set()  # stems of chosen single-word keyphrases
-        if self._keywords:
+        keywords = self._configured_keywords() if self._keyword_specs else None
+        if keywords:
             hits: dict[str, int] = {}
             for i, stem in enumerate(stems):
-                for name, sequence in self._keywords.get(stem, ()):
+                for name, sequence in keywords.get(stem, ()):
                     if tuple(stems[i : i + len(sequence)]) == sequence:
                         hits[name] = hits.get(name, 0) + 1
                         consumed.update(sequence)
             chosen += sorted(hits, key=lambda name: -hits[name])
         if vocabulary:
-            index = self._known_index(vocabulary)
             present = set(stems)
+            index = self._known_index(vocabulary, present)
             known = [
                 (name, parts)
                 for stem in present

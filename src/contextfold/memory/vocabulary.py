@@ -117,8 +117,9 @@ class Vocabulary:
         self._related: SessionLRU[tuple[int, dict[str, int]]] = SessionLRU(sessions)
         self._seen: SessionLRU[set[str]] = SessionLRU(sessions)
         self._pinned = threading.local()  # (session, generation) of ``pinned``
-        # The last inbound vocabulary handed out per session: the next keeps its order.
-        self._inbound: SessionLRU[list[str]] = SessionLRU(sessions)
+        # The last inbound vocabulary handed out per session, with the generation and the
+        # counts it was made from: the same is handed out again, and the next keeps its order.
+        self._inbound: SessionLRU[tuple[int, Mapping[str, int], list[str]]] = SessionLRU(sessions)
         self._last_seen: SessionLRU[tuple[int, dict[str, datetime]]] = SessionLRU(sessions)
         self._held: SessionLRU[tuple[tuple[int, tuple[str, ...]], set[int]]] = SessionLRU(sessions)
 
@@ -169,6 +170,9 @@ class Vocabulary:
     def forget(self, sid: str) -> None:
         """Read the session's aliases and splits again on next use (after writing them)."""
         self._state.put(sid, (-1, {}, {}))
+        inbound = self._inbound.peek(sid)
+        if inbound is not None:  # made again, in the order it had
+            self._inbound.put(sid, (-1, inbound[1], inbound[2]))
 
     def session_aliases(self, sid: str) -> dict[str, str]:
         """The aliases scoped to the session (not the store-wide ones)."""
@@ -212,6 +216,12 @@ class Vocabulary:
     def inbound_vocabulary(self, sid: str, counts: Mapping[str, int]) -> list[str]:
         """What an inbound message may be tagged with: the session's tags, its related tags,
         the tags it split (their split aliases) and its scoped aliases."""
+        generation = self._generation(sid)
+        previous = self._inbound.peek(sid)
+        if previous is not None and previous[0] == generation and previous[1] is counts:
+            # the same generation and counts: the same vocabulary (a list the size of the
+            # session's vocabulary, made once per generation, not per message)
+            return previous[2]
         scoped, splits = self._session_state(sid)
         extra = [t for t in self.related_counts(sid) if t not in counts]
         split = [t for t, subs in splits.items() if subs and t not in counts]
@@ -219,13 +229,13 @@ class Vocabulary:
         # The words known already keep their order and new ones follow, so the tagger extends
         # its index of a vocabulary that grew instead of rebuilding it (its results do not
         # depend on the order).
-        previous = self._inbound.peek(sid)
         if previous is not None:
             present = set(current)
-            kept = [t for t in previous if t in present]
+            kept = [t for t in previous[2] if t in present]
             known = set(kept)
             current = [*kept, *(t for t in current if t not in known)]
-        return self._inbound.put(sid, current)
+        self._inbound.put(sid, (generation, counts, current))
+        return current
 
     def inbound(self, sid: str, raw: TagResult, counts: Mapping[str, int]) -> TagResult:
         """An inbound tagging narrowed to the session (closed set): scoped aliases applied, a
@@ -296,6 +306,8 @@ class Vocabulary:
         """The session's tags whose ``ttl_days`` ran out since they were last on a turn (when
         each was last seen is read once per generation of the session)."""
         now = now or datetime.now(UTC)
+        if not self.rules.has_ttl:  # no tag can expire: none of the session's is asked about
+            return []
         ttl = [tag for tag in counts if self.rules.for_tag(tag).ttl_days is not None]
         if not ttl:
             return []
