@@ -766,6 +766,32 @@ def _render_memory(path: Path, data: dict[str, Any]) -> list[str]:
     ]
 
 
+def _render_decompose(path: Path, data: dict[str, Any]) -> list[str]:
+    recall = data["recall"]
+    off, on = recall["stats"]["off"], recall["stats"]["on"]
+    return [
+        "## Query decomposition's cost in a recall (`bench_decompose.py`)",
+        "",
+        data["description"],
+        "",
+        f"- Command: `{data['command']}` → `{_relative(str(path))}`",
+        f"- Machine: {_machine_line(data)}; load {recall['load_avg_1m_at_end']} at the end",
+        f"- {recall['stored_turns']:,} stored turns, {recall['questions']} questions at 2,048 "
+        f"tokens ({recall['decomposed']} of them name someone and are decomposed), the two "
+        "engines taking turns question by question.",
+        "",
+        "| `recall.decompose` | median ms | p95 ms | CPU median ms | bar (median ≤ 50 ms) |",
+        "|---|---:|---:|---:|---|",
+        *(
+            f"| {mode} | {_ms(s, 'median_ms')} | {_ms(s, 'p95_ms')} | "
+            f"{_ms(s, 'cpu_median_ms')} | {'met' if s['median_ms'] <= 50 else 'NOT MET'} |"
+            for mode, s in (("off", off), ("on (the default)", on))
+        ),
+        "",
+        f"On ÷ off: median {recall['ratio_median']:.2f}×, p95 {recall['ratio_p95']:.2f}×.",
+    ]
+
+
 def _render_memory_scale(path: Path, data: dict[str, Any]) -> list[str]:
     p = data["parameters"]
     lines = [
@@ -1226,6 +1252,7 @@ _RENDERERS = {
     "memory": _render_memory,
     "memory_scale": _render_memory_scale,
     "first_recall": _render_first_recall,
+    "decompose": _render_decompose,
     "turn_ann": _render_turn_ann,
     "proxy": _render_proxy,
     "durability": _render_durability,

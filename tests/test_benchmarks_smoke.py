@@ -267,6 +267,22 @@ def test_first_recall_benchmark_quick_run(tmp_path: Path) -> None:
     assert "## The first recall after a restart or a compaction" in md.read_text(encoding="utf-8")
 
 
+def test_decompose_benchmark_quick_run(tmp_path: Path) -> None:
+    """``bench_decompose.py`` times recall with ``recall.decompose`` off and on, side by side
+    on the same questions."""
+    result, md = run_quick(tmp_path, "bench_decompose.py", "decompose")
+    recall = result["recall"]
+    assert recall["stored_turns"] == 400 and recall["questions"] == 20
+    assert 0 < recall["decomposed"] <= recall["questions"]
+    for mode in ("off", "on"):
+        stats = recall["stats"][mode]
+        assert stats.keys() >= TIMING_KEYS and stats["n"] == 20
+    assert recall["ratio_median"] == pytest.approx(
+        recall["stats"]["on"]["median_ms"] / recall["stats"]["off"]["median_ms"], abs=1e-3
+    )
+    assert "## Query decomposition's cost in a recall" in md.read_text(encoding="utf-8")
+
+
 def test_memory_floor_calibration_quick_run(tmp_path: Path) -> None:
     result, md = run_quick(tmp_path, "calibrate_memory_floor.py", "memory_floor_calibration")
     assert result["split"] == "tune" and result["quick"] is True

@@ -211,7 +211,12 @@ class RecallSettings(_Section):
     off; it needs the dense signal (with ``embedder: none`` it is off).
     ``unknown_name_floor`` replaces it for a message that names something no stored turn
     contains (a capitalised word that does not open a sentence, months and weekdays aside:
-    ``memory.relevance``); ``null`` or ``false`` turns that off."""
+    ``memory.relevance``); ``null`` or ``false`` turns that off.
+
+    ``decompose``: a message that names people or things is also ranked in parts — one name
+    kept at a time when it names several, and every name taken out — and the rankings are
+    interleaved, so each part's best evidence gets a share of the budget
+    (``memory.decompose``; chosen on LoCoMo's tune split, docs/memory.md)."""
 
     embedder: Literal["minilm", "none"] = "minilm"
     fusion: Literal["score", "rrf"] = "score"
@@ -233,6 +238,7 @@ class RecallSettings(_Section):
     vector_files: bool = True
     relevance_floor: float | None = Field(RELEVANCE_FLOOR, ge=-1, le=1)
     unknown_name_floor: float | None = Field(UNKNOWN_NAME_FLOOR, ge=-1, le=1)
+    decompose: bool = True
 
     @field_validator("relevance_floor", "unknown_name_floor", mode="before")
     @classmethod

@@ -228,6 +228,7 @@ class MemoryEngine:
             ann_min_turns=cfg.recall.ann_min_turns,
             ann_expansion=cfg.recall.ann_expansion,
             vector_dir=self._vector_dir(),
+            decompose=cfg.recall.decompose,
         )
         self.pager = Pager(self.store, budget=cfg.paging.budget)
         self.delegation = Delegation(

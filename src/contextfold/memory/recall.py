@@ -47,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
+from contextfold.memory.decompose import interleave, query_parts
 from contextfold.memory.periods import Period, query_period
 from contextfold.memory.turn_index import (
     ANN_DEFAULTS,
@@ -141,6 +142,7 @@ class Recaller:
         ann_min_turns: int | None = None,
         ann_expansion: int = ANN_DEFAULTS["expansion_search"],
         vector_dir: str | Path | None = None,
+        decompose: bool = False,
     ) -> None:
         if fusion not in ("score", "rrf"):
             raise ValueError(f"fusion must be 'score' or 'rrf', not {fusion!r}")
@@ -158,6 +160,7 @@ class Recaller:
         self.length_prior = length_prior
         self.date_weight = date_weight
         self.date_slack = timedelta(days=date_slack_days)
+        self.decompose = decompose
         # Per session (the most recently used ``cached_sessions``, and at most
         # ``vector_cache_bytes`` in all; read back from the store).
         self._vectors: OrderedDict[str, SessionVectors] = OrderedDict()
@@ -546,7 +549,40 @@ class Recaller:
         """The session's turns for ``text``, best first (at most ``limit``), skipping the seqs
         in ``exclude`` (e.g. turns the live history already holds). ``tag_counts`` (turns per
         tag) and ``related_counts`` (turns per related tag) save a query each when the caller
-        keeps them."""
+        keeps them. With ``decompose``, a message that names people or things is also ranked
+        in parts (``memory.decompose``) and the rankings are interleaved."""
+        parts = query_parts(text) if self.decompose else []
+        for part in parts:
+            self.prefetch(part)  # embedded in one batch while the message's own recall runs
+        rank_text = functools.partial(
+            self._rank_text,
+            session_id,
+            tags=tags,
+            related=related,
+            exclude=exclude,
+            limit=limit,
+            tag_counts=tag_counts,
+            related_counts=related_counts,
+        )
+        ranked = rank_text(text)
+        if not parts:
+            return ranked
+        lists = [ranked, *(rank_text(part) for part in parts)]
+        return _merge_parts(lists, limit)
+
+    def _rank_text(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        tags: Sequence[str] = (),
+        related: Sequence[str] = (),
+        exclude: Collection[int] = (),
+        limit: int = 200,
+        tag_counts: Mapping[str, int] | None = None,
+        related_counts: Mapping[str, int] | None = None,
+    ) -> list[RankedTurn]:
+        """``rank`` for one text (the message, or one of its parts)."""
         tag_hits, tag_low = self._tag_scores(session_id, tags, related, tag_counts, related_counts)
         signals = {
             "tags": tag_hits,
@@ -637,3 +673,22 @@ class Recaller:
                 )
             )
         return quotes
+
+
+def _merge_parts(lists: Sequence[Sequence[RankedTurn]], limit: int) -> list[RankedTurn]:
+    """The message's ranking (``lists[0]``) interleaved with its parts' (``memory.decompose``):
+    a turn keeps the message's own score and cosine when the message ranked it; one only a
+    part found gets that part's score scaled to the message's best (its cosine is the
+    message's only, so the relevance floor still judges the message), and the order of the
+    interleave is the order returned."""
+    own = {r.seq: r for r in lists[0]}
+    tops = [lst[0].score if lst and lst[0].score > 0 else 1.0 for lst in lists]
+    by_seq = [{r.seq: r for r in lst} for lst in lists]
+    merged = []
+    for seq, which in interleave([[r.seq for r in lst] for lst in lists], limit):
+        if seq in own:
+            merged.append(own[seq])
+            continue
+        hit = by_seq[which][seq]
+        merged.append(RankedTurn(seq=seq, score=hit.score / tops[which] * tops[0], ranks=hit.ranks))
+    return merged
