@@ -644,6 +644,23 @@ class MemoryStore:
         """The token count of each given turn (seqs not stored are left out)."""
         return dict(self._turn_columns(session_id, seqs, "token_count"))
 
+    def turn_token_counts_after(
+        self, session_id: str, after: int
+    ) -> tuple[int | None, list[tuple[int, int]]]:
+        """The session's ``born`` and (seq, token count) of its turns after ``after``, in order
+        (one query: one snapshot)."""
+        cursor = self._conn.cursor()
+        cursor.row_factory = None  # plain tuples
+        rows = cursor.execute(
+            "SELECT s.born, t.seq, t.token_count FROM sessions s"
+            " LEFT JOIN turns t ON t.session_id = s.id AND t.seq > ?"
+            " WHERE s.id = ? ORDER BY t.seq",
+            (after, session_id),
+        ).fetchall()
+        if not rows:
+            return None, []
+        return int(rows[0][0]), [(row[1], row[2]) for row in rows if row[1] is not None]
+
     def turn_rows(self, session_id: str, seqs: Sequence[int]) -> dict[int, TurnRow]:
         """Role, text, time and token count of the given turns, without parsing messages."""
         rows = self._turn_columns(session_id, seqs, "role, content_text, created_at, token_count")
