@@ -79,7 +79,10 @@ def test_a_session_written_again_has_its_counts_read_again() -> None:
 
 def test_another_store_objects_turns_are_seen(tmp_path: Path) -> None:
     path = tmp_path / "m.db"
-    store, other = MemoryStore(path, counter=CharCounter()), MemoryStore(path, counter=CharCounter())
+    store, other = (
+        MemoryStore(path, counter=CharCounter()),
+        MemoryStore(path, counter=CharCounter()),
+    )
     stored(store, "s", *_turns(0, 10))
     recaller = _recaller(store)
     recaller.rank("s", QUESTION)

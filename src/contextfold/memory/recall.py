@@ -48,7 +48,6 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
 from contextfold.memory.periods import Period, query_period
-from contextfold.memory.turn_lengths import TurnLengths
 from contextfold.memory.turn_index import (
     ANN_DEFAULTS,
     IndexWorker,
@@ -57,6 +56,7 @@ from contextfold.memory.turn_index import (
     ann_available,
     grow_index,
 )
+from contextfold.memory.turn_lengths import TurnLengths
 from contextfold.retrieval.base import Embedder
 from contextfold.retrieval.embedders import EmbeddingQueue
 from contextfold.store.protocols import MemoryStorage
