@@ -110,7 +110,12 @@ def test_kept_counts_hold_the_cache_limit_with_vectors_and_without() -> None:
         assert keyword.rank(sid, QUESTION)
         assert 0 < keyword.vector_cache_bytes() <= limit
     assert list(keyword._lengths) == sessions[-2:]  # the least recently used went
-    keyword.forget(sessions[-1])
+    keyword.cached_sessions = 1  # and at most ``cached_sessions`` sessions are kept
+    keyword.rank(sessions[0], QUESTION)
+    assert list(keyword._lengths) == sessions[:1]
+    keyword.cached_sessions = 1000
+    keyword.rank(sessions[-2], QUESTION)
+    keyword.forget(sessions[0])
     assert keyword.vector_cache_bytes() == keyword._lengths[sessions[-2]].charged
     # With vectors (16 floats: 64 bytes a turn): counts and vectors share the limit.
     cfg = MemoryConfig.model_validate({"recall": {"vector_cache_mb": 16 / 1024}})

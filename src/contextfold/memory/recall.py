@@ -476,6 +476,9 @@ class Recaller:
             if entry.charged <= self.vector_cache_limit:
                 self._lengths[session_id] = entry
                 self._length_bytes += entry.charged
+                while len(self._lengths) > self.cached_sessions:
+                    _, dropped = self._lengths.popitem(last=False)
+                    self._length_bytes -= dropped.charged
                 self._fit(session_id)
         return entry
 

@@ -512,7 +512,8 @@ def test_token_counts_after_a_seq_come_with_the_incarnation(open_store: StoreFac
     stored(store, "s", "first words", "ok")
     stored(other, "s", "a much longer third turn with many more words in it")
     born, rows = store.turn_token_counts_after("s", 0)
-    assert born == store.session_version("s")[0]  # type: ignore[index]
+    version = store.session_version("s")
+    assert born is not None and version is not None and born == version[0]
     assert rows == sorted(store.turn_token_counts("s", [1, 2, 3, 4]).items())
     assert [seq for seq, _ in rows] == [1, 2, 3] and rows[2][1] > rows[1][1] > 0
     assert store.turn_token_counts_after("s", 2) == (born, rows[2:])
