@@ -146,7 +146,9 @@ def run_quantized(matrix: np.ndarray, queries: np.ndarray) -> dict[str, Any]:
 
     def usearch_scan(data: np.ndarray, convert: Any) -> Any:
         def scan(q: np.ndarray) -> np.ndarray:
-            found = exact_search(data, convert(q), 4 * LIMIT, MetricKind.IP, exact=True, threads=1)
+            found = exact_search(
+                data, convert(q), min(4 * LIMIT, len(data)), MetricKind.IP, exact=True, threads=1
+            )
             return rescored(np.asarray(found.keys, np.int64), q)
 
         return scan

@@ -28,7 +28,9 @@ def _turns(start: int, count: int) -> list[str]:
 
 
 def _recaller(store: MemoryStore, **kw: Any) -> Recaller:
-    return Recaller(store, length_prior=0.3, neighbor_weight=0.2, **kw)
+    recaller = Recaller(store, length_prior=0.3, neighbor_weight=0.2, **kw)
+    recaller.lengths_later_min = None  # read in the recall (the worker's read: its own test)
+    return recaller
 
 
 def _expected(store: MemoryStore, sid: str) -> dict[int, float]:
@@ -130,3 +132,26 @@ def test_kept_counts_hold_the_cache_limit_with_vectors_and_without() -> None:
         assert a.prepend_text == b.prepend_text and a.recalled
         assert engine.recaller.vector_cache_bytes() <= 16 * 1024
     assert engine.recaller._vectors and engine.recaller._lengths
+
+
+def test_a_large_sessions_counts_are_read_by_the_worker_not_the_recall() -> None:
+    store = MemoryStore(counter=CharCounter())
+    stored(store, "s", *_turns(0, 40))
+    recaller = _recaller(store)
+    recaller.lengths_later_min = 30  # "large" from 30 turns
+    after = _spy(store)
+    candidates: list[int] = []
+    original = store.turn_token_counts
+
+    def spy(session_id: str, seqs: Any) -> dict[int, int]:
+        candidates.append(len(seqs))
+        return original(session_id, seqs)
+
+    store.turn_token_counts = spy  # type: ignore[method-assign]
+    first = {r.seq: r.score for r in recaller.rank("s", QUESTION)}
+    assert first == _expected(store, "s")
+    recaller.settle()  # the worker read them meanwhile
+    assert after == [0] and candidates and "s" in recaller._lengths
+    calls = len(candidates)
+    assert {r.seq: r.score for r in recaller.rank("s", QUESTION)} == first
+    assert len(candidates) == calls and after == [0, 40]  # the kept counts, then new turns only

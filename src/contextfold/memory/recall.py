@@ -108,6 +108,7 @@ _PREFETCHED_CHARS = 4 * 1024 * 1024  # and at most this many characters of them
 FILES_MIN_TURNS = 1_000  # a session's vectors go to files once it has this many
 ANN_TAIL = 512  # rows scanned exactly beside the index before the worker adds them
 READ_LATER_MIN = 20_000  # vectors read by the worker, not a recall, when nothing holds them
+LENGTHS_LATER_MIN = 20_000  # token counts read by the worker, not a recall, from this many turns
 
 
 class Recaller:
@@ -167,6 +168,10 @@ class Recaller:
         # charged to the same limit.
         self._lengths: OrderedDict[str, TurnLengths] = OrderedDict()
         self._length_bytes = 0
+        # A session of at least this many turns has its counts read by the worker; until then
+        # a recall reads its candidates' counts from the store (``None``: read in the recall).
+        self.lengths_later_min: int | None = LENGTHS_LATER_MIN
+        self._reading_lengths: set[str] = set()
         self.cached_sessions = 1000
         self.vector_cache_limit = vector_cache_bytes
         # The HNSW index above ``ann_min_turns`` vectors (``None``, or no usearch: exact
@@ -451,11 +456,36 @@ class Recaller:
     def _turn_lengths(self, session_id: str) -> TurnLengths | None:
         """The session's turn token counts: the cached ones plus the turns stored since (all
         read again when the session was deleted and written again); ``None`` when there is
-        no such session. Kept within ``vector_cache_limit`` (``_fit``)."""
+        no such session, or while the worker reads a large session's counts
+        (``lengths_later_min``: a first recall after a start does not wait for 100k rows).
+        Kept within ``vector_cache_limit`` (``_fit``)."""
         with self._lock:
             entry = self._lengths.pop(session_id, None)
             if entry is not None:
                 self._length_bytes -= entry.charged
+            elif session_id in self._reading_lengths:
+                return None
+        if entry is None and self.lengths_later_min is not None:
+            if self.store.last_seq(session_id) >= self.lengths_later_min:
+                with self._lock:
+                    if session_id in self._reading_lengths:
+                        return None
+                    self._reading_lengths.add(session_id)
+                self._worker.submit(functools.partial(self._read_lengths, session_id))
+                return None
+        return self._extend_lengths(session_id, entry)
+
+    def _read_lengths(self, session_id: str) -> None:
+        """The worker's read of a large session's token counts (``_turn_lengths``)."""
+        try:
+            self._extend_lengths(session_id, None)
+        finally:
+            with self._lock:
+                self._reading_lengths.discard(session_id)
+
+    def _extend_lengths(self, session_id: str, entry: TurnLengths | None) -> TurnLengths | None:
+        """``entry`` (taken out of the cache) with the turns stored since, or the session's
+        counts read whole; put back in the cache."""
         born, rows = self.store.turn_token_counts_after(
             session_id, entry.last if entry is not None else 0
         )
@@ -646,7 +676,11 @@ class Recaller:
                         ranks.setdefault(near, {})
         if self.length_prior and fused:
             lengths = self._turn_lengths(session_id)
-            counts = lengths.counts(fused) if lengths is not None else [0] * len(fused)
+            if lengths is not None:
+                counts = lengths.counts(fused)
+            else:  # not kept (yet): the candidates' counts from the store
+                stored = self.store.turn_token_counts(session_id, list(fused))
+                counts = [stored.get(seq, 0) for seq in fused]
             for seq, tokens in zip(list(fused), counts, strict=True):
                 fused[seq] *= (tokens + 2) ** self.length_prior
         period = query_period(text) if self.date_weight and fused else None
