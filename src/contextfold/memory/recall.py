@@ -465,14 +465,14 @@ class Recaller:
                 self._length_bytes -= entry.charged
             elif session_id in self._reading_lengths:
                 return None
-        if entry is None and self.lengths_later_min is not None:
-            if self.store.last_seq(session_id) >= self.lengths_later_min:
-                with self._lock:
-                    if session_id in self._reading_lengths:
-                        return None
-                    self._reading_lengths.add(session_id)
-                self._worker.submit(functools.partial(self._read_lengths, session_id))
-                return None
+        later = self.lengths_later_min
+        if entry is None and later is not None and self.store.last_seq(session_id) >= later:
+            with self._lock:
+                if session_id in self._reading_lengths:
+                    return None
+                self._reading_lengths.add(session_id)
+            self._worker.submit(functools.partial(self._read_lengths, session_id))
+            return None
         return self._extend_lengths(session_id, entry)
 
     def _read_lengths(self, session_id: str) -> None:
