@@ -897,6 +897,14 @@ def _render_turn_ann(path: Path, data: dict[str, Any]) -> list[str]:
             f"{_ms(e['steady'], 'p95_ms')} | {e['first_ms']:,.1f} ({e['first_read']:,}) | "
             f"{e['restart']['first_ms']:,.1f} | 1 | | | {rss} |"
         )
+        for name, q in (r.get("quantized") or {}).items():
+            if name == "bytes_per_row":
+                continue
+            lines.append(
+                f"| {r['turns']:,} | {r['vectors']} | {name} (same process) | "
+                f"{_ms(q['steady'], 'median_ms')} / {_ms(q['steady'], 'p95_ms')} | | | "
+                f"{q['recall_at_k']:.4f} | | | |"
+            )
         if not a:
             continue
         lines.append(

@@ -300,11 +300,12 @@ def main() -> None:
         before = json.loads(args.baseline.read_text(encoding="utf-8"))
         load = before.get("machine", {}).get("load_avg_1m_at_start")
         result["baseline"] = {
-            "commit": before.get("git", {}).get("commit", "unknown"),
+            "commit": (before.get("git") or {}).get("commit") or "unknown",
             "runs": before["runs"],
             "note": (
                 f"`{args.baseline.name}` ({before.get('command', '')}), an earlier run on the "
-                f"same machine at load average {load}, not side by side with this one"
+                f"same machine at load average {load} (compare the two only as far as the "
+                "loads agree)"
             ),
         }
     path = common.write_result(result, args.results_dir, args.results_md)

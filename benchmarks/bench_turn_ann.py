@@ -18,7 +18,12 @@ it is made before each timed call), with ``limit`` = ``recall.fts_limit`` (300).
 * restart with the files beside the database (``<db>.vectors/``, written at ``close``): the
   time to write them, the first query of a fresh process and the vectors it read from the
   store; the same for the exact path (files, no index);
-* RSS after each phase, and the vectors' own size.
+* RSS after each phase, and the vectors' own size;
+* quantized exact scans (``--quantized``; the candidates of a smaller copy of the matrix,
+  rescored in float32) beside the float32 scan, in the same process over the same rows and
+  queries: usearch's exact search over int8 and float16 copies (``4 x limit`` candidates),
+  and a numpy sign-bit (1 bit a dimension) Hamming prefilter (``10 x limit`` candidates);
+  p50 and recall@300 against the float32 scan.
 
 Run: ``python benchmarks/bench_turn_ann.py`` (``--quick``: 1k and 3k).
 """
@@ -26,6 +31,7 @@ Run: ``python benchmarks/bench_turn_ann.py`` (``--quick``: 1k and 3k).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
 import tempfile
@@ -112,7 +118,73 @@ def timed_dense(r: Recaller, text: str) -> common.Timed:
     return common.time_call(lambda: dense(r, text))
 
 
-def run_size(n: int, kind: str, queries: int, with_ann: bool = True) -> dict[str, Any]:
+def _best(scores: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the ``k`` highest scores, best first."""
+    if len(scores) <= k:
+        return np.argsort(-scores)
+    part = np.argpartition(-scores, k)[:k]
+    ordered: np.ndarray = part[np.argsort(-scores[part])]
+    return ordered
+
+
+def run_quantized(matrix: np.ndarray, queries: np.ndarray) -> dict[str, Any]:
+    """Quantized exact scans with float32 rescoring against the float32 scan (see the module
+    docstring), over the same rows and queries."""
+    import onnxruntime  # noqa: F401  (loaded before usearch, as memory/turn_index does)
+    from usearch.index import MetricKind
+    from usearch.index import search as exact_search
+
+    scale = 127.0 / float(np.abs(matrix).max())
+    as_i8 = np.round(matrix * scale).astype(np.int8)
+    as_f16 = matrix.astype(np.float16)
+    bits = np.packbits(matrix > 0, axis=1)
+    words = bits.view(np.uint64) if bits.shape[1] % 8 == 0 else bits
+
+    def rescored(candidates: np.ndarray, q: np.ndarray) -> np.ndarray:
+        rows = np.einsum("ij,j->i", matrix[candidates], q)
+        return candidates[_best(rows, LIMIT)]
+
+    def usearch_scan(data: np.ndarray, convert: Any) -> Any:
+        def scan(q: np.ndarray) -> np.ndarray:
+            found = exact_search(
+                data, convert(q), min(4 * LIMIT, len(data)), MetricKind.IP, exact=True, threads=1
+            )
+            return rescored(np.asarray(found.keys, np.int64), q)
+
+        return scan
+
+    def hamming(q: np.ndarray) -> np.ndarray:
+        mine = np.packbits(q > 0)
+        mine_words = mine.view(np.uint64) if words is not bits else mine
+        distance = np.bitwise_count(words ^ mine_words).sum(axis=1, dtype=np.int32)
+        m = min(10 * LIMIT, len(distance) - 1)
+        return rescored(np.argpartition(distance, m)[:m], q)
+
+    variants: dict[str, Any] = {
+        "float32 scan": lambda q: _best(np.einsum("ij,j->i", matrix, q), LIMIT),
+        "usearch int8 + rescore": usearch_scan(
+            as_i8, lambda q: np.round(q * scale).astype(np.int8)
+        ),
+        "usearch float16 + rescore": usearch_scan(as_f16, lambda q: q.astype(np.float16)),
+        "sign bits + rescore": hamming,
+    }
+    truth = [set(variants["float32 scan"](q).tolist()) for q in queries]
+    out: dict[str, Any] = {
+        "bytes_per_row": {"float32": 4 * DIM, "int8": DIM, "float16": 2 * DIM, "bits": DIM // 8}
+    }
+    for name, scan in variants.items():
+        samples, recall = common.Samples(), []
+        for q, want in zip(queries, truth, strict=True):
+            timed = common.time_call(functools.partial(scan, q))
+            samples.add(timed)
+            recall.append(len(want & set(timed.value.tolist())) / len(want))
+        out[name] = {"steady": samples.stats(), "recall_at_k": float(np.mean(recall))}
+    return out
+
+
+def run_size(
+    n: int, kind: str, queries: int, with_ann: bool = True, quantized: bool = False
+) -> dict[str, Any]:
     folder = Path(tempfile.mkdtemp(prefix="cf-bench-ann-"))
     path = folder / "memory.db"
     out: dict[str, Any] = {"turns": n, "vectors": kind, "rss_mb": {"start": rss_mb()}}
@@ -151,6 +223,10 @@ def run_size(n: int, kind: str, queries: int, with_ann: bool = True) -> dict[str
         first = timed_dense(exact, "q 0").wall * 1000
         stats, truth = steady(exact)
         out["exact"] = {"first_ms": first, "first_read": sum(read), "steady": stats}
+        if quantized:
+            out["quantized"] = run_quantized(
+                exact._vectors["s"].rows(0).copy(), qs[:queries].astype(np.float32)
+            )
         exact.files_min_turns = 1
         exact.close()
         out["rss_mb"]["after_exact"] = rss_mb()
@@ -234,12 +310,21 @@ def main() -> None:
     parser.add_argument(
         "--ann-sizes", default=None, help="sizes that also build an index (default: all)"
     )
+    parser.add_argument(
+        "--quantized", action="store_true", help="time quantized scans beside float32"
+    )
     parser.add_argument("--note", default=None, help="a line for RESULTS.md")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
         spec = json.loads(args.child)
-        run = run_size(spec["n"], spec["kind"], spec["queries"], spec.get("ann", True))
+        run = run_size(
+            spec["n"],
+            spec["kind"],
+            spec["queries"],
+            spec.get("ann", True),
+            spec.get("quantized", False),
+        )
         print(json.dumps(run))
         return
     sizes = (
@@ -248,7 +333,10 @@ def main() -> None:
         else ([1_000, 3_000] if args.quick else [1_000, 10_000, 100_000])
     )
     queries = args.queries or (10 if args.quick else 50)
-    specs = [{"n": n, "kind": "clustered", "queries": queries} for n in sizes]
+    specs: list[dict[str, Any]] = [
+        {"n": n, "kind": "clustered", "queries": queries, "quantized": args.quantized}
+        for n in sizes
+    ]
     if args.random:
         specs += [
             {"n": int(n), "kind": "random", "queries": queries}
@@ -300,6 +388,12 @@ def summary(r: dict[str, Any]) -> str:
             f"{a['recall_at_k']:.4f} build {a['build_s']:.1f} s, restart "
             f"{a['restart']['first_ms']:.1f} ms"
         )
+    for name, q in (r.get("quantized") or {}).items():
+        if name != "bytes_per_row":
+            line += (
+                f"; {name} p50 {q['steady']['median_ms']:.2f} ms recall@{LIMIT} "
+                f"{q['recall_at_k']:.4f}"
+            )
     return line + f"; RSS {r['rss_mb']}"
 
 

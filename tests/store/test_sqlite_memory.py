@@ -48,6 +48,7 @@ def test_migrations_are_recorded_once() -> None:
             "m009_scoped_aliases_and_splits",
             "m010_tag_stats",
             "m011_related_tag_stats",
+            "m012_turn_token_counts",
         ]
     )
     assert MIGRATIONS.apply(store._conn) == []

@@ -189,8 +189,9 @@ class RecallSettings(_Section):
     ``date_slack_days`` after it (what happened is told soon after). The defaults are the
     values measured best on LoCoMo (docs/eval-locomo.md); the date ones were set before
     measuring and not tuned. ``vector_cache_mb`` bounds the turn vectors kept in memory for
-    dense recall, all sessions together (the least recently used session's are dropped
-    first, and read back from the store when it is asked again). ``tag_limit`` caps the tag
+    dense recall and the turns' token counts kept for the length prior, all sessions
+    together (the least recently used session's are dropped first, and read back from the
+    store when it is asked again). ``tag_limit`` caps the tag
     signal's candidates (the best by tag overlap; ``None``: every turn carrying a tag of the
     message), as ``fts_limit`` caps the full-text and dense ones. ``common_limit`` bounds
     what the full-text and tag signals read: a query word or tag on more than that many of

@@ -57,6 +57,7 @@ from contextfold.memory.turn_index import (
     ann_available,
     grow_index,
 )
+from contextfold.memory.turn_lengths import TurnLengths
 from contextfold.retrieval.base import Embedder
 from contextfold.retrieval.embedders import EmbeddingQueue
 from contextfold.store.protocols import MemoryStorage
@@ -108,6 +109,7 @@ _PREFETCHED_CHARS = 4 * 1024 * 1024  # and at most this many characters of them
 FILES_MIN_TURNS = 1_000  # a session's vectors go to files once it has this many
 ANN_TAIL = 512  # rows scanned exactly beside the index before the worker adds them
 READ_LATER_MIN = 20_000  # vectors read by the worker, not a recall, when nothing holds them
+LENGTHS_LATER_MIN = 20_000  # token counts read by the worker, not a recall, from this many turns
 
 
 class Recaller:
@@ -165,6 +167,14 @@ class Recaller:
         # ``vector_cache_bytes`` in all; read back from the store).
         self._vectors: OrderedDict[str, SessionVectors] = OrderedDict()
         self._vector_bytes = 0
+        # Per session, the turns' token counts for the length prior (``turn_lengths``),
+        # charged to the same limit.
+        self._lengths: OrderedDict[str, TurnLengths] = OrderedDict()
+        self._length_bytes = 0
+        # A session of at least this many turns has its counts read by the worker; until then
+        # a recall reads its candidates' counts from the store (``None``: read in the recall).
+        self.lengths_later_min: int | None = LENGTHS_LATER_MIN
+        self._reading_lengths: set[str] = set()
         self.cached_sessions = 1000
         self.vector_cache_limit = vector_cache_bytes
         # The HNSW index above ``ann_min_turns`` vectors (``None``, or no usearch: exact
@@ -336,12 +346,31 @@ class Recaller:
                 self._vector_bytes -= other.charged
             self._vectors[session_id] = entry
             self._vector_bytes += entry.charged
-            while len(self._vectors) > self.cached_sessions or (
-                self._vector_bytes > self.vector_cache_limit
-            ):
+            while len(self._vectors) > self.cached_sessions:
                 _, dropped = self._vectors.popitem(last=False)
                 self._vector_bytes -= dropped.charged
-        return True
+            self._fit(session_id)
+            return self._vectors.get(session_id) is entry
+
+    def _over(self) -> bool:
+        return self._vector_bytes + self._length_bytes > self.vector_cache_limit
+
+    def _fit(self, session_id: str) -> None:
+        """Make what is cached fit ``vector_cache_limit`` (the lock held): other sessions'
+        vectors go first, least recently used first, then their token counts, then this
+        session's token counts, and its vectors last."""
+        for other in [sid for sid in self._vectors if sid != session_id]:
+            if not self._over():
+                return
+            self._vector_bytes -= self._vectors.pop(other).charged
+        for other in [sid for sid in self._lengths if sid != session_id]:
+            if not self._over():
+                return
+            self._length_bytes -= self._lengths.pop(other).charged
+        if self._over() and session_id in self._lengths:
+            self._length_bytes -= self._lengths.pop(session_id).charged
+        if self._over() and session_id in self._vectors:
+            self._vector_bytes -= self._vectors.pop(session_id).charged
 
     def _recharge(self, session_id: str, entry: SessionVectors) -> None:
         """Charge the cache for an entry whose index grew (``_work``): other sessions go, least
@@ -356,12 +385,7 @@ class Recaller:
                 entry.index_too_large = True
             self._vector_bytes += entry.nbytes - entry.charged
             entry.charged = entry.nbytes
-            for other in [sid for sid in self._vectors if sid != session_id]:
-                if self._vector_bytes <= self.vector_cache_limit:
-                    break
-                self._vector_bytes -= self._vectors.pop(other).charged
-            if self._vector_bytes > self.vector_cache_limit:  # its rows alone pass it
-                self._vector_bytes -= self._vectors.pop(session_id).charged
+            self._fit(session_id)
 
     def _due(self, entry: SessionVectors) -> bool:
         """Whether the entry has index or file work to do (``_work``)."""
@@ -427,9 +451,69 @@ class Recaller:
             self.files.prune(self._born)
 
     def vector_cache_bytes(self) -> int:
-        """The bytes the cached session vectors hold (never above ``vector_cache_limit``)."""
+        """The bytes the cached session vectors and token counts hold (never above
+        ``vector_cache_limit``)."""
         with self._lock:
-            return self._vector_bytes
+            return self._vector_bytes + self._length_bytes
+
+    def _turn_lengths(self, session_id: str) -> TurnLengths | None:
+        """The session's turn token counts: the cached ones plus the turns stored since (all
+        read again when the session was deleted and written again); ``None`` when there is
+        no such session, or while the worker reads a large session's counts
+        (``lengths_later_min``: a first recall after a start does not wait for 100k rows).
+        Kept within ``vector_cache_limit`` (``_fit``)."""
+        with self._lock:
+            entry = self._lengths.pop(session_id, None)
+            if entry is not None:
+                self._length_bytes -= entry.charged
+            elif session_id in self._reading_lengths:
+                return None
+        later = self.lengths_later_min
+        if entry is None and later is not None and self.store.last_seq(session_id) >= later:
+            with self._lock:
+                if session_id in self._reading_lengths:
+                    return None
+                self._reading_lengths.add(session_id)
+            self._worker.submit(functools.partial(self._read_lengths, session_id))
+            return None
+        return self._extend_lengths(session_id, entry)
+
+    def _read_lengths(self, session_id: str) -> None:
+        """The worker's read of a large session's token counts (``_turn_lengths``)."""
+        try:
+            self._extend_lengths(session_id, None)
+        finally:
+            with self._lock:
+                self._reading_lengths.discard(session_id)
+
+    def _extend_lengths(self, session_id: str, entry: TurnLengths | None) -> TurnLengths | None:
+        """``entry`` (taken out of the cache) with the turns stored since, or the session's
+        counts read whole; put back in the cache."""
+        born, rows = self.store.turn_token_counts_after(
+            session_id, entry.last if entry is not None else 0
+        )
+        if born is None:
+            return None
+        if entry is None or entry.born != born:
+            if entry is not None:  # another incarnation: its counts are all read again
+                born, rows = self.store.turn_token_counts_after(session_id, 0)
+                if born is None:
+                    return None
+            entry = TurnLengths(born)
+        entry.extend(rows)
+        with self._lock:
+            other = self._lengths.pop(session_id, None)  # another thread's read of it
+            if other is not None:
+                self._length_bytes -= other.charged
+            entry.charged = entry.nbytes
+            if entry.charged <= self.vector_cache_limit:
+                self._lengths[session_id] = entry
+                self._length_bytes += entry.charged
+                while len(self._lengths) > self.cached_sessions:
+                    _, dropped = self._lengths.popitem(last=False)
+                    self._length_bytes -= dropped.charged
+                self._fit(session_id)
+        return entry
 
     def forget(self, session_id: str) -> None:
         """Drop the cached vectors of a session (after it was deleted), and its files."""
@@ -437,6 +521,9 @@ class Recaller:
             entry = self._vectors.pop(session_id, None)
             if entry is not None:
                 self._vector_bytes -= entry.charged
+            lengths = self._lengths.pop(session_id, None)
+            if lengths is not None:
+                self._length_bytes -= lengths.charged
             self._too_large.pop(session_id, None)
         if self.files is not None and self.embedder is not None:
             self.files.discard(session_id, self._model)
@@ -624,9 +711,14 @@ class Recaller:
                         )
                         ranks.setdefault(near, {})
         if self.length_prior and fused:
-            tokens = self.store.turn_token_counts(session_id, list(fused))
-            for seq in fused:
-                fused[seq] *= (tokens.get(seq, 0) + 2) ** self.length_prior
+            lengths = self._turn_lengths(session_id)
+            if lengths is not None:
+                counts = lengths.counts(fused)
+            else:  # not kept (yet): the candidates' counts from the store
+                stored = self.store.turn_token_counts(session_id, list(fused))
+                counts = [stored.get(seq, 0) for seq in fused]
+            for seq, tokens in zip(list(fused), counts, strict=True):
+                fused[seq] *= (tokens + 2) ** self.length_prior
         period = query_period(text) if self.date_weight and fused else None
         if period is not None:
             self._prefer_period(session_id, fused, period)

@@ -219,6 +219,15 @@ class MemoryStorage(Protocol):
 
     def turn_token_counts(self, session_id: str, seqs: Sequence[int]) -> dict[int, int]: ...
 
+    def turn_token_counts_after(
+        self, session_id: str, after: int
+    ) -> tuple[int | None, list[tuple[int, int]]]:
+        """The session's incarnation (``born``; ``None`` when there is no such session) and
+        (seq, token count) of its turns after seq ``after``, in order, in one snapshot: what a
+        cache of the session's token counts appends (turns never change while the session
+        lives, so cached counts stay true until ``born`` changes)."""
+        ...
+
     def turn_texts_after(self, session_id: str, after: int) -> list[tuple[int, str, str, str]]:
         """(seq, role, text, content hash) of the turns after ``after``, in order."""
         ...

@@ -248,3 +248,41 @@ def test_common_limit_leaves_out_the_words_on_more_turns(memory_store: MemorySto
     assert store.search_turn_seqs("s", "kiln", common_limit=2) == []  # only common words
     assert store.search_turn_seqs("s", "pit_fire", common_limit=1) == []
     assert [s for s, _ in store.search_turn_seqs("s", "glaze", common_limit=1)] == [1]
+
+
+def test_a_search_finds_the_same_in_a_store_of_one_session_or_many(
+    memory_store: MemoryStorage,
+) -> None:
+    """What a search reads may depend on the rest of the store (SQLite leaves the session
+    out of the full-text match when the session is alone, or large beside its words' rows
+    elsewhere), never what it finds: only the session's turns, scored as without a limit."""
+    store = memory_store
+    store.create_session("s")
+    texts = [f"filler line {n}" for n in range(600)]  # many turns beside few word rows
+    texts[10], texts[90], texts[91] = "walnut veneer", "walnut dock", "kiln and walnut"
+    store.append_turns("s", messages(texts))
+    alone = store.search_turn_seqs("s", "walnut kiln", common_limit=5)
+    assert [seq for seq, _ in alone] == [92, 11, 91]  # two words beat one; ties by seq
+    assert alone == store.search_turn_seqs("s", "walnut kiln")
+    assert store.search_turn_seqs("s", "filler walnut", common_limit=5) == (
+        store.search_turn_seqs("s", "walnut")
+    )
+    # Another session holding the words: they still find only this session's turns, and the
+    # scores move (the store's statistics changed) the same way with and without a limit.
+    store.create_session("t")
+    store.append_turns("t", messages(["walnut kiln", "walnut", "kiln"]))
+    many = store.search_turn_seqs("s", "walnut kiln", common_limit=5)
+    assert [seq for seq, _ in many] == [92, 11, 91]
+    assert many == store.search_turn_seqs("s", "walnut kiln") != alone
+    found = store.search_turn_seqs("t", "walnut kiln", common_limit=5)
+    assert [seq for seq, _ in found] == [1, 3, 2]  # kiln is the rarer word in the store
+    # A word past the limit in the whole store but not in the session is kept for it; in
+    # the session holding it past the limit, it is left out.
+    store.append_turns("t", messages(["kiln"] * 10))
+    assert store.search_turn_seqs("s", "walnut kiln", common_limit=5) == (
+        store.search_turn_seqs("s", "walnut kiln")
+    )
+    assert [seq for seq, _ in store.search_turn_seqs("s", "kiln", common_limit=5)] == [92]
+    assert store.search_turn_seqs("t", "walnut kiln", common_limit=5) == (
+        store.search_turn_seqs("t", "walnut")
+    )

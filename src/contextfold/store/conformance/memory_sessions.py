@@ -503,6 +503,29 @@ def test_turn_texts_come_with_an_incarnation_new_at_each_creation(
     assert third is not None and third > second
 
 
+def test_token_counts_after_a_seq_come_with_the_incarnation(open_store: StoreFactory) -> None:
+    """``turn_token_counts_after``: (seq, token count) of the turns after a seq, in order, as
+    ``turn_token_counts`` has them, with the session's incarnation; a session deleted and
+    written again by another store object gives its new turns and a new incarnation."""
+    store, other = open_store(), open_store()
+    assert store.turn_token_counts_after("s", 0) == (None, [])
+    stored(store, "s", "first words", "ok")
+    stored(other, "s", "a much longer third turn with many more words in it")
+    born, rows = store.turn_token_counts_after("s", 0)
+    version = store.session_version("s")
+    assert born is not None and version is not None and born == version[0]
+    assert rows == sorted(store.turn_token_counts("s", [1, 2, 3, 4]).items())
+    assert [seq for seq, _ in rows] == [1, 2, 3] and rows[2][1] > rows[1][1] > 0
+    assert store.turn_token_counts_after("s", 2) == (born, rows[2:])
+    assert store.turn_token_counts_after("s", 3) == (born, [])
+    other.delete_session("s")
+    assert store.turn_token_counts_after("s", 0) == (None, [])
+    stored(other, "s", "new")
+    again, rows = store.turn_token_counts_after("s", 0)
+    assert again is not None and again > born
+    assert rows == [(1, store.turn_token_counts("s", [1])[1])]
+
+
 def test_turnkeys_see_another_store_object_rewrite_a_session_ending_alike(
     open_store: StoreFactory,
 ) -> None:

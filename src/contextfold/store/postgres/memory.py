@@ -540,6 +540,22 @@ class PostgresMemoryStore:
         """The token count of each given turn (seqs not stored are left out)."""
         return {r[0]: r[1] for r in self._turn_columns(session_id, seqs, "token_count")}
 
+    def turn_token_counts_after(
+        self, session_id: str, after: int
+    ) -> tuple[int | None, list[tuple[int, int]]]:
+        """The session's ``born`` and (seq, token count) of its turns after ``after``, in order
+        (one query: one snapshot)."""
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT s.born, t.seq, t.token_count FROM sessions s"
+                " LEFT JOIN turns t ON t.session_id = s.id AND t.seq > %s"
+                " WHERE s.id = %s ORDER BY t.seq",
+                (after, session_id),
+            ).fetchall()
+        if not rows:
+            return None, []
+        return int(rows[0][0]), [(int(r[1]), int(r[2])) for r in rows if r[1] is not None]
+
     def turn_rows(self, session_id: str, seqs: Sequence[int]) -> dict[int, TurnRow]:
         """Role, text, time and token count of the given turns, without parsing messages."""
         rows = self._turn_columns(session_id, seqs, "role, content_text, created_at, token_count")

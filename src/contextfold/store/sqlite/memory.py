@@ -77,7 +77,7 @@ from contextfold.store.models import (
     _iso,
     _now,
 )
-from contextfold.store.sqlite import select_in
+from contextfold.store.sqlite import memory_fts, select_in
 from contextfold.store.sqlite.memory_branches import SqliteBranches
 from contextfold.store.sqlite.memory_db import MemoryDb, insert_turns, last_seq, turn_rows
 from contextfold.store.sqlite.memory_fts import _fts_query
@@ -96,7 +96,6 @@ from contextfold.store.sqlite.memory_segments import SqliteSegments
 from contextfold.store.sqlite.memory_state import SqliteCosts, SqlitePaging
 from contextfold.store.sqlite.memory_transfer import SqliteTransfer
 from contextfold.store.sqlite.memory_vocab import SqliteVocab
-from contextfold.store.text import query_terms
 from contextfold.tokens import TiktokenCounter, TokenCounter
 
 __all__ = [
@@ -551,36 +550,11 @@ class MemoryStore:
         """Like ``search_turns`` but only (seq, score) pairs: the fast path for ranking.
         With ``common_limit``, a query word in more than that many of the session's turns is
         left out (each word's turns are counted up to the limit, no further); a query of only
-        such words finds nothing. FTS5's ``bm25()`` reads every row of each word's posting
-        list (its IDF counts them all), so this bounds the search by the words' own rarity."""
-        terms = query_terms(query)
-        if common_limit is not None:
-            terms = [
-                t for t in terms if self._turns_with(session_id, t, common_limit) <= common_limit
-            ]
-            if not terms:
-                return []
-        match = _fts_query(query, "content_text", session_id, terms)
-        if match is None:
-            return []
-        rows = self._conn.execute(
-            "SELECT t.seq, -bm25(turns_fts, 1, 0) FROM turns_fts JOIN turns t ON t.id ="
-            " turns_fts.rowid WHERE turns_fts MATCH ? AND t.session_id = ?"
-            " ORDER BY bm25(turns_fts, 1, 0), t.seq LIMIT ?",
-            (match, session_id, limit),
+        such words finds nothing. What the search reads does not grow with the session
+        (``memory_fts``)."""
+        return memory_fts.search_turn_seqs(
+            self._conn, session_id, query, limit, common_limit, last_seq(self._conn, session_id)
         )
-        return [(int(r[0]), float(r[1])) for r in rows]
-
-    def _turns_with(self, session_id: str, term: str, limit: int) -> int:
-        """How many of the session's turns hold the query word ``term``, counted up to
-        ``limit + 1`` (a read bounded by the limit)."""
-        match = _fts_query(term, "content_text", session_id, [term])
-        row = self._conn.execute(
-            "SELECT COUNT(*) FROM (SELECT 1 FROM turns_fts CROSS JOIN turns t"
-            " ON t.id = turns_fts.rowid WHERE turns_fts MATCH ? AND t.session_id = ? LIMIT ?)",
-            (match, session_id, limit + 1),
-        ).fetchone()
-        return int(row[0])
 
     def turn_texts_after(self, session_id: str, after: int) -> list[tuple[int, str, str, str]]:
         """(seq, role, text, content hash) of the turns after seq ``after``, in order — the
@@ -643,6 +617,23 @@ class MemoryStore:
     def turn_token_counts(self, session_id: str, seqs: Sequence[int]) -> dict[int, int]:
         """The token count of each given turn (seqs not stored are left out)."""
         return dict(self._turn_columns(session_id, seqs, "token_count"))
+
+    def turn_token_counts_after(
+        self, session_id: str, after: int
+    ) -> tuple[int | None, list[tuple[int, int]]]:
+        """The session's ``born`` and (seq, token count) of its turns after ``after``, in order
+        (one query: one snapshot)."""
+        cursor = self._conn.cursor()
+        cursor.row_factory = None  # plain tuples
+        rows = cursor.execute(
+            "SELECT s.born, t.seq, t.token_count FROM sessions s"
+            " LEFT JOIN turns t ON t.session_id = s.id AND t.seq > ?"
+            " WHERE s.id = ? ORDER BY t.seq",
+            (after, session_id),
+        ).fetchall()
+        if not rows:
+            return None, []
+        return int(rows[0][0]), [(row[1], row[2]) for row in rows if row[1] is not None]
 
     def turn_rows(self, session_id: str, seqs: Sequence[int]) -> dict[int, TurnRow]:
         """Role, text, time and token count of the given turns, without parsing messages."""

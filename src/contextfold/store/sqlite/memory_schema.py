@@ -35,6 +35,9 @@ on: never rename one, never reorder them, and add changes only as a new ``m00N_�
   it as a related tag, kept by triggers on every write of a turn's tags, so the inbound
   vocabulary reads one row per related tag instead of counting every related tag row of the
   session after each write.
+- ``m012_turn_token_counts`` — an index of the turns' token counts by session and seq, so a
+  recall's kept token counts (``turn_token_counts_after``) read the index alone, not every
+  row of the turns' text (at 100k turns 150–360 ms through the table, on the loaded machine).
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ __all__ = [
     "m009_scoped_aliases_and_splits",
     "m010_tag_stats",
     "m011_related_tag_stats",
+    "m012_turn_token_counts",
 ]
 
 MIGRATIONS = MigrationRegistry("memory")
@@ -548,3 +552,8 @@ def m011_related_tag_stats(conn: sqlite3.Connection) -> None:
         "CREATE TRIGGER related_tag_stats_au AFTER UPDATE OF session_id, seq, tag, related"
         f" ON turn_tags BEGIN {remove} {add} END"
     )
+
+
+@MIGRATIONS.migration
+def m012_turn_token_counts(conn: sqlite3.Connection) -> None:
+    conn.execute("CREATE INDEX turns_token_counts ON turns (session_id, seq, token_count)")

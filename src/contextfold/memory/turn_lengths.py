@@ -1,0 +1,58 @@
+"""A session's turn token counts kept in memory for recall's length prior.
+
+Recall multiplies each candidate's score by ``(tokens + 2) ** length_prior``; reading the
+token counts of a few thousand candidates from the store at every recall cost time in
+proportion to the candidates (about 17 ms for 2,800 at 100k turns). A stored turn never
+changes while its session lives (turns are only appended; a deleted session is written again
+under a new ``born`` number), so ``TurnLengths`` keeps the counts in an ``int32`` array
+indexed by seq and appends the turns stored since, read with their incarnation in one query
+(``MemoryStorage.turn_token_counts_after``). A recall then reads only the turns stored since
+the last one. The ``Recaller`` charges these arrays to its cache limit
+(``recall.vector_cache_mb``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["TurnLengths"]
+
+
+class TurnLengths:
+    """The token counts of one session's turns, by seq (0 for a seq not stored), up to
+    ``last``; ``born`` is the session's incarnation they belong to."""
+
+    def __init__(self, born: int) -> None:
+        self.born = born
+        self.last = 0
+        self._counts: npt.NDArray[np.int32] = np.zeros(0, np.int32)
+        self.charged = 0  # the bytes the recaller's cache counted for it
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._counts.nbytes)
+
+    def extend(self, rows: Sequence[tuple[int, int]]) -> None:
+        """Add (seq, token count) pairs of turns after ``last``, in seq order."""
+        if not rows:
+            return
+        top = rows[-1][0]
+        if top >= len(self._counts):
+            grown = np.zeros(max(top + 1, len(self._counts) * 5 // 4), np.int32)
+            grown[: len(self._counts)] = self._counts
+            self._counts = grown
+        seqs = np.fromiter((seq for seq, _ in rows), np.int64, len(rows))
+        self._counts[seqs] = np.fromiter((n for _, n in rows), np.int32, len(rows))
+        self.last = max(self.last, top)
+
+    def counts(self, seqs: Iterable[int]) -> list[int]:
+        """The token count of each seq, in order (0 for one not stored or past ``last``)."""
+        wanted = np.fromiter(seqs, np.int64)
+        inside = (wanted >= 0) & (wanted <= self.last)
+        found = np.zeros(len(wanted), np.int32)
+        found[inside] = self._counts[wanted[inside]]
+        out: list[int] = found.tolist()
+        return out

@@ -1,0 +1,157 @@
+"""The length prior's token counts kept per session by the recaller (``memory/turn_lengths``):
+the same ranking as counts read from the store, turns stored since read at the next recall
+(and only those), a session written again read again, and the cache limit held."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from contextfold.memory.config import MemoryConfig
+from contextfold.memory.engine import MemoryEngine
+from contextfold.memory.recall import Recaller
+from contextfold.memory.turn_lengths import TurnLengths
+from contextfold.store.conformance.memory_support import stored
+from contextfold.store.sqlite.memory import MemoryStore
+from contextfold.testing import HashEmbedder
+from contextfold.tokens import CharCounter
+
+QUESTION = "Which dock took the walnut veneer shipment?"
+
+
+def _turns(start: int, count: int) -> list[str]:
+    # Turns of many lengths, so the length prior reorders them.
+    return [
+        f"Shipment {i} of walnut veneer" + " arrives at the north dock today" * (i % 5)
+        for i in range(start, start + count)
+    ]
+
+
+def _recaller(store: MemoryStore, **kw: Any) -> Recaller:
+    recaller = Recaller(store, length_prior=0.3, neighbor_weight=0.2, **kw)
+    recaller.lengths_later_min = None  # read in the recall (the worker's read: its own test)
+    return recaller
+
+
+def _expected(store: MemoryStore, sid: str) -> dict[int, float]:
+    """The fused scores with the prior applied from the store's own counts."""
+    plain = Recaller(store, length_prior=0.0, neighbor_weight=0.2).rank(sid, QUESTION)
+    counts = store.turn_token_counts(sid, [r.seq for r in plain])
+    return {r.seq: r.score * (counts.get(r.seq, 0) + 2) ** 0.3 for r in plain}
+
+
+def _spy(store: MemoryStore) -> list[int]:
+    calls: list[int] = []
+    original = store.turn_token_counts_after
+
+    def spy(session_id: str, after: int) -> Any:
+        calls.append(after)
+        return original(session_id, after)
+
+    store.turn_token_counts_after = spy  # type: ignore[method-assign]
+    return calls
+
+
+def test_kept_counts_rank_as_the_stores_and_only_new_turns_are_read() -> None:
+    store = MemoryStore(counter=CharCounter())
+    stored(store, "s", *_turns(0, 30))
+    recaller = _recaller(store)
+    calls = _spy(store)
+    got = {r.seq: r.score for r in recaller.rank("s", QUESTION)}
+    assert got == _expected(store, "s") and len(got) > 10
+    stored(store, "s", *_turns(30, 7))  # stored since: read at the next recall, alone
+    got = {r.seq: r.score for r in recaller.rank("s", QUESTION)}
+    assert got == _expected(store, "s") and max(got) > 30
+    recaller.rank("s", QUESTION)
+    assert calls == [0, 30, 37]
+
+
+def test_a_session_written_again_has_its_counts_read_again() -> None:
+    store = MemoryStore(counter=CharCounter())
+    stored(store, "s", *_turns(0, 12))
+    recaller = _recaller(store)
+    recaller.rank("s", QUESTION)
+    store.delete_session("s")
+    stored(store, "s", *reversed(_turns(0, 20)))  # other lengths at the same seqs
+    got = {r.seq: r.score for r in recaller.rank("s", QUESTION)}
+    assert got == _expected(store, "s")
+    store.delete_session("s")
+    assert recaller.rank("s", QUESTION) == []
+
+
+def test_another_store_objects_turns_are_seen(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    store, other = (
+        MemoryStore(path, counter=CharCounter()),
+        MemoryStore(path, counter=CharCounter()),
+    )
+    stored(store, "s", *_turns(0, 10))
+    recaller = _recaller(store)
+    recaller.rank("s", QUESTION)
+    stored(other, "s", *_turns(10, 10))
+    assert {r.seq: r.score for r in recaller.rank("s", QUESTION)} == _expected(store, "s")
+
+
+def test_turn_lengths_extend_and_read_zero_outside() -> None:
+    lengths = TurnLengths(born=1)
+    lengths.extend([(1, 5), (2, 9)])
+    lengths.extend([(3, 4), (7, 11)])  # a gap (seqs 4-6 not stored) reads 0
+    assert lengths.counts([7, 1, 2, 3, 4, 8, 100, 0]) == [11, 5, 9, 4, 0, 0, 0, 0]
+    assert lengths.last == 7 and lengths.nbytes >= 8 * 4
+
+
+def test_kept_counts_hold_the_cache_limit_with_vectors_and_without() -> None:
+    store = MemoryStore(counter=CharCounter())
+    sessions = [f"s{n}" for n in range(6)]
+    for sid in sessions:
+        stored(store, sid, *_turns(0, 200))
+    # 201 int32 counts a session: 804 bytes; the limit holds two sessions' counts.
+    limit = 2 * 804 + 100
+    keyword = _recaller(store, vector_cache_bytes=limit)
+    for sid in sessions:
+        assert keyword.rank(sid, QUESTION)
+        assert 0 < keyword.vector_cache_bytes() <= limit
+    assert list(keyword._lengths) == sessions[-2:]  # the least recently used went
+    keyword.cached_sessions = 1  # and at most ``cached_sessions`` sessions are kept
+    keyword.rank(sessions[0], QUESTION)
+    assert list(keyword._lengths) == sessions[:1]
+    keyword.cached_sessions = 1000
+    keyword.rank(sessions[-2], QUESTION)
+    keyword.forget(sessions[0])
+    assert keyword.vector_cache_bytes() == keyword._lengths[sessions[-2]].charged
+    # With vectors (16 floats: 64 bytes a turn): counts and vectors share the limit.
+    cfg = MemoryConfig.model_validate({"recall": {"vector_cache_mb": 16 / 1024}})
+    engine = MemoryEngine(cfg, store=store, embedder=HashEmbedder(dim=16), counter=CharCounter())
+    unbounded = MemoryEngine(
+        MemoryConfig(), store=store, embedder=HashEmbedder(dim=16), counter=CharCounter()
+    )
+    for sid in sessions:
+        engine.derive(sid)
+        a = engine.on_message_inbound(QUESTION, session_id=sid)
+        b = unbounded.on_message_inbound(QUESTION, session_id=sid)
+        assert a.prepend_text == b.prepend_text and a.recalled
+        assert engine.recaller.vector_cache_bytes() <= 16 * 1024
+    assert engine.recaller._vectors and engine.recaller._lengths
+
+
+def test_a_large_sessions_counts_are_read_by_the_worker_not_the_recall() -> None:
+    store = MemoryStore(counter=CharCounter())
+    stored(store, "s", *_turns(0, 40))
+    recaller = _recaller(store)
+    recaller.lengths_later_min = 30  # "large" from 30 turns
+    after = _spy(store)
+    candidates: list[int] = []
+    original = store.turn_token_counts
+
+    def spy(session_id: str, seqs: Any) -> dict[int, int]:
+        candidates.append(len(seqs))
+        return original(session_id, seqs)
+
+    store.turn_token_counts = spy  # type: ignore[method-assign]
+    first = {r.seq: r.score for r in recaller.rank("s", QUESTION)}
+    assert first == _expected(store, "s")
+    recaller.settle()  # the worker read them meanwhile
+    assert after == [0] and candidates and "s" in recaller._lengths
+    calls = len(candidates)
+    assert {r.seq: r.score for r in recaller.rank("s", QUESTION)} == first
+    assert len(candidates) == calls and after == [0, 40]  # the kept counts, then new turns only
