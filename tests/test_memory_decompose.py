@@ -3,12 +3,18 @@ people is also recalled in parts, so one name's evidence does not crowd out anot
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import pytest
 
+from contextfold.items import Message
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.decompose import interleave, query_parts
 from contextfold.memory.engine import MemoryEngine
+from contextfold.memory.recall import Recaller
 from contextfold.store.sqlite.memory import MemoryStore
+from contextfold.testing import HashEmbedder
 from contextfold.tokens import TiktokenCounter
 
 COUNTER = TiktokenCounter("cl100k_base")
@@ -104,3 +110,50 @@ def test_a_message_naming_nobody_is_ranked_as_before() -> None:
     parted = _engine(decompose=True).on_message_inbound(question, budget=200)
     assert [r.seq for r in whole.recalled] == [r.seq for r in parted.recalled]
     assert whole.prepend_text == parted.prepend_text
+
+
+class _CountingEmbedder(HashEmbedder):
+    """A hash embedder that records each model call's texts."""
+
+    def __init__(self) -> None:
+        super().__init__(dim=32)
+        self.calls: list[list[str]] = []
+
+    def embed(self, texts: Sequence[str]) -> Any:
+        self.calls.append(list(texts))
+        return super().embed(texts)
+
+
+def test_a_prefetched_message_and_its_parts_are_embedded_in_one_batch() -> None:
+    store = MemoryStore(counter=COUNTER)
+    embedder = _CountingEmbedder()
+    recaller = Recaller(store, embedder=embedder, decompose=True)
+    store.create_session("s")
+    store.append_turns(
+        "s", [Message(role="user", content=f"Anna saw Oslo, day {n}.") for n in range(5)]
+    )
+    recaller.ensure_vectors("s")
+    embedded_turns = len(embedder.calls)
+    question = "Which cities have both Anna and Ben visited?"
+    recaller.prefetch(question)
+    ranked = recaller.rank("s", question)
+    assert ranked and all(r.similarity is not None for r in ranked if r.seq <= 5)
+    # one model call for the message and its parts, and none again while ranking
+    assert embedder.calls[embedded_turns:] == [[question, *query_parts(question)]]
+
+
+def test_the_tag_signal_is_read_once_for_a_message_and_its_parts() -> None:
+    eng = _engine(decompose=True)
+    reads: list[dict[str, Any]] = []
+    top = eng.store.tag_overlap_top
+
+    def spy(session_id: str, weights: dict[str, Any], limit: int) -> Any:
+        reads.append(weights)
+        return top(session_id, weights, limit)
+
+    eng.store.tag_overlap_top = spy  # type: ignore[method-assign]
+    question = "Which harbour cities have both Anna and Ben visited?"
+    assert len(query_parts(question)) == 3
+    whole = eng.on_message_inbound(question, budget=200)
+    assert len(reads) == 1 and reads[0]  # the message has tags, and they were read once
+    assert whole.recalled

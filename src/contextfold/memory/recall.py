@@ -538,19 +538,27 @@ class Recaller:
 
     def prefetch(self, text: str) -> None:
         """Start embedding ``text`` for a ``rank`` that will follow, so the model runs while
-        the rest of the recall (tags, full text) does; a no-op without an embedder."""
-        if self.embedder is None or not text.strip():
+        the rest of the recall (tags, full text) does; with ``decompose``, its parts too, in
+        the same batch. A no-op without an embedder."""
+        self._prefetch_all([text, *(query_parts(text) if self.decompose else ())])
+
+    def _prefetch_all(self, texts: Sequence[str]) -> None:
+        """Start embedding the ``texts`` not started yet, together (one model batch)."""
+        if self.embedder is None:
             return
         queue = self._queue(self.embedder)
         with self._lock:
-            if text not in self._prefetched:
-                self._prefetched[text] = queue.submit(text)
+            new = [t for t in dict.fromkeys(texts) if t.strip() and t not in self._prefetched]
+            if not new:
+                return
+            for text, future in zip(new, queue.submit_many(new), strict=True):
+                self._prefetched[text] = future
                 self._prefetched_chars += len(text)
-                while len(self._prefetched) > _PREFETCHED or (
-                    self._prefetched_chars > _PREFETCHED_CHARS and len(self._prefetched) > 1
-                ):
-                    dropped, _ = self._prefetched.popitem(last=False)
-                    self._prefetched_chars -= len(dropped)
+            while len(self._prefetched) > _PREFETCHED or (
+                self._prefetched_chars > _PREFETCHED_CHARS and len(self._prefetched) > 1
+            ):
+                dropped, _ = self._prefetched.popitem(last=False)
+                self._prefetched_chars -= len(dropped)
 
     def _query_vector(self, embedder: Embedder, text: str) -> npt.NDArray[np.float32]:
         queue = self._queue(embedder)
@@ -639,38 +647,32 @@ class Recaller:
         keeps them. With ``decompose``, a message that names people or things is also ranked
         in parts (``memory.decompose``) and the rankings are interleaved."""
         parts = query_parts(text) if self.decompose else []
-        for part in parts:
-            self.prefetch(part)  # embedded in one batch while the message's own recall runs
-        rank_text = functools.partial(
-            self._rank_text,
-            session_id,
-            tags=tags,
-            related=related,
-            exclude=exclude,
-            limit=limit,
-            tag_counts=tag_counts,
-            related_counts=related_counts,
-        )
-        ranked = rank_text(text)
+        if parts:  # embedded in one batch (already, when ``prefetch`` saw the message)
+            self._prefetch_all([text, *parts])
+        # The tag signal depends on the message's tags only: the same for each part.
+        tag_scores = self._tag_scores(session_id, tags, related, tag_counts, related_counts)
+        ranked = self._rank_text(session_id, text, tag_scores, exclude=exclude, limit=limit)
         if not parts:
             return ranked
-        lists = [ranked, *(rank_text(part) for part in parts)]
+        lists = [ranked]
+        lists += [
+            self._rank_text(session_id, part, tag_scores, exclude=exclude, limit=limit)
+            for part in parts
+        ]
         return _merge_parts(lists, limit)
 
     def _rank_text(
         self,
         session_id: str,
         text: str,
+        tag_scores: tuple[list[tuple[int, float]], float | None],
         *,
-        tags: Sequence[str] = (),
-        related: Sequence[str] = (),
         exclude: Collection[int] = (),
         limit: int = 200,
-        tag_counts: Mapping[str, int] | None = None,
-        related_counts: Mapping[str, int] | None = None,
     ) -> list[RankedTurn]:
-        """``rank`` for one text (the message, or one of its parts)."""
-        tag_hits, tag_low = self._tag_scores(session_id, tags, related, tag_counts, related_counts)
+        """``rank`` for one text (the message, or one of its parts), with the message's tag
+        signal (``_tag_scores``)."""
+        tag_hits, tag_low = tag_scores
         signals = {
             "tags": tag_hits,
             "fts": self.store.search_turn_seqs(

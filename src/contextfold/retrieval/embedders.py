@@ -430,14 +430,21 @@ class EmbeddingQueue:
         return int(self.inner.dim)
 
     def submit(self, text: str) -> Future[Vectors]:
-        future: Future[Vectors] = Future()
+        return self.submit_many([text])[0]
+
+    def submit_many(self, texts: Sequence[str]) -> list[Future[Vectors]]:
+        """Queue ``texts`` together: a batch that starts after this call holds all of them
+        (up to ``max_batch``)."""
+        futures: list[Future[Vectors]] = [Future() for _ in texts]
+        if not futures:
+            return futures
         with self._lock:
-            self._pending.append((text, future))
+            self._pending.extend(zip(texts, futures, strict=True))
             if self._running:
-                return future
+                return futures
             self._running = True
         self._start_worker()
-        return future
+        return futures
 
     def embed(self, texts: Sequence[str]) -> Vectors:
         if not texts:
