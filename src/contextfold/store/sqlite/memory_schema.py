@@ -57,6 +57,7 @@ __all__ = [
     "m009_scoped_aliases_and_splits",
     "m010_tag_stats",
     "m011_related_tag_stats",
+    "m013_tag_stats_segment_last_seq",
 ]
 
 MIGRATIONS = MigrationRegistry("memory")
@@ -548,3 +549,25 @@ def m011_related_tag_stats(conn: sqlite3.Connection) -> None:
         "CREATE TRIGGER related_tag_stats_au AFTER UPDATE OF session_id, seq, tag, related"
         f" ON turn_tags BEGIN {remove} {add} END"
     )
+
+
+@MIGRATIONS.migration
+def m013_tag_stats_segment_last_seq(conn: sqlite3.Connection) -> None:
+    # A deleted segment leaves the value as it was (segments go only with their session): an
+    # upper bound, so a check against it may read segments for nothing, never miss one.
+    conn.execute("ALTER TABLE tag_stats ADD COLUMN segment_last_seq INTEGER")
+    conn.execute(
+        "UPDATE tag_stats SET segment_last_seq = (SELECT MAX(g.last_seq)"
+        " FROM segments g, json_each(g.tags) j"
+        " WHERE g.session_id = tag_stats.session_id AND j.value = tag_stats.tag)"
+    )
+    conn.execute("DROP TRIGGER tag_stats_segment_ai")
+    conn.execute(
+        "CREATE TRIGGER tag_stats_segment_ai AFTER INSERT ON segments BEGIN"
+        " INSERT INTO tag_stats (session_id, tag, segments, segment_last_seq)"
+        " SELECT NEW.session_id, j.value, 1, NEW.last_seq FROM json_each(NEW.tags) j WHERE true"
+        " ON CONFLICT (session_id, tag) DO UPDATE SET segments = segments + 1,"
+        " segment_last_seq = MAX(COALESCE(segment_last_seq, excluded.segment_last_seq),"
+        " excluded.segment_last_seq); END"
+    )
+    conn.execute("CREATE INDEX segments_by_last_seq ON segments (session_id, last_seq)")
