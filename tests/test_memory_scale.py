@@ -4,17 +4,20 @@ benchmarks/bench_memory_scale.py, not here."""
 
 from __future__ import annotations
 
+import random
 import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from contextfold.items import Message
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
 from contextfold.memory.recall import Recaller
 from contextfold.memory.summarize import ExtractiveSummarizer
 from contextfold.store.conformance.memory_support import stored
+from contextfold.store.models import NewSegment, TagRollForward
 from contextfold.store.sqlite.memory import MemoryStore
 from contextfold.testing import HashEmbedder
 from contextfold.tokens import CharCounter
@@ -429,9 +432,9 @@ def _segment_rows_read(store: MemoryStore) -> list[int]:
         rows.append(len(out))
         return out
 
-    def spy_since(session_id: str, tags: Sequence[str] | None = None) -> dict[str, list[str]]:
+    def spy_since(session_id: str, tags: Sequence[str] | None = None) -> dict[str, TagRollForward]:
         out = since(session_id, tags)
-        rows.append(sum(len(v) for v in out.values()))
+        rows.append(sum(len(v.segments) for v in out.values()))
         return out
 
     store.segments = spy_segments  # type: ignore[method-assign]
@@ -499,3 +502,49 @@ def test_the_topics_are_ordered_by_rule_priority_then_count_then_name() -> None:
     engine.assembler._topic_cache.pop(sid)  # type: ignore[attr-defined]
     ruled, _ = engine.assembler._topics(sid, now, False, 500)  # type: ignore[attr-defined]
     assert ruled[0] == topics[-1] and ruled[1:] == topics[:-1]
+
+
+def _since_steps(segments: int) -> int:
+    """SQLite VM steps of one ``segments_since_summary`` on a session of ``segments``
+    segments over 300 tags, every tag summary current but one tag's (a tag no segment
+    carries) summarised at the start: what every turn of such a session reads."""
+    store = MemoryStore(counter=CharCounter())
+    store.create_session("s")
+    store.append_turns("s", [Message(role="user", content=f"t{i}") for i in range(2 * segments)])
+    rng = random.Random(1)
+    every = [f"tag{j}" for j in range(300)]
+    made = [
+        NewSegment(
+            first_seq=2 * i + 1,
+            last_seq=2 * i + 2,
+            summary=f"sum {i}",
+            full_text="",
+            tags=tuple(rng.sample(every, 5)),
+        )
+        for i in range(segments)
+    ]
+    store.compact("s", made, 2 * segments + 1)
+    for tag in {t for g in made for t in g.tags}:
+        store.paging.upsert_tag_summary("s", tag, "x", 2 * segments)
+    store.paging.upsert_tag_summary("s", "early-topic", "x", 0)
+    steps = 0
+
+    def count() -> int:
+        nonlocal steps
+        steps += 1
+        return 0
+
+    store._conn.set_progress_handler(count, 1)
+    assert store.paging.segments_since_summary("s") == {}
+    store._conn.set_progress_handler(None, 1)
+    store.close()
+    return steps
+
+
+def test_nothing_to_roll_forward_is_found_without_reading_the_segments() -> None:
+    """The check a turn of a compacted session runs (is there a segment some tag summary
+    has not taken in?) reads one row per tag (the newest segment per tag, kept on write),
+    not the segments: ten times the segments, about the same work, even with one tag's
+    summary far behind (it read nearly every segment then)."""
+    small, large = _since_steps(300), _since_steps(3000)
+    assert large < 1.5 * small, (small, large)

@@ -374,3 +374,34 @@ def test_m009_counts_the_related_tags_a_database_already_holds(postgres_url: str
     store.set_turn_tags("s1", 2, {"glaze": 1.0})
     assert store.vocab.related_tag_counts("s1") == {"oven": 1}
     store.close()
+
+
+def test_m010_keeps_each_tags_newest_segment_for_a_database_holding_segments(
+    postgres_url: str,
+) -> None:
+    store = PostgresMemoryStore(postgres_url, counter=CharCounter())
+    store.create_session("s1")
+    store.append_turns("s1", [_msg(f"turn {n}") for n in range(8)])
+    store.compact(
+        "s1",
+        [
+            NewSegment(first_seq=1, last_seq=2, summary="a", full_text="", tags=("kiln",)),
+            NewSegment(first_seq=3, last_seq=5, summary="b", full_text="", tags=("kiln", "x")),
+        ],
+        6,
+    )
+    store.close()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:  # as before m010
+        conn.execute("DROP INDEX segments_by_last_seq")
+        conn.execute("ALTER TABLE tag_stats DROP COLUMN segment_last_seq")
+        conn.execute("DELETE FROM schema_migrations WHERE name = 'm010_tag_stats_segment_last_seq'")
+    store = PostgresMemoryStore(postgres_url, counter=CharCounter())
+    store.paging.upsert_tag_summary("s1", "kiln", "k", 2)
+    store.paging.upsert_tag_summary("s1", "x", "x", 5)
+    read = store.paging.segments_since_summary("s1")
+    assert list(read) == ["kiln"] and (read["kiln"].segments, read["kiln"].last_seq) == (("b",), 5)
+    store.compact(
+        "s1", [NewSegment(first_seq=6, last_seq=7, summary="c", full_text="", tags=("x",))], 8
+    )
+    assert store.paging.segments_since_summary("s1")["x"].segments == ("c",)
+    store.close()

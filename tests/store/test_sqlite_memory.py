@@ -49,6 +49,7 @@ def test_migrations_are_recorded_once() -> None:
             "m010_tag_stats",
             "m011_related_tag_stats",
             "m012_turn_token_counts",
+            "m013_tag_stats_segment_last_seq",
         ]
     )
     assert MIGRATIONS.apply(store._conn) == []
@@ -259,4 +260,37 @@ def test_m011_counts_the_related_tags_a_file_already_holds(tmp_path: Path) -> No
     assert store.vocab.related_tag_counts("b") == {}  # oven is b's tag, not a related one
     store.set_turn_tags("a", 1, {"oven": 1.0})  # related no more
     assert store.vocab.related_tag_counts("a") == {"oven": 1}
+    store.close()
+
+
+def test_m013_keeps_each_tags_newest_segment_for_a_file_holding_segments(tmp_path: Path) -> None:
+    """A file at m011 holding segments: after m013, a summary behind a tag's newest segment is
+    found to have something to take in, one current with it is not, and new segments keep
+    the value."""
+    _m005_file(tmp_path / "old.db")
+    conn = connect(tmp_path / "old.db")
+    MIGRATIONS.apply(conn, upto="m011_related_tag_stats")
+    conn.execute(
+        "INSERT INTO segments (session_id, first_seq, last_seq, summary, full_text, tags,"
+        " summary_tokens, full_tokens, created_at) VALUES ('a', 3, 5, 'later', '',"
+        " '[\"kiln\", \"glaze\"]', 1, 1, '2026-01-01T00:00:00+00:00')"
+    )
+    conn.close()
+    store = _store(tmp_path / "old.db")
+    rows = store._conn.execute(
+        "SELECT session_id, tag, segment_last_seq FROM tag_stats WHERE segments > 0"
+        " ORDER BY session_id, tag"
+    ).fetchall()
+    assert [tuple(r) for r in rows] == [("a", "glaze", 5), ("a", "kiln", 5), ("b", "kiln", 2)]
+    store.paging.upsert_tag_summary("a", "kiln", "k", 2)
+    store.paging.upsert_tag_summary("a", "glaze", "g", 5)
+    store.paging.upsert_tag_summary("b", "kiln", "k", 2)
+    read = store.paging.segments_since_summary("a")
+    assert list(read) == ["kiln"] and read["kiln"].segments == ("later",)
+    assert store.paging.segments_since_summary("b") == {}
+    store.append_turns("b", messages(["t"] * 6))
+    store.compact(
+        "b", [NewSegment(first_seq=3, last_seq=6, summary="new", full_text="", tags=("kiln",))], 7
+    )
+    assert store.paging.segments_since_summary("b")["kiln"].last_seq == 6
     store.close()

@@ -274,8 +274,9 @@ class Compactor:
         return self.summarizer.summarize(texts, max_tokens=budget, tags=tags, instructions=prompt)
 
     def rebuild_tag_summaries(self, session_id: str, tags: set[str] | None = None) -> list[str]:
-        """Rebuild the tag summary of each tag in ``tags`` (default: every stale or missing
-        one); returns the tags rebuilt.
+        """Rebuild the tag summary of each tag in ``tags`` (default: every tag with segments
+        its summary has not taken in, or with no summary yet); returns the tags rebuilt (a
+        tag whose summary another process stored meanwhile is left to that one).
 
         Rebuilds roll forward: the input is the tag's current summary plus the summaries of
         its segments compacted after that summary's watermark (earliest first), so each
@@ -283,21 +284,16 @@ class Compactor:
         yet starts from all of its segments. Input already within ``tag_summary_tokens`` is
         stored as is."""
         # Only the segments each tag's summary has not taken in (their summaries, not their
-        # full text), and only the summaries of the tags that have some: a compaction reads
-        # what it added, not the whole session.
-        by_tag = self.store.paging.segments_since_summary(
+        # full text), read with the summary itself in one snapshot: another process rolling
+        # the same summary forward in between cannot make a segment count twice or be lost.
+        since = self.store.paging.segments_since_summary(
             session_id, None if tags is None else sorted(tags)
         )
-        if not by_tag:
-            return []
-        current = self.store.paging.tag_summaries(session_id, tags=sorted(by_tag))
-        if tags is None:
-            tags = {t for t in by_tag if t not in current or current[t].stale}
-        watermark = self.store.session(session_id).compaction_watermark - 1
-        todo = sorted(t for t in tags if t in by_tag)
+        todo = sorted(since)
 
         def build(tag: str) -> str:
-            parts = [current[tag].summary, *by_tag[tag]] if tag in current else by_tag[tag]
+            read = since[tag]
+            parts = [*([] if read.summary is None else [read.summary]), *read.segments]
             # One text per line: an extractive summary's lines each carry their own speaker.
             texts = [line for part in parts for line in part.splitlines() if line.strip()]
             joined = "\n".join(texts)
@@ -312,6 +308,13 @@ class Compactor:
             )
 
         texts = self._map(build, todo)
+        rebuilt = []
         for tag, text in zip(todo, texts, strict=True):
-            self.store.paging.upsert_tag_summary(session_id, tag, text, watermark)
-        return todo
+            # It covers the newest segment it read; stored only if the summary it rolled
+            # forward is still the one stored (else another process stored a newer one).
+            read = since[tag]
+            if self.store.paging.upsert_tag_summary(
+                session_id, tag, text, read.last_seq, replaces=read.source_watermark
+            ):
+                rebuilt.append(tag)
+        return rebuilt

@@ -972,14 +972,11 @@ class MemoryEngine:
             self.recaller.forget(sid)
             folder = self._vector_folder()
             if folder is not None and folder.is_dir():
-                # Every model's files, also those an engine with another (or any) embedder
-                # wrote: the files of a session the store no longer holds.
-                VectorFiles(folder).prune(self._born)
+                # Every model's files, also those an engine with another (or no) embedder
+                # wrote, found by name: no other session's file is read, nothing is asked of
+                # the store per file.
+                VectorFiles(folder).discard_session(sid)
         return existed
-
-    def _born(self, session_id: str) -> int | None:
-        version = self.store.session_version(session_id)
-        return None if version is None else version[0]
 
     def close(self) -> None:
         """Finish the background work (``flush``), write the vector files, then close the

@@ -424,7 +424,11 @@ class Recaller:
         if self.files is None or n < self.files_min_turns:
             return
         if entry.saved_rows < len(entry):
-            self.files.save_rows(session_id, self._model, entry)
+            # Asked under the file lock: a session deleted after this job was queued gets no
+            # files written again (``MemoryEngine.delete_session`` discards under that lock).
+            self.files.save_rows(
+                session_id, self._model, entry, alive=lambda: self._born(session_id) == entry.born
+            )
         step = 1 if final else max(self.ann_tail, entry.saved_indexed // 10)
         if entry.index is not None and entry.indexed - entry.saved_indexed >= step:
             self.files.save_index(session_id, self._model, entry)
@@ -516,7 +520,8 @@ class Recaller:
         return entry
 
     def forget(self, session_id: str) -> None:
-        """Drop the cached vectors of a session (after it was deleted), and its files."""
+        """Drop the cached vectors of a session (after it was deleted), and its files (every
+        model's: found by name, ``VectorFiles.discard_session``)."""
         with self._lock:
             entry = self._vectors.pop(session_id, None)
             if entry is not None:
@@ -525,8 +530,8 @@ class Recaller:
             if lengths is not None:
                 self._length_bytes -= lengths.charged
             self._too_large.pop(session_id, None)
-        if self.files is not None and self.embedder is not None:
-            self.files.discard(session_id, self._model)
+        if self.files is not None:
+            self.files.discard_session(session_id)
 
     def _queue(self, embedder: Embedder) -> EmbeddingQueue:
         with self._lock:

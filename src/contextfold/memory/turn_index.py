@@ -12,11 +12,12 @@ vector back.
   ``<key>.seqs`` their seqs (int64); ``<key>.usearch`` the saved index (written to a temporary
   name, then renamed); ``<key>.json`` says how many rows and index entries are whole. The key
   names the session, the embedder and the session's incarnation (``born``), so a session
-  deleted and written again never reads the old files. Loading maps the files and checks them
-  against the store: sizes, the index's own header, and the last rows against the store's
-  vectors for the same seqs. A file that fails any check is deleted and rebuilt from the
-  store, never used. The rows after the files' last one are read from the store (another
-  process may have written them).
+  deleted and written again never reads the old files; it starts with the session's own
+  digest, so deleting a session finds its files by name (``discard_session``). Loading maps
+  the files and checks them against the store: sizes, the index's own header, and the last
+  rows against the store's vectors for the same seqs. A file that fails any check is deleted
+  and rebuilt from the store, never used. The rows after the files' last one are read from the
+  store (another process may have written them).
 """
 
 from __future__ import annotations
@@ -199,6 +200,10 @@ class SessionVectors:
         return [(int(all_seqs[i]), float(all_scores[i])) for i in order], True
 
 
+def _digest(text: str, length: int) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
 class VectorFiles:
     """The files of sessions' vectors and indexes in one folder (see the module docstring).
     A process's writers take an advisory lock per session (``fcntl``) so two processes
@@ -208,8 +213,14 @@ class VectorFiles:
         self.folder = Path(folder)
 
     def _key(self, session_id: str, model: str, born: int) -> str:
-        digest = hashlib.sha256(f"{session_id}\0{model}".encode()).hexdigest()[:24]
-        return f"{digest}-{born}"
+        pair = _digest(session_id + "\0" + model, 12)
+        return f"{self._prefix(session_id)}{pair}-{born}"
+
+    @staticmethod
+    def _prefix(session_id: str) -> str:
+        """The start of every key of the session's files, whatever the model and
+        incarnation: its files are found by name alone (``discard_session``)."""
+        return f"{_digest(session_id, 16)}_"
 
     def _paths(self, key: str) -> dict[str, Path]:
         return {s: self.folder / f"{key}.{s}" for s in ("f32", "seqs", "usearch", "json", "lock")}
@@ -278,6 +289,18 @@ class VectorFiles:
         with contextlib.suppress(OSError):
             paths["lock"].unlink()
 
+    def discard_session(self, session_id: str) -> int:
+        """Delete every file of the session, of every model and incarnation, found by the
+        start of their names (no other session's file is read); how many keys went."""
+        if not self.folder.is_dir():
+            return 0
+        prefix = self._prefix(session_id)
+        keys = {path.name.split(".", 1)[0] for path in self.folder.glob(f"{prefix}*")}
+        for key in sorted(keys):
+            with self._locked(key):
+                self._discard_locked(key)
+        return len(keys)
+
     def prune(self, born_of: Callable[[str], int | None]) -> int:
         """Delete the files of sessions that are gone or were written again (``born_of``:
         the session's ``born`` now, ``None`` when it no longer exists). Returns how many
@@ -291,7 +314,13 @@ class VectorFiles:
                 session, model, born = meta["session"], meta["model"], int(meta["born"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue
-            if born_of(session) != born:
+            key = path.name.split(".", 1)[0]
+            if key != self._key(session, model, born):
+                # Named as before keys began with the session's own digest: never loaded.
+                with self._locked(key):
+                    self._discard_locked(key)
+                gone += 1
+            elif born_of(session) != born:
                 self.discard(session, model, born)
                 gone += 1
         return gone
@@ -388,12 +417,23 @@ class VectorFiles:
         new_rows = store_rows[n:] if new_seqs else np.zeros((0, dim), np.float32)
         return entry, new_seqs, new_rows
 
-    def save_rows(self, session_id: str, model: str, entry: SessionVectors) -> None:
+    def save_rows(
+        self,
+        session_id: str,
+        model: str,
+        entry: SessionVectors,
+        *,
+        alive: Callable[[], bool] | None = None,
+    ) -> None:
         """Append the entry's rows not in the files yet (the files are started when there are
-        none, or when they do not hold the rows this entry starts from)."""
+        none, or when they do not hold the rows this entry starts from). ``alive`` is asked
+        under the session's lock: when it says the incarnation is gone (deleted meanwhile:
+        ``discard`` waits on the same lock), nothing is written."""
         key = self._key(session_id, model, entry.born)
         paths = self._paths(key)
         with self._locked(key):
+            if alive is not None and not alive():
+                return
             meta = self._meta(key)
             have = int(meta["rows"]) if meta and meta.get("born") == entry.born else 0
             if have > len(entry):

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
 from datetime import datetime
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from contextfold.store.models import (
     CostEntry,
@@ -29,6 +29,7 @@ from contextfold.store.models import (
     Job,
     SessionDump,
     StoredRecord,
+    TagRollForward,
     TagSummary,
     WorkingSetEntry,
 )
@@ -191,7 +192,14 @@ class PagingStorage(Protocol):
         source_watermark: int,
         *,
         tokens: int | None = None,
-    ) -> None: ...
+        replaces: int | Literal["any"] | None = "any",
+    ) -> bool:
+        """Store the one summary of ``tag``, covering its turns up to ``source_watermark``;
+        whether it was stored. ``replaces`` makes the write a compare-and-set: it happens only
+        while the stored summary's ``source_watermark`` is still ``replaces`` (``None``: while
+        the tag has no summary), so a roll-forward that read an older summary than another
+        process has since stored leaves that one in place. ``"any"`` writes unconditionally."""
+        ...
 
     def tag_summaries(
         self, session_id: str, tags: Sequence[str] | None = None
@@ -201,12 +209,17 @@ class PagingStorage(Protocol):
 
     def segments_since_summary(
         self, session_id: str, tags: Sequence[str] | None = None
-    ) -> dict[str, list[str]]:
-        """What each tag's summary has not taken in yet: for each tag a segment carries (only
-        those of ``tags`` when given), the summaries of its segments whose ``last_seq`` is past
-        its tag summary's ``source_watermark`` (all of its segments when it has no summary),
-        earliest first; a tag with none is left out. Reads those segments' summaries only, not
-        their full text nor the other segments (a compaction's read, ``docs/memory.md``)."""
+    ) -> dict[str, TagRollForward]:
+        """What each tag's summary has not taken in yet, by tag: for each tag a segment
+        carries (only those of ``tags`` when given), its summary as stored and the summaries
+        of its segments whose ``last_seq`` is past that summary's ``source_watermark`` (all of
+        its segments when it has no summary), earliest first, with the largest ``last_seq``
+        among them; a tag with none is left out. One consistent read (one statement): the
+        summary and the segments are as they stood at one moment, so a roll-forward from them
+        takes each segment once. Which tags have some is known from per-tag counters (the
+        newest segment's ``last_seq`` beside the summary's watermark), without reading any
+        segment; then only those tags' newer segments are read, their summaries only, not
+        their full text (a compaction's read, ``docs/memory.md``)."""
         ...
 
     def set_working_set(

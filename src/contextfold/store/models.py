@@ -40,6 +40,7 @@ __all__ = [
     "StoredRecord",
     "StoredSegment",
     "StoredTurn",
+    "TagRollForward",
     "TagSummary",
     "TurnRow",
     "WorkingSetEntry",
@@ -49,6 +50,7 @@ __all__ = [
     "owner_id",
     "pid_alive",
     "retention_cut",
+    "tag_roll_forward",
 ]
 
 Depth = Literal["none", "summary", "segments", "full"]
@@ -185,6 +187,47 @@ class TagSummary(BaseModel):
     tokens: int
     source_watermark: int
     stale: bool
+
+
+class TagRollForward(BaseModel):
+    """What a tag's summary has not taken in yet, read at one moment: the summary as it is
+    (``summary`` and ``source_watermark`` ``None`` when the tag has none), the summaries of
+    the tag's segments past that watermark (earliest first) and the largest ``last_seq``
+    among them, the watermark a summary rolled forward from these covers."""
+
+    model_config = _FROZEN
+    tag: str
+    summary: str | None
+    source_watermark: int | None
+    segments: tuple[str, ...]
+    last_seq: int
+
+
+def tag_roll_forward(rows: Iterable[Sequence[Any]]) -> dict[str, TagRollForward]:
+    """``segments_since_summary``'s answer from the rows of its one statement: per tag with
+    newer segments one row ``(0, tag, summary, watermark, …)`` (both ``None`` when it has no
+    summary), and per segment and tag one ``(1, tag, segment summary, last_seq, …)``,
+    earliest first. A tag with no segment row is left out."""
+    current: dict[str, tuple[str | None, int | None]] = {}
+    segments: dict[str, list[str]] = {}
+    newest: dict[str, int] = {}
+    for row in rows:
+        part, tag, text, seq = row[0], row[1], row[2], row[3]
+        if part == 0:
+            current[tag] = (text, seq)
+        else:
+            segments.setdefault(tag, []).append(text)
+            newest[tag] = max(newest.get(tag, seq), seq)
+    return {
+        tag: TagRollForward(
+            tag=tag,
+            summary=current[tag][0],
+            source_watermark=current[tag][1],
+            segments=tuple(texts),
+            last_seq=newest[tag],
+        )
+        for tag, texts in segments.items()
+    }
 
 
 class WorkingSetEntry(BaseModel):

@@ -240,6 +240,13 @@ def _since_summary_from_all(store: MemoryStorage, sid: str) -> dict[str, list[st
     return out
 
 
+def _since(store: MemoryStorage, sid: str, tags: list[str] | None = None) -> dict[str, list[str]]:
+    """``segments_since_summary``'s segment summaries by tag."""
+    read = store.paging.segments_since_summary(sid, tags)
+    assert all(r.tag == tag and r.segments for tag, r in read.items())
+    return {tag: list(r.segments) for tag, r in read.items()}
+
+
 def test_segments_since_summary_reads_each_tags_segments_after_its_summary(
     memory_store: MemoryStorage,
 ) -> None:
@@ -249,7 +256,7 @@ def test_segments_since_summary_reads_each_tags_segments_after_its_summary(
     store = filled(memory_store)
     store.append_turns("s1", messages(TOPICS))  # 12 turns
     paging = store.paging
-    assert paging.segments_since_summary("s1") == {}
+    assert _since(store, "s1") == {}
     store.compact(
         "s1",
         [
@@ -258,11 +265,11 @@ def test_segments_since_summary_reads_each_tags_segments_after_its_summary(
         ],
         5,
     )
-    assert paging.segments_since_summary("s1") == {"k8s": ["a"], "ops": ["a"], "lunch": ["b"]}
-    assert paging.segments_since_summary("s1") == _since_summary_from_all(store, "s1")
+    assert _since(store, "s1") == {"k8s": ["a"], "ops": ["a"], "lunch": ["b"]}
+    assert _since(store, "s1") == _since_summary_from_all(store, "s1")
     for tag in ("k8s", "ops", "lunch"):
         paging.upsert_tag_summary("s1", tag, f"{tag} so far", 4)
-    assert paging.segments_since_summary("s1") == {}
+    assert _since(store, "s1") == {}
     store.compact(
         "s1",
         [
@@ -272,14 +279,14 @@ def test_segments_since_summary_reads_each_tags_segments_after_its_summary(
         10,
     )
     expected = {"k8s": ["c", "d"], "new": ["c"]}
-    assert paging.segments_since_summary("s1") == expected
-    assert paging.segments_since_summary("s1") == _since_summary_from_all(store, "s1")
-    assert paging.segments_since_summary("s1", tags=["new", "lunch", "absent"]) == {"new": ["c"]}
-    assert paging.segments_since_summary("s1", tags=[]) == {}
+    assert _since(store, "s1") == expected
+    assert _since(store, "s1") == _since_summary_from_all(store, "s1")
+    assert _since(store, "s1", ["new", "lunch", "absent"]) == {"new": ["c"]}
+    assert _since(store, "s1", []) == {}
     paging.upsert_tag_summary("s1", "k8s", "k8s later", 7)  # covers segment c, not d
-    assert paging.segments_since_summary("s1", tags=["k8s"]) == {"k8s": ["d"]}
-    assert paging.segments_since_summary("s1") == _since_summary_from_all(store, "s1")
-    assert paging.segments_since_summary("other") == {}
+    assert _since(store, "s1", ["k8s"]) == {"k8s": ["d"]}
+    assert _since(store, "s1") == _since_summary_from_all(store, "s1")
+    assert _since(store, "other") == {}
 
 
 def test_segments_since_summary_finds_an_old_segment_of_a_tag_never_summarised(
@@ -295,9 +302,95 @@ def test_segments_since_summary_finds_an_old_segment_of_a_tag_never_summarised(
         "s1", [NewSegment(first_seq=3, last_seq=4, summary="b", full_text="", tags=("k8s",))], 5
     )
     store.paging.upsert_tag_summary("s1", "k8s", "k8s so far", 4)
-    assert store.paging.segments_since_summary("s1") == {"old": ["a"]}
-    assert store.paging.segments_since_summary("s1", tags=["old"]) == {"old": ["a"]}
-    assert store.paging.segments_since_summary("s1", tags=["k8s"]) == {}
+    assert _since(store, "s1") == {"old": ["a"]}
+    assert _since(store, "s1", ["old"]) == {"old": ["a"]}
+    assert _since(store, "s1", ["k8s"]) == {}
+
+
+def test_segments_since_summary_reads_the_summary_with_its_segments(
+    memory_store: MemoryStorage,
+) -> None:
+    """Per tag, the summary as stored (none for a tag never summarised), the segments past
+    its watermark and the largest ``last_seq`` among them: the watermark a summary rolled
+    forward from exactly these covers (not the session's watermark, which may have moved on
+    past segments not read)."""
+    store = filled(memory_store)
+    store.append_turns("s1", messages(TOPICS))
+    seg = NewSegment
+    store.compact("s1", [seg(first_seq=1, last_seq=2, summary="a", full_text="", tags=("k8s",))], 3)
+    store.paging.upsert_tag_summary("s1", "k8s", "k8s so far", 2)
+    store.compact(
+        "s1",
+        [
+            seg(first_seq=3, last_seq=4, summary="b", full_text="", tags=("k8s", "new")),
+            seg(first_seq=5, last_seq=6, summary="c", full_text="", tags=("new",)),
+            seg(first_seq=7, last_seq=9, summary="d", full_text="", tags=("lunch",)),
+        ],
+        10,
+    )
+    read = store.paging.segments_since_summary("s1")
+    assert sorted(read) == ["k8s", "lunch", "new"]
+    k8s, new = read["k8s"], read["new"]
+    assert (k8s.summary, k8s.source_watermark, k8s.segments, k8s.last_seq) == (
+        "k8s so far",
+        2,
+        ("b",),
+        4,
+    )
+    assert (new.summary, new.source_watermark, new.segments, new.last_seq) == (
+        None,
+        None,
+        ("b", "c"),
+        6,
+    )
+    assert read["lunch"].last_seq == 9
+    # A summary at the newest segment's last_seq is current: nothing to read for it.
+    assert store.paging.upsert_tag_summary("s1", "new", "new so far", 6, replaces=None)
+    assert sorted(store.paging.segments_since_summary("s1")) == ["k8s", "lunch"]
+    assert store.paging.segments_since_summary("s1", ["new"]) == {}
+
+
+def test_upsert_tag_summary_is_a_compare_and_set_with_replaces(
+    memory_store: MemoryStorage,
+) -> None:
+    """With ``replaces`` the write happens only while the stored summary is the one read
+    (its watermark; ``None``: no summary yet), and says whether it did; without, it always
+    writes."""
+    store = filled(memory_store)
+    paging = store.paging
+    assert paging.upsert_tag_summary("s1", "k8s", "first", 2, replaces=None) is True
+    assert paging.upsert_tag_summary("s1", "k8s", "lost", 3, replaces=None) is False
+    assert paging.upsert_tag_summary("s1", "k8s", "stale read", 4, replaces=1) is False
+    assert paging.tag_summaries("s1")["k8s"].summary == "first"
+    assert paging.upsert_tag_summary("s1", "k8s", "second", 4, replaces=2) is True
+    assert paging.upsert_tag_summary("s1", "k8s", "late", 3, replaces=2) is False
+    got = paging.tag_summaries("s1")["k8s"]
+    assert (got.summary, got.source_watermark) == ("second", 4)
+    assert got.tokens == CharCounter().count("second")
+    assert paging.upsert_tag_summary("s1", "k8s", "forced", 1) is True
+    assert paging.tag_summaries("s1")["k8s"].source_watermark == 1
+
+
+def test_segments_since_summary_sees_segments_written_after_a_summary_newer_than_them(
+    memory_store: MemoryStorage,
+) -> None:
+    """The per-tag check follows every segment write: a summary stored past a tag's segments,
+    then a new segment of that tag (also on a fork, whose segments are copies), is read."""
+    store = filled(memory_store)
+    store.append_turns("s1", messages(TOPICS))
+    seg = NewSegment
+    store.compact("s1", [seg(first_seq=1, last_seq=2, summary="a", full_text="", tags=("k8s",))], 3)
+    store.paging.upsert_tag_summary("s1", "k8s", "ahead", 5)
+    assert _since(store, "s1") == {}
+    store.compact("s1", [seg(first_seq=3, last_seq=5, summary="b", full_text="", tags=("k8s",))], 6)
+    assert _since(store, "s1") == {}  # ends at the summary's watermark: taken in
+    store.compact("s1", [seg(first_seq=6, last_seq=7, summary="c", full_text="", tags=("k8s",))], 8)
+    assert _since(store, "s1") == {"k8s": ["c"]}
+    store.fork("s1", 9, session_id_new="f")
+    assert _since(store, "f") == {"k8s": ["a", "b", "c"]}
+    store.paging.upsert_tag_summary("f", "k8s", "fork", 7)
+    assert _since(store, "f") == {}
+    assert _since(store, "s1") == _since_summary_from_all(store, "s1")
 
 
 def test_segments_read_by_tag_and_without_their_full_text(memory_store: MemoryStorage) -> None:
@@ -326,3 +419,40 @@ def test_segments_read_by_tag_and_without_their_full_text(memory_store: MemorySt
         every[1].id,
         every[2].id,
     ]
+
+
+def test_segments_since_summary_agrees_with_every_segment_through_random_writes(
+    memory_store: MemoryStorage,
+) -> None:
+    """Differential: over random compactions, forks and summary writes at any watermark, with
+    and without a tag filter, the per-tag check (kept counters) and the read agree with the
+    rule worked out from every segment."""
+    import random
+
+    store, rng, sessions, n = memory_store, random.Random(7), ["s0"], 0
+    every = ["a", "b", "c", "d", "e"]
+    store.create_session("s0")
+    store.append_turns("s0", messages([f"t{i}" for i in range(120)]))
+    for step in range(40):
+        sid, op = rng.choice(sessions), rng.random()
+        watermark, last = store.session(sid).compaction_watermark, store.last_seq(sid)
+        if op < 0.45 and watermark < last:
+            lo = max(watermark, 1)
+            hi = min(last, lo + rng.randint(0, 6))
+            tags = tuple(rng.sample(every, rng.randint(0, 3)))
+            n += 1
+            segment = NewSegment(
+                first_seq=lo, last_seq=hi, summary=f"x{n}", full_text="", tags=tags
+            )
+            store.compact(sid, [segment], hi + 1)
+        elif op < 0.75:
+            mark = rng.randint(-1, max(watermark, 0) + 3)
+            store.paging.upsert_tag_summary(sid, rng.choice(every), f"sum{step}", mark)
+        elif op < 0.85 and last > 2:
+            sessions.append(f"s{len(sessions)}")
+            store.fork(sid, rng.randint(1, last), session_id_new=sessions[-1])
+        for s in sessions:
+            assert _since(store, s) == _since_summary_from_all(store, s), (step, s)
+            sub = rng.sample(every, 2)
+            expected = {t: v for t, v in _since_summary_from_all(store, s).items() if t in sub}
+            assert _since(store, s, sub) == expected, (step, s, sub)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from contextfold.errors import ConfigError, StoreError
 from contextfold.store.models import (
@@ -23,10 +23,12 @@ from contextfold.store.models import (
     Depth,
     NewSegment,
     StoredSegment,
+    TagRollForward,
     TagSummary,
     WorkingSetEntry,
     _now,
     check_compaction,
+    tag_roll_forward,
 )
 from contextfold.store.postgres.connection import Database, utc
 from contextfold.store.postgres.fts import Indexed, Tokenizer
@@ -247,17 +249,39 @@ class PostgresPaging:
         source_watermark: int,
         *,
         tokens: int | None = None,
-    ) -> None:
-        """Store the one summary of ``tag``, covering its turns up to ``source_watermark``."""
+        replaces: int | Literal["any"] | None = "any",
+    ) -> bool:
+        """Store the one summary of ``tag``, covering its turns up to ``source_watermark``;
+        with ``replaces``, only while the stored summary's watermark is still that (``None``:
+        while there is none; one statement, re-checked on a concurrent update). Whether it
+        was stored."""
         count = self.counter.count(summary) if tokens is None else tokens
         with self._db.statement() as conn:
-            conn.execute(
-                "INSERT INTO tag_summaries (session_id, tag, summary, tokens, source_watermark,"
-                " updated_at) VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (session_id, tag)"
-                " DO UPDATE SET summary = excluded.summary, tokens = excluded.tokens,"
-                " source_watermark = excluded.source_watermark, updated_at = excluded.updated_at",
-                (session_id, tag, summary, count, source_watermark, _now()),
-            )
+            if replaces == "any":
+                conn.execute(
+                    "INSERT INTO tag_summaries (session_id, tag, summary, tokens,"
+                    " source_watermark, updated_at) VALUES (%s, %s, %s, %s, %s, %s)"
+                    " ON CONFLICT (session_id, tag) DO UPDATE SET summary = excluded.summary,"
+                    " tokens = excluded.tokens, source_watermark = excluded.source_watermark,"
+                    " updated_at = excluded.updated_at",
+                    (session_id, tag, summary, count, source_watermark, _now()),
+                )
+                return True
+            if replaces is None:
+                cur = conn.execute(
+                    "INSERT INTO tag_summaries (session_id, tag, summary, tokens,"
+                    " source_watermark, updated_at) VALUES (%s, %s, %s, %s, %s, %s)"
+                    " ON CONFLICT (session_id, tag) DO NOTHING",
+                    (session_id, tag, summary, count, source_watermark, _now()),
+                )
+            else:
+                cur = conn.execute(
+                    "UPDATE tag_summaries SET summary = %s, tokens = %s, source_watermark = %s,"
+                    " updated_at = %s WHERE session_id = %s AND tag = %s"
+                    " AND source_watermark = %s",
+                    (summary, count, source_watermark, _now(), session_id, tag, replaces),
+                )
+            return cur.rowcount == 1
 
     def tag_summaries(
         self, session_id: str, tags: Sequence[str] | None = None
@@ -289,33 +313,34 @@ class PostgresPaging:
 
     def segments_since_summary(
         self, session_id: str, tags: Sequence[str] | None = None
-    ) -> dict[str, list[str]]:
-        """For each tag (of ``tags`` when given), the summaries of its segments past its tag
-        summary's watermark (all of them when it has none), earliest first. Only segments past
-        the lowest watermark of the session's summaries are read, unless a tag that some
-        segment carries has no summary at all (``tag_stats`` says which)."""
+    ) -> dict[str, TagRollForward]:
+        """For each tag (of ``tags`` when given), its summary and the summaries of its
+        segments past that summary's watermark (all of them when it has none), earliest
+        first, in one statement (one snapshot). The tags that have some are found from
+        ``tag_stats`` (the newest segment's ``last_seq`` per tag) beside ``tag_summaries``,
+        one row per tag; only when there are some are segments read, those past the lowest
+        watermark among those tags (``segments_by_last_seq``)."""
         with self._db.read() as conn:
             rows = conn.execute(
-                "SELECT j.tag, s.summary FROM segments s,"
-                " jsonb_array_elements_text(s.tags::jsonb) AS j(tag)"
+                "WITH due AS (SELECT st.tag AS tag, ts.summary AS summary,"
+                " ts.source_watermark AS wm FROM tag_stats st LEFT JOIN tag_summaries ts"
+                " ON ts.session_id = st.session_id AND ts.tag = st.tag"
+                " WHERE st.session_id = %(sid)s AND st.segments > 0"
+                " AND (%(tags)s::text[] IS NULL OR st.tag = ANY(%(tags)s::text[]))"
+                " AND (ts.tag IS NULL OR st.segment_last_seq > ts.source_watermark))"
+                " SELECT 0 AS part, tag, summary, wm, NULL::integer AS fs, NULL::bigint AS id"
+                " FROM due"
+                " UNION ALL"
+                " SELECT 1, j.tag, s.summary, s.last_seq, s.first_seq, s.id"
+                " FROM segments s CROSS JOIN LATERAL"
+                " jsonb_array_elements_text(s.tags::jsonb) AS j(tag) JOIN due d ON d.tag = j.tag"
                 " WHERE s.session_id = %(sid)s"
-                " AND (%(tags)s::text[] IS NULL OR j.tag = ANY(%(tags)s::text[]))"
-                " AND (s.last_seq > (SELECT COALESCE(MIN(ts.source_watermark), -1)"
-                "  FROM tag_summaries ts WHERE ts.session_id = %(sid)s)"
-                "  OR EXISTS (SELECT 1 FROM tag_stats st WHERE st.session_id = %(sid)s"
-                "  AND st.segments > 0"
-                "  AND (%(tags)s::text[] IS NULL OR st.tag = ANY(%(tags)s::text[]))"
-                "  AND NOT EXISTS (SELECT 1 FROM tag_summaries ts"
-                "  WHERE ts.session_id = %(sid)s AND ts.tag = st.tag)))"
-                " AND NOT EXISTS (SELECT 1 FROM tag_summaries ts WHERE ts.session_id = %(sid)s"
-                " AND ts.tag = j.tag AND ts.source_watermark >= s.last_seq)"
-                " ORDER BY s.first_seq, s.id",
+                " AND s.last_seq > (SELECT MIN(COALESCE(wm, -1)) FROM due)"
+                " AND (d.wm IS NULL OR s.last_seq > d.wm)"
+                " ORDER BY 1, 5, 6",
                 {"sid": session_id, "tags": None if tags is None else list(tags)},
             ).fetchall()
-        out: dict[str, list[str]] = {}
-        for tag, summary in rows:
-            out.setdefault(tag, []).append(summary)
-        return out
+        return tag_roll_forward(rows)
 
     # -- working set ----------------------------------------------------------------------------
 

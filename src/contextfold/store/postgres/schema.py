@@ -35,6 +35,10 @@ on: never rename one, never reorder them, and add changes only as a new ``m00N_�
 - ``m009_related_tag_stats`` — ``related_tag_stats`` (the SQLite store's ``m011``): per
   session and tag, the turns carrying it as a related tag, kept by triggers on tags (per
   statement, over its transition rows).
+- ``m010_tag_stats_segment_last_seq`` — ``tag_stats.segment_last_seq`` (the SQLite store's
+  ``m013``): per session and tag, the newest ``last_seq`` of the segments carrying it, kept by
+  the segment trigger and filled from the segments a database holds; and the index
+  ``segments_by_last_seq``.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ __all__ = [
     "m007_tag_stats",
     "m008_scoped_aliases_and_splits",
     "m009_related_tag_stats",
+    "m010_tag_stats_segment_last_seq",
 ]
 
 MIGRATIONS = PgMigrationRegistry("memory")
@@ -715,6 +720,34 @@ def m009_related_tag_stats(conn: psycopg.Connection[Any]) -> None:
         "CREATE TRIGGER related_tag_stats_au AFTER UPDATE ON turn_tags REFERENCING OLD TABLE"
         " AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT"
         " EXECUTE FUNCTION cf_related_stats_change()",
+    ]
+    for statement in statements:
+        conn.execute(statement)
+
+
+@MIGRATIONS.migration
+def m010_tag_stats_segment_last_seq(conn: psycopg.Connection[Any]) -> None:
+    # A deleted segment leaves the value as it was (segments go only with their session): an
+    # upper bound, so a check against it may read segments for nothing, never miss one.
+    statements = [
+        "ALTER TABLE tag_stats ADD COLUMN segment_last_seq INTEGER",
+        "UPDATE tag_stats t SET segment_last_seq = d.last_seq FROM (SELECT g.session_id,"
+        " j.tag, MAX(g.last_seq) AS last_seq FROM segments g,"
+        " jsonb_array_elements_text(g.tags::jsonb) AS j(tag) GROUP BY g.session_id, j.tag) d"
+        " WHERE t.session_id = d.session_id AND t.tag = d.tag",
+        "CREATE OR REPLACE FUNCTION cf_tag_stats_segment() RETURNS trigger LANGUAGE plpgsql"
+        " AS $$ BEGIN"
+        " IF TG_OP = 'INSERT' THEN"
+        "  INSERT INTO tag_stats (session_id, tag, segments, segment_last_seq)"
+        "  SELECT NEW.session_id, j.tag, 1, NEW.last_seq"
+        "  FROM jsonb_array_elements_text(NEW.tags::jsonb) AS j(tag)"
+        "  ON CONFLICT (session_id, tag) DO UPDATE SET segments = tag_stats.segments + 1,"
+        "  segment_last_seq = GREATEST(tag_stats.segment_last_seq, excluded.segment_last_seq);"
+        " ELSE"
+        "  UPDATE tag_stats SET segments = segments - 1 WHERE session_id = OLD.session_id"
+        "  AND tag IN (SELECT jsonb_array_elements_text(OLD.tags::jsonb));"
+        " END IF; RETURN NULL; END $$",
+        "CREATE INDEX segments_by_last_seq ON segments (session_id, last_seq)",
     ]
     for statement in statements:
         conn.execute(statement)

@@ -13,16 +13,19 @@ import json
 import sqlite3
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Literal
 
 from contextfold.errors import ConfigError
 from contextfold.store.models import (
     CostEntry,
     CostReport,
     Depth,
+    TagRollForward,
     TagSummary,
     WorkingSetEntry,
     _iso,
     _now,
+    tag_roll_forward,
 )
 from contextfold.store.sqlite.connection import select_in
 from contextfold.store.sqlite.memory_db import MemoryDb
@@ -49,17 +52,38 @@ class SqlitePaging:
         source_watermark: int,
         *,
         tokens: int | None = None,
-    ) -> None:
-        """Store the one summary of ``tag``, covering its turns up to ``source_watermark``."""
+        replaces: int | Literal["any"] | None = "any",
+    ) -> bool:
+        """Store the one summary of ``tag``, covering its turns up to ``source_watermark``;
+        with ``replaces``, only while the stored summary's watermark is still that (``None``:
+        while there is none). Whether it was stored."""
         count = self.counter.count(summary) if tokens is None else tokens
+        now = _iso(_now())
         with self._db.tx() as conn:
-            conn.execute(
-                "INSERT INTO tag_summaries (session_id, tag, summary, tokens, source_watermark,"
-                " updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (session_id, tag) DO UPDATE"
-                " SET summary = excluded.summary, tokens = excluded.tokens,"
-                " source_watermark = excluded.source_watermark, updated_at = excluded.updated_at",
-                (session_id, tag, summary, count, source_watermark, _iso(_now())),
-            )
+            if replaces == "any":
+                conn.execute(
+                    "INSERT INTO tag_summaries (session_id, tag, summary, tokens,"
+                    " source_watermark, updated_at) VALUES (?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (session_id, tag) DO UPDATE SET summary = excluded.summary,"
+                    " tokens = excluded.tokens, source_watermark = excluded.source_watermark,"
+                    " updated_at = excluded.updated_at",
+                    (session_id, tag, summary, count, source_watermark, now),
+                )
+                return True
+            if replaces is None:
+                cur = conn.execute(
+                    "INSERT INTO tag_summaries (session_id, tag, summary, tokens,"
+                    " source_watermark, updated_at) VALUES (?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (session_id, tag) DO NOTHING",
+                    (session_id, tag, summary, count, source_watermark, now),
+                )
+            else:
+                cur = conn.execute(
+                    "UPDATE tag_summaries SET summary = ?, tokens = ?, source_watermark = ?,"
+                    " updated_at = ? WHERE session_id = ? AND tag = ? AND source_watermark = ?",
+                    (summary, count, source_watermark, now, session_id, tag, replaces),
+                )
+            return cur.rowcount == 1
 
     def tag_summaries(
         self, session_id: str, tags: Sequence[str] | None = None
@@ -91,31 +115,31 @@ class SqlitePaging:
 
     def segments_since_summary(
         self, session_id: str, tags: Sequence[str] | None = None
-    ) -> dict[str, list[str]]:
-        """For each tag (of ``tags`` when given), the summaries of its segments past its tag
-        summary's watermark (all of them when it has none), earliest first. Only segments past
-        the lowest watermark of the session's summaries are read, unless a tag that some
-        segment carries has no summary at all (``tag_stats`` says which)."""
+    ) -> dict[str, TagRollForward]:
+        """For each tag (of ``tags`` when given), its summary and the summaries of its
+        segments past that summary's watermark (all of them when it has none), earliest
+        first, in one statement (one snapshot). The tags that have some are found from
+        ``tag_stats`` (the newest segment's ``last_seq`` per tag) beside ``tag_summaries``,
+        one row per tag; only when there are some are segments read, those past the lowest
+        watermark among those tags (``segments_by_last_seq``)."""
         rows = self._db.conn.execute(
-            "SELECT j.value, s.summary FROM segments s, json_each(s.tags) j"
+            "WITH due AS (SELECT st.tag AS tag, ts.summary AS summary,"
+            " ts.source_watermark AS wm FROM tag_stats st LEFT JOIN tag_summaries ts"
+            " ON ts.session_id = st.session_id AND ts.tag = st.tag"
+            " WHERE st.session_id = :sid AND st.segments > 0"
+            " AND (:tags IS NULL OR st.tag IN (SELECT value FROM json_each(:tags)))"
+            " AND (ts.tag IS NULL OR st.segment_last_seq > ts.source_watermark))"
+            " SELECT 0 AS part, tag, summary, wm, NULL AS fs, NULL AS id FROM due"
+            " UNION ALL"
+            " SELECT 1, j.value, s.summary, s.last_seq, s.first_seq, s.id"
+            " FROM segments s, json_each(s.tags) j, due d"
             " WHERE s.session_id = :sid"
-            " AND (:tags IS NULL OR j.value IN (SELECT value FROM json_each(:tags)))"
-            " AND (s.last_seq > (SELECT COALESCE(MIN(ts.source_watermark), -1)"
-            "  FROM tag_summaries ts WHERE ts.session_id = :sid)"
-            "  OR EXISTS (SELECT 1 FROM tag_stats st WHERE st.session_id = :sid"
-            "  AND st.segments > 0"
-            "  AND (:tags IS NULL OR st.tag IN (SELECT value FROM json_each(:tags)))"
-            "  AND NOT EXISTS (SELECT 1 FROM tag_summaries ts WHERE ts.session_id = :sid"
-            "  AND ts.tag = st.tag)))"
-            " AND NOT EXISTS (SELECT 1 FROM tag_summaries ts WHERE ts.session_id = :sid"
-            " AND ts.tag = j.value AND ts.source_watermark >= s.last_seq)"
-            " ORDER BY s.first_seq, s.id",
+            " AND s.last_seq > (SELECT MIN(COALESCE(wm, -1)) FROM due)"
+            " AND d.tag = j.value AND (d.wm IS NULL OR s.last_seq > d.wm)"
+            " ORDER BY 1, 5, 6",
             {"sid": session_id, "tags": None if tags is None else json.dumps(list(tags))},
-        )
-        out: dict[str, list[str]] = {}
-        for tag, summary in rows:
-            out.setdefault(tag, []).append(summary)
-        return out
+        ).fetchall()
+        return tag_roll_forward(rows)
 
     # -- working set ----------------------------------------------------------------------------
 
