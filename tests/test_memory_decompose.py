@@ -41,6 +41,12 @@ COUNTER = TiktokenCounter("cl100k_base")
         ("Where did she go last summer?", []),
         ("Where did she go in June, on Monday?", []),  # months and weekdays are no names
         ("Anna went where?", []),  # a capital opening the text names nobody
+        # a part left with only the question's frame asks about nothing: not ranked
+        ("Who is Bob?", []),
+        ("Is Bob Bob?", []),
+        # a name that is also a word: only the capitalised one is the name
+        ("Did Art like the art class?", ["Did like the art class?"]),
+        ("Did Will say it will rain?", ["Did say it will rain?"]),
     ],
 )
 def test_query_parts(question: str, parts: list[str]) -> None:
@@ -157,3 +163,19 @@ def test_the_tag_signal_is_read_once_for_a_message_and_its_parts() -> None:
     whole = eng.on_message_inbound(question, budget=200)
     assert len(reads) == 1 and reads[0]  # the message has tags, and they were read once
     assert whole.recalled
+
+
+def test_a_part_with_no_content_word_takes_no_slot_from_the_messages_own_hits() -> None:
+    store = MemoryStore(counter=COUNTER)
+    store.create_session("s")
+    texts = [
+        "Bob took up kayaking this spring",
+        "Bob sold the old kayak last week",
+        "the weather is nice today",
+        "who is coming to the party",
+    ]
+    store.append_turns("s", [Message(role="user", content=t) for t in texts])
+    plain = [r.seq for r in Recaller(store, decompose=False).rank("s", "Who is Bob?")]
+    split = [r.seq for r in Recaller(store, decompose=True).rank("s", "Who is Bob?")]
+    assert plain[:2] == [1, 2]
+    assert split == plain

@@ -31,7 +31,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from contextfold.analysis import analyze
 from contextfold.memory.relevance import names_in
+from contextfold.store.text import QUESTION_STOPWORDS
 
 __all__ = ["MAX_PARTS", "interleave", "query_parts"]
 
@@ -44,13 +46,21 @@ _BOTH = re.compile(r"\bboth\b\s*", re.IGNORECASE)
 
 def _without(text: str, names: Sequence[str]) -> str:
     for name in names:
+        # The name as a name: capitalised ("Art", not the "art" of "art class"); the rest of
+        # its letters, and the joining words, in any case.
+        spelled = rf"(?-i:{re.escape(name[:1].upper())})(?i:{re.escape(name[1:])})"
         text = re.sub(
-            rf"\s*(?:,|\band\b|\bor\b|&)?\s*\b{re.escape(name)}\b(?:['’]s)?\s*(?:,|\band\b|\bor\b|&)?\s*",
+            rf"\s*(?:,|\band\b|\bor\b|&)?\s*\b{spelled}\b(?:['’]s)?\s*(?:,|\band\b|\bor\b|&)?\s*",
             " ",
             text,
             flags=re.IGNORECASE,
         )
     return " ".join(_BOTH.sub("", text).split())
+
+
+def _asks_something(part: str) -> bool:
+    """Whether ``part`` has a word beyond stop words and a question's grammar."""
+    return any(w not in QUESTION_STOPWORDS for w in analyze(part, stemmer=None))
 
 
 def query_parts(text: str, max_parts: int = MAX_PARTS) -> list[str]:
@@ -67,9 +77,11 @@ def query_parts(text: str, max_parts: int = MAX_PARTS) -> list[str]:
     out = []
     for part in parts:
         key = part.lower()
-        # A part with no word left but the question's frame still says what is asked about;
-        # one that is empty or the message itself adds nothing.
-        if part and key not in seen:
+        # A part must still ask about something: one left with only the question's frame
+        # ("Who is ?" of "Who is Bob?") would match any turn saying "who" or "is", and its
+        # hits would take every other slot of the interleave. One that is the message itself
+        # adds nothing.
+        if _asks_something(part) and key not in seen:
             seen.add(key)
             out.append(part)
     return out[:max_parts]
