@@ -155,3 +155,34 @@ def test_a_large_sessions_counts_are_read_by_the_worker_not_the_recall() -> None
     calls = len(candidates)
     assert {r.seq: r.score for r in recaller.rank("s", QUESTION)} == first
     assert len(candidates) == calls and after == [0, 40]  # the kept counts, then new turns only
+
+
+def test_counts_that_do_not_fit_beside_the_vectors_are_not_read_whole_at_every_recall() -> None:
+    store = MemoryStore(counter=CharCounter())
+    stored(store, "s", *_turns(0, 300))
+
+    def engine(mb: float) -> MemoryEngine:
+        cfg = MemoryConfig.model_validate({"recall": {"vector_cache_mb": mb}})
+        return MemoryEngine(cfg, store=store, embedder=HashEmbedder(dim=16), counter=CharCounter())
+
+    probe = engine(512)
+    probe.derive("s")
+    probe.on_message_inbound(QUESTION, session_id="s")
+    vectors = probe.recaller._vectors["s"].charged
+    lengths = probe.recaller._lengths["s"].charged
+    tight = engine((vectors + lengths // 2) / 2**20)  # its vectors fit; with its counts, not
+    reads: list[int] = []
+    original = store.turn_token_counts_after
+
+    def spy(session_id: str, after: int) -> Any:
+        reads.append(after)
+        return original(session_id, after)
+
+    store.turn_token_counts_after = spy  # type: ignore[method-assign]
+    answers = [tight.on_message_inbound(QUESTION, session_id="s") for _ in range(4)]
+    assert tight.recaller.vector_cache_bytes() <= vectors + lengths // 2
+    assert reads.count(0) == 1, reads  # read whole once, then the candidates' counts
+    assert len({a.prepend_text for a in answers}) == 1  # and the same recall each time
+    assert (
+        answers[0].prepend_text == probe.on_message_inbound(QUESTION, session_id="s").prepend_text
+    )

@@ -170,6 +170,10 @@ class Recaller:
         # Per session, the turns' token counts for the length prior (``turn_lengths``),
         # charged to the same limit.
         self._lengths: OrderedDict[str, TurnLengths] = OrderedDict()
+        # Sessions whose own token counts were dropped to fit their own vectors (``_fit``):
+        # their recalls read their candidates' counts, not the whole session's again and
+        # again. A session leaves it when its vectors leave the cache.
+        self._lengths_unkept: set[str] = set()
         self._length_bytes = 0
         # A session of at least this many turns has its counts read by the worker; until then
         # a recall reads its candidates' counts from the store (``None``: read in the recall).
@@ -363,14 +367,20 @@ class Recaller:
             if not self._over():
                 return
             self._vector_bytes -= self._vectors.pop(other).charged
+            self._lengths_unkept.discard(other)
         for other in [sid for sid in self._lengths if sid != session_id]:
             if not self._over():
                 return
             self._length_bytes -= self._lengths.pop(other).charged
         if self._over() and session_id in self._lengths:
             self._length_bytes -= self._lengths.pop(session_id).charged
+            if session_id in self._vectors:  # its counts do not fit beside its own vectors
+                if len(self._lengths_unkept) >= self.cached_sessions:
+                    self._lengths_unkept.clear()
+                self._lengths_unkept.add(session_id)
         if self._over() and session_id in self._vectors:
             self._vector_bytes -= self._vectors.pop(session_id).charged
+            self._lengths_unkept.discard(session_id)
 
     def _recharge(self, session_id: str, entry: SessionVectors) -> None:
         """Charge the cache for an entry whose index grew (``_work``): other sessions go, least
@@ -470,7 +480,7 @@ class Recaller:
             entry = self._lengths.pop(session_id, None)
             if entry is not None:
                 self._length_bytes -= entry.charged
-            elif session_id in self._reading_lengths:
+            elif session_id in self._reading_lengths or session_id in self._lengths_unkept:
                 return None
         later = self.lengths_later_min
         if entry is None and later is not None and self.store.last_seq(session_id) >= later:
@@ -530,6 +540,7 @@ class Recaller:
             if lengths is not None:
                 self._length_bytes -= lengths.charged
             self._too_large.pop(session_id, None)
+            self._lengths_unkept.discard(session_id)
         if self.files is not None:
             self.files.discard_session(session_id)
 
