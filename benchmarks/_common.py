@@ -102,6 +102,12 @@ class Turn:
     text: str
 
 
+def locomo_questions(data_dir: Path) -> list[str]:
+    """Every LoCoMo question, conversation by conversation, in file order."""
+    with (data_dir / "locomo/locomo10.json").open(encoding="utf-8") as f:
+        return [qa["question"] for s in json.load(f) for qa in s["qa"]]
+
+
 def locomo_turns(data_dir: Path) -> list[Turn]:
     """Every LoCoMo dialogue turn (5,882), conversation by conversation, sessions in order.
     Only the dialogue is read, never the generated summaries or observations."""

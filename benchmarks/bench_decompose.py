@@ -13,7 +13,6 @@ Run: ``python benchmarks/bench_decompose.py`` (``--quick`` for the smoke test).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 
@@ -78,8 +77,7 @@ def main() -> None:
     data_dir = args.data_dir or common.default_data_dir()
     common.check_data(data_dir)
     turns = common.locomo_turns(data_dir)
-    with (data_dir / "locomo/locomo10.json").open(encoding="utf-8") as f:
-        questions = [qa["question"] for s in json.load(f) for qa in s["qa"]]
+    questions = common.locomo_questions(data_dir)
     if args.quick:
         turns, questions = turns[:400], questions[:20]
     result = common.base_result("decompose", __doc__.splitlines()[0], args.quick)

@@ -53,8 +53,7 @@ def _config() -> MemoryConfig:
 
 
 def _questions(data_dir: Path) -> list[str]:
-    with (data_dir / "locomo/locomo10.json").open(encoding="utf-8") as f:
-        questions = [qa["question"] for s in json.load(f) for qa in s["qa"]]
+    questions = common.locomo_questions(data_dir)
     random.Random(22).shuffle(questions)
     return questions
 

@@ -118,8 +118,7 @@ def random_vectors(engine: MemoryEngine, sid: str) -> None:
 def run_config(spec: dict[str, Any], data_dir: Path) -> dict[str, Any]:
     sessions, per_session = spec["sessions"], spec["turns_per_session"]
     turns = common.locomo_turns(data_dir)
-    with (data_dir / "locomo/locomo10.json").open(encoding="utf-8") as f:
-        questions = [qa["question"] for s in json.load(f) for qa in s["qa"]]
+    questions = common.locomo_questions(data_dir)
     rng = random.Random(22)
     rng.shuffle(questions)
     folder = Path(tempfile.mkdtemp(prefix="cf-bench-scale-"))

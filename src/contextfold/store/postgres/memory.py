@@ -501,17 +501,27 @@ class PostgresMemoryStore:
     ) -> tuple[int | None, list[tuple[int, str, str, str]]]:
         """The session's incarnation (``None`` when there is no such session) and
         ``turn_texts_after(session_id, after)``, in one query: one snapshot."""
+        born, rows = self._after_with_incarnation(
+            session_id, after, "t.role, t.content_text, t.content_hash"
+        )
+        return born, [(int(r[0]), r[1], from_text(r[2]), r[3]) for r in rows]
+
+    def _after_with_incarnation(
+        self, session_id: str, after: int, columns: str
+    ) -> tuple[int | None, list[tuple[Any, ...]]]:
+        """The session's ``born`` (``None`` when there is no such session) and ``seq,
+        <columns>`` (of ``turns t``) of its turns after ``after``, in order: one query, one
+        snapshot."""
         with self._read() as conn:
             rows = conn.execute(
-                "SELECT s.born, t.seq, t.role, t.content_text, t.content_hash FROM sessions s"
+                f"SELECT s.born, t.seq, {columns} FROM sessions s"
                 " LEFT JOIN turns t ON t.session_id = s.id AND t.seq > %s"
                 " WHERE s.id = %s ORDER BY t.seq",
                 (after, session_id),
             ).fetchall()
         if not rows:
             return None, []
-        turns = [(int(r[1]), r[2], from_text(r[3]), r[4]) for r in rows if r[1] is not None]
-        return int(rows[0][0]), turns
+        return int(rows[0][0]), [tuple(r[1:]) for r in rows if r[1] is not None]
 
     def turn_hash(self, session_id: str, seq: int) -> str | None:
         """The content hash of one turn (``None`` when it is not stored)."""
@@ -545,16 +555,8 @@ class PostgresMemoryStore:
     ) -> tuple[int | None, list[tuple[int, int]]]:
         """The session's ``born`` and (seq, token count) of its turns after ``after``, in order
         (one query: one snapshot)."""
-        with self._read() as conn:
-            rows = conn.execute(
-                "SELECT s.born, t.seq, t.token_count FROM sessions s"
-                " LEFT JOIN turns t ON t.session_id = s.id AND t.seq > %s"
-                " WHERE s.id = %s ORDER BY t.seq",
-                (after, session_id),
-            ).fetchall()
-        if not rows:
-            return None, []
-        return int(rows[0][0]), [(int(r[1]), int(r[2])) for r in rows if r[1] is not None]
+        born, rows = self._after_with_incarnation(session_id, after, "t.token_count")
+        return born, [(int(r[0]), int(r[1])) for r in rows]
 
     def turn_rows(self, session_id: str, seqs: Sequence[int]) -> dict[int, TurnRow]:
         """Role, text, time and token count of the given turns, without parsing messages."""

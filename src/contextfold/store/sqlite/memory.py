@@ -573,10 +573,21 @@ class MemoryStore:
         """The session's incarnation (``None`` when there is no such session) and
         ``turn_texts_after(session_id, after)``, in one query: one snapshot, so the turns are
         those of that incarnation."""
+        born, rows = self._after_with_incarnation(
+            session_id, after, "t.role, t.content_text, t.content_hash"
+        )
+        return born, [(row[0], row[1], row[2], row[3]) for row in rows]
+
+    def _after_with_incarnation(
+        self, session_id: str, after: int, columns: str
+    ) -> tuple[int | None, list[tuple[Any, ...]]]:
+        """The session's ``born`` (``None`` when there is no such session) and ``seq,
+        <columns>`` (of ``turns t``) of its turns after ``after``, in order: one query, one
+        snapshot."""
         cursor = self._conn.cursor()
         cursor.row_factory = None  # plain tuples
         rows = cursor.execute(
-            "SELECT s.born, t.seq, t.role, t.content_text, t.content_hash FROM sessions s"
+            f"SELECT s.born, t.seq, {columns} FROM sessions s"
             " LEFT JOIN turns t ON t.session_id = s.id AND t.seq > ?"
             " WHERE s.id = ? ORDER BY t.seq",
             (after, session_id),
@@ -623,17 +634,8 @@ class MemoryStore:
     ) -> tuple[int | None, list[tuple[int, int]]]:
         """The session's ``born`` and (seq, token count) of its turns after ``after``, in order
         (one query: one snapshot)."""
-        cursor = self._conn.cursor()
-        cursor.row_factory = None  # plain tuples
-        rows = cursor.execute(
-            "SELECT s.born, t.seq, t.token_count FROM sessions s"
-            " LEFT JOIN turns t ON t.session_id = s.id AND t.seq > ?"
-            " WHERE s.id = ? ORDER BY t.seq",
-            (after, session_id),
-        ).fetchall()
-        if not rows:
-            return None, []
-        return int(rows[0][0]), [(row[1], row[2]) for row in rows if row[1] is not None]
+        born, rows = self._after_with_incarnation(session_id, after, "t.token_count")
+        return born, [(row[0], row[1]) for row in rows]
 
     def turn_rows(self, session_id: str, seqs: Sequence[int]) -> dict[int, TurnRow]:
         """Role, text, time and token count of the given turns, without parsing messages."""
