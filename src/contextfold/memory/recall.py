@@ -41,7 +41,7 @@ from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future
 from datetime import timedelta
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -72,6 +72,16 @@ class RankedTurn(BaseModel):
     it): the absolute evidence the relevance floor (``recall.relevance_floor``) judges."""
 
     model_config = ConfigDict(frozen=True)
+    seq: int
+    score: float
+    ranks: dict[str, int]
+    similarity: float | None = None
+
+
+class _Hit(NamedTuple):
+    """A ``RankedTurn`` while recall fuses and merges (thousands are made; a validated model
+    each cost ~2 µs): only the ones returned become ``RankedTurn`` s."""
+
     seq: int
     score: float
     ranks: dict[str, int]
@@ -668,14 +678,17 @@ class Recaller:
         # The tag signal depends on the message's tags only: the same for each part.
         tag_scores = self._tag_scores(session_id, tags, related, tag_counts, related_counts)
         ranked = self._rank_text(session_id, text, tag_scores, exclude=exclude, limit=limit)
-        if not parts:
-            return ranked
-        lists = [ranked]
-        lists += [
-            self._rank_text(session_id, part, tag_scores, exclude=exclude, limit=limit)
-            for part in parts
+        if parts:
+            lists = [ranked]
+            lists += [
+                self._rank_text(session_id, part, tag_scores, exclude=exclude, limit=limit)
+                for part in parts
+            ]
+            ranked = _merge_parts(lists, limit)
+        return [
+            RankedTurn(seq=h.seq, score=h.score, ranks=h.ranks, similarity=h.similarity)
+            for h in ranked
         ]
-        return _merge_parts(lists, limit)
 
     def _rank_text(
         self,
@@ -685,9 +698,10 @@ class Recaller:
         *,
         exclude: Collection[int] = (),
         limit: int = 200,
-    ) -> list[RankedTurn]:
+    ) -> list[_Hit]:
         """``rank`` for one text (the message, or one of its parts), with the message's tag
-        signal (``_tag_scores``)."""
+        signal (``_tag_scores``). The fusion runs on arrays: at 100k turns the candidates
+        reach a few thousand once the caps bind, and a dict per candidate cost ~10 ms."""
         tag_hits, tag_low = tag_scores
         signals = {
             "tags": tag_hits,
@@ -696,61 +710,109 @@ class Recaller:
             ),
             "dense": self._dense(session_id, text, self.fts_limit),
         }
-        fused: dict[int, float] = {}
-        ranks: dict[int, dict[str, int]] = {}
+        excluded = np.fromiter(exclude, np.int64) if exclude else None
         similarity = {seq: score for seq, score in signals["dense"] if seq not in exclude}
+        kept: list[tuple[str, npt.NDArray[np.int64]]] = []  # each signal's seqs, best first
+        shares: list[npt.NDArray[np.float64]] = []
         for name, hits in signals.items():
-            capped = name == "tags" and len(hits) == self.tag_limit
-            hits = [(seq, score) for seq, score in hits if seq not in exclude]
             if not hits:
                 continue
+            capped = name == "tags" and len(hits) == self.tag_limit
+            seqs = np.fromiter((seq for seq, _ in hits), np.int64, len(hits))
+            scores = np.fromiter((score for _, score in hits), np.float64, len(hits))
+            if excluded is not None:
+                keep = ~np.isin(seqs, excluded)
+                seqs, scores = seqs[keep], scores[keep]
+                if not len(seqs):
+                    continue
             weight = self.weights.get(name, 1.0)
-            high, low = hits[0][1], hits[-1][1]
+            high, low = float(scores[0]), float(scores[-1])
             if capped and tag_low is not None:
                 # The tag candidates were cut at ``tag_limit``: the kept ones are scaled
                 # against the lowest score of all of them, as they would have been uncut.
                 low = min(low, tag_low)
-            for position, (seq, score) in enumerate(hits, 1):
-                if self.fusion == "rrf":
-                    share = 1 / (self.k + position)
-                else:
-                    share = (score - low) / (high - low) if high > low else 1.0
-                fused[seq] = fused.get(seq, 0.0) + weight * share
-                ranks.setdefault(seq, {})[name] = position
+            if self.fusion == "rrf":
+                share = 1 / (self.k + np.arange(1, len(seqs) + 1, dtype=np.float64))
+            elif high > low:
+                share = (scores - low) / (high - low)
+            else:
+                share = np.ones(len(seqs))
+            kept.append((name, seqs))
+            shares.append(weight * share)
+        if not kept:
+            return []
+        # Each turn's shares summed in signal order (as a dict would: bit for bit).
+        cands, where = np.unique(np.concatenate([seqs for _, seqs in kept]), return_inverse=True)
+        fused: npt.NDArray[np.float64] = np.bincount(
+            where, weights=np.concatenate(shares), minlength=len(cands)
+        ).astype(np.float64, copy=False)
         if self.neighbor_weight:
-            # A dialogue answer sits next to its question: each turn also earns a share of
-            # its better neighbour's score.
-            base = dict(fused)
-            for seq, score in base.items():
-                for near in (seq - 1, seq + 1):
-                    if near not in exclude and near >= 1:
-                        fused[near] = max(
-                            fused.get(near, 0.0), base.get(near, 0.0) + self.neighbor_weight * score
-                        )
-                        ranks.setdefault(near, {})
-        if self.length_prior and fused:
+            cands, fused = self._with_neighbours(cands, fused, excluded)
+        if self.length_prior:
             lengths = self._turn_lengths(session_id)
             if lengths is not None:
-                counts = lengths.counts(fused)
+                counts = np.asarray(lengths.counts(cands.tolist()), np.int64)
             else:  # not kept (yet): the candidates' counts from the store
-                stored = self.store.turn_token_counts(session_id, list(fused))
-                counts = [stored.get(seq, 0) for seq in fused]
-            for seq, tokens in zip(list(fused), counts, strict=True):
-                fused[seq] *= (tokens + 2) ** self.length_prior
-        period = query_period(text) if self.date_weight and fused else None
+                stored = self.store.turn_token_counts(session_id, cands.tolist())
+                counts = np.fromiter((stored.get(s, 0) for s in cands.tolist()), np.int64)
+            # Python's pow per distinct count (a few hundred), so every factor is the one a
+            # scalar recall used; numpy's vectorised pow may differ in the last bit.
+            distinct, which = np.unique(counts, return_inverse=True)
+            factors = np.array([(int(n) + 2) ** self.length_prior for n in distinct])
+            fused *= factors[which]
+        period = query_period(text) if self.date_weight else None
         if period is not None:
-            self._prefer_period(session_id, fused, period)
-        order = sorted(fused, key=lambda s: (-fused[s], s))[:limit]
-        return [
-            RankedTurn(seq=s, score=fused[s], ranks=ranks[s], similarity=similarity.get(s))
-            for s in order
+            self._prefer_period(session_id, cands, fused, period)
+        order = np.lexsort((cands, -fused))[:limit]
+        positions = [
+            (name, dict(zip(seqs.tolist(), range(1, len(seqs) + 1), strict=True)))
+            for name, seqs in kept
         ]
+        out = []
+        for seq, score in zip(cands[order].tolist(), fused[order].tolist(), strict=True):
+            ranks = {name: at[seq] for name, at in positions if seq in at}
+            out.append(_Hit(seq, score, ranks, similarity.get(seq)))
+        return out
 
-    def _prefer_period(self, session_id: str, fused: dict[int, float], period: Period) -> None:
+    def _with_neighbours(
+        self,
+        cands: npt.NDArray[np.int64],
+        fused: npt.NDArray[np.float64],
+        excluded: npt.NDArray[np.int64] | None,
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+        """A dialogue answer sits next to its question: each turn (candidate or not, never an
+        excluded one nor seq 0) also earns ``neighbor_weight`` of its better neighbour's
+        score, when that is more than it had. ``cands`` sorted, unique."""
+        near = np.concatenate([cands - 1, cands + 1])
+        near = near[near >= 1]
+        if excluded is not None:
+            near = near[~np.isin(near, excluded)]
+        every = np.union1d(cands, near)
+        base = np.zeros(len(every))
+        base[np.searchsorted(every, cands)] = fused
+
+        def score_at(seqs: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
+            at = np.minimum(np.searchsorted(cands, seqs), len(cands) - 1)
+            return np.where(cands[at] == seqs, fused[at], -np.inf)
+
+        better = np.maximum(score_at(every - 1), score_at(every + 1))
+        has = better > -np.inf
+        lifted = np.maximum(base, base + self.neighbor_weight * np.where(has, better, 0.0))
+        return every, np.where(has, lifted, base)
+
+    def _prefer_period(
+        self,
+        session_id: str,
+        cands: npt.NDArray[np.int64],
+        fused: npt.NDArray[np.float64],
+        period: Period,
+    ) -> None:
         window = Period(period.start, period.end + self.date_slack)
-        for seq, stored_at in self.store.turn_times(session_id, list(fused)).items():
-            if stored_at in window:
-                fused[seq] *= 1 + self.date_weight
+        times = self.store.turn_times(session_id, cands.tolist())
+        inside = np.fromiter(
+            (seq in times and times[seq] in window for seq in cands.tolist()), bool, len(cands)
+        )
+        fused[inside] *= 1 + self.date_weight
 
     # -- find_quote -----------------------------------------------------------------------------
 
@@ -785,7 +847,7 @@ class Recaller:
         return quotes
 
 
-def _merge_parts(lists: Sequence[Sequence[RankedTurn]], limit: int) -> list[RankedTurn]:
+def _merge_parts(lists: Sequence[Sequence[_Hit]], limit: int) -> list[_Hit]:
     """The message's ranking (``lists[0]``) interleaved with its parts' (``memory.decompose``):
     a turn keeps the message's own score and cosine when the message ranked it; one only a
     part found gets that part's score scaled to the message's best (its cosine is the
@@ -800,5 +862,5 @@ def _merge_parts(lists: Sequence[Sequence[RankedTurn]], limit: int) -> list[Rank
             merged.append(own[seq])
             continue
         hit = by_seq[which][seq]
-        merged.append(RankedTurn(seq=seq, score=hit.score / tops[which] * tops[0], ranks=hit.ranks))
+        merged.append(_Hit(seq, hit.score / tops[which] * tops[0], hit.ranks))
     return merged

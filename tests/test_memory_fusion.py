@@ -1,0 +1,153 @@
+"""Recall's fusion (``Recaller._rank_text``) runs on arrays; its result must be exactly that of
+the fusion as the module docstring states it, written here plainly over dicts: each signal's
+(non-excluded) hits min-max scaled (or RRF) and summed with its weight, each turn lifted by
+``neighbor_weight`` of its better neighbour's score, the length prior, the period preference,
+best first with ties by seq."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from contextfold.memory.periods import Period, query_period
+from contextfold.memory.recall import Recaller
+
+Hits = list[tuple[int, float]]
+
+
+class _Store:
+    """The three reads the fusion makes, from fixed data."""
+
+    def __init__(self, fts: Hits, counts: dict[int, int], times: dict[int, datetime]) -> None:
+        self.fts, self.counts, self.times = fts, counts, times
+
+    def search_turn_seqs(self, session_id: str, text: str, **_: Any) -> Hits:
+        return self.fts
+
+    def turn_token_counts(self, session_id: str, seqs: Sequence[int]) -> dict[int, int]:
+        return {s: self.counts[s] for s in seqs if s in self.counts}
+
+    def turn_times(self, session_id: str, seqs: Sequence[int]) -> dict[int, datetime]:
+        return {s: self.times[s] for s in seqs if s in self.times}
+
+
+def _reference(
+    r: Recaller,
+    signals: dict[str, Hits],
+    tag_low: float | None,
+    exclude: Collection[int],
+    counts: dict[int, int],
+    times: dict[int, datetime],
+    period: Period | None,
+    limit: int,
+) -> list[tuple[int, float, dict[str, int]]]:
+    fused: dict[int, float] = {}
+    ranks: dict[int, dict[str, int]] = {}
+    for name, all_hits in signals.items():
+        capped = name == "tags" and len(all_hits) == r.tag_limit
+        hits = [(s, v) for s, v in all_hits if s not in exclude]
+        if not hits:
+            continue
+        high, low = hits[0][1], hits[-1][1]
+        if capped and tag_low is not None:
+            low = min(low, tag_low)
+        for position, (seq, score) in enumerate(hits, 1):
+            if r.fusion == "rrf":
+                share = 1 / (r.k + position)
+            else:
+                share = (score - low) / (high - low) if high > low else 1.0
+            fused[seq] = fused.get(seq, 0.0) + r.weights[name] * share
+            ranks.setdefault(seq, {})[name] = position
+    if r.neighbor_weight:
+        base = dict(fused)
+        for seq, score in base.items():
+            for near in (seq - 1, seq + 1):
+                if near not in exclude and near >= 1:
+                    lifted = base.get(near, 0.0) + r.neighbor_weight * score
+                    fused[near] = max(fused.get(near, 0.0), lifted)
+                    ranks.setdefault(near, {})
+    if r.length_prior:
+        for seq in fused:
+            fused[seq] *= (counts.get(seq, 0) + 2) ** r.length_prior
+    if period is not None:
+        window = Period(period.start, period.end + r.date_slack)
+        for seq in fused:
+            if seq in times and times[seq] in window:
+                fused[seq] *= 1 + r.date_weight
+    order = sorted(fused, key=lambda s: (-fused[s], s))[:limit]
+    return [(s, fused[s], ranks[s]) for s in order]
+
+
+def _signal(draw: st.DrawFn, seqs: list[int]) -> Hits:
+    chosen = draw(st.lists(st.sampled_from(seqs), unique=True, max_size=25))
+    scores = draw(
+        st.lists(
+            st.sampled_from([0.0, 0.25, 0.5, 1.0, 2.0, 3.75]) | st.floats(0, 10),
+            min_size=len(chosen),
+            max_size=len(chosen),
+        )
+    )
+    hits = list(zip(chosen, scores, strict=True))
+    return sorted(hits, key=lambda h: -h[1])  # best first, as every signal returns them
+
+
+@st.composite
+def _cases(draw: st.DrawFn) -> dict[str, Any]:
+    seqs = list(range(1, draw(st.integers(1, 40)) + 1))
+    start = datetime(2024, 1, 1, tzinfo=UTC)
+    return {
+        "signals": {name: _signal(draw, seqs) for name in ("tags", "fts", "dense")},
+        "tag_low": draw(st.none() | st.floats(-1, 1)),
+        "exclude": set(draw(st.lists(st.sampled_from(seqs), max_size=8))),
+        "counts": {s: draw(st.integers(0, 60)) for s in seqs if draw(st.booleans()) or s % 3},
+        "times": {s: start + timedelta(days=draw(st.integers(0, 90))) for s in seqs},
+        "period": draw(st.booleans()),  # whether the message names one (January 2024)
+        "limit": draw(st.integers(1, 60)),
+        "settings": {
+            "fusion": draw(st.sampled_from(["score", "rrf"])),
+            "k": draw(st.integers(1, 60)),
+            "neighbor_weight": draw(st.sampled_from([0.0, 0.5, 1.0]) | st.floats(0, 1)),
+            "length_prior": draw(st.sampled_from([0.0, 0.3]) | st.floats(0, 1)),
+            "date_weight": draw(st.sampled_from([0.0, 0.5])),
+            "weights": {"tags": draw(st.floats(0, 2)), "fts": 1.0, "dense": draw(st.floats(0, 2))},
+        },
+    }
+
+
+@settings(max_examples=400, deadline=None)
+@given(case=_cases())
+def test_array_fusion_equals_the_stated_fusion_exactly(case: dict[str, Any]) -> None:
+    signals = case["signals"]
+    store = _Store(signals["fts"], case["counts"], case["times"])
+    r = Recaller(store, tag_limit=len(signals["tags"]) or None, **case["settings"])  # type: ignore[arg-type]
+    r._dense = lambda sid, text, limit: signals["dense"]  # type: ignore[method-assign]
+    r._turn_lengths = lambda sid: None  # type: ignore[method-assign]
+    text = "what happened in January 2024" if case["period"] else "what happened"
+    period = query_period(text)
+    assert (period is not None) == case["period"]
+    got = r._rank_text(
+        "s",
+        text,
+        (signals["tags"], case["tag_low"]),
+        exclude=case["exclude"],
+        limit=case["limit"],
+    )
+    want = _reference(
+        r,
+        signals,
+        case["tag_low"],
+        case["exclude"],
+        case["counts"],
+        case["times"],
+        period if r.date_weight else None,
+        case["limit"],
+    )
+    assert [(h.seq, h.score, h.ranks) for h in got] == want, repr(case)
+    dense = dict(signals["dense"])
+    assert [h.similarity for h in got] == [
+        dense.get(h.seq) if h.seq not in case["exclude"] else None for h in got
+    ]
