@@ -6,6 +6,7 @@ tests beside this file (``test_conformance_*.py``)."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,7 @@ def test_migrations_are_recorded_once() -> None:
             "m011_related_tag_stats",
             "m012_turn_token_counts",
             "m013_tag_stats_segment_last_seq",
+            "m014_covering_indexes",
         ]
     )
     assert MIGRATIONS.apply(store._conn) == []
@@ -293,4 +295,78 @@ def test_m013_keeps_each_tags_newest_segment_for_a_file_holding_segments(tmp_pat
         "b", [NewSegment(first_seq=3, last_seq=6, summary="new", full_text="", tags=("kiln",))], 7
     )
     assert store.paging.segments_since_summary("b")["kiln"].last_seq == 6
+    store.close()
+
+
+def _plans(store: MemoryStore, read: Callable[[], object]) -> list[str]:
+    """The query plan lines of every SELECT ``read`` runs on the store's connection."""
+    seen: list[str] = []
+    store._conn.set_trace_callback(seen.append)
+    try:
+        read()
+    finally:
+        store._conn.set_trace_callback(None)
+    return [
+        str(row[3])
+        for sql in seen
+        if sql.lstrip().upper().startswith(("SELECT", "WITH"))
+        for row in store._conn.execute("EXPLAIN QUERY PLAN " + sql)
+    ]
+
+
+def _recall_reads(store: MemoryStore) -> dict[str, object]:
+    return {
+        "fts": store.search_turn_seqs("s1", "billing kubernetes invoices", 5, common_limit=1000),
+        "tags": store.tag_overlap_top("s1", {"billing": (1.0, 0.5), "ops": (1.0, 0.5)}, 3),
+        "times": store.turn_times("s1", [1, 3, 5]),
+        "counts": store.turn_token_counts("s1", [1, 3, 5]),
+    }
+
+
+def _tagged(path: Path) -> MemoryStore:
+    store = _filled(path)
+    store.create_session("s2")
+    store.append_turns("s2", messages(TOPICS))  # another session: the lookups must filter
+    store.set_tags_many(
+        "s1",
+        {1: ({"billing": 1.0}, ["ops"]), 3: ({"billing": 1.0}, []), 5: ({"billing": 1.0}, ["ops"])},
+    )
+    return store
+
+
+def test_recall_reads_come_from_narrow_indexes(tmp_path: Path) -> None:
+    """The full-text hits' session and seq, the tag rows' ``related`` and the candidates'
+    times are read from covering indexes (m014), never by a lookup of each row in ``turns``
+    or ``turn_tags``: at 100k turns those rows are rarely in the page cache."""
+    store = _tagged(tmp_path / "m.db")
+    fts = _plans(
+        store, lambda: store.search_turn_seqs("s1", "billing kubernetes", 5, common_limit=1000)
+    )
+    assert any("COVERING INDEX turns_fts_lookup" in p for p in fts), fts
+    assert not any("INTEGER PRIMARY KEY" in p for p in fts), fts
+    tags = _plans(store, lambda: store.tag_overlap_top("s1", {"billing": (1.0, 0.5)}, 3))
+    assert any("COVERING INDEX turn_tags_by_tag" in p for p in tags), tags
+    times = _plans(store, lambda: store.turn_times("s1", [1, 3, 5]))
+    assert any("COVERING INDEX turns_token_counts" in p for p in times), times
+    store.close()
+
+
+def test_m014_gives_a_file_at_m013_the_same_answers(tmp_path: Path) -> None:
+    """A file written before m014 (its indexes as m013 left them) answers recall's reads the
+    same once m014 has run."""
+    path = tmp_path / "old.db"
+    store = _tagged(path)
+    before = _recall_reads(store)
+    store.close()
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "DROP INDEX turns_fts_lookup; DROP INDEX turn_tags_by_tag; DROP INDEX turns_token_counts;"
+        " CREATE INDEX turn_tags_by_tag ON turn_tags (session_id, tag, seq);"
+        " CREATE INDEX turns_token_counts ON turns (session_id, seq, token_count);"
+        " DELETE FROM schema_migrations WHERE name = 'm014_covering_indexes';"
+    )
+    conn.close()
+    store = _store(path)
+    assert _recall_reads(store) == before
+    assert before["fts"] and before["tags"][0] and before["times"]  # type: ignore[index]
     store.close()

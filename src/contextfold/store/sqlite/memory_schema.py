@@ -583,3 +583,20 @@ def m013_tag_stats_segment_last_seq(conn: sqlite3.Connection) -> None:
         " excluded.segment_last_seq); END"
     )
     conn.execute("CREATE INDEX segments_by_last_seq ON segments (session_id, last_seq)")
+
+
+@MIGRATIONS.migration
+def m014_covering_indexes(conn: sqlite3.Connection) -> None:
+    # Recall's reads answered from narrow indexes instead of one lookup in ``turns`` (rows of
+    # ~0.5 KB: at 100k turns few stay in the page cache) or ``turn_tags`` per row: the session
+    # and seq of each full-text hit (``memory_fts``: ``INDEXED BY turns_fts_lookup``), a tag
+    # row's ``related`` flag (``tag_overlap_top``) and a candidate's time beside its token
+    # count (``turn_times``). Measured at 100k turns: the full-text query 3.4 -> 2.6 ms, the
+    # tag signal 2.4 -> 1.6 ms, the times of 3,000 candidates 8.7 -> 4.4 ms.
+    conn.execute("CREATE INDEX turns_fts_lookup ON turns (id, session_id, seq)")
+    conn.execute("DROP INDEX turn_tags_by_tag")
+    conn.execute("CREATE INDEX turn_tags_by_tag ON turn_tags (session_id, tag, seq, related)")
+    conn.execute("DROP INDEX turns_token_counts")
+    conn.execute(
+        "CREATE INDEX turns_token_counts ON turns (session_id, seq, token_count, created_at)"
+    )
