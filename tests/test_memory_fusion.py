@@ -20,13 +20,10 @@ Hits = list[tuple[int, float]]
 
 
 class _Store:
-    """The three reads the fusion makes, from fixed data."""
+    """The two reads the fusion makes, from fixed data."""
 
-    def __init__(self, fts: Hits, counts: dict[int, int], times: dict[int, datetime]) -> None:
-        self.fts, self.counts, self.times = fts, counts, times
-
-    def search_turn_seqs(self, session_id: str, text: str, **_: Any) -> Hits:
-        return self.fts
+    def __init__(self, counts: dict[int, int], times: dict[int, datetime]) -> None:
+        self.counts, self.times = counts, times
 
     def turn_token_counts(self, session_id: str, seqs: Sequence[int]) -> dict[int, int]:
         return {s: self.counts[s] for s in seqs if s in self.counts}
@@ -122,7 +119,7 @@ def _cases(draw: st.DrawFn) -> dict[str, Any]:
 @given(case=_cases())
 def test_array_fusion_equals_the_stated_fusion_exactly(case: dict[str, Any]) -> None:
     signals = case["signals"]
-    store = _Store(signals["fts"], case["counts"], case["times"])
+    store = _Store(case["counts"], case["times"])
     r = Recaller(store, tag_limit=len(signals["tags"]) or None, **case["settings"])  # type: ignore[arg-type]
     r._dense = lambda sid, text, limit: signals["dense"]  # type: ignore[method-assign]
     r._turn_lengths = lambda sid: None  # type: ignore[method-assign]
@@ -133,6 +130,7 @@ def test_array_fusion_equals_the_stated_fusion_exactly(case: dict[str, Any]) -> 
         "s",
         text,
         (signals["tags"], case["tag_low"]),
+        signals["fts"],
         exclude=case["exclude"],
         limit=case["limit"],
     )

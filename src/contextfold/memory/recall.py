@@ -677,14 +677,16 @@ class Recaller:
             self._prefetch_all([text, *parts])
         # The tag signal depends on the message's tags only: the same for each part.
         tag_scores = self._tag_scores(session_id, tags, related, tag_counts, related_counts)
-        ranked = self._rank_text(session_id, text, tag_scores, exclude=exclude, limit=limit)
-        if parts:
-            lists = [ranked]
-            lists += [
-                self._rank_text(session_id, part, tag_scores, exclude=exclude, limit=limit)
-                for part in parts
-            ]
-            ranked = _merge_parts(lists, limit)
+        # The full-text signal of the message and its parts in one read (they share words).
+        texts = [text, *parts]
+        fts = self.store.search_turn_seqs_many(
+            session_id, texts, limit=self.fts_limit, common_limit=self.common_limit
+        )
+        lists = [
+            self._rank_text(session_id, t, tag_scores, hits, exclude=exclude, limit=limit)
+            for t, hits in zip(texts, fts, strict=True)
+        ]
+        ranked = _merge_parts(lists, limit) if parts else lists[0]
         return [
             RankedTurn(seq=h.seq, score=h.score, ranks=h.ranks, similarity=h.similarity)
             for h in ranked
@@ -695,19 +697,19 @@ class Recaller:
         session_id: str,
         text: str,
         tag_scores: tuple[list[tuple[int, float]], float | None],
+        fts: list[tuple[int, float]],
         *,
         exclude: Collection[int] = (),
         limit: int = 200,
     ) -> list[_Hit]:
         """``rank`` for one text (the message, or one of its parts), with the message's tag
-        signal (``_tag_scores``). The fusion runs on arrays: at 100k turns the candidates
-        reach a few thousand once the caps bind, and a dict per candidate cost ~10 ms."""
+        signal (``_tag_scores``) and the text's full-text hits. The fusion runs on arrays:
+        at 100k turns the candidates reach a few thousand once the caps bind, and a dict per
+        candidate cost ~3 ms a text."""
         tag_hits, tag_low = tag_scores
         signals = {
             "tags": tag_hits,
-            "fts": self.store.search_turn_seqs(
-                session_id, text, limit=self.fts_limit, common_limit=self.common_limit
-            ),
+            "fts": fts,
             "dense": self._dense(session_id, text, self.fts_limit),
         }
         excluded = np.fromiter(exclude, np.int64) if exclude else None

@@ -342,6 +342,18 @@ class MemoryStorage(Protocol):
         (counted no further than the limit); a query of only such words finds nothing."""
         ...
 
+    def search_turn_seqs_many(
+        self,
+        session_id: str,
+        queries: Sequence[str],
+        limit: int = 10,
+        *,
+        common_limit: int | None = None,
+    ) -> list[list[tuple[int, float]]]:
+        """``search_turn_seqs`` of each of ``queries``, in order, exactly (a message and its
+        parts: a backend may read each word once)."""
+        ...
+
     def search_segments(
         self, session_id: str, query: str, limit: int = 10
     ) -> list[tuple[StoredSegment, float]]: ...

@@ -286,3 +286,41 @@ def test_a_search_finds_the_same_in_a_store_of_one_session_or_many(
     assert store.search_turn_seqs("t", "walnut kiln", common_limit=5) == (
         store.search_turn_seqs("t", "walnut")
     )
+
+
+@pytest.mark.parametrize("common_limit", [None, 1, 2, 3, 1000])
+@pytest.mark.parametrize("limit", [1, 3, 50])
+def test_many_searches_find_what_each_search_finds(
+    memory_store: MemoryStorage, common_limit: int | None, limit: int
+) -> None:
+    """``search_turn_seqs_many`` (a message and its parts; a backend may score each word once
+    and add them up) returns exactly each query's ``search_turn_seqs``: the same hits, in the
+    same order, with the same scores to the last bit."""
+    store = memory_store
+    store.create_session("s")
+    store.create_session("t")
+    texts = [
+        "Caroline went running by the kiln with Melanie",
+        "Melanie runs a pottery class; the kiln glaze cracked",
+        "kiln kiln kiln firing schedule for Caroline",
+        "nothing to see",
+        "glaze recipes and a run to the store",
+        "Caroline and Melanie adopted a dog",
+        "the pottery class ran late",
+    ]
+    store.append_turns("s", messages(texts))
+    store.append_turns("t", messages(["kiln glaze", "Caroline pottery"] * 3))
+    queries = [
+        "What did Caroline and Melanie do at the kiln running class?",
+        "What did Caroline do at the kiln running class?",
+        "What did do at the kiln running class?",
+        "glaze glaze pottery",
+        "the and of",
+        "zebra",
+        "",
+    ]
+    many = store.search_turn_seqs_many("s", queries, limit, common_limit=common_limit)
+    each = [store.search_turn_seqs("s", q, limit, common_limit=common_limit) for q in queries]
+    assert many == each
+    if common_limit != 1:
+        assert any(many)  # some words are found (under a limit of 1 there may be none)

@@ -600,6 +600,21 @@ class PostgresMemoryStore:
         with self._read() as conn:
             return ranked(conn, self._tokenizer, TURNS, session_id, query, limit, common_limit)
 
+    def search_turn_seqs_many(
+        self,
+        session_id: str,
+        queries: Sequence[str],
+        limit: int = 10,
+        *,
+        common_limit: int | None = None,
+    ) -> list[list[tuple[int, float]]]:
+        """``search_turn_seqs`` of each query, on one connection."""
+        with self._read() as conn:
+            return [
+                ranked(conn, self._tokenizer, TURNS, session_id, q, limit, common_limit)
+                for q in queries
+            ]
+
     # -- tags and vectors (``memory_derived.py``) ------------------------------------------------
 
     def tag_turn(self, session_id: str, seq: int, tag: str, weight: float = 1.0) -> None:

@@ -556,6 +556,26 @@ class MemoryStore:
             self._conn, session_id, query, limit, common_limit, last_seq(self._conn, session_id)
         )
 
+    def search_turn_seqs_many(
+        self,
+        session_id: str,
+        queries: Sequence[str],
+        limit: int = 10,
+        *,
+        common_limit: int | None = None,
+    ) -> list[list[tuple[int, float]]]:
+        """``search_turn_seqs`` of each query; with ``common_limit``, each distinct word read
+        once (``memory_fts.search_turn_seqs_many``)."""
+        turns = last_seq(self._conn, session_id)
+        if common_limit is None or len(queries) < 2:
+            return [
+                memory_fts.search_turn_seqs(self._conn, session_id, q, limit, common_limit, turns)
+                for q in queries
+            ]
+        return memory_fts.search_turn_seqs_many(
+            self._conn, session_id, queries, limit, common_limit, turns
+        )
+
     def turn_texts_after(self, session_id: str, after: int) -> list[tuple[int, str, str, str]]:
         """(seq, role, text, content hash) of the turns after seq ``after``, in order — the
         cheapest read of new turns (no message parsing, no dates)."""

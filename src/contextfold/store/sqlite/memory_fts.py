@@ -28,6 +28,9 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Sequence
+
+import numpy as np
 
 from contextfold.store.text import query_terms
 
@@ -143,3 +146,58 @@ def search_turn_seqs(
         (match, session_id, limit),
     )
     return [(int(r[0]), float(r[1])) for r in rows]
+
+
+def search_turn_seqs_many(
+    conn: sqlite3.Connection,
+    session_id: str,
+    queries: Sequence[str],
+    limit: int,
+    common_limit: int,
+    session_turns: int,
+) -> list[list[tuple[int, float]]]:
+    """``search_turn_seqs`` of each of ``queries`` (a message and its parts, which share most
+    words), each distinct word's rows counted and scored once. FTS5's ``bm25()`` of an OR
+    query is a sum over its phrases, in their order, of a term that depends only on the
+    phrase (its IDF), the row's length and the average length, and a word not in a row adds
+    0.0: so a query's score of a turn is the sum of its words' one-word scores, in the
+    query's order, bit for bit what the OR query returns (the conformance suite checks the
+    two agree). Each word is on at most ``common_limit`` of the session's turns, so the rows
+    read stay bounded."""
+    per_query = [query_terms(query) for query in queries]
+    alone = _only_session(conn, session_id)
+    scored: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for term in dict.fromkeys(t for terms in per_query for t in terms):
+        found, counted = _store_rows(conn, term, common_limit), True
+        if found > common_limit:
+            if alone or _session_rows(conn, session_id, term, common_limit) > common_limit:
+                continue
+            counted = False
+        few = counted and found * PHRASE_ROWS_PER_LOOKUP <= session_turns
+        match = _fts_query(
+            term, "content_text", session_id, [term], session_phrase=not (alone or few)
+        )
+        rows = conn.execute(
+            "SELECT t.seq, -bm25(turns_fts, 1, 0) FROM turns_fts JOIN turns t"
+            " INDEXED BY turns_fts_lookup ON t.id = turns_fts.rowid"
+            " WHERE turns_fts MATCH ? AND t.session_id = ?",
+            (match, session_id),
+        ).fetchall()
+        scored[term] = (
+            np.fromiter((r[0] for r in rows), np.int64, len(rows)),
+            np.fromiter((r[1] for r in rows), np.float64, len(rows)),
+        )
+    out: list[list[tuple[int, float]]] = []
+    for terms in per_query:
+        mine = [scored[t] for t in terms if t in scored]
+        if not mine:
+            out.append([])
+            continue
+        seqs, where = np.unique(np.concatenate([s for s, _ in mine]), return_inverse=True)
+        # Summed in the query's word order, from 0.0, as bm25() sums its phrases.
+        total = np.bincount(
+            where, weights=np.concatenate([v for _, v in mine]), minlength=len(seqs)
+        )
+        order = np.lexsort((seqs, -total))[:limit]
+        out.append(list(zip(seqs[order].tolist(), total[order].tolist(), strict=True)))
+    return out
