@@ -20,7 +20,7 @@ from contextfold.store.conformance.memory_support import stored
 from contextfold.store.models import NewSegment, TagRollForward
 from contextfold.store.sqlite.memory import MemoryStore
 from contextfold.testing import HashEmbedder
-from contextfold.tokens import CharCounter
+from contextfold.tokens import CharCounter, TiktokenCounter
 
 
 def _engine(store: MemoryStore | Path | None = None, **recall: object) -> MemoryEngine:
@@ -548,3 +548,23 @@ def test_nothing_to_roll_forward_is_found_without_reading_the_segments() -> None
     summary far behind (it read nearly every segment then)."""
     small, large = _since_steps(300), _since_steps(3000)
     assert large < 1.5 * small, (small, large)
+
+
+def test_the_token_cache_keys_bound_the_engines_counter_and_counts_stay_exact() -> None:
+    """``token_cache`` / ``token_cache_chars`` set the engine's token counter's memo: a long
+    session's turns, counted once each, never hold more texts than the limit, a text longer
+    than the character limit is never kept, and every count equals an uncached counter's."""
+    config = MemoryConfig.model_validate({"token_cache": 16, "token_cache_chars": 40})
+    engine = MemoryEngine(config, store=MemoryStore(), embedder=None)
+    exact = TiktokenCounter(config.encoding, cache_size=0)
+    texts = [f"Turn {n}: the kiln reached cone {n % 12}." for n in range(80)]
+    texts.append("A text that is longer than forty characters, so it is never kept.")
+    for text in texts:
+        assert engine.counter.count(text) == exact.count(text)
+    info = engine.counter.count.cache_info()  # type: ignore[attr-defined]
+    assert info.maxsize == 16 and info.currsize == 16
+    engine.counter.count.cache_clear()  # type: ignore[attr-defined]
+    engine.counter.count(texts[-1])
+    assert engine.counter.count.cache_info().currsize == 0  # type: ignore[attr-defined]
+    default = MemoryEngine(MemoryConfig(), store=MemoryStore(), embedder=None)
+    assert default.counter.count.cache_info().maxsize == 16_384  # type: ignore[attr-defined]

@@ -303,6 +303,10 @@ class MemoryConfig(_Section):
     # vectors, turn keys) for at most this many sessions, least recently used out first; a
     # session that falls out is read back from the store when it is next asked for.
     cached_sessions: int = Field(1000, ge=1)
+    # The engine's token counter remembers the counts of at most ``token_cache`` texts of at
+    # most ``token_cache_chars`` characters (0: none); longer texts are counted every time.
+    token_cache: int = Field(16_384, ge=0)
+    token_cache_chars: int = Field(1_024, ge=0)
 
     @model_validator(mode="after")
     def _llm_when_needed(self) -> MemoryConfig:

@@ -153,7 +153,13 @@ class MemoryEngine:
             else MemoryConfig()
         )
         cfg = self.config
-        self.counter = counter if counter is not None else TiktokenCounter(cfg.encoding)
+        self.counter = (
+            counter
+            if counter is not None
+            else TiktokenCounter(
+                cfg.encoding, cache_size=cfg.token_cache, cache_text_chars=cfg.token_cache_chars
+            )
+        )
         if store is not None and not isinstance(store, str | Path):
             self.store = store
         else:
