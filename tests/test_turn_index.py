@@ -93,6 +93,7 @@ def filled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Vectors]:
     fill(store, vectors, N)
     r = recaller(store, vectors, ann_min_turns=1000, vector_dir=f"{path}.vectors")
     top(r, "q 0")
+    r.settle()  # the index built (``close`` alone stops a build between chunks)
     r.close()
     return path, vectors
 
@@ -550,3 +551,57 @@ def test_the_index_the_worker_builds_is_charged_to_the_cache_within_its_limit() 
     assert two.vector_cache_bytes() == two._vectors["a"].nbytes <= indexed + rows
     for r in (small, exact, unbounded, two):
         r.close()
+
+
+def test_close_stops_an_index_build_between_chunks_and_still_writes_the_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``close`` does not wait for an HNSW build (minutes for 100k vectors): the build stops
+    between chunks, the session's rows still reach the files, and the next recaller builds the
+    index again (the exact scan answering meanwhile)."""
+    import time
+
+    from contextfold.memory import turn_index
+
+    path = tmp_path / "m.db"
+    vectors = Vectors()
+    store = MemoryStore(path, counter=CharCounter())
+    fill(store, vectors, 2000)  # 8 chunks of 256 rows for a fresh index
+    started = threading.Event()
+    adds: list[int] = []
+    real = turn_index._new_index
+
+    class Slow:
+        """A real index whose ``add`` takes 0.2 s a chunk."""
+
+        def __init__(self, index: Any) -> None:
+            self.index = index
+
+        def add(self, keys: Any, rows: Any, **kw: Any) -> Any:
+            adds.append(len(keys))
+            started.set()
+            time.sleep(0.2)
+            return self.index.add(keys, rows, **kw)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.index, name)
+
+    monkeypatch.setattr(turn_index, "_new_index", lambda *a, **kw: Slow(real(*a, **kw)))
+    r = recaller(store, vectors, ann_min_turns=1000, vector_dir=f"{path}.vectors")
+    assert top(r, "row 7")[0][0] == 7  # the exact scan answers; the build is queued
+    assert started.wait(10)
+    r.close()
+    assert 1 <= len(adds) <= 2  # stopped between chunks, not after all 8
+    folder = Path(f"{path}.vectors")
+    assert len(list(folder.glob("*.f32"))) == 1 and not list(folder.glob("*.usearch"))
+    monkeypatch.setattr(turn_index, "_new_index", real)
+    again = recaller(
+        MemoryStore(path, counter=CharCounter()),
+        vectors,
+        ann_min_turns=1000,
+        vector_dir=f"{path}.vectors",
+    )
+    assert top(again, "row 1999")[0][0] == 1999
+    again.settle()
+    again.close()
+    assert len(list(folder.glob("*.usearch"))) == 1  # built whole this time

@@ -196,6 +196,7 @@ class Recaller:
         self.ann_min_turns = ann_min_turns if ann_available() else None
         self.ann_settings = {**ANN_DEFAULTS, "expansion_search": ann_expansion}
         self.files = VectorFiles(vector_dir) if vector_dir is not None else None
+        self._closing = threading.Event()  # set by ``close``: index builds stop
         self.files_min_turns = FILES_MIN_TURNS
         self.ann_tail = ANN_TAIL
         # A session with at least this many vectors and no files (PostgreSQL, a first start)
@@ -439,7 +440,7 @@ class Recaller:
             and n >= self.ann_min_turns
             and (entry.indexed == 0 or n - entry.indexed >= (1 if final else self.ann_tail))
         ):
-            grow_index(entry, self.ann_settings, self._worker.stopping)
+            grow_index(entry, self.ann_settings, (self._worker.stopping, self._closing))
             self._recharge(session_id, entry)
         if self.files is None or n < self.files_min_turns:
             return
@@ -463,7 +464,10 @@ class Recaller:
 
     def close(self) -> None:
         """Finish the queued work, write what the files lack (every cached session's rows and
-        index), and stop the worker."""
+        the index as far as it is built), and stop the worker. An index build in progress
+        stops between chunks (building one for 100k vectors takes minutes); the next start
+        builds it again while the exact scan answers."""
+        self._closing.set()
         with self._lock:
             entries = list(self._vectors.items())
         for session_id, entry in entries:

@@ -32,7 +32,7 @@ import os
 import queue
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -572,11 +572,15 @@ class IndexWorker:
 
 
 def grow_index(
-    entry: SessionVectors, settings: dict[str, int], stopping: threading.Event | None = None
+    entry: SessionVectors, settings: dict[str, int], stopping: Sequence[threading.Event] = ()
 ) -> bool:
     """Add the entry's rows after ``indexed`` to its index (made when there is none; a
-    mapped view is first copied into memory), a chunk at a time (``stopping`` ends it between
-    chunks). Returns whether every row was added."""
+    mapped view is first copied into memory), a chunk at a time (any of ``stopping`` set ends
+    it between chunks). Returns whether every row was added."""
+
+    def stop() -> bool:
+        return any(event.is_set() for event in stopping)
+
     total = len(entry)
     start = entry.indexed
     if start >= total:
@@ -586,21 +590,21 @@ def grow_index(
         fresh = _new_index(entry.dim, **settings) if entry.index is None else entry.index.copy()
         # Built aside: searches go on (exactly, or with the old view) meanwhile.
         for at in range(start, total, 16 * _ADD_CHUNK):
-            if stopping is not None and stopping.is_set():
+            if stop():
                 return False
-            stop = min(total, at + 16 * _ADD_CHUNK)
-            rows = np.ascontiguousarray(entry.rows(at, stop))
-            fresh.add(np.asarray(entry.seqs[at:stop], dtype=np.uint64), rows, threads=1)
+            end = min(total, at + 16 * _ADD_CHUNK)
+            rows = np.ascontiguousarray(entry.rows(at, end))
+            fresh.add(np.asarray(entry.seqs[at:end], dtype=np.uint64), rows, threads=1)
         with entry.lock:
             entry.index, entry.indexed, entry.index_is_view = fresh, total, False
         return True
     for at in range(start, total, _ADD_CHUNK):
-        if stopping is not None and stopping.is_set():
+        if stop():
             return False
-        stop = min(total, at + _ADD_CHUNK)
-        rows = np.ascontiguousarray(entry.rows(at, stop))
-        keys = np.asarray(entry.seqs[at:stop], dtype=np.uint64)
+        end = min(total, at + _ADD_CHUNK)
+        rows = np.ascontiguousarray(entry.rows(at, end))
+        keys = np.asarray(entry.seqs[at:end], dtype=np.uint64)
         with entry.lock:
             entry.index.add(keys, rows, threads=1)
-            entry.indexed = stop
+            entry.indexed = end
     return True
