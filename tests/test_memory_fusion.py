@@ -1,8 +1,8 @@
 """Recall's fusion (``Recaller._rank_text``) runs on arrays; its result must be exactly that of
 the fusion as the module docstring states it, written here plainly over dicts: each signal's
 (non-excluded) hits min-max scaled (or RRF) and summed with its weight, each turn lifted by
-``neighbor_weight`` of its better neighbour's score, the length prior, the period preference,
-best first with ties by seq."""
+``neighbor_weight`` of its better neighbour's score, the length prior, the author prior, the
+period preference, best first with ties by seq."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from contextfold.memory.authors import TurnAuthors
 from contextfold.memory.periods import Period, query_period
 from contextfold.memory.recall import Recaller
 
@@ -40,6 +41,7 @@ def _reference(
     counts: dict[int, int],
     times: dict[int, datetime],
     period: Period | None,
+    by_ann: set[int],
     limit: int,
 ) -> list[tuple[int, float, dict[str, int]]]:
     fused: dict[int, float] = {}
@@ -70,6 +72,10 @@ def _reference(
     if r.length_prior:
         for seq in fused:
             fused[seq] *= (counts.get(seq, 0) + 2) ** r.length_prior
+    if r.author_weight:
+        for seq in fused:
+            if seq in by_ann:
+                fused[seq] *= 1 + r.author_weight
     if period is not None:
         window = Period(period.start, period.end + r.date_slack)
         for seq in fused:
@@ -104,12 +110,14 @@ def _cases(draw: st.DrawFn) -> dict[str, Any]:
         "times": {s: start + timedelta(days=draw(st.integers(0, 90))) for s in seqs},
         "period": draw(st.booleans()),  # whether the message names one (January 2024)
         "limit": draw(st.integers(1, 60)),
+        "by_ann": set(draw(st.lists(st.sampled_from(seqs), max_size=15))),
         "settings": {
             "fusion": draw(st.sampled_from(["score", "rrf"])),
             "k": draw(st.integers(1, 60)),
             "neighbor_weight": draw(st.sampled_from([0.0, 0.5, 1.0]) | st.floats(0, 1)),
             "length_prior": draw(st.sampled_from([0.0, 0.3]) | st.floats(0, 1)),
             "date_weight": draw(st.sampled_from([0.0, 0.5])),
+            "author_weight": draw(st.sampled_from([0.0, 1.0]) | st.floats(0, 3)),
             "weights": {"tags": draw(st.floats(0, 2)), "fts": 1.0, "dense": draw(st.floats(0, 2))},
         },
     }
@@ -126,6 +134,8 @@ def test_array_fusion_equals_the_stated_fusion_exactly(case: dict[str, Any]) -> 
     text = "what happened in January 2024" if case["period"] else "what happened"
     period = query_period(text)
     assert (period is not None) == case["period"]
+    authors = TurnAuthors(born=1)  # Ann wrote ``by_ann``, Bo the rest
+    authors.extend([(s, "Ann: hi" if s in case["by_ann"] else "Bo: hi") for s in range(1, 41)])
     got = r._rank_text(
         "s",
         text,
@@ -133,6 +143,7 @@ def test_array_fusion_equals_the_stated_fusion_exactly(case: dict[str, Any]) -> 
         signals["fts"],
         exclude=case["exclude"],
         limit=case["limit"],
+        authored=(authors, authors.named(["ann"])) if r.author_weight else None,
     )
     want = _reference(
         r,
@@ -142,6 +153,7 @@ def test_array_fusion_equals_the_stated_fusion_exactly(case: dict[str, Any]) -> 
         case["counts"],
         case["times"],
         period if r.date_weight else None,
+        case["by_ann"],
         case["limit"],
     )
     assert [(h.seq, h.score, h.ranks) for h in got] == want, repr(case)

@@ -217,7 +217,13 @@ class RecallSettings(_Section):
     ``decompose``: a message that names people or things is also ranked in parts — one name
     kept at a time when it names several, and every name taken out — and the rankings are
     interleaved, so each part's best evidence gets a share of the budget
-    (``memory.decompose``; chosen on LoCoMo's tune split, docs/memory.md)."""
+    (``memory.decompose``; chosen on LoCoMo's tune split, docs/memory.md).
+
+    ``author_weight``: a message that names the author of turns stored as ``"Name: text"``
+    (a transcript's convention) has those turns' scores multiplied by ``1 + author_weight``
+    — what a person did is mostly told in their own turns (``memory.authors``; chosen on
+    LoCoMo's tune split, docs/memory.md; 0 turns it off). Turns without such a prefix, and
+    messages naming no author, are ranked as without it."""
 
     embedder: Literal["minilm", "none"] = "minilm"
     fusion: Literal["score", "rrf"] = "score"
@@ -240,6 +246,7 @@ class RecallSettings(_Section):
     relevance_floor: float | None = Field(RELEVANCE_FLOOR, ge=-1, le=1)
     unknown_name_floor: float | None = Field(UNKNOWN_NAME_FLOOR, ge=-1, le=1)
     decompose: bool = True
+    author_weight: float = Field(1.0, ge=0)
 
     @field_validator("relevance_floor", "unknown_name_floor", mode="before")
     @classmethod

@@ -235,6 +235,7 @@ class MemoryEngine:
             ann_expansion=cfg.recall.ann_expansion,
             vector_dir=self._vector_dir(),
             decompose=cfg.recall.decompose,
+            author_weight=cfg.recall.author_weight,
         )
         self.pager = Pager(self.store, budget=cfg.paging.budget)
         self.delegation = Delegation(

@@ -24,6 +24,9 @@ When the message names a period ("in January 2022", "between August 11 and Augus
 ``periods.query_period``), the turns stored in it, or up to ``date_slack_days`` after it,
 have their score multiplied by ``1 + date_weight``: among the turns that match, the ones said
 then come first (turns that match nothing are not pulled in).
+When the message names the author of turns stored as ``"Name: text"`` (a transcript's
+convention; ``memory.authors``), those turns have their score multiplied by
+``1 + author_weight``: what a person did is mostly told in their own turns.
 
 Raw turns are the only thing that can hold a detail verbatim, so they are what recall ranks;
 summaries are chosen by the assembler (broad queries: tag summaries; temporal ones: segment
@@ -47,8 +50,10 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
+from contextfold.memory.authors import TurnAuthors
 from contextfold.memory.decompose import interleave, query_parts
 from contextfold.memory.periods import Period, query_period
+from contextfold.memory.relevance import names_in
 from contextfold.memory.turn_index import (
     ANN_DEFAULTS,
     IndexWorker,
@@ -127,8 +132,9 @@ class Recaller:
 
     ``embedder`` may be ``None`` (no dense signal). ``fusion`` is ``"score"`` or ``"rrf"``
     (``k`` is the RRF constant); ``fts_limit`` how many full-text and dense hits to fuse;
-    ``weights`` scale each signal's share; ``neighbor_weight``, ``length_prior`` and
-    ``date_weight`` as in the module docstring (0 turns each off); ``common_limit`` leaves a
+    ``weights`` scale each signal's share; ``neighbor_weight``, ``length_prior``,
+    ``date_weight`` and ``author_weight`` as in the module docstring (0 turns each off);
+    ``common_limit`` leaves a
     query word or tag on more than that many of the session's turns (a tag's counting those
     that carry it as a related tag) out of the full-text and tag signals (``None``: no
     limit), so what they read is bounded by the words' rarity."""
@@ -155,6 +161,7 @@ class Recaller:
         ann_expansion: int = ANN_DEFAULTS["expansion_search"],
         vector_dir: str | Path | None = None,
         decompose: bool = False,
+        author_weight: float = 0.0,
     ) -> None:
         if fusion not in ("score", "rrf"):
             raise ValueError(f"fusion must be 'score' or 'rrf', not {fusion!r}")
@@ -173,6 +180,11 @@ class Recaller:
         self.date_weight = date_weight
         self.date_slack = timedelta(days=date_slack_days)
         self.decompose = decompose
+        self.author_weight = author_weight
+        # Per session, the turns' authors for the author prior (``memory.authors``): two
+        # bytes a turn, for the ``cached_sessions`` most recently used sessions.
+        self._authors: OrderedDict[str, TurnAuthors] = OrderedDict()
+        self._reading_authors: set[str] = set()
         # Per session (the most recently used ``cached_sessions``, and at most
         # ``vector_cache_bytes`` in all; read back from the store).
         self._vectors: OrderedDict[str, SessionVectors] = OrderedDict()
@@ -543,6 +555,71 @@ class Recaller:
                 self._fit(session_id)
         return entry
 
+    def _named_authors(
+        self, session_id: str, text: str
+    ) -> tuple[TurnAuthors, frozenset[int]] | None:
+        """The session's authors and the ids of those ``text`` names (``memory.authors``), or
+        ``None``: the prior is off, the message names nobody, no author it names wrote a
+        stored turn, or the worker still reads a large session's authors."""
+        if not self.author_weight:
+            return None
+        names = names_in(text)
+        if not names:
+            return None
+        authors = self._turn_authors(session_id)
+        if authors is None:
+            return None
+        ids = authors.named(names)
+        return (authors, ids) if ids else None
+
+    def _turn_authors(self, session_id: str) -> TurnAuthors | None:
+        """The session's turn authors: the cached ones plus the turns stored since (all read
+        again when the session was deleted and written again); ``None`` when there is no such
+        session, or while the worker reads a large session's (``lengths_later_min``, as for
+        the token counts)."""
+        with self._lock:
+            entry = self._authors.pop(session_id, None)
+            if entry is None and session_id in self._reading_authors:
+                return None
+        later = self.lengths_later_min
+        if entry is None and later is not None and self.store.last_seq(session_id) >= later:
+            with self._lock:
+                if session_id in self._reading_authors:
+                    return None
+                self._reading_authors.add(session_id)
+            self._worker.submit(functools.partial(self._read_authors, session_id))
+            return None
+        return self._extend_authors(session_id, entry)
+
+    def _read_authors(self, session_id: str) -> None:
+        """The worker's read of a large session's authors (``_turn_authors``)."""
+        try:
+            self._extend_authors(session_id, None)
+        finally:
+            with self._lock:
+                self._reading_authors.discard(session_id)
+
+    def _extend_authors(self, session_id: str, entry: TurnAuthors | None) -> TurnAuthors | None:
+        """``entry`` (taken out of the cache) with the turns stored since, or the session's
+        authors read whole; put back in the cache."""
+        born, rows = self.store.turn_texts_with_incarnation(
+            session_id, entry.last if entry is not None else 0
+        )
+        if born is None:
+            return None
+        if entry is None or entry.born != born:
+            if entry is not None:  # another incarnation: its turns are all read again
+                born, rows = self.store.turn_texts_with_incarnation(session_id, 0)
+                if born is None:
+                    return None
+            entry = TurnAuthors(born)
+        entry.extend([(seq, text) for seq, _, text, _ in rows])
+        with self._lock:
+            self._authors[session_id] = entry
+            while len(self._authors) > self.cached_sessions:
+                self._authors.popitem(last=False)
+        return entry
+
     def forget(self, session_id: str) -> None:
         """Drop the cached vectors of a session (after it was deleted), and its files (every
         model's: found by name, ``VectorFiles.discard_session``)."""
@@ -555,6 +632,7 @@ class Recaller:
                 self._length_bytes -= lengths.charged
             self._too_large.pop(session_id, None)
             self._lengths_unkept.discard(session_id)
+            self._authors.pop(session_id, None)
         if self.files is not None:
             self.files.discard_session(session_id)
 
@@ -679,15 +757,19 @@ class Recaller:
         parts = query_parts(text) if self.decompose else []
         if parts:  # embedded in one batch (already, when ``prefetch`` saw the message)
             self._prefetch_all([text, *parts])
-        # The tag signal depends on the message's tags only: the same for each part.
+        # The tag signal depends on the message's tags only: the same for each part, as do
+        # the authors it names (a part without a name still asks about that person).
         tag_scores = self._tag_scores(session_id, tags, related, tag_counts, related_counts)
+        authored = self._named_authors(session_id, text)
         # The full-text signal of the message and its parts in one read (they share words).
         texts = [text, *parts]
         fts = self.store.search_turn_seqs_many(
             session_id, texts, limit=self.fts_limit, common_limit=self.common_limit
         )
         lists = [
-            self._rank_text(session_id, t, tag_scores, hits, exclude=exclude, limit=limit)
+            self._rank_text(
+                session_id, t, tag_scores, hits, exclude=exclude, limit=limit, authored=authored
+            )
             for t, hits in zip(texts, fts, strict=True)
         ]
         ranked = _merge_parts(lists, limit) if parts else lists[0]
@@ -705,11 +787,12 @@ class Recaller:
         *,
         exclude: Collection[int] = (),
         limit: int = 200,
+        authored: tuple[TurnAuthors, frozenset[int]] | None = None,
     ) -> list[_Hit]:
         """``rank`` for one text (the message, or one of its parts), with the message's tag
-        signal (``_tag_scores``) and the text's full-text hits. The fusion runs on arrays:
-        at 100k turns the candidates reach a few thousand once the caps bind, and a dict per
-        candidate cost ~3 ms a text."""
+        signal (``_tag_scores``), the text's full-text hits and the authors the message names
+        (``_named_authors``). The fusion runs on arrays: at 100k turns the candidates reach a
+        few thousand once the caps bind, and a dict per candidate cost ~3 ms a text."""
         tag_hits, tag_low = tag_scores
         signals = {
             "tags": tag_hits,
@@ -766,6 +849,9 @@ class Recaller:
             distinct, which = np.unique(counts, return_inverse=True)
             factors = np.array([(int(n) + 2) ** self.length_prior for n in distinct])
             fused *= factors[which]
+        if authored is not None:
+            authors, ids = authored
+            fused[authors.authored(cands.tolist(), ids)] *= 1 + self.author_weight
         period = query_period(text) if self.date_weight else None
         if period is not None:
             self._prefer_period(session_id, cands, fused, period)

@@ -1,0 +1,146 @@
+"""The author prior (``memory.authors``, ``recall.author_weight``): a message that names the
+author of turns stored as ``"Name: text"`` ranks that author's turns first."""
+
+from __future__ import annotations
+
+import pytest
+
+from contextfold.items import Message
+from contextfold.memory.authors import MAX_AUTHORS, TurnAuthors, author_of
+from contextfold.memory.config import MemoryConfig
+from contextfold.memory.engine import MemoryEngine
+from contextfold.memory.recall import Recaller
+from contextfold.store.sqlite.memory import MemoryStore
+from contextfold.tokens import TiktokenCounter
+
+COUNTER = TiktokenCounter("cl100k_base")
+
+# Bo talks about Ann's hiking more than Ann does: without the prior his turn leads.
+BO = "Bo: Ann, hiking hiking hiking in the hills is what I did, hiking all day."
+ANN = "Ann: I went hiking in the hills with my sister last weekend, it was lovely."
+FILLER = [
+    *(f"Cy: The choir rehearses on Thursday, song {n}." for n in range(19)),
+    "Dee: The shop near the station sells boots for hiking, cheap this week, and tents.",
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "author"),
+    [
+        ("Melanie: I'm off to go swimming.", "melanie"),
+        ("Dr. Smith: take two a day.", "dr. smith"),
+        ("Mary Ann Lee: hello there", "mary ann lee"),
+        ("no author: here", None),  # not capitalised
+        ("Note:x", None),  # no white space after the colon
+        ("A B C D: too many words", None),
+        ("I think so: yes", None),  # 'think' is not capitalised
+        ("plain text", None),
+    ],
+)
+def test_author_of(text: str, author: str | None) -> None:
+    assert author_of(text) == author
+
+
+def test_turn_authors_by_seq_and_by_name() -> None:
+    authors = TurnAuthors(born=1)
+    authors.extend([(1, "Ann: hi"), (2, "Dr. Smith: hey"), (4, "no one")])
+    authors.extend([(7, "Ann: again")])
+    assert authors.last == 7
+    assert authors.authored([1, 2, 3, 4, 7, 8, -1], authors.named(["ann"])).tolist() == [
+        True, False, False, False, True, False, False,
+    ]  # fmt: skip
+    assert authors.authored([1, 2], authors.named(["smith"])).tolist() == [False, True]
+    assert authors.named(["zed"]) == frozenset()
+
+
+def test_turn_authors_keep_at_most_max_authors() -> None:
+    authors = TurnAuthors(born=1)
+    rows = [(n, f"Person{n}: hi") for n in range(1, MAX_AUTHORS + 3)]
+    authors.extend(rows)
+    assert authors.authored([MAX_AUTHORS], authors.named([f"person{MAX_AUTHORS}"])).tolist() == [
+        True
+    ]
+    late = MAX_AUTHORS + 2
+    assert authors.named([f"person{late}"]) == frozenset()  # past the cap: no author
+
+
+def _store(texts: list[str]) -> MemoryStore:
+    store = MemoryStore(counter=COUNTER)
+    store.create_session("s")
+    store.append_turns("s", [Message(role="user", content=t) for t in texts])
+    return store
+
+
+def _order(recaller: Recaller, question: str) -> list[int]:
+    return [r.seq for r in recaller.rank("s", question)]
+
+
+def test_a_named_authors_turn_leads_with_the_prior_and_not_without() -> None:
+    store = _store([*FILLER, BO, ANN])
+    bo, ann = len(FILLER) + 1, len(FILLER) + 2
+    question = "Where did Ann go hiking?"
+    without = _order(Recaller(store), question)
+    assert without.index(bo) < without.index(ann)
+    with_prior = _order(Recaller(store, author_weight=1.0), question)
+    assert with_prior.index(ann) < with_prior.index(bo)
+    # the parts of a decomposed message are lifted alike (the name-less part most of all)
+    parted = _order(Recaller(store, author_weight=1.0, decompose=True), question)
+    assert parted.index(ann) < parted.index(bo)
+
+
+def test_a_message_naming_no_author_is_ranked_as_without_the_prior() -> None:
+    store = _store([*FILLER, BO, ANN])
+    for question in ("where did they go hiking?", "Where did Dee go hiking?"):
+        assert _order(Recaller(store, author_weight=1.0), question) == _order(
+            Recaller(store), question
+        )
+
+
+def test_turns_stored_after_a_recall_and_a_session_written_again_are_seen() -> None:
+    store = _store([*FILLER, BO])
+    recaller = Recaller(store, author_weight=1.0)
+    question = "Where did Ann go hiking?"
+    assert _order(recaller, question)[0] == len(FILLER) + 1  # Bo's: no Ann turn yet
+    store.append_turns("s", [Message(role="user", content=ANN)])
+    assert _order(recaller, question)[0] == len(FILLER) + 2  # appended since: read
+    # deleted and written again, Ann's words now Bo's and the other way round
+    store.delete_session("s")
+    store.create_session("s")
+    swapped = [ANN.replace("Ann:", "Bo:"), BO.replace("Bo:", "Ann:")]
+    store.append_turns("s", [Message(role="user", content=t) for t in [*FILLER, *swapped]])
+    order = _order(recaller, question)
+    assert order.index(len(FILLER) + 2) < order.index(len(FILLER) + 1)
+
+
+def test_a_large_sessions_authors_are_read_by_the_worker() -> None:
+    store = _store([*FILLER, BO, ANN])
+    recaller = Recaller(store, author_weight=1.0)
+    recaller.lengths_later_min = 5  # this session counts as large
+    question = "Where did Ann go hiking?"
+    first = _order(recaller, question)  # the worker reads the authors: no prior yet
+    assert first == _order(Recaller(store), question)
+    recaller.settle()
+    later = _order(recaller, question)
+    assert later.index(len(FILLER) + 2) < later.index(len(FILLER) + 1)
+    recaller.close()
+
+
+def _engine(author_weight: float | None) -> MemoryEngine:
+    recall: dict[str, object] = {"embedder": "none"}
+    if author_weight is not None:
+        recall["author_weight"] = author_weight
+    cfg = MemoryConfig.model_validate({"recall": recall})
+    eng = MemoryEngine(cfg, store=MemoryStore(counter=COUNTER), embedder=None, counter=COUNTER)
+    eng.on_turn_complete(
+        [{"role": "user", "content": t} for t in [*FILLER, BO, ANN]], new_only=True
+    )
+    return eng
+
+
+def test_the_engine_packs_the_named_authors_turn_by_default() -> None:
+    question = "Where did Ann go hiking?"
+    assert MemoryConfig().recall.author_weight == 1.0
+    on = _engine(None).on_message_inbound(question, budget=40).prepend_text
+    off = _engine(0.0).on_message_inbound(question, budget=40).prepend_text
+    assert ANN in on and BO not in on
+    assert BO in off and ANN not in off
