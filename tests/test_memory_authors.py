@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from contextfold.items import Message
-from contextfold.memory.authors import MAX_AUTHORS, TurnAuthors, author_of
+from contextfold.memory.authors import MAX_AUTHORS, TurnAuthors, author_of, names_named
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
 from contextfold.memory.recall import Recaller
@@ -35,6 +35,13 @@ FILLER = [
         ("A B C D: too many words", None),
         ("I think so: yes", None),  # 'think' is not capitalised
         ("plain text", None),
+        ("**Bob**: hi", "bob"),  # markdown
+        ("[10:30] Bob: hi", "bob"),  # a chat export's stamp
+        ("Note: the meeting moved to Friday.", None),  # field labels are no authors
+        ("URL: https://example.com/x", None),
+        ("TODO: fix the kiln timer", None),
+        ("Q: where is the kiln?", None),  # nor one-letter ones
+        ("10:30 the kiln", None),
     ],
 )
 def test_author_of(text: str, author: str | None) -> None:
@@ -144,3 +151,87 @@ def test_the_engine_packs_the_named_authors_turn_by_default() -> None:
     off = _engine(0.0).on_message_inbound(question, budget=40).prepend_text
     assert ANN in on and BO not in on
     assert BO in off and ANN not in off
+
+
+def _doctors() -> MemoryStore:
+    return _store(
+        [
+            "Dr. Smith: I prescribe two aspirin a day.",
+            "Dr. Jones: I prescribe a week of rest.",
+            "Mrs. Smith: the garden needs water.",
+            "Mrs. Brown: the garden needs sun.",
+            "a garden hose lay by the long old fence near the shed all week",
+            *(f"unrelated filler turn number {i}" for i in range(10)),
+        ]
+    )
+
+
+def test_a_title_names_the_person_after_it_not_everyone_with_the_title() -> None:
+    """ "Dr. Jones" names Jones (``names_in`` takes a capital after "Dr." for a sentence's
+    start, and "dr" is every doctor's title)."""
+    assert names_named("What did Dr. Jones prescribe?") == {"jones"}
+    found = Recaller(_doctors(), author_weight=1.0)._named_authors(
+        "s", "What did Dr. Jones prescribe?"
+    )
+    assert found is not None
+    authors, ids = found
+    assert authors.authored([1, 2, 3, 4], ids).tolist() == [False, True, False, False]
+    question = "What did Mrs. Brown say about the garden?"
+    off = {h.seq: h.score for h in Recaller(_doctors()).rank("s", question)}
+    on = {h.seq: h.score for h in Recaller(_doctors(), author_weight=1.0).rank("s", question)}
+    assert on[3] == off[3] and on[4] == 2 * off[4]  # Mrs. Smith's as before, Mrs. Brown's x2
+
+
+def test_a_field_label_is_not_lifted_as_if_its_author_were_named() -> None:
+    store = _store(
+        [
+            "Caroline: the kiln is ready.",
+            "Note: the kiln class moved to Friday.",
+            "we fired pottery in the old kiln out back behind the long shed",
+            *(f"filler {i}" for i in range(10)),
+        ]
+    )
+    question = "Did Caroline leave a Note about the kiln?"
+    off = {h.seq: h.score for h in Recaller(store).rank("s", question)}
+    on = {h.seq: h.score for h in Recaller(store, author_weight=1.0).rank("s", question)}
+    assert on[2] == off[2] and on[1] == 2 * off[1]
+
+
+def test_a_concurrent_recall_keeps_the_cached_authors_and_reads_only_new_turns() -> None:
+    """The cached authors stay in the cache while a recall reads the turns stored since, so
+    a recall of the same session meanwhile neither ranks without the prior nor reads the
+    whole session again."""
+    import threading
+
+    store = _store(["Ann: the kiln is hot", "Bo: the kiln is cold"] * 5)
+    question = "What did Ann say about the kiln?"
+    recaller = Recaller(store, author_weight=1.0)
+    recaller.lengths_later_min = 5  # the session counts as large: the worker reads it first
+    assert recaller._named_authors("s", question) is None
+    recaller.settle()
+    assert recaller._named_authors("s", question) is not None
+    inside, release = threading.Event(), threading.Event()
+    real = store.turn_texts_with_incarnation
+    whole: list[int] = []
+
+    def slow(session_id: str, after: int) -> tuple[int | None, list[tuple[int, str, str, str]]]:
+        if after == 0:
+            whole.append(after)
+        if threading.current_thread().name == "first":
+            inside.set()
+            release.wait(5)
+        return real(session_id, after)
+
+    store.turn_texts_with_incarnation = slow  # type: ignore[method-assign]
+    first = threading.Thread(target=recaller._named_authors, args=("s", question), name="first")
+    first.start()
+    assert inside.wait(5)
+    threading.Timer(0.2, release.set).start()  # the second recall waits for the first's read
+    try:
+        other = recaller._named_authors("s", question)
+    finally:
+        release.set()
+        first.join()
+    assert other is not None  # ranked with the prior
+    assert whole == []  # and the session was not read whole again
+    recaller.close()

@@ -370,3 +370,40 @@ def test_m014_gives_a_file_at_m013_the_same_answers(tmp_path: Path) -> None:
     assert _recall_reads(store) == before
     assert before["fts"] and before["tags"][0] and before["times"]  # type: ignore[index]
     store.close()
+
+
+def test_many_searches_score_each_query_from_one_snapshot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``search_turn_seqs_many`` scores each word in its own statement; another connection
+    appending turns between two words changes the store's statistics bm25 uses, so without
+    one read snapshot a query's score adds words scored against two stores (equal to neither
+    the OR query before the write nor after it)."""
+    from contextfold.store.sqlite import memory_fts
+
+    path = tmp_path / "m.db"
+    a = MemoryStore(path, counter=CharCounter())
+    a.create_session("s")
+    a.create_session("t")
+    a.append_turns("s", messages(["kiln glaze", "kiln", "glaze pottery", "pottery class"]))
+    a.append_turns("t", messages(["other stuff here"] * 3))
+    b = MemoryStore(path, counter=CharCounter())  # another writer
+    queries = ["kiln glaze", "glaze pottery"]
+    before = [a.search_turn_seqs("s", q, 10, common_limit=1000) for q in queries]
+    real = memory_fts._store_rows
+    calls: list[str] = []
+
+    def store_rows(conn: sqlite3.Connection, term: str, limit: int) -> int:
+        calls.append(term)
+        if len(calls) == 2:  # after the first word was scored
+            b.append_turns("t", messages(["a long turn about many other things entirely"] * 5))
+        return real(conn, term, limit)
+
+    monkeypatch.setattr(memory_fts, "_store_rows", store_rows)
+    many = a.search_turn_seqs_many("s", queries, 10, common_limit=1000)
+    monkeypatch.setattr(memory_fts, "_store_rows", real)
+    after = [a.search_turn_seqs("s", q, 10, common_limit=1000) for q in queries]
+    assert before != after  # the write changed the scores
+    assert many in (before, after)
+    a.close()
+    b.close()

@@ -6,12 +6,14 @@ each sentence it takes). A question that names one of those authors ("What activ
 Melanie partake in?") is most often answered by the author's own turns: on LoCoMo's tune split
 97 % of the multi-hop evidence of the questions naming one speaker was that speaker's, while
 58 % of the turns recall packed for them were. ``recall.author_weight`` multiplies the score of
-a turn whose author the message names (``relevance.names_in``) by ``1 + author_weight``.
+a turn whose author the message names (``names_named``) by ``1 + author_weight``.
 
 An author is the leading ``Name:`` of a turn's text: one to three capitalised words, a colon,
-then white space. Its words, lower case, are what a message's names are matched against
-("Dr. Smith:" is named by "Smith"). A turn without such a prefix has no author, and a message
-that names no author is ranked as without the prior.
+then white space (also ``**Name**:`` and ``__Name__:``, and after a ``[10:30]`` stamp). Its
+words, lower case and without titles, are what a message's names are matched against
+("Dr. Smith:" is named by "Smith" or "Dr. Smith", never by "Dr" alone). A field label
+(``LABELS``: "Note:", "URL:", "TODO:") or a one-letter one ("Q:") is no author. A turn without
+an author prefix, and a message that names no author, are ranked as without the prior.
 
 ``TurnAuthors`` keeps a session's authors by seq as small ids (two bytes a turn, at most
 ``MAX_AUTHORS`` distinct authors a session), appended as turns are stored: a stored turn never
@@ -21,6 +23,10 @@ changes while its session lives, so a recall reads only the turns stored since t
 'melanie'
 >>> author_of("Dr. Smith: take two.") , author_of("no author: here"), author_of("Note:x")
 ('dr. smith', None, None)
+>>> author_of("[10:30] **Bob**: hi"), author_of("Note: call Bob"), author_of("Q: why?")
+('bob', None, None)
+>>> sorted(names_named("Did Dr. Jones see Mrs. Brown and Ann?"))
+['ann', 'brown', 'jones']
 >>> authors = TurnAuthors(born=1)
 >>> authors.extend([(1, "Ann: hi"), (2, "Bo: hey"), (3, "plain text"), (5, "Ann: bye")])
 >>> wanted = authors.named(["ann"])
@@ -31,24 +37,64 @@ changes while its session lives, so a recall reads only the turns stored since t
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["MAX_AUTHORS", "TurnAuthors", "author_of"]
+from contextfold.memory.relevance import names_in
+
+__all__ = ["LABELS", "MAX_AUTHORS", "TITLES", "TurnAuthors", "author_of", "names_named"]
 
 MAX_AUTHORS = 4096
 """Distinct authors kept per session; a turn by a later new one counts as having none."""
 
-_AUTHOR = re.compile(r"([A-Z][\w'’.-]*(?: [A-Z][\w'’.-]*){0,2}):\s")
+_NAME = r"[A-Z][\w'’.-]*(?: [A-Z][\w'’.-]*){0,2}"
+# "Name: ", "**Name**: " or "__Name__: " (markdown), after an optional "[10:30] " stamp.
+_AUTHOR = re.compile(
+    rf"(?:\[[^\]\n]{{1,40}}\]\s*)?(?:\*\*({_NAME})\*\*|__({_NAME})__|({_NAME})):\s"
+)
 _WORDS = re.compile(r"\w+")
+#: Titles: "Dr. Smith:" is named by "Smith" (and "Dr. Smith"), never by "Dr" alone.
+TITLES = frozenset([
+    "dr", "mr", "mrs", "ms", "miss", "mx", "prof", "sir", "dame", "madam", "rev", "fr", "capt",
+    "col", "gen", "lt", "sgt", "hon", "st",
+])  # fmt: skip
+_TITLED = re.compile(
+    r"\b(?:Dr|Mr|Mrs|Ms|Miss|Mx|Prof|Sir|Dame|Madam|Rev|Fr|Capt|Col|Gen|Lt|Sgt|Hon|St)\.?"
+    r"\s+([A-Z][\w'’-]*)"
+)
+#: Field labels that open notes, mail and logs ("Note: …", "URL: …"), never authors; a
+#: one-letter label ("Q:", "A:") is none either.
+LABELS = frozenset([
+    "note", "notes", "nb", "ps", "fyi", "todo", "fixme", "url", "link", "links", "source",
+    "sources", "ref", "re", "fwd", "subject", "from", "to", "cc", "date", "time", "when",
+    "where", "update", "edit", "edited", "warning", "error", "info", "tip", "hint", "example",
+    "question", "answer", "summary", "title", "tags", "tag", "step", "task", "action", "result",
+    "output", "input", "status", "reply", "quote",
+])  # fmt: skip
 
 
 def author_of(text: str) -> str | None:
-    """The author a turn's text opens with (``"Name: …"``), lower case; ``None`` if none."""
+    """The author a turn's text opens with (``"Name: …"``), lower case; ``None`` if none
+    (or a field label such as ``"Note:"``)."""
     match = _AUTHOR.match(text)
-    return match.group(1).lower() if match else None
+    if not match:
+        return None
+    label = next(group for group in match.groups() if group).lower()
+    if len(label) < 2 or label.rstrip(".") in LABELS:
+        return None
+    return label
+
+
+def names_named(text: str) -> frozenset[str]:
+    """The people a message names, lower case: ``relevance.names_in``'s names without the
+    titles, and the name after a title ("Dr. Jones": ``names_in`` takes the capital after
+    "Dr." for a sentence's start)."""
+    names = {name for name in names_in(text) if name not in TITLES}
+    names.update(match.group(1).lower() for match in _TITLED.finditer(text))
+    return frozenset(names)
 
 
 class TurnAuthors:
@@ -61,6 +107,7 @@ class TurnAuthors:
         self._ids: npt.NDArray[np.uint16] = np.zeros(0, np.uint16)
         self._by_label: dict[str, int] = {}
         self._words: list[frozenset[str]] = [frozenset()]  # by id
+        self.lock = threading.Lock()  # held while the turns stored since are read and added
 
     @property
     def nbytes(self) -> int:
@@ -84,7 +131,8 @@ class TurnAuthors:
                 if len(self._words) > MAX_AUTHORS:
                     continue
                 found = self._by_label[label] = len(self._words)
-                self._words.append(frozenset(_WORDS.findall(label)))
+                words = frozenset(_WORDS.findall(label))
+                self._words.append(words - TITLES or words)
             self._ids[seq] = found
         self.last = max(self.last, top)
 

@@ -50,10 +50,9 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
-from contextfold.memory.authors import TurnAuthors
+from contextfold.memory.authors import TurnAuthors, names_named
 from contextfold.memory.decompose import interleave, query_parts
 from contextfold.memory.periods import Period, query_period
-from contextfold.memory.relevance import names_in
 from contextfold.memory.turn_index import (
     ANN_DEFAULTS,
     IndexWorker,
@@ -563,7 +562,7 @@ class Recaller:
         stored turn, or the worker still reads a large session's authors."""
         if not self.author_weight:
             return None
-        names = names_in(text)
+        names = names_named(text)
         if not names:
             return None
         authors = self._turn_authors(session_id)
@@ -576,10 +575,14 @@ class Recaller:
         """The session's turn authors: the cached ones plus the turns stored since (all read
         again when the session was deleted and written again); ``None`` when there is no such
         session, or while the worker reads a large session's (``lengths_later_min``, as for
-        the token counts)."""
+        the token counts). The cached entry stays in the cache while it is extended (under
+        its own lock), so a concurrent recall of the session waits for the few new turns
+        instead of reading the whole session again."""
         with self._lock:
-            entry = self._authors.pop(session_id, None)
-            if entry is None and session_id in self._reading_authors:
+            entry = self._authors.get(session_id)
+            if entry is not None:
+                self._authors.move_to_end(session_id)
+            elif session_id in self._reading_authors:
                 return None
         later = self.lengths_later_min
         if entry is None and later is not None and self.store.last_seq(session_id) >= later:
@@ -600,25 +603,28 @@ class Recaller:
                 self._reading_authors.discard(session_id)
 
     def _extend_authors(self, session_id: str, entry: TurnAuthors | None) -> TurnAuthors | None:
-        """``entry`` (taken out of the cache) with the turns stored since, or the session's
-        authors read whole; put back in the cache."""
-        born, rows = self.store.turn_texts_with_incarnation(
-            session_id, entry.last if entry is not None else 0
-        )
+        """``entry`` (still cached) with the turns stored since, or the session's authors
+        read whole and cached."""
+        if entry is not None:
+            with entry.lock:
+                born, rows = self.store.turn_texts_with_incarnation(session_id, entry.last)
+                if born is not None and born == entry.born:
+                    entry.extend([(seq, text) for seq, _, text, _ in rows])
+                    return entry
+        # No entry yet, or another incarnation: every turn is read.
+        born, rows = self.store.turn_texts_with_incarnation(session_id, 0)
         if born is None:
+            with self._lock:
+                self._authors.pop(session_id, None)
             return None
-        if entry is None or entry.born != born:
-            if entry is not None:  # another incarnation: its turns are all read again
-                born, rows = self.store.turn_texts_with_incarnation(session_id, 0)
-                if born is None:
-                    return None
-            entry = TurnAuthors(born)
-        entry.extend([(seq, text) for seq, _, text, _ in rows])
+        fresh = TurnAuthors(born)
+        fresh.extend([(seq, text) for seq, _, text, _ in rows])
         with self._lock:
-            self._authors[session_id] = entry
+            self._authors[session_id] = fresh
+            self._authors.move_to_end(session_id)
             while len(self._authors) > self.cached_sessions:
                 self._authors.popitem(last=False)
-        return entry
+        return fresh
 
     def forget(self, session_id: str) -> None:
         """Drop the cached vectors of a session (after it was deleted), and its files (every

@@ -164,6 +164,26 @@ def search_turn_seqs_many(
     query's order, bit for bit what the OR query returns (the conformance suite checks the
     two agree). Each word is on at most ``common_limit`` of the session's turns, so the rows
     read stay bounded."""
+    # One snapshot for every word (each statement alone would be its own): a query's words
+    # scored against two states of the store would add up to neither's bm25.
+    began = not conn.in_transaction
+    if began:
+        conn.execute("BEGIN")
+    try:
+        return _search_many(conn, session_id, queries, limit, common_limit, session_turns)
+    finally:
+        if began:
+            conn.execute("COMMIT")
+
+
+def _search_many(
+    conn: sqlite3.Connection,
+    session_id: str,
+    queries: Sequence[str],
+    limit: int,
+    common_limit: int,
+    session_turns: int,
+) -> list[list[tuple[int, float]]]:
     per_query = [query_terms(query) for query in queries]
     alone = _only_session(conn, session_id)
     scored: dict[str, tuple[np.ndarray, np.ndarray]] = {}
