@@ -211,18 +211,18 @@ def test_a_concurrent_recall_keeps_the_cached_authors_and_reads_only_new_turns()
     recaller.settle()
     assert recaller._named_authors("s", question) is not None
     inside, release = threading.Event(), threading.Event()
-    real = store.turn_texts_with_incarnation
+    real = store.turn_openings_with_incarnation
     whole: list[int] = []
 
-    def slow(session_id: str, after: int) -> tuple[int | None, list[tuple[int, str, str, str]]]:
+    def slow(session_id: str, after: int, chars: int) -> tuple[int | None, list[tuple[int, str]]]:
         if after == 0:
             whole.append(after)
         if threading.current_thread().name == "first":
             inside.set()
             release.wait(5)
-        return real(session_id, after)
+        return real(session_id, after, chars)
 
-    store.turn_texts_with_incarnation = slow  # type: ignore[method-assign]
+    store.turn_openings_with_incarnation = slow  # type: ignore[method-assign]
     first = threading.Thread(target=recaller._named_authors, args=("s", question), name="first")
     first.start()
     assert inside.wait(5)

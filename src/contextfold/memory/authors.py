@@ -45,7 +45,18 @@ import numpy.typing as npt
 
 from contextfold.memory.relevance import names_in
 
-__all__ = ["LABELS", "MAX_AUTHORS", "TITLES", "TurnAuthors", "author_of", "names_named"]
+__all__ = [
+    "LABELS",
+    "MAX_AUTHORS",
+    "OPENING_CHARS",
+    "TITLES",
+    "TurnAuthors",
+    "author_of",
+    "names_named",
+]
+
+#: How much of a turn's text is read to find its author: a "[stamp] " and three words.
+OPENING_CHARS = 96
 
 MAX_AUTHORS = 4096
 """Distinct authors kept per session; a turn by a later new one counts as having none."""
@@ -80,9 +91,12 @@ def author_of(text: str) -> str | None:
     """The author a turn's text opens with (``"Name: …"``), lower case; ``None`` if none
     (or a field label such as ``"Note:"``)."""
     match = _AUTHOR.match(text)
-    if not match:
-        return None
-    label = next(group for group in match.groups() if group).lower()
+    return _label(match.group(1) or match.group(2) or match.group(3)) if match else None
+
+
+def _label(name: str) -> str | None:
+    """An opening ``name`` as an author's label, or ``None`` for a field label."""
+    label = name.lower()
     if len(label) < 2 or label.rstrip(".") in LABELS:
         return None
     return label
@@ -106,6 +120,7 @@ class TurnAuthors:
         self.last = 0
         self._ids: npt.NDArray[np.uint16] = np.zeros(0, np.uint16)
         self._by_label: dict[str, int] = {}
+        self._by_name: dict[str, int] = {}  # an opening's name as written -> id (0: none)
         self._words: list[frozenset[str]] = [frozenset()]  # by id
         self.lock = threading.Lock()  # held while the turns stored since are read and added
 
@@ -122,19 +137,39 @@ class TurnAuthors:
             grown = np.zeros(max(top + 1, len(self._ids) * 5 // 4), np.uint16)
             grown[: len(self._ids)] = self._ids
             self._ids = grown
+        seqs: list[int] = []
+        ids: list[int] = []
         for seq, text in rows:
-            label = author_of(text)
-            if label is None:
+            match = _AUTHOR.match(text)
+            if match is None:
                 continue
-            found = self._by_label.get(label)
+            name = match.group(1) or match.group(2) or match.group(3)
+            found = self._by_name.get(name)
             if found is None:
-                if len(self._words) > MAX_AUTHORS:
-                    continue
+                found = self._id_of(name)
+            if found:
+                seqs.append(seq)
+                ids.append(found)
+        if seqs:
+            self._ids[np.asarray(seqs, np.int64)] = np.asarray(ids, np.uint16)
+        self.last = max(self.last, top)
+
+    def _id_of(self, name: str) -> int:
+        """The id of the author an opening ``name`` is (0: a field label, or past
+        ``MAX_AUTHORS``), remembered for the next turns that open so."""
+        label = _label(name)
+        found = 0
+        if label is not None:
+            known = self._by_label.get(label)
+            if known is not None:
+                found = known
+            elif len(self._words) <= MAX_AUTHORS:
                 found = self._by_label[label] = len(self._words)
                 words = frozenset(_WORDS.findall(label))
                 self._words.append(words - TITLES or words)
-            self._ids[seq] = found
-        self.last = max(self.last, top)
+        if len(self._by_name) < 4 * MAX_AUTHORS:  # openings that name no one: bounded
+            self._by_name[name] = found
+        return found
 
     def named(self, names: Iterable[str]) -> frozenset[int]:
         """The ids of the authors one of ``names`` (lower case words) names."""

@@ -50,7 +50,7 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
-from contextfold.memory.authors import TurnAuthors, names_named
+from contextfold.memory.authors import OPENING_CHARS, TurnAuthors, names_named
 from contextfold.memory.decompose import interleave, query_parts
 from contextfold.memory.periods import Period, query_period
 from contextfold.memory.turn_index import (
@@ -607,18 +607,20 @@ class Recaller:
         read whole and cached."""
         if entry is not None:
             with entry.lock:
-                born, rows = self.store.turn_texts_with_incarnation(session_id, entry.last)
+                born, rows = self.store.turn_openings_with_incarnation(
+                    session_id, entry.last, OPENING_CHARS
+                )
                 if born is not None and born == entry.born:
-                    entry.extend([(seq, text) for seq, _, text, _ in rows])
+                    entry.extend(rows)
                     return entry
         # No entry yet, or another incarnation: every turn is read.
-        born, rows = self.store.turn_texts_with_incarnation(session_id, 0)
+        born, rows = self.store.turn_openings_with_incarnation(session_id, 0, OPENING_CHARS)
         if born is None:
             with self._lock:
                 self._authors.pop(session_id, None)
             return None
         fresh = TurnAuthors(born)
-        fresh.extend([(seq, text) for seq, _, text, _ in rows])
+        fresh.extend(rows)
         with self._lock:
             self._authors[session_id] = fresh
             self._authors.move_to_end(session_id)

@@ -241,6 +241,14 @@ class MemoryStorage(Protocol):
         changed incarnation means the session was deleted and created again since."""
         ...
 
+    def turn_openings_with_incarnation(
+        self, session_id: str, after: int, chars: int
+    ) -> tuple[int | None, list[tuple[int, str]]]:
+        """The session's incarnation and (seq, the first ``chars`` characters of its text) of
+        its turns after ``after``, in order, in one snapshot: ``(None, [])`` when there is no
+        such session. The recall's author prior reads who opens each turn from it."""
+        ...
+
     def turn_hash(self, session_id: str, seq: int) -> str | None: ...
 
     def turn_keys(self, session_id: str, lo: int, hi: int) -> dict[int, str]:

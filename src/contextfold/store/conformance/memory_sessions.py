@@ -503,6 +503,27 @@ def test_turn_texts_come_with_an_incarnation_new_at_each_creation(
     assert third is not None and third > second
 
 
+def test_turn_openings_are_the_texts_first_characters_with_the_incarnation(
+    open_store: StoreFactory,
+) -> None:
+    """``turn_openings_with_incarnation``: (seq, the first ``chars`` characters of the text)
+    of the turns after a seq, in order, with the incarnation ``turn_texts_with_incarnation``
+    gives (characters, not bytes: a text in other scripts is cut at the same place)."""
+    store, other = open_store(), open_store()
+    assert store.turn_openings_with_incarnation("s", 0, 8) == (None, [])
+    stored(store, "s", "Ann: the kiln is hot", "Bo: ok", "Zoë: ça chauffe déjà beaucoup")
+    born, texts = store.turn_texts_with_incarnation("s", 0)
+    assert store.turn_openings_with_incarnation("s", 0, 8) == (
+        born,
+        [(seq, text[:8]) for seq, _, text, _ in texts],
+    )
+    assert store.turn_openings_with_incarnation("s", 2, 100) == (born, [(3, texts[2][2])])
+    other.delete_session("s")
+    stored(other, "s", "Cy: again")
+    again, rows = store.turn_openings_with_incarnation("s", 0, 3)
+    assert again is not None and born is not None and again > born and rows == [(1, "Cy:")]
+
+
 def test_token_counts_after_a_seq_come_with_the_incarnation(open_store: StoreFactory) -> None:
     """``turn_token_counts_after``: (seq, token count) of the turns after a seq, in order, as
     ``turn_token_counts`` has them, with the session's incarnation; a session deleted and

@@ -506,6 +506,16 @@ class PostgresMemoryStore:
         )
         return born, [(int(r[0]), r[1], from_text(r[2]), r[3]) for r in rows]
 
+    def turn_openings_with_incarnation(
+        self, session_id: str, after: int, chars: int
+    ) -> tuple[int | None, list[tuple[int, str]]]:
+        """The session's incarnation and (seq, first ``chars`` characters of the text) of its
+        turns after ``after``, in one query: one snapshot."""
+        born, rows = self._after_with_incarnation(
+            session_id, after, f"left(t.content_text, {int(chars)})"
+        )
+        return born, [(int(r[0]), r[1]) for r in rows]
+
     def _after_with_incarnation(
         self, session_id: str, after: int, columns: str
     ) -> tuple[int | None, list[tuple[Any, ...]]]:

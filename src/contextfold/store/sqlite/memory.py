@@ -598,6 +598,16 @@ class MemoryStore:
         )
         return born, [(row[0], row[1], row[2], row[3]) for row in rows]
 
+    def turn_openings_with_incarnation(
+        self, session_id: str, after: int, chars: int
+    ) -> tuple[int | None, list[tuple[int, str]]]:
+        """The session's incarnation and (seq, first ``chars`` characters of the text) of its
+        turns after ``after``, in one query."""
+        born, rows = self._after_with_incarnation(
+            session_id, after, f"substr(t.content_text, 1, {int(chars)})"
+        )
+        return born, [(row[0], row[1]) for row in rows]
+
     def _after_with_incarnation(
         self, session_id: str, after: int, columns: str
     ) -> tuple[int | None, list[tuple[Any, ...]]]:
