@@ -163,8 +163,8 @@ def search_turn_seqs_many(
     0.0: so a query's score of a turn is the sum of its words' one-word scores, in the
     query's order, bit for bit what the OR query returns (the conformance suite checks the
     two agree; a SQLite built to fuse that sum's multiply and add, as some arm64 compilers
-    may, could differ in the last bit, which the suite would catch). Each word is on at most ``common_limit`` of the session's turns, so the rows
-    read stay bounded."""
+    may, could differ in the last bit, which the suite would catch). Each word is on at most
+    ``common_limit`` of the session's turns, so the rows read stay bounded."""
     # One snapshot for every word (each statement alone would be its own): a query's words
     # scored against two states of the store would add up to neither's bm25.
     began = not conn.in_transaction
