@@ -44,6 +44,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contextfold.memory.relevance import names_in
+from contextfold.memory.turn_lengths import grown
 
 __all__ = [
     "LABELS",
@@ -133,10 +134,7 @@ class TurnAuthors:
         if not rows:
             return
         top = rows[-1][0]
-        if top >= len(self._ids):
-            grown = np.zeros(max(top + 1, len(self._ids) * 5 // 4), np.uint16)
-            grown[: len(self._ids)] = self._ids
-            self._ids = grown
+        self._ids = grown(self._ids, top)
         seqs: list[int] = []
         ids: list[int] = []
         for seq, text in rows:

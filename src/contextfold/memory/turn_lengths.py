@@ -14,11 +14,22 @@ the last one. The ``Recaller`` charges these arrays to its cache limit
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["TurnLengths"]
+__all__ = ["TurnLengths", "grown"]
+
+
+def grown(array: npt.NDArray[Any], top: int) -> npt.NDArray[Any]:
+    """An array by seq long enough for seq ``top``: ``array`` itself, or a copy grown by a
+    quarter at least (zeros after its values)."""
+    if top < len(array):
+        return array
+    out = np.zeros(max(top + 1, len(array) * 5 // 4), array.dtype)
+    out[: len(array)] = array
+    return out
 
 
 class TurnLengths:
@@ -40,10 +51,7 @@ class TurnLengths:
         if not rows:
             return
         top = rows[-1][0]
-        if top >= len(self._counts):
-            grown = np.zeros(max(top + 1, len(self._counts) * 5 // 4), np.int32)
-            grown[: len(self._counts)] = self._counts
-            self._counts = grown
+        self._counts = grown(self._counts, top)
         seqs = np.fromiter((seq for seq, _ in rows), np.int64, len(rows))
         self._counts[seqs] = np.fromiter((n for _, n in rows), np.int32, len(rows))
         self.last = max(self.last, top)

@@ -26,9 +26,10 @@ the join (each row looked up, up to the limit).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -165,30 +166,53 @@ def search_turn_seqs_many(
     two agree; a SQLite built to fuse that sum's multiply and add, as some arm64 compilers
     may, could differ in the last bit, which the suite would catch). Each word is on at most
     ``common_limit`` of the session's turns, so the rows read stay bounded."""
-    # One snapshot for every word (each statement alone would be its own): a query's words
-    # scored against two states of the store would add up to neither's bm25.
+    per_query = [query_terms(query) for query in queries]
+    words = list(dict.fromkeys(t for terms in per_query for t in terms))
+    with _snapshot(conn):
+        scored = _word_scores(conn, session_id, words, common_limit, session_turns)
+    out: list[list[tuple[int, float]]] = []
+    for terms in per_query:
+        mine = [scored[t] for t in terms if t in scored]
+        if not mine:
+            out.append([])
+            continue
+        seqs, where = np.unique(np.concatenate([s for s, _ in mine]), return_inverse=True)
+        # Summed in the query's word order, from 0.0, as bm25() sums its phrases.
+        total = np.bincount(
+            where, weights=np.concatenate([v for _, v in mine]), minlength=len(seqs)
+        )
+        order = np.lexsort((seqs, -total))[:limit]
+        out.append(list(zip(seqs[order].tolist(), total[order].tolist(), strict=True)))
+    return out
+
+
+@contextlib.contextmanager
+def _snapshot(conn: sqlite3.Connection) -> Iterator[None]:
+    """One read snapshot for the statements inside (each statement alone would be its own):
+    a query's words scored against two states of the store would add up to neither's bm25.
+    Inside a transaction already, that one is the snapshot."""
     began = not conn.in_transaction
     if began:
         conn.execute("BEGIN")
     try:
-        return _search_many(conn, session_id, queries, limit, common_limit, session_turns)
+        yield
     finally:
         if began:
             conn.execute("COMMIT")
 
 
-def _search_many(
+def _word_scores(
     conn: sqlite3.Connection,
     session_id: str,
-    queries: Sequence[str],
-    limit: int,
+    words: Sequence[str],
     common_limit: int,
     session_turns: int,
-) -> list[list[tuple[int, float]]]:
-    per_query = [query_terms(query) for query in queries]
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each word's (seqs, one-word bm25 scores) in the session, for the words on at most
+    ``common_limit`` of the session's turns (as ``search_turn_seqs`` keeps them)."""
     alone = _only_session(conn, session_id)
     scored: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for term in dict.fromkeys(t for terms in per_query for t in terms):
+    for term in words:
         found, counted = _store_rows(conn, term, common_limit), True
         if found > common_limit:
             if alone or _session_rows(conn, session_id, term, common_limit) > common_limit:
@@ -208,17 +232,4 @@ def _search_many(
             np.fromiter((r[0] for r in rows), np.int64, len(rows)),
             np.fromiter((r[1] for r in rows), np.float64, len(rows)),
         )
-    out: list[list[tuple[int, float]]] = []
-    for terms in per_query:
-        mine = [scored[t] for t in terms if t in scored]
-        if not mine:
-            out.append([])
-            continue
-        seqs, where = np.unique(np.concatenate([s for s, _ in mine]), return_inverse=True)
-        # Summed in the query's word order, from 0.0, as bm25() sums its phrases.
-        total = np.bincount(
-            where, weights=np.concatenate([v for _, v in mine]), minlength=len(seqs)
-        )
-        order = np.lexsort((seqs, -total))[:limit]
-        out.append(list(zip(seqs[order].tolist(), total[order].tolist(), strict=True)))
-    return out
+    return scored
