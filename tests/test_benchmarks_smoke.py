@@ -267,6 +267,7 @@ def test_first_recall_benchmark_quick_run(tmp_path: Path) -> None:
     assert "## The first recall after a restart or a compaction" in md.read_text(encoding="utf-8")
 
 
+@needs_data
 def test_decompose_benchmark_quick_run(tmp_path: Path) -> None:
     """``bench_decompose.py`` times recall with ``recall.decompose`` off and on, side by side
     on the same questions."""
@@ -283,6 +284,7 @@ def test_decompose_benchmark_quick_run(tmp_path: Path) -> None:
     assert "## Query decomposition's cost in a recall" in md.read_text(encoding="utf-8")
 
 
+@needs_data
 def test_memory_floor_calibration_quick_run(tmp_path: Path) -> None:
     result, md = run_quick(tmp_path, "calibrate_memory_floor.py", "memory_floor_calibration")
     assert result["split"] == "tune" and result["quick"] is True
