@@ -44,14 +44,22 @@ from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future
 from datetime import timedelta
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
 from contextfold.memory.authors import OPENING_CHARS, TurnAuthors, names_named
-from contextfold.memory.decompose import interleave, query_parts
+from contextfold.memory.decompose import query_parts
+from contextfold.memory.fusion import (
+    Fused,
+    Hit,
+    best_hits,
+    fuse_signals,
+    merge_parts,
+    with_neighbours,
+)
 from contextfold.memory.periods import Period, query_period
 from contextfold.memory.turn_index import (
     ANN_DEFAULTS,
@@ -76,16 +84,6 @@ class RankedTurn(BaseModel):
     it): the absolute evidence the relevance floor (``recall.relevance_floor``) judges."""
 
     model_config = ConfigDict(frozen=True)
-    seq: int
-    score: float
-    ranks: dict[str, int]
-    similarity: float | None = None
-
-
-class _Hit(NamedTuple):
-    """A ``RankedTurn`` while recall fuses and merges (thousands are made; a validated model
-    each cost ~2 µs): only the ones returned become ``RankedTurn`` s."""
-
     seq: int
     score: float
     ranks: dict[str, int]
@@ -780,7 +778,7 @@ class Recaller:
             )
             for t, hits in zip(texts, fts, strict=True)
         ]
-        ranked = _merge_parts(lists, limit) if parts else lists[0]
+        ranked = merge_parts(lists, limit) if parts else lists[0]
         return [
             RankedTurn(seq=h.seq, score=h.score, ranks=h.ranks, similarity=h.similarity)
             for h in ranked
@@ -796,11 +794,11 @@ class Recaller:
         exclude: Collection[int] = (),
         limit: int = 200,
         authored: tuple[TurnAuthors, frozenset[int]] | None = None,
-    ) -> list[_Hit]:
+    ) -> list[Hit]:
         """``rank`` for one text (the message, or one of its parts), with the message's tag
         signal (``_tag_scores``), the text's full-text hits and the authors the message names
-        (``_named_authors``). The fusion runs on arrays: at 100k turns the candidates reach a
-        few thousand once the caps bind, and a dict per candidate cost ~3 ms a text."""
+        (``_named_authors``): the signals fused (``memory.fusion``), then the per-turn priors
+        that need the store (length, author, period)."""
         tag_hits, tag_low = tag_scores
         signals = {
             "tags": tag_hits,
@@ -808,43 +806,20 @@ class Recaller:
             "dense": self._dense(session_id, text, self.fts_limit),
         }
         excluded = np.fromiter(exclude, np.int64) if exclude else None
-        similarity = {seq: score for seq, score in signals["dense"] if seq not in exclude}
-        kept: list[tuple[str, npt.NDArray[np.int64]]] = []  # each signal's seqs, best first
-        shares: list[npt.NDArray[np.float64]] = []
-        for name, hits in signals.items():
-            if not hits:
-                continue
-            capped = name == "tags" and len(hits) == self.tag_limit
-            seqs = np.fromiter((seq for seq, _ in hits), np.int64, len(hits))
-            scores = np.fromiter((score for _, score in hits), np.float64, len(hits))
-            if excluded is not None:
-                keep = ~np.isin(seqs, excluded)
-                seqs, scores = seqs[keep], scores[keep]
-                if not len(seqs):
-                    continue
-            weight = self.weights.get(name, 1.0)
-            high, low = float(scores[0]), float(scores[-1])
-            if capped and tag_low is not None:
-                # The tag candidates were cut at ``tag_limit``: the kept ones are scaled
-                # against the lowest score of all of them, as they would have been uncut.
-                low = min(low, tag_low)
-            if self.fusion == "rrf":
-                share = 1 / (self.k + np.arange(1, len(seqs) + 1, dtype=np.float64))
-            elif high > low:
-                share = (scores - low) / (high - low)
-            else:
-                share = np.ones(len(seqs))
-            kept.append((name, seqs))
-            shares.append(weight * share)
-        if not kept:
+        found = fuse_signals(
+            signals,
+            weights=self.weights,
+            fusion=self.fusion,
+            k=self.k,
+            tag_limit=self.tag_limit,
+            tag_low=tag_low,
+            excluded=excluded,
+        )
+        if found is None:
             return []
-        # Each turn's shares summed in signal order (as a dict would: bit for bit).
-        cands, where = np.unique(np.concatenate([seqs for _, seqs in kept]), return_inverse=True)
-        fused: npt.NDArray[np.float64] = np.bincount(
-            where, weights=np.concatenate(shares), minlength=len(cands)
-        ).astype(np.float64, copy=False)
+        cands, fused = found.cands, found.scores
         if self.neighbor_weight:
-            cands, fused = self._with_neighbours(cands, fused, excluded)
+            cands, fused = with_neighbours(cands, fused, excluded, self.neighbor_weight)
         if self.length_prior:
             lengths = self._turn_lengths(session_id)
             if lengths is not None:
@@ -863,42 +838,8 @@ class Recaller:
         period = query_period(text) if self.date_weight else None
         if period is not None:
             self._prefer_period(session_id, cands, fused, period)
-        order = np.lexsort((cands, -fused))[:limit]
-        positions = [
-            (name, dict(zip(seqs.tolist(), range(1, len(seqs) + 1), strict=True)))
-            for name, seqs in kept
-        ]
-        out = []
-        for seq, score in zip(cands[order].tolist(), fused[order].tolist(), strict=True):
-            ranks = {name: at[seq] for name, at in positions if seq in at}
-            out.append(_Hit(seq, score, ranks, similarity.get(seq)))
-        return out
-
-    def _with_neighbours(
-        self,
-        cands: npt.NDArray[np.int64],
-        fused: npt.NDArray[np.float64],
-        excluded: npt.NDArray[np.int64] | None,
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float64]]:
-        """A dialogue answer sits next to its question: each turn (candidate or not, never an
-        excluded one nor seq 0) also earns ``neighbor_weight`` of its better neighbour's
-        score, when that is more than it had. ``cands`` sorted, unique."""
-        near = np.concatenate([cands - 1, cands + 1])
-        near = near[near >= 1]
-        if excluded is not None:
-            near = near[~np.isin(near, excluded)]
-        every = np.union1d(cands, near)
-        base = np.zeros(len(every))
-        base[np.searchsorted(every, cands)] = fused
-
-        def score_at(seqs: npt.NDArray[np.int64]) -> npt.NDArray[np.float64]:
-            at = np.minimum(np.searchsorted(cands, seqs), len(cands) - 1)
-            return np.where(cands[at] == seqs, fused[at], -np.inf)
-
-        better = np.maximum(score_at(every - 1), score_at(every + 1))
-        has = better > -np.inf
-        lifted = np.maximum(base, base + self.neighbor_weight * np.where(has, better, 0.0))
-        return every, np.where(has, lifted, base)
+        similarity = {seq: score for seq, score in signals["dense"] if seq not in exclude}
+        return best_hits(Fused(cands, fused, found.kept), similarity, limit)
 
     def _prefer_period(
         self,
@@ -945,22 +886,3 @@ class Recaller:
                 )
             )
         return quotes
-
-
-def _merge_parts(lists: Sequence[Sequence[_Hit]], limit: int) -> list[_Hit]:
-    """The message's ranking (``lists[0]``) interleaved with its parts' (``memory.decompose``):
-    a turn keeps the message's own score and cosine when the message ranked it; one only a
-    part found gets that part's score scaled to the message's best (its cosine is the
-    message's only, so the relevance floor still judges the message), and the order of the
-    interleave is the order returned."""
-    own = {r.seq: r for r in lists[0]}
-    tops = [lst[0].score if lst and lst[0].score > 0 else 1.0 for lst in lists]
-    by_seq = [{r.seq: r for r in lst} for lst in lists]
-    merged = []
-    for seq, which in interleave([[r.seq for r in lst] for lst in lists], limit):
-        if seq in own:
-            merged.append(own[seq])
-            continue
-        hit = by_seq[which][seq]
-        merged.append(_Hit(seq, hit.score / tops[which] * tops[0], hit.ranks))
-    return merged
