@@ -3,6 +3,7 @@ author of turns stored as ``"Name: text"`` ranks that author's turns first."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from contextfold.items import Message
@@ -119,16 +120,48 @@ def test_turns_stored_after_a_recall_and_a_session_written_again_are_seen() -> N
     assert order.index(len(FILLER) + 2) < order.index(len(FILLER) + 1)
 
 
-def test_a_large_sessions_authors_are_read_by_the_worker() -> None:
+def test_a_large_sessions_authors_are_read_by_the_worker_after_the_recall() -> None:
+    """The first recall of a large session ranks with the prior from its candidates' own
+    openings; the session's authors are read whole by the worker, only once the recall is
+    done (``start_reads``), never inside it."""
+    import threading
+
     store = _store([*FILLER, BO, ANN])
     recaller = Recaller(store, author_weight=1.0)
     recaller.lengths_later_min = 5  # this session counts as large
     question = "Where did Ann go hiking?"
-    first = _order(recaller, question)  # the worker reads the authors: no prior yet
-    assert first == _order(Recaller(store), question)
+    whole: list[str] = []
+    real = store.turn_openings_with_incarnation
+
+    def spy(session_id: str, after: int, chars: int) -> tuple[int | None, list[tuple[int, str]]]:
+        if after == 0:
+            whole.append(threading.current_thread().name)
+        return real(session_id, after, chars)
+
+    store.turn_openings_with_incarnation = spy  # type: ignore[method-assign]
+    ranked = recaller.rank("s", question, defer_reads=True)
+    first = [r.seq for r in ranked]
+    assert first.index(len(FILLER) + 2) < first.index(len(FILLER) + 1)  # the prior, already
     recaller.settle()
-    later = _order(recaller, question)
-    assert later.index(len(FILLER) + 2) < later.index(len(FILLER) + 1)
+    assert whole == []  # nothing read whole during the recall, nor before start_reads
+    recaller.start_reads()
+    recaller.settle()
+    assert len(whole) == 1 and whole[0] != threading.current_thread().name  # the worker's
+    assert "s" in recaller._authors
+    assert _order(recaller, question) == first  # the kept authors rank alike
+    assert len(whole) == 1
+    recaller.close()
+
+
+def test_a_closing_recaller_skips_the_whole_reads_not_started() -> None:
+    store = _store([*FILLER, BO, ANN])
+    recaller = Recaller(store, author_weight=1.0)
+    recaller.lengths_later_min = 5
+    recaller.rank("s", "Where did Ann go hiking?", defer_reads=True)
+    recaller._closing.set()
+    recaller.start_reads()
+    recaller.settle()
+    assert "s" not in recaller._authors and "s" not in recaller._lengths
     recaller.close()
 
 
@@ -170,12 +203,11 @@ def test_a_title_names_the_person_after_it_not_everyone_with_the_title() -> None
     """ "Dr. Jones" names Jones (``names_in`` takes a capital after "Dr." for a sentence's
     start, and "dr" is every doctor's title)."""
     assert names_named("What did Dr. Jones prescribe?") == {"jones"}
-    found = Recaller(_doctors(), author_weight=1.0)._named_authors(
-        "s", "What did Dr. Jones prescribe?"
-    )
+    recaller = Recaller(_doctors(), author_weight=1.0)
+    found = recaller._named_authors("s", "What did Dr. Jones prescribe?")
     assert found is not None
-    authors, ids = found
-    assert authors.authored([1, 2, 3, 4], ids).tolist() == [False, True, False, False]
+    lifted = recaller._authored("s", np.array([1, 2, 3, 4]), *found)
+    assert lifted is not None and lifted.tolist() == [False, True, False, False]
     question = "What did Mrs. Brown say about the garden?"
     off = {h.seq: h.score for h in Recaller(_doctors()).rank("s", question)}
     on = {h.seq: h.score for h in Recaller(_doctors(), author_weight=1.0).rank("s", question)}
@@ -207,9 +239,12 @@ def test_a_concurrent_recall_keeps_the_cached_authors_and_reads_only_new_turns()
     question = "What did Ann say about the kiln?"
     recaller = Recaller(store, author_weight=1.0)
     recaller.lengths_later_min = 5  # the session counts as large: the worker reads it first
-    assert recaller._named_authors("s", question) is None
+    found = recaller._named_authors("s", question)
+    assert found is not None and found[0] is None  # not kept yet: the candidates' openings
+    recaller.start_reads()
     recaller.settle()
-    assert recaller._named_authors("s", question) is not None
+    found = recaller._named_authors("s", question)
+    assert found is not None and found[0] is not None
     inside, release = threading.Event(), threading.Event()
     real = store.turn_openings_with_incarnation
     whole: list[int] = []
@@ -232,6 +267,6 @@ def test_a_concurrent_recall_keeps_the_cached_authors_and_reads_only_new_turns()
     finally:
         release.set()
         first.join()
-    assert other is not None  # ranked with the prior
+    assert other is not None and other[0] is not None  # ranked with the kept authors
     assert whole == []  # and the session was not read whole again
     recaller.close()

@@ -143,7 +143,7 @@ def test_array_fusion_equals_the_stated_fusion_exactly(case: dict[str, Any]) -> 
         signals["fts"],
         exclude=case["exclude"],
         limit=case["limit"],
-        authored=(authors, authors.named(["ann"])) if r.author_weight else None,
+        authored=(authors, frozenset(["ann"])) if r.author_weight else None,
     )
     want = _reference(
         r,

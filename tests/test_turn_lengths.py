@@ -168,6 +168,7 @@ def test_counts_that_do_not_fit_beside_the_vectors_are_not_read_whole_at_every_r
     probe = engine(512)
     probe.derive("s")
     probe.on_message_inbound(QUESTION, session_id="s")
+    probe.recaller.settle()  # its counts were read whole by the worker, after the recall
     vectors = probe.recaller._vectors["s"].charged
     lengths = probe.recaller._lengths["s"].charged
     tight = engine((vectors + lengths // 2) / 2**20)  # its vectors fit; with its counts, not

@@ -721,6 +721,23 @@ class MemoryEngine:
         of the history whatever it decides (beside ``compaction.protected_recent_turns``): a
         caller that sends the message being answered inside the history, with a tool loop
         after it, keeps them all."""
+        try:
+            return self._inbound(
+                message, conversation_history, session_id, budget, protected, model
+            )
+        finally:
+            # The worker's reads the recall asked for start once it is answered, not beside it.
+            self.recaller.start_reads()
+
+    def _inbound(
+        self,
+        message: str | MessageLike,
+        conversation_history: Sequence[MessageLike],
+        session_id: str | None,
+        budget: int | None,
+        protected: int,
+        model: str | None,
+    ) -> AssembledContext:
         started = telemetry.now()
         text = message if isinstance(message, str) else as_message(message).text()
         history = [as_message(m) for m in conversation_history]
@@ -749,6 +766,7 @@ class MemoryEngine:
                     exclude=exclude,
                     tag_counts=self._counts(sid),
                     related_counts=self.vocab.related_counts(sid),
+                    defer_reads=True,
                 )
             )
             limit = budget if budget is not None else self.config.assembly.memory_budget

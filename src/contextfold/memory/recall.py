@@ -40,7 +40,7 @@ import functools
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import Future
 from datetime import timedelta
 from pathlib import Path
@@ -121,7 +121,9 @@ _PREFETCHED_CHARS = 4 * 1024 * 1024  # and at most this many characters of them
 FILES_MIN_TURNS = 1_000  # a session's vectors go to files once it has this many
 ANN_TAIL = 512  # rows scanned exactly beside the index before the worker adds them
 READ_LATER_MIN = 20_000  # vectors read by the worker, not a recall, when nothing holds them
-LENGTHS_LATER_MIN = 20_000  # token counts read by the worker, not a recall, from this many turns
+# A session's token counts and authors are read whole by the worker, after the recall that
+# first needs them, from this many turns; until then a recall reads its candidates' own.
+LENGTHS_LATER_MIN = 200
 
 
 class Recaller:
@@ -198,6 +200,9 @@ class Recaller:
         # a recall reads its candidates' counts from the store (``None``: read in the recall).
         self.lengths_later_min: int | None = LENGTHS_LATER_MIN
         self._reading_lengths: set[str] = set()
+        # The worker's whole reads a recall asked for, started when it is done (``start_reads``):
+        # started at once they would compete with the recall for the two cores and the GIL.
+        self._pending: list[Callable[[], None]] = []
         self.cached_sessions = 1000
         self.vector_cache_limit = vector_cache_bytes
         # The HNSW index above ``ann_min_turns`` vectors (``None``, or no usearch: exact
@@ -511,14 +516,15 @@ class Recaller:
                 if session_id in self._reading_lengths:
                     return None
                 self._reading_lengths.add(session_id)
-            self._worker.submit(functools.partial(self._read_lengths, session_id))
+                self._pending.append(functools.partial(self._read_lengths, session_id))
             return None
         return self._extend_lengths(session_id, entry)
 
     def _read_lengths(self, session_id: str) -> None:
         """The worker's read of a large session's token counts (``_turn_lengths``)."""
         try:
-            self._extend_lengths(session_id, None)
+            if not self._closing.is_set():
+                self._extend_lengths(session_id, None)
         finally:
             with self._lock:
                 self._reading_lengths.discard(session_id)
@@ -554,20 +560,34 @@ class Recaller:
 
     def _named_authors(
         self, session_id: str, text: str
-    ) -> tuple[TurnAuthors, frozenset[int]] | None:
-        """The session's authors and the ids of those ``text`` names (``memory.authors``), or
-        ``None``: the prior is off, the message names nobody, no author it names wrote a
-        stored turn, or the worker still reads a large session's authors."""
+    ) -> tuple[TurnAuthors | None, frozenset[str]] | None:
+        """The session's kept authors (``None`` while the worker reads a large session's:
+        ``_authored`` then reads the candidates' own) and the names ``text`` names
+        (``memory.authors``); ``None`` when the prior is off or the message names nobody."""
         if not self.author_weight:
             return None
         names = names_named(text)
         if not names:
             return None
-        authors = self._turn_authors(session_id)
+        return self._turn_authors(session_id), names
+
+    def _authored(
+        self,
+        session_id: str,
+        cands: npt.NDArray[np.int64],
+        authors: TurnAuthors | None,
+        names: frozenset[str],
+    ) -> npt.NDArray[np.bool_] | None:
+        """Whether each candidate is by an author ``names`` names (``None``: none is), from
+        the session's kept authors or, while they are not kept, the candidates' openings."""
+        seqs = cands.tolist()
         if authors is None:
-            return None
+            authors = TurnAuthors(0)
+            authors.extend(
+                sorted(self.store.turn_openings(session_id, seqs, OPENING_CHARS).items())
+            )
         ids = authors.named(names)
-        return (authors, ids) if ids else None
+        return authors.authored(seqs, ids) if ids else None
 
     def _turn_authors(self, session_id: str) -> TurnAuthors | None:
         """The session's turn authors: the cached ones plus the turns stored since (all read
@@ -588,14 +608,15 @@ class Recaller:
                 if session_id in self._reading_authors:
                     return None
                 self._reading_authors.add(session_id)
-            self._worker.submit(functools.partial(self._read_authors, session_id))
+                self._pending.append(functools.partial(self._read_authors, session_id))
             return None
         return self._extend_authors(session_id, entry)
 
     def _read_authors(self, session_id: str) -> None:
         """The worker's read of a large session's authors (``_turn_authors``)."""
         try:
-            self._extend_authors(session_id, None)
+            if not self._closing.is_set():
+                self._extend_authors(session_id, None)
         finally:
             with self._lock:
                 self._reading_authors.discard(session_id)
@@ -754,12 +775,34 @@ class Recaller:
         limit: int = 200,
         tag_counts: Mapping[str, int] | None = None,
         related_counts: Mapping[str, int] | None = None,
+        defer_reads: bool = False,
     ) -> list[RankedTurn]:
         """The session's turns for ``text``, best first (at most ``limit``), skipping the seqs
         in ``exclude`` (e.g. turns the live history already holds). ``tag_counts`` (turns per
         tag) and ``related_counts`` (turns per related tag) save a query each when the caller
         keeps them. With ``decompose``, a message that names people or things is also ranked
-        in parts (``memory.decompose``) and the rankings are interleaved."""
+        in parts (``memory.decompose``) and the rankings are interleaved. The worker's reads
+        this recall asks for start when it returns, or with ``defer_reads`` when the caller
+        calls ``start_reads`` (after the rest of its own work)."""
+        try:
+            return self._rank(
+                session_id, text, tags, related, exclude, limit, tag_counts, related_counts
+            )
+        finally:
+            if not defer_reads:
+                self.start_reads()
+
+    def _rank(
+        self,
+        session_id: str,
+        text: str,
+        tags: Sequence[str],
+        related: Sequence[str],
+        exclude: Collection[int],
+        limit: int,
+        tag_counts: Mapping[str, int] | None,
+        related_counts: Mapping[str, int] | None,
+    ) -> list[RankedTurn]:
         parts = query_parts(text) if self.decompose else []
         if parts:  # embedded in one batch (already, when ``prefetch`` saw the message)
             self._prefetch_all([text, *parts])
@@ -784,6 +827,14 @@ class Recaller:
             for h in ranked
         ]
 
+    def start_reads(self) -> None:
+        """Start the worker's whole reads of token counts and authors that recalls asked for
+        (``rank``'s ``defer_reads``)."""
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for job in pending:
+            self._worker.submit(job)
+
     def _rank_text(
         self,
         session_id: str,
@@ -793,7 +844,7 @@ class Recaller:
         *,
         exclude: Collection[int] = (),
         limit: int = 200,
-        authored: tuple[TurnAuthors, frozenset[int]] | None = None,
+        authored: tuple[TurnAuthors | None, frozenset[str]] | None = None,
     ) -> list[Hit]:
         """``rank`` for one text (the message, or one of its parts), with the message's tag
         signal (``_tag_scores``), the text's full-text hits and the authors the message names
@@ -833,8 +884,9 @@ class Recaller:
             factors = np.array([(int(n) + 2) ** self.length_prior for n in distinct])
             fused *= factors[which]
         if authored is not None:
-            authors, ids = authored
-            fused[authors.authored(cands.tolist(), ids)] *= 1 + self.author_weight
+            lifted = self._authored(session_id, cands, *authored)
+            if lifted is not None:
+                fused[lifted] *= 1 + self.author_weight
         period = query_period(text) if self.date_weight else None
         if period is not None:
             self._prefer_period(session_id, cands, fused, period)

@@ -249,6 +249,11 @@ class MemoryStorage(Protocol):
         such session. The recall's author prior reads who opens each turn from it."""
         ...
 
+    def turn_openings(self, session_id: str, seqs: Sequence[int], chars: int) -> dict[int, str]:
+        """The first ``chars`` characters of each given turn's text (seqs not stored are left
+        out): a recall's candidates' authors, while the session's are not kept yet."""
+        ...
+
     def turn_hash(self, session_id: str, seq: int) -> str | None: ...
 
     def turn_keys(self, session_id: str, lo: int, hi: int) -> dict[int, str]:

@@ -524,6 +524,22 @@ def test_turn_openings_are_the_texts_first_characters_with_the_incarnation(
     assert again is not None and born is not None and again > born and rows == [(1, "Cy:")]
 
 
+def test_the_given_turns_openings_are_their_texts_first_characters(
+    store_factory: StoreFactory,
+) -> None:
+    """``turn_openings``: the first ``chars`` characters of the given turns' texts (a
+    recall's candidates), seqs not stored left out, another session's never given."""
+    store = store_factory()
+    assert store.turn_openings("s", [1, 2], 8) == {}
+    stored(store, "s", "Ann: the kiln is hot", "Bo: ok", "Zoë: ça chauffe déjà beaucoup")
+    stored(store, "t", "Cy: another session's first turn")
+    assert store.turn_openings("s", [3, 1, 9, 0, -1], 8) == {1: "Ann: the", 3: "Zoë: ça "}
+    assert store.turn_openings("s", [2], 100) == {2: "Bo: ok"}
+    assert store.turn_openings("s", [], 8) == {}
+    many = store.turn_openings("s", [*range(1, 1200), 2], 4)  # past one query's seqs
+    assert many == {1: "Ann:", 2: "Bo: ", 3: "Zoë:"}
+
+
 def test_token_counts_after_a_seq_come_with_the_incarnation(open_store: StoreFactory) -> None:
     """``turn_token_counts_after``: (seq, token count) of the turns after a seq, in order, as
     ``turn_token_counts`` has them, with the session's incarnation; a session deleted and

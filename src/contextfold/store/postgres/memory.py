@@ -556,6 +556,12 @@ class PostgresMemoryStore:
         """When each given turn was said (seqs not stored are left out)."""
         return {r[0]: utc(r[1]) for r in self._turn_columns(session_id, seqs, "created_at")}
 
+    def turn_openings(self, session_id: str, seqs: Sequence[int], chars: int) -> dict[int, str]:
+        """The first ``chars`` characters of each given turn's text (seqs not stored are left
+        out)."""
+        columns = f"left(content_text, {int(chars)})"
+        return {int(r[0]): r[1] for r in self._turn_columns(session_id, seqs, columns)}
+
     def turn_token_counts(self, session_id: str, seqs: Sequence[int]) -> dict[int, int]:
         """The token count of each given turn (seqs not stored are left out)."""
         return {r[0]: r[1] for r in self._turn_columns(session_id, seqs, "token_count")}

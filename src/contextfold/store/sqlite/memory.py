@@ -655,6 +655,11 @@ class MemoryStore:
         rows = self._turn_columns(session_id, seqs, "created_at")
         return {seq: datetime.fromisoformat(stamp) for seq, stamp in rows}
 
+    def turn_openings(self, session_id: str, seqs: Sequence[int], chars: int) -> dict[int, str]:
+        """The first ``chars`` characters of each given turn's text (seqs not stored are left
+        out)."""
+        return dict(self._turn_columns(session_id, seqs, f"substr(content_text, 1, {int(chars)})"))
+
     def turn_token_counts(self, session_id: str, seqs: Sequence[int]) -> dict[int, int]:
         """The token count of each given turn (seqs not stored are left out)."""
         return dict(self._turn_columns(session_id, seqs, "token_count"))
