@@ -179,6 +179,36 @@ def test_topics_after_a_compaction_read_the_kept_counts_not_the_turns() -> None:
     assert a.prepend_text == b.prepend_text
 
 
+def test_a_compaction_reads_again_what_it_changed_so_the_next_recall_does_not() -> None:
+    """The session's tag counts, related-tag counts and compacted topics' counts are kept per
+    generation, which a compaction draws anew: the compaction reads them again itself
+    (``MemoryEngine._rewarm``), and the recall after it reads none of them. A write after the
+    compaction still makes the recall read them."""
+    engine = _compacting()
+    fresh = _compacting()
+    for start in range(0, 60, 4):
+        for one in (engine, fresh):
+            one.on_turn_complete(_pairs(start, 4))
+        engine.on_message_inbound("walnut veneer")
+    before = engine.store.session("default").compaction_watermark
+    for one in (engine, fresh):
+        one.on_turn_complete(_pairs(60, 30))  # trips a compaction
+    assert engine.store.session("default").compaction_watermark > before > 0
+    reads = {
+        name: _count_calls(engine.store, name) for name in ("tag_counts", "topic_counts", "segments")
+    }
+    related = _count_calls(engine.store.vocab, "related_tag_counts")  # type: ignore[arg-type]
+    a = engine.on_message_inbound("walnut veneer dock 4")
+    assert related == [] and all(calls == [] for calls in reads.values()), (related, reads)
+    assert a.prepend_text == fresh.on_message_inbound("walnut veneer dock 4").prepend_text
+    # a write after the compaction the engine did not make (as another process's would be):
+    # the recall reads them again
+    engine.store.set_tags_many("default", {1: ({"teak": 1.0}, ["oak"])})
+    b = engine.on_message_inbound("teak oak walnut veneer")
+    assert reads["tag_counts"] and related
+    assert "teak" in engine.vocabulary() and b.matched_tags
+
+
 def test_ttl_rules_read_when_only_their_tags_were_last_seen() -> None:
     engine = _compacting(tag_rules=[{"match": "shipment*", "ttl_days": 30}])
     last_seen = _count_calls(engine.store, "tag_last_seen")

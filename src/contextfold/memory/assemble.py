@@ -175,6 +175,12 @@ class Assembler:
         self._topic_cache.put(sid, (key, live, hint))
         return live, hint
 
+    def rewarm(self, sid: str) -> None:
+        """Read the compacted topics' counts a compaction just changed (``_compacted_counts``),
+        so the next recall does not."""
+        record = self.store.session(sid)
+        self._compacted_counts(sid, record.born, record.compaction_watermark)
+
     def _compacted_counts(self, sid: str, born: int, watermark: int) -> dict[str, int]:
         """The compacted turns' tag counts, for the tags a segment carries: read once per
         compaction from the counts the store keeps on write (``topic_counts``, one row per

@@ -175,6 +175,9 @@ class Compactor:
         self.tag_summary_tokens = tag_summary_tokens
         self.max_segment_tokens = max_segment_tokens
         self.max_concurrent = max(1, max_concurrent)
+        # Called with the session's id after each compaction (its writes all done): the engine
+        # reads again there what the compaction changed and the next recall reads.
+        self.on_compacted: Callable[[str], None] | None = None
 
     def __repr__(self) -> str:
         return f"Compactor({self.monitor!r}, protected_recent={self.protected_recent})"
@@ -254,6 +257,8 @@ class Compactor:
             duration_ms=(time.perf_counter() - started) * 1000,
         )
         telemetry.record_compaction(report)
+        if self.on_compacted is not None:
+            self.on_compacted(session_id)
         return report
 
     def _map(self, fn: Callable[[_T], str], items: Sequence[_T]) -> list[str]:

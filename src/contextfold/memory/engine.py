@@ -263,6 +263,7 @@ class MemoryEngine:
         self.background = Background(self.store, self.derive)
         self._vocab_lock = threading.Lock()
         self._usage = threading.local()
+        self.compactor.on_compacted = self._rewarm
 
     def __repr__(self) -> str:
         return f"MemoryEngine(store={self.store.path!r}, session={self.session_id!r})"
@@ -391,6 +392,17 @@ class MemoryEngine:
                 counts = {**{t: counts[t] for t in cached[1] if t in counts}, **counts}
             self._vocab.put(sid, (generation, counts))
             return counts
+
+    def _rewarm(self, sid: str) -> None:
+        """After a compaction (inline, or on the background thread, its writes all done): read
+        again what it changed and the next recall of the session reads — its tag counts and
+        inbound vocabulary with the related-tag counts (all kept per generation, which the
+        compaction drew anew; the derives' own writes carry them forward instead,
+        ``Vocabulary.advance``) and the compacted topics' counts — so that recall does
+        not. Another write in between only makes the recall read them again itself."""
+        with self.lock(sid):
+            self.vocab.inbound_vocabulary(sid, self._counts(sid))
+        self.assembler.rewarm(sid)
 
     def vocabulary(self, session_id: str | None = None) -> dict[str, int]:
         """The session's tags with their turn counts."""

@@ -78,6 +78,7 @@ from contextfold.store.models import (
     _now,
 )
 from contextfold.store.sqlite import memory_fts, select_in
+from contextfold.store.sqlite.connection import pairs
 from contextfold.store.sqlite.memory_branches import SqliteBranches
 from contextfold.store.sqlite.memory_db import MemoryDb, insert_turns, last_seq, turn_rows
 from contextfold.store.sqlite.memory_fts import _fts_query
@@ -364,14 +365,11 @@ class MemoryStore:
         seq >= ``since`` when given (``since=old_watermark``: the turns a compaction added).
         Without either: the counts kept on write (``tag_stats``), one row per tag."""
         if before is None and since is None:
-            return {
-                r[0]: int(r[1])
-                for r in self._conn.execute(
-                    "SELECT tag, turns FROM tag_stats WHERE session_id = ? AND turns > 0"
-                    " ORDER BY tag",
-                    (session_id,),
-                )
-            }
+            return pairs(
+                self._conn,
+                "SELECT tag, turns FROM tag_stats WHERE session_id = ? AND turns > 0 ORDER BY tag",
+                (session_id,),
+            )
         rows = self._conn.execute(
             "SELECT tag, COUNT(*) FROM turn_tags WHERE session_id = ? AND related = 0"
             " AND seq < ? AND seq >= ? GROUP BY tag ORDER BY tag",

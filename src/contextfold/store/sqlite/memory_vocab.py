@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from contextfold.errors import ConfigError
 from contextfold.store.models import _iso, _now
+from contextfold.store.sqlite.connection import pairs
 from contextfold.store.sqlite.memory_db import MemoryDb
 
 __all__ = ["SqliteVocab"]
@@ -101,9 +102,9 @@ class SqliteVocab:
     def related_tag_counts(self, session_id: str) -> dict[str, int]:
         """How many turns carry each related tag (and not the same tag as a tag): the counts
         kept on write (``related_tag_stats``), one row per tag."""
-        rows = self._db.conn.execute(
+        return pairs(
+            self._db.conn,
             "SELECT tag, turns FROM related_tag_stats WHERE session_id = ? AND turns > 0"
             " ORDER BY tag",
             (session_id,),
         )
-        return {r[0]: int(r[1]) for r in rows}
