@@ -194,9 +194,8 @@ def test_a_compaction_reads_again_what_it_changed_so_the_next_recall_does_not() 
     for one in (engine, fresh):
         one.on_turn_complete(_pairs(60, 30))  # trips a compaction
     assert engine.store.session("default").compaction_watermark > before > 0
-    reads = {
-        name: _count_calls(engine.store, name) for name in ("tag_counts", "topic_counts", "segments")
-    }
+    names = ("tag_counts", "topic_counts", "segments")
+    reads = {name: _count_calls(engine.store, name) for name in names}
     related = _count_calls(engine.store.vocab, "related_tag_counts")  # type: ignore[arg-type]
     a = engine.on_message_inbound("walnut veneer dock 4")
     assert related == [] and all(calls == [] for calls in reads.values()), (related, reads)
@@ -207,6 +206,22 @@ def test_a_compaction_reads_again_what_it_changed_so_the_next_recall_does_not() 
     b = engine.on_message_inbound("teak oak walnut veneer")
     assert reads["tag_counts"] and related
     assert "teak" in engine.vocabulary() and b.matched_tags
+
+
+def test_a_session_deleted_as_its_compaction_ends_does_not_fail_the_compaction() -> None:
+    config = MemoryConfig.model_validate({"compaction": {"protected_recent_turns": 4}})
+    store = MemoryStore(counter=CharCounter())
+    engine = MemoryEngine(config, store=store, embedder=None, counter=CharCounter())
+    engine.on_turn_complete(_pairs(0, 40))  # under the thresholds: compacted below, by hand
+    real = engine.assembler.rewarm
+
+    def deleted_first(sid: str) -> None:
+        engine.store.delete_session(sid)  # another process, between the writes and the rewarm
+        real(sid)
+
+    engine.assembler.rewarm = deleted_first  # type: ignore[method-assign]
+    report = engine.compact()
+    assert report is not None and report.turns_compacted > 0
 
 
 def test_ttl_rules_read_when_only_their_tags_were_last_seen() -> None:

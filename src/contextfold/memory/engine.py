@@ -399,10 +399,12 @@ class MemoryEngine:
         inbound vocabulary with the related-tag counts (all kept per generation, which the
         compaction drew anew; the derives' own writes carry them forward instead,
         ``Vocabulary.advance``) and the compacted topics' counts — so that recall does
-        not. Another write in between only makes the recall read them again itself."""
-        with self.lock(sid):
-            self.vocab.inbound_vocabulary(sid, self._counts(sid))
-        self.assembler.rewarm(sid)
+        not. Another write in between only makes the recall read them again itself; a session
+        deleted meanwhile has nothing to read."""
+        with contextlib.suppress(ConfigError):
+            with self.lock(sid):
+                self.vocab.inbound_vocabulary(sid, self._counts(sid))
+            self.assembler.rewarm(sid)
 
     def vocabulary(self, session_id: str | None = None) -> dict[str, int]:
         """The session's tags with their turn counts."""
