@@ -125,6 +125,37 @@ class TurnAuthors:
         self._words: list[frozenset[str]] = [frozenset()]  # by id
         self.lock = threading.Lock()  # held while the turns stored since are read and added
 
+    @classmethod
+    def restored(
+        cls, born: int, last: int, ids: npt.NDArray[np.uint16], labels: Sequence[str]
+    ) -> TurnAuthors | None:
+        """The authors saved by an earlier process (``memory.snapshots``): ``ids`` by seq up to
+        ``last``, ``labels`` by id (id 0, no author, first); ``None`` when they do not fit."""
+        if last < 0 or len(ids) < last + 1 or not labels or len(labels) > MAX_AUTHORS + 1:
+            return None
+        if len(ids) and int(ids.max(initial=0)) >= len(labels):
+            return None
+        out = cls(born)
+        out._ids = np.array(ids[: last + 1], np.uint16)
+        out.last = last
+        for label in labels[1:]:
+            out._by_label[label] = len(out._words)
+            words = frozenset(_WORDS.findall(label))
+            out._words.append(words - TITLES or words)
+        return out
+
+    @property
+    def array(self) -> npt.NDArray[np.uint16]:
+        """The author ids by seq (0: none), up to ``last`` at least."""
+        return self._ids
+
+    def labels(self) -> list[str]:
+        """The authors' labels by id (id 0, no author: ``""``)."""
+        out = [""] * len(self._words)
+        for label, i in self._by_label.items():
+            out[i] = label
+        return out
+
     @property
     def nbytes(self) -> int:
         return int(self._ids.nbytes)

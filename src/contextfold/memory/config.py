@@ -205,6 +205,10 @@ class RecallSettings(_Section):
     matrix-vector product. ``vector_files``: a file-backed SQLite store keeps each large
     session's vectors and index in files beside it (``<database>.vectors/``), so a restart maps
     them instead of reading every vector back (docs/memory.md, "Cost model").
+    ``state_files``: such a store also keeps the recently used sessions' recall state (tag
+    counts, related-tag counts, inbound vocabulary, turns' token counts and authors) in
+    ``<database>.state/``, written when the engine closes, so the first recall after a restart
+    reads one file instead of the store (``memory.snapshots``).
 
     ``relevance_floor``: memory is injected only when the message's best cosine similarity
     with a stored turn it could recall reaches this floor; below it the message gets no memory
@@ -243,6 +247,7 @@ class RecallSettings(_Section):
     ann_min_turns: int | None = Field(ANN_MIN_TURNS, ge=1000)
     ann_expansion: int = Field(1600, ge=16)
     vector_files: bool = True
+    state_files: bool = True
     relevance_floor: float | None = Field(RELEVANCE_FLOOR, ge=-1, le=1)
     unknown_name_floor: float | None = Field(UNKNOWN_NAME_FLOOR, ge=-1, le=1)
     decompose: bool = True

@@ -32,6 +32,7 @@ from contextfold._bounded import SessionLRU
 from contextfold.errors import ConfigError
 from contextfold.items import ContextItem, Message, QueryBundle
 from contextfold.memory.assemble import Assembler, Held, MemoryBlock, MemoryBudget
+from contextfold.memory.authors import TurnAuthors
 from contextfold.memory.background import Background
 from contextfold.memory.canonical import TagCanonicalizer
 from contextfold.memory.compactor import CompactionReport, Compactor, Level, TokenMonitor
@@ -42,10 +43,12 @@ from contextfold.memory.paging import Pager, PagingResult
 from contextfold.memory.recall import Quote, RankedTurn, Recaller
 from contextfold.memory.relevance import KnownNames, names_in
 from contextfold.memory.rules import TagRules
+from contextfold.memory.snapshots import SAVED_SESSIONS, SessionState, StateFiles
 from contextfold.memory.summarize import ExtractiveSummarizer, LLMSummarizer, Summarizer
 from contextfold.memory.tagging import EmbeddingTagger, KeywordTagger, LLMTagger, Tagger, TagResult
 from contextfold.memory.tools import run_tool_call, tool_definitions
 from contextfold.memory.turn_index import VectorFiles
+from contextfold.memory.turn_lengths import TurnLengths
 from contextfold.memory.turnkeys import TurnKeys, key_of
 from contextfold.memory.vocabulary import SplitReport, Vocabulary
 from contextfold.retrieval.base import Embedder
@@ -264,6 +267,8 @@ class MemoryEngine:
         self._vocab_lock = threading.Lock()
         self._usage = threading.local()
         self.compactor.on_compacted = self._rewarm
+        folder = self._beside_store(".state") if cfg.recall.state_files else None
+        self._states = StateFiles(folder) if folder is not None else None
 
     def __repr__(self) -> str:
         return f"MemoryEngine(store={self.store.path!r}, session={self.session_id!r})"
@@ -381,6 +386,10 @@ class MemoryEngine:
         cached = self._vocab.peek(sid)
         if cached is not None and cached[0] == generation:
             return cached[1]
+        if cached is None and version is not None and self._states is not None:
+            restored = self._restore(sid, version)
+            if restored is not None:
+                return restored
         with self.lock(sid):
             # Read after the generation: a write between the two leaves the counts newer than
             # their key, and the next look reads them again.
@@ -392,6 +401,63 @@ class MemoryEngine:
                 counts = {**{t: counts[t] for t in cached[1] if t in counts}, **counts}
             self._vocab.put(sid, (generation, counts))
             return counts
+
+    def _restore(self, sid: str, version: tuple[int, int]) -> dict[str, int] | None:
+        """A new engine's first look at a session: take what an earlier one saved at close
+        (``memory.snapshots``) — the turns' token counts and authors if the session is the same
+        incarnation, the tag counts, related-tag counts and inbound vocabulary if it is still
+        at the same generation; the tag counts, or ``None`` (read from the store)."""
+        assert self._states is not None
+        state = self._states.load(sid)
+        if state is None or state.born != version[0]:
+            return None
+        lengths = (
+            TurnLengths.restored(state.born, state.lengths_last, state.lengths)
+            if state.lengths is not None
+            else None
+        )
+        authors = (
+            TurnAuthors.restored(state.born, state.authors_last, state.authors, state.labels)
+            if state.authors is not None and state.labels is not None
+            else None
+        )
+        self.recaller.adopt(sid, lengths, authors)
+        if state.generation != version[1] or state.counts is None:
+            return None
+        with self.lock(sid):
+            if self._vocab.peek(sid) is not None:
+                return None  # read meanwhile
+            counts = state.counts
+            self._vocab.put(sid, (state.generation, counts))
+            self.vocab.adopt(sid, state.generation, counts, state.related, state.inbound)
+            return counts
+
+    def _save_states(self) -> None:
+        """At close: save the recall state of the ``SAVED_SESSIONS`` most recently used
+        sessions (``memory.snapshots``). A file that cannot be written is skipped."""
+        if self._states is None:
+            return
+        for sid in list(self._vocab)[-SAVED_SESSIONS:]:
+            version = self.store.session_version(sid)
+            cached = self._vocab.peek(sid)
+            if version is None or cached is None:
+                continue
+            born, generation = version
+            state = SessionState(sid, born, generation)
+            if cached[0] == generation:
+                state.counts = cached[1]
+                state.related, state.inbound = self.vocab.kept(sid, generation)
+            lengths, authors = self.recaller.kept_state(sid)
+            if lengths is not None and lengths.born == born:
+                state.lengths, state.lengths_last = lengths.array, lengths.last
+            if authors is not None and authors.born == born:
+                with authors.lock:
+                    state.authors, state.authors_last = authors.array.copy(), authors.last
+                    state.labels = authors.labels()
+            if state.counts is None and state.lengths is None and state.authors is None:
+                continue
+            with contextlib.suppress(OSError):
+                self._states.save(state)
 
     def _rewarm(self, sid: str) -> None:
         """After a compaction (inline, or on the background thread, its writes all done): read
@@ -995,10 +1061,14 @@ class MemoryEngine:
     def _vector_folder(self) -> Path | None:
         """The folder beside a file-backed SQLite store where vector files live (written by
         any engine on the store that has an embedder); ``None`` for other stores."""
+        return self._beside_store(".vectors")
+
+    def _beside_store(self, suffix: str) -> Path | None:
+        """``<database><suffix>`` beside a file-backed SQLite store; ``None`` for others."""
         path = getattr(self.store, "path", None)
         if not isinstance(path, str) or path == ":memory:" or not Path(path).is_file():
             return None  # in memory, or a PostgreSQL URL
-        return Path(f"{path}.vectors")
+        return Path(f"{path}{suffix}")
 
     def delete_session(self, session_id: str | None = None) -> bool:
         """Delete a session with everything derived from it: its rows in the store
@@ -1015,12 +1085,15 @@ class MemoryEngine:
                 # wrote, found by name: no other session's file is read, nothing is asked of
                 # the store per file.
                 VectorFiles(folder).discard_session(sid)
+            if self._states is not None:
+                self._states.discard(sid)
         return existed
 
     def close(self) -> None:
         """Finish the background work (``flush``), write the vector files, then close the
         client and the store."""
         self.background.close()
+        self._save_states()
         self.recaller.close()
         if self._owns_client and self.llm_client is not None:
             self.llm_client.close()

@@ -647,6 +647,37 @@ class Recaller:
                 self._authors.popitem(last=False)
         return fresh
 
+    def kept_state(self, session_id: str) -> tuple[TurnLengths | None, TurnAuthors | None]:
+        """The session's kept token counts and authors (``None`` when not kept), for
+        ``memory.snapshots``."""
+        with self._lock:
+            return self._lengths.get(session_id), self._authors.get(session_id)
+
+    def adopt(
+        self, session_id: str, lengths: TurnLengths | None, authors: TurnAuthors | None
+    ) -> None:
+        """Keep a session's token counts and authors saved by an earlier process
+        (``memory.snapshots``; of the session's incarnation now), unless some are kept or
+        being read already: the recalls then read only the turns stored since."""
+        with self._lock:
+            busy = session_id in self._reading_lengths or session_id in self._lengths_unkept
+            if lengths is not None and session_id not in self._lengths and not busy:
+                lengths.charged = lengths.nbytes
+                if self._length_bytes + lengths.charged <= self.vector_cache_limit:
+                    self._lengths[session_id] = lengths
+                    self._length_bytes += lengths.charged
+                    while len(self._lengths) > self.cached_sessions:
+                        _, dropped = self._lengths.popitem(last=False)
+                        self._length_bytes -= dropped.charged
+            if (
+                authors is not None
+                and session_id not in self._authors
+                and session_id not in self._reading_authors
+            ):
+                self._authors[session_id] = authors
+                while len(self._authors) > self.cached_sessions:
+                    self._authors.popitem(last=False)
+
     def forget(self, session_id: str) -> None:
         """Drop the cached vectors of a session (after it was deleted), and its files (every
         model's: found by name, ``VectorFiles.discard_session``)."""

@@ -42,6 +42,22 @@ class TurnLengths:
         self._counts: npt.NDArray[np.int32] = np.zeros(0, np.int32)
         self.charged = 0  # the bytes the recaller's cache counted for it
 
+    @classmethod
+    def restored(cls, born: int, last: int, counts: npt.NDArray[np.int32]) -> TurnLengths | None:
+        """The counts saved by an earlier process (``memory.snapshots``) up to seq ``last``;
+        ``None`` when they do not cover it."""
+        if last < 0 or len(counts) < last + 1:
+            return None
+        out = cls(born)
+        out._counts = np.array(counts[: last + 1], np.int32)
+        out.last = last
+        return out
+
+    @property
+    def array(self) -> npt.NDArray[np.int32]:
+        """The counts by seq (0 for a seq not stored), up to ``last`` at least."""
+        return self._counts
+
     @property
     def nbytes(self) -> int:
         return int(self._counts.nbytes)

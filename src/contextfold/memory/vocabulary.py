@@ -167,6 +167,32 @@ class Vocabulary:
             self._state.put(sid, cached)
         return cached[1], cached[2]
 
+    def kept(self, sid: str, generation: int) -> tuple[dict[str, int] | None, list[str] | None]:
+        """The session's related-tag counts and inbound vocabulary if kept at ``generation``
+        (``None`` each otherwise), for ``memory.snapshots``."""
+        related = self._related.peek(sid)
+        inbound = self._inbound.peek(sid)
+        return (
+            related[1] if related is not None and related[0] == generation else None,
+            inbound[2] if inbound is not None and inbound[0] == generation else None,
+        )
+
+    def adopt(
+        self,
+        sid: str,
+        generation: int,
+        counts: Mapping[str, int],
+        related: dict[str, int] | None,
+        inbound: list[str] | None,
+    ) -> None:
+        """Keep the related-tag counts and inbound vocabulary (made from ``counts``, the tag
+        counts the caller keeps) an earlier process saved at ``generation``, the session's
+        generation now (``memory.snapshots``), where none are kept."""
+        if related is not None and self._related.peek(sid) is None:
+            self._related.put(sid, (generation, related))
+        if inbound is not None and self._inbound.peek(sid) is None:
+            self._inbound.put(sid, (generation, counts, inbound))
+
     def forget(self, sid: str) -> None:
         """Read the session's aliases and splits again on next use (after writing them)."""
         self._state.put(sid, (-1, {}, {}))

@@ -1,0 +1,153 @@
+"""A session's recall state saved beside a file-backed SQLite store, so the first recall after
+a restart reads one small file instead of the session's tag counts, related-tag counts and its
+turns' token counts and authors.
+
+A recall keeps, per session, what it would otherwise read from the store every time: the tag
+counts and related-tag counts (one row per tag), the inbound vocabulary made from them, and the
+turns' token counts and authors (``TurnLengths``, ``TurnAuthors``: a few bytes a turn). A new
+process has none of them, and its first recall of a 10k-turn session read them — most of what
+made it 2.7× the steady recall. ``MemoryEngine.close`` saves them for the ``SAVED_SESSIONS``
+most recently used sessions in ``<database>.state/`` (one ``.npz`` per session: the arrays, and
+the rest as JSON), and the first recall of a session in a new engine loads its file:
+
+- the vocabulary parts only when the store's ``(born, generation)`` for the session is still the
+  one they were saved at (any write since — new turns' tags, another process's — draws a new
+  generation, and they are read from the store as before);
+- the token counts and authors whenever ``born`` is the same: a stored turn never changes
+  while its session lives, so they hold up to the seq saved, and the turns stored since are
+  read as at every recall.
+
+A file is written to a temporary name and renamed into place, so a reader sees a whole file or
+the one before; a file that cannot be read, belongs to another session, or is of another
+format is ignored (and the state read from the store). Nothing here is needed for
+correctness: without the files (an in-memory or PostgreSQL store, ``recall.state_files:
+false``, a ``kill -9`` before any ``close``) the state is read from the store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = ["FORMAT", "SAVED_SESSIONS", "SessionState", "StateFiles"]
+
+FORMAT = 1
+SAVED_SESSIONS = 64  # the most recently used sessions saved at close
+
+
+@dataclass
+class SessionState:
+    """What one session's recall keeps: ``counts`` (tag -> turns, in the order the engine
+    keeps them), ``related`` and ``inbound`` (the inbound vocabulary, in its order) as of the
+    session's ``generation``; ``lengths`` / ``authors`` (``None`` when not kept) as of
+    ``lengths_last`` / ``authors_last`` (the highest seq they cover), with the authors'
+    ``labels`` by id (id 0: no author)."""
+
+    session_id: str
+    born: int
+    generation: int
+    counts: dict[str, int] | None = None
+    related: dict[str, int] | None = None
+    inbound: list[str] | None = None
+    lengths: npt.NDArray[np.int32] | None = None
+    lengths_last: int = 0
+    authors: npt.NDArray[np.uint16] | None = None
+    authors_last: int = 0
+    labels: list[str] | None = None
+
+
+class StateFiles:
+    """The session state files in ``folder`` (created when the first is written)."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+
+    def path(self, session_id: str) -> Path:
+        digest = hashlib.sha256(session_id.encode()).hexdigest()[:24]
+        return self.folder / f"{digest}.npz"
+
+    def save(self, state: SessionState) -> None:
+        """Write the session's file whole (a temporary file renamed into place)."""
+        meta = {
+            "format": FORMAT,
+            "session": state.session_id,
+            "born": state.born,
+            "generation": state.generation,
+            "counts": list(state.counts.items()) if state.counts is not None else None,
+            "related": list(state.related.items()) if state.related is not None else None,
+            "inbound": state.inbound,
+            "lengths_last": state.lengths_last,
+            "authors_last": state.authors_last,
+            "labels": state.labels,
+        }
+        arrays: dict[str, npt.NDArray[np.generic]] = {
+            "meta": np.frombuffer(json.dumps(meta).encode(), np.uint8)
+        }
+        if state.lengths is not None:
+            arrays["lengths"] = state.lengths[: state.lengths_last + 1]
+        if state.authors is not None:
+            arrays["authors"] = state.authors[: state.authors_last + 1]
+        self.folder.mkdir(parents=True, exist_ok=True)
+        target = self.path(state.session_id)
+        temporary = target.with_suffix(f".{os.getpid()}.tmp")
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)  # type: ignore[arg-type]
+        temporary.write_bytes(buffer.getvalue())
+        temporary.replace(target)
+
+    def load(self, session_id: str) -> SessionState | None:
+        """The session's saved state, or ``None`` (no file, not readable, another session's or
+        another format's)."""
+        try:
+            data = self.path(session_id).read_bytes()
+        except OSError:
+            return None
+        try:
+            with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+                meta = json.loads(arrays["meta"].tobytes())
+                lengths = arrays["lengths"].astype(np.int32) if "lengths" in arrays else None
+                authors = arrays["authors"].astype(np.uint16) if "authors" in arrays else None
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError):
+            return None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            return None
+        if meta.get("session") != session_id:
+            return None
+        try:
+            return SessionState(
+                session_id=session_id,
+                born=int(meta["born"]),
+                generation=int(meta["generation"]),
+                counts=_pairs(meta["counts"]),
+                related=_pairs(meta["related"]),
+                inbound=[str(t) for t in meta["inbound"]] if meta["inbound"] is not None else None,
+                lengths=lengths,
+                lengths_last=int(meta["lengths_last"]) if lengths is not None else 0,
+                authors=authors,
+                authors_last=int(meta["authors_last"]) if authors is not None else 0,
+                labels=[str(x) for x in meta["labels"]] if meta["labels"] is not None else None,
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def discard(self, session_id: str) -> None:
+        """Delete the session's file, if any."""
+        with contextlib.suppress(OSError):
+            self.path(session_id).unlink()
+
+
+def _pairs(rows: object) -> dict[str, int] | None:
+    if rows is None:
+        return None
+    if not isinstance(rows, list):
+        raise ValueError("not a list of pairs")
+    return {str(tag): int(n) for tag, n in rows}

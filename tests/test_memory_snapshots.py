@@ -1,0 +1,227 @@
+"""A session's recall state saved at close beside a file-backed SQLite store
+(``memory.snapshots``): the first recall in a new engine reads the file instead of the store,
+and only what is still true is taken."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from contextfold.memory.authors import TurnAuthors
+from contextfold.memory.config import MemoryConfig
+from contextfold.memory.engine import MemoryEngine
+from contextfold.memory.snapshots import SessionState, StateFiles
+from contextfold.memory.turn_lengths import TurnLengths
+from contextfold.store.sqlite.memory import MemoryStore
+from contextfold.tokens import TiktokenCounter
+
+COUNTER = TiktokenCounter("cl100k_base")
+SPEAKERS = ["Ann", "Bo", "Cy"]
+TOPICS = ["kiln", "pottery", "hiking", "choir", "garden", "boots", "tents", "station"]
+QUESTION = "What did Ann say about the kiln and the pottery class?"
+
+
+def _turns(start: int, count: int) -> list[dict[str, str]]:
+    return [
+        {
+            "role": "user" if i % 2 == 0 else "assistant",
+            "content": f"{SPEAKERS[i % 3]}: the {TOPICS[i % 8]} and the {TOPICS[(i * 3) % 8]}"
+            f" came up again on day {i}, with {TOPICS[(i * 5) % 8]} too.",
+        }
+        for i in range(start, start + count)
+    ]
+
+
+def _engine(path: Path, *, state_files: bool = True) -> MemoryEngine:
+    cfg = MemoryConfig.model_validate(
+        {"recall": {"embedder": "none", "state_files": state_files}, "context_window": 200_000}
+    )
+    store = MemoryStore(path, counter=COUNTER)
+    return MemoryEngine(cfg, store=store, embedder=None, counter=COUNTER)
+
+
+def _reads(engine: MemoryEngine) -> dict[str, list[Any]]:
+    """Spy on the store reads a first recall makes of a whole session."""
+    calls: dict[str, list[Any]] = {}
+    store = engine.store
+    for owner, name in [
+        (store, "tag_counts"),
+        (store.vocab, "related_tag_counts"),
+        (store, "turn_token_counts_after"),
+        (store, "turn_openings_with_incarnation"),
+        (store, "turn_token_counts"),
+        (store, "turn_openings"),
+    ]:
+        original = getattr(owner, name)
+        seen: list[Any] = []
+
+        def spy(*args: Any, _original: Any = original, _seen: list[Any] = seen, **kw: Any) -> Any:
+            _seen.append(args[1:])
+            return _original(*args, **kw)
+
+        setattr(owner, name, spy)
+        calls[name] = seen
+    return calls
+
+
+def _stored(path: Path, turns: int = 400) -> str:
+    engine = _engine(path)
+    engine.on_turn_complete(_turns(0, turns), new_only=True)
+    first = engine.on_message_inbound(QUESTION).prepend_text
+    engine.recaller.settle()  # the worker's whole read of the counts and authors
+    engine.on_message_inbound(QUESTION)
+    engine.close()
+    return first
+
+
+def test_a_new_engine_takes_the_saved_state_instead_of_reading_the_session(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "m.db"
+    before = _stored(path)
+    assert list((tmp_path / "m.db.state").glob("*.npz"))
+    engine = _engine(path)
+    calls = _reads(engine)
+    after = engine.on_message_inbound(QUESTION)
+    engine.recaller.start_reads()
+    engine.recaller.settle()
+    assert after.prepend_text == before
+    # not one read of the whole session, nor of the candidates: only the turns after the
+    # saved ones (none)
+    assert calls["tag_counts"] == calls["related_tag_counts"] == [], calls
+    assert calls["turn_token_counts"] == calls["turn_openings"] == [], calls
+    assert {c[0] for c in calls["turn_token_counts_after"]} == {400}, calls
+    assert {c[0] for c in calls["turn_openings_with_incarnation"]} == {400}, calls
+    engine.close()
+    plain = _engine(path, state_files=False)  # the store's own answer, read from scratch
+    assert plain.on_message_inbound(QUESTION).prepend_text == before
+    plain.close()
+
+
+def test_a_write_since_keeps_the_turns_state_and_reads_the_vocabulary(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    _stored(path)
+    other = _engine(path, state_files=False)  # another process: new turns, new tags
+    other.on_turn_complete(
+        [{"role": "user", "content": "Ann: the glaze cracked in the kiln overnight."}],
+        new_only=True,
+    )
+    other.close()
+    engine = _engine(path)
+    calls = _reads(engine)
+    got = engine.on_message_inbound("What did Ann say about the glaze in the kiln?")
+    engine.recaller.start_reads()
+    engine.recaller.settle()
+    assert calls["tag_counts"] and calls["related_tag_counts"]  # another generation: read
+    assert [c for c in calls["turn_token_counts_after"] if c[-1] == 0] == []  # counts taken
+    assert [c for c in calls["turn_openings_with_incarnation"] if c[1] == 0] == []
+    assert "glaze" in engine.vocabulary()
+    assert "glaze cracked" in got.prepend_text
+    fresh = _engine(path, state_files=False)
+    question = "What did Ann say about the glaze in the kiln?"
+    assert fresh.on_message_inbound(question).prepend_text == got.prepend_text
+    fresh.close()
+    engine.close()
+
+
+def test_a_session_deleted_and_written_again_takes_nothing_saved(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    _stored(path)
+    store = MemoryStore(path, counter=COUNTER)
+    store.delete_session("default")  # not through an engine: the file stays
+    store.create_session("default")
+    swapped = [{**t, "content": t["content"].replace("Ann:", "Zed:")} for t in _turns(0, 400)]
+    store.close()
+    writer = _engine(path, state_files=False)
+    writer.on_turn_complete(swapped, new_only=True)
+    writer.close()
+    engine = _engine(path)
+    calls = _reads(engine)
+    got = engine.on_message_inbound(QUESTION).prepend_text
+    assert calls["tag_counts"]  # another incarnation: everything read from the store
+    assert engine.recaller.kept_state("default") == (None, None)
+    fresh = _engine(path, state_files=False)
+    assert fresh.on_message_inbound(QUESTION).prepend_text == got
+    fresh.close()
+    engine.close()
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "another session"])
+def test_a_damaged_or_foreign_file_is_ignored(tmp_path: Path, damage: str) -> None:
+    path = tmp_path / "m.db"
+    before = _stored(path)
+    files = StateFiles(tmp_path / "m.db.state")
+    target = files.path("default")
+    if damage == "garbage":
+        target.write_bytes(b"not a state file")
+    elif damage == "truncated":
+        target.write_bytes(target.read_bytes()[:100])
+    else:
+        saved = files.load("default")
+        assert saved is not None
+        saved.session_id = "other"
+        files.save(saved)
+        files.path("other").replace(target)
+    assert files.load("default") is None
+    engine = _engine(path)
+    calls = _reads(engine)
+    assert engine.on_message_inbound(QUESTION).prepend_text == before
+    assert calls["tag_counts"]
+    engine.close()
+
+
+def test_deleting_the_session_through_the_engine_deletes_its_file(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    _stored(path)
+    target = StateFiles(tmp_path / "m.db.state").path("default")
+    assert target.exists()
+    engine = _engine(path)
+    assert engine.delete_session("default")
+    assert not target.exists()
+    engine.close()
+
+
+def test_no_files_without_state_files_or_a_file_store(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    engine = _engine(path, state_files=False)
+    engine.on_turn_complete(_turns(0, 50), new_only=True)
+    engine.on_message_inbound(QUESTION)
+    engine.close()
+    assert not (tmp_path / "m.db.state").exists()
+
+
+def test_saved_counts_and_authors_answer_as_the_originals(tmp_path: Path) -> None:
+    rng = np.random.default_rng(7)
+    lengths = TurnLengths(born=3)
+    lengths.extend([(s, int(rng.integers(0, 90))) for s in range(1, 301)])
+    authors = TurnAuthors(born=3)
+    openings = ["Ann: hi", "Dr. Smith: hey", "no author", "Bo Lee: yo", "Note: x"]
+    authors.extend([(s, openings[int(rng.integers(0, 5))]) for s in range(1, 301)])
+    files = StateFiles(tmp_path)
+    files.save(
+        SessionState(
+            "s", 3, 9,
+            lengths=lengths.array, lengths_last=lengths.last,
+            authors=authors.array, authors_last=authors.last, labels=authors.labels(),
+        )
+    )  # fmt: skip
+    saved = files.load("s")
+    assert saved is not None and saved.counts is None
+    assert saved.lengths is not None and saved.authors is not None and saved.labels is not None
+    again = TurnLengths.restored(3, saved.lengths_last, saved.lengths)
+    back = TurnAuthors.restored(3, saved.authors_last, saved.authors, saved.labels)
+    assert again is not None and back is not None
+    seqs = list(range(-1, 305))
+    assert again.counts(seqs) == lengths.counts(seqs)
+    for names in (["ann"], ["smith"], ["lee"], ["bo"], ["note"], ["zed"]):
+        assert back.named(names) == authors.named(names)
+        assert (
+            back.authored(seqs, back.named(names)) == authors.authored(seqs, authors.named(names))
+        ).all()
+    back.extend([(301, "Zed: new"), (302, "Ann: again")])  # goes on from the saved ones
+    assert back.authored([301, 302], back.named(["zed", "ann"])).tolist() == [True, True]
+    assert TurnLengths.restored(3, 400, saved.lengths) is None  # does not cover its last
+    assert TurnAuthors.restored(3, 300, saved.authors, saved.labels[:1]) is None
