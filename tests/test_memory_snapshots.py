@@ -225,3 +225,60 @@ def test_saved_counts_and_authors_answer_as_the_originals(tmp_path: Path) -> Non
     assert back.authored([301, 302], back.named(["zed", "ann"])).tolist() == [True, True]
     assert TurnLengths.restored(3, 400, saved.lengths) is None  # does not cover its last
     assert TurnAuthors.restored(3, 300, saved.authors, saved.labels[:1]) is None
+
+
+def test_line_costs_are_kept_per_counter_and_only_up_to_last() -> None:
+    lengths = TurnLengths(born=1)
+    lengths.extend([(1, 5), (2, 7), (3, 9)])
+    assert lengths.lines([1, 2, 3], "cl100k_base") == [0, 0, 0]
+    lengths.set_lines([(1, 6), (3, 10), (4, 99)], "cl100k_base")  # 4 is past last: not kept
+    assert lengths.lines([1, 2, 3, 4], "cl100k_base") == [6, 0, 10, 0]
+    assert lengths.lines([1, 3], "o200k_base") == [0, 0]  # another counter's are not its
+    lengths.extend([(4, 3), (9, 4)])  # grows: the kept costs stay
+    assert lengths.lines([1, 3, 4, 9], "cl100k_base") == [6, 10, 0, 0]
+    lengths.set_lines([(9, 5)], "o200k_base")  # another counter: the earlier ones dropped
+    assert lengths.lines([1, 9], "o200k_base") == [0, 5]
+    assert lengths.lines([1, 9], "cl100k_base") == [0, 0]
+
+
+class _Counting:
+    """The engine's counter, noting the texts it counts as a memory block's line."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.name, self.lines = inner, inner.name, 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def count(self, text: str) -> int:
+        if text.endswith("\n") and not text.startswith(("<", "[")):  # not a tag nor a day
+            self.lines += 1
+        return int(self.inner.count(text))
+
+
+def test_a_recalled_turns_line_is_counted_once_and_saved_with_the_state(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    before = _stored(path)  # its recalls counted the recalled turns' lines, saved at close
+    engine = _engine(path)
+    counting = _Counting(TiktokenCounter("cl100k_base"))  # a fresh memo: nothing counted yet
+    engine.counter = engine.assembler.counter = counting  # type: ignore[assignment]
+    assert engine.on_message_inbound(QUESTION).prepend_text == before
+    assert counting.lines == 0  # every line cost came with the saved state
+    other = "What came up about the boots and the tents on the station?"
+    engine.on_message_inbound(other)
+    counted = counting.lines
+    assert counted > 0  # turns not recalled before: counted
+    assert engine.on_message_inbound(other).prepend_text
+    assert counting.lines == counted  # and kept: not counted again
+    engine.close()
+    plain = _engine(path, state_files=False)  # counting every line gives the same memory
+    assert plain.on_message_inbound(other).prepend_text == engine_answer(path, other)
+    plain.close()
+
+
+def engine_answer(path: Path, question: str) -> str:
+    engine = _engine(path)
+    try:
+        return engine.on_message_inbound(question).prepend_text
+    finally:
+        engine.close()

@@ -27,6 +27,7 @@ from contextfold.memory.paging import PagedTopic
 from contextfold.memory.recall import RankedTurn
 from contextfold.memory.rules import TagRules
 from contextfold.memory.tagging import TagResult
+from contextfold.memory.turn_lengths import TurnLengths
 from contextfold.store.models import TagSummary, TurnRow
 from contextfold.store.protocols import MemoryStorage
 from contextfold.tokens import TokenCounter
@@ -282,10 +283,13 @@ class Assembler:
         now: datetime | None = None,
         held: Held | None = None,
         dashboard: Callable[[list[str]], str] | None = None,
+        lines: TurnLengths | None = None,
     ) -> MemoryBlock:
         """``tools``: the memory tools are offered (``"weak"``/``"strong"``: to a model of
         that tier, ``delegation.py``); ``dashboard(topics)``: the strong tier's budget
-        dashboard, placed after the hint when it fits (counted as hint tokens)."""
+        dashboard, placed after the hint when it fits (counted as hint tokens); ``lines``:
+        the session's kept turn facts, where each recalled turn's line cost is kept once
+        counted (``TurnLengths.lines``)."""
         now = now or datetime.now(UTC)
         hint_limit = min(
             self.settings.context_hint_max_tokens, int(budget * self.settings.context_hint_share)
@@ -317,7 +321,7 @@ class Assembler:
         if first_summaries:
             cap = int(room * self.settings.summary_share)
             summary_parts, room = self._take(summaries, min(cap, room), room)
-        turn_parts, skipped, room = self._turns(sid, ranked, room, held)
+        turn_parts, skipped, room = self._turns(sid, ranked, room, held, lines)
         if not first_summaries and summaries:
             summary_parts, room = self._take(summaries, room, room)
         block = self._render(
@@ -336,12 +340,21 @@ class Assembler:
         return taken, room - used
 
     def _turns(
-        self, sid: str, ranked: Sequence[RankedTurn], room: int, held: Held | None = None
+        self,
+        sid: str,
+        ranked: Sequence[RankedTurn],
+        room: int,
+        held: Held | None = None,
+        lines: TurnLengths | None = None,
     ) -> tuple[list[_Part], int, int]:
         room -= self.counter.count("<memory>\n") + self.counter.count("\n</memory>")
         if room <= 0 or not ranked:
             return [], len(ranked), max(room, 0)
-        rows = self.store.turn_rows(sid, [r.seq for r in ranked])
+        seqs = [r.seq for r in ranked]
+        rows = self.store.turn_rows(sid, seqs)
+        name = self.counter.name
+        known = dict(zip(seqs, lines.lines(seqs, name), strict=True)) if lines is not None else {}
+        counted: list[tuple[int, int]] = []
         chosen: list[tuple[TurnRow, RankedTurn]] = []
         days: set[str] = set()
         skipped = 0
@@ -355,7 +368,10 @@ class Assembler:
             # Each turn and date header is a line: its cost is its text with the newline that
             # ends it (with cl100k the newline nearly always merges into the final
             # punctuation). The rendered block is counted again whole (see _render).
-            cost = self.counter.count(row.text + "\n")
+            cost = known.get(hit.seq, 0)
+            if not cost:
+                cost = self.counter.count(row.text + "\n")
+                counted.append((hit.seq, cost))
             day = _day(row.created_at)
             if day not in days:
                 cost += self.counter.count(day + "\n")
@@ -365,6 +381,8 @@ class Assembler:
             days.add(day)
             chosen.append((row, hit))
             room -= cost
+        if lines is not None and counted:
+            lines.set_lines(counted, name)
         chosen.sort(key=lambda pair: pair[0].seq)
         parts = [
             _Part(

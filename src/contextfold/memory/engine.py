@@ -412,7 +412,9 @@ class MemoryEngine:
         if state is None or state.born != version[0]:
             return None
         lengths = (
-            TurnLengths.restored(state.born, state.lengths_last, state.lengths)
+            TurnLengths.restored(
+                state.born, state.lengths_last, state.lengths, state.lines, state.line_counter
+            )
             if state.lengths is not None
             else None
         )
@@ -450,6 +452,7 @@ class MemoryEngine:
             lengths, authors = self.recaller.kept_state(sid)
             if lengths is not None and lengths.born == born:
                 state.lengths, state.lengths_last = lengths.array, lengths.last
+                state.lines, state.line_counter = lengths.line_array, lengths.line_counter
             if authors is not None and authors.born == born:
                 with authors.lock:
                     state.authors, state.authors_last = authors.array.copy(), authors.last
@@ -878,6 +881,7 @@ class MemoryEngine:
                     budget=limit,
                     tools=tier or False,
                     held=Held(m.text() for m in kept) if kept else None,
+                    lines=self.recaller.kept_state(sid)[0],
                     dashboard=(
                         (lambda topics: self.delegation.dashboard(sid, topics))
                         if tier == "strong"

@@ -50,7 +50,8 @@ class SessionState:
     keeps them), ``related`` and ``inbound`` (the inbound vocabulary, in its order) as of the
     session's ``generation``; ``lengths`` / ``authors`` (``None`` when not kept) as of
     ``lengths_last`` / ``authors_last`` (the highest seq they cover), with the authors'
-    ``labels`` by id (id 0: no author)."""
+    ``labels`` by id (id 0: no author), and the turns' line costs (``lines``, 0: not counted)
+    as the counter named ``line_counter`` counted them (``TurnLengths.lines``)."""
 
     session_id: str
     born: int
@@ -60,6 +61,8 @@ class SessionState:
     inbound: list[str] | None = None
     lengths: npt.NDArray[np.int32] | None = None
     lengths_last: int = 0
+    lines: npt.NDArray[np.int32] | None = None
+    line_counter: str = ""
     authors: npt.NDArray[np.uint16] | None = None
     authors_last: int = 0
     labels: list[str] | None = None
@@ -86,6 +89,7 @@ class StateFiles:
             "related": list(state.related.items()) if state.related is not None else None,
             "inbound": state.inbound,
             "lengths_last": state.lengths_last,
+            "line_counter": state.line_counter,
             "authors_last": state.authors_last,
             "labels": state.labels,
         }
@@ -94,6 +98,8 @@ class StateFiles:
         }
         if state.lengths is not None:
             arrays["lengths"] = state.lengths[: state.lengths_last + 1]
+            if state.lines is not None and state.line_counter:
+                arrays["lines"] = state.lines[: state.lengths_last + 1]
         if state.authors is not None:
             arrays["authors"] = state.authors[: state.authors_last + 1]
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -115,6 +121,7 @@ class StateFiles:
             with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
                 meta = json.loads(arrays["meta"].tobytes())
                 lengths = arrays["lengths"].astype(np.int32) if "lengths" in arrays else None
+                lines = arrays["lines"].astype(np.int32) if "lines" in arrays else None
                 authors = arrays["authors"].astype(np.uint16) if "authors" in arrays else None
         except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError):
             return None
@@ -132,6 +139,8 @@ class StateFiles:
                 inbound=[str(t) for t in meta["inbound"]] if meta["inbound"] is not None else None,
                 lengths=lengths,
                 lengths_last=int(meta["lengths_last"]) if lengths is not None else 0,
+                lines=lines if lengths is not None else None,
+                line_counter=str(meta.get("line_counter") or ""),
                 authors=authors,
                 authors_last=int(meta["authors_last"]) if authors is not None else 0,
                 labels=[str(x) for x in meta["labels"]] if meta["labels"] is not None else None,

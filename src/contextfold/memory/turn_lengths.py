@@ -9,6 +9,10 @@ indexed by seq and appends the turns stored since, read with their incarnation i
 (``MemoryStorage.turn_token_counts_after``). A recall then reads only the turns stored since
 the last one. The ``Recaller`` charges these arrays to its cache limit
 (``recall.vector_cache_mb``).
+
+Beside them, the cost of each turn as a line of the memory block (its text and the newline
+after it, counted by the assembler's counter: ``lines``, 0 until counted): the assembler counts
+a recalled turn's line once, not again each time the token counter's memo has let it go.
 """
 
 from __future__ import annotations
@@ -40,16 +44,30 @@ class TurnLengths:
         self.born = born
         self.last = 0
         self._counts: npt.NDArray[np.int32] = np.zeros(0, np.int32)
+        self._lines: npt.NDArray[np.int32] = np.zeros(0, np.int32)
+        self.line_counter = ""  # the name of the counter the lines were counted with
         self.charged = 0  # the bytes the recaller's cache counted for it
 
     @classmethod
-    def restored(cls, born: int, last: int, counts: npt.NDArray[np.int32]) -> TurnLengths | None:
-        """The counts saved by an earlier process (``memory.snapshots``) up to seq ``last``;
-        ``None`` when they do not cover it."""
+    def restored(
+        cls,
+        born: int,
+        last: int,
+        counts: npt.NDArray[np.int32],
+        lines: npt.NDArray[np.int32] | None = None,
+        line_counter: str = "",
+    ) -> TurnLengths | None:
+        """The counts (and line costs, counted by ``line_counter``) saved by an earlier process
+        (``memory.snapshots``) up to seq ``last``; ``None`` when they do not cover it."""
         if last < 0 or len(counts) < last + 1:
             return None
         out = cls(born)
         out._counts = np.array(counts[: last + 1], np.int32)
+        out._lines = np.zeros(last + 1, np.int32)
+        if lines is not None and line_counter:
+            kept = min(len(lines), last + 1)
+            out._lines[:kept] = lines[:kept]
+            out.line_counter = line_counter
         out.last = last
         return out
 
@@ -59,8 +77,32 @@ class TurnLengths:
         return self._counts
 
     @property
+    def line_array(self) -> npt.NDArray[np.int32]:
+        """The line costs by seq (0: not counted yet)."""
+        return self._lines
+
+    @property
     def nbytes(self) -> int:
-        return int(self._counts.nbytes)
+        return int(self._counts.nbytes + self._lines.nbytes)
+
+    def lines(self, seqs: Sequence[int], counter: str) -> list[int]:
+        """Each seq's line cost as counted by the counter named ``counter`` (0: not counted,
+        or counted by another counter, or past ``last``)."""
+        if counter != self.line_counter:
+            return [0] * len(seqs)
+        lines = self._lines
+        return [int(lines[s]) if 0 <= s < len(lines) and s <= self.last else 0 for s in seqs]
+
+    def set_lines(self, costs: Sequence[tuple[int, int]], counter: str) -> None:
+        """Keep (seq, line cost) pairs counted by the counter named ``counter`` (another
+        counter's costs kept so far are dropped first); seqs past ``last`` are not kept."""
+        lines = self._lines
+        if counter != self.line_counter:
+            lines[:] = 0
+            self.line_counter = counter
+        for seq, cost in costs:
+            if 0 <= seq < len(lines) and seq <= self.last:
+                lines[seq] = cost
 
     def extend(self, rows: Sequence[tuple[int, int]]) -> None:
         """Add (seq, token count) pairs of turns after ``last``, in seq order."""
@@ -68,6 +110,10 @@ class TurnLengths:
             return
         top = rows[-1][0]
         self._counts = grown(self._counts, top)
+        if len(self._lines) != len(self._counts):
+            lines = np.zeros(len(self._counts), np.int32)
+            lines[: len(self._lines)] = self._lines
+            self._lines = lines
         seqs = np.fromiter((seq for seq, _ in rows), np.int64, len(rows))
         self._counts[seqs] = np.fromiter((n for _, n in rows), np.int32, len(rows))
         self.last = max(self.last, top)
