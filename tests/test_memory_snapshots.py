@@ -54,6 +54,7 @@ def _reads(engine: MemoryEngine) -> dict[str, list[Any]]:
         (store, "turn_openings_with_incarnation"),
         (store, "turn_token_counts"),
         (store, "turn_openings"),
+        (store, "topic_counts"),
     ]:
         original = getattr(owner, name)
         seen: list[Any] = []
@@ -91,7 +92,7 @@ def test_a_new_engine_takes_the_saved_state_instead_of_reading_the_session(
     assert after.prepend_text == before
     # not one read of the whole session, nor of the candidates: only the turns after the
     # saved ones (none)
-    assert calls["tag_counts"] == calls["related_tag_counts"] == [], calls
+    assert calls["tag_counts"] == calls["related_tag_counts"] == calls["topic_counts"] == []
     assert calls["turn_token_counts"] == calls["turn_openings"] == [], calls
     assert {c[0] for c in calls["turn_token_counts_after"]} == {400}, calls
     assert {c[0] for c in calls["turn_openings_with_incarnation"]} == {400}, calls

@@ -176,6 +176,18 @@ class Assembler:
         self._topic_cache.put(sid, (key, live, hint))
         return live, hint
 
+    def kept_topics(self, sid: str) -> tuple[int, int, dict[str, int]] | None:
+        """The compacted topics' counts kept for the session, with the ``born`` and watermark
+        they hold for (``memory.snapshots``)."""
+        cached = self._compacted_cache.peek(sid)
+        return None if cached is None else (cached[0][0], cached[0][1], cached[1])
+
+    def adopt_topics(self, sid: str, born: int, watermark: int, counts: dict[str, int]) -> None:
+        """Keep the compacted topics' counts an earlier process saved, where none are kept (the
+        caller has checked the session is still where they were read: same generation)."""
+        if self._compacted_cache.peek(sid) is None:
+            self._compacted_cache.put(sid, ((born, watermark), counts))
+
     def rewarm(self, sid: str) -> None:
         """Read the compacted topics' counts a compaction just changed (``_compacted_counts``),
         so the next recall does not."""

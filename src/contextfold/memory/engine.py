@@ -432,6 +432,8 @@ class MemoryEngine:
             counts = state.counts
             self._vocab.put(sid, (state.generation, counts))
             self.vocab.adopt(sid, state.generation, counts, state.related, state.inbound)
+            if state.topics is not None:
+                self.assembler.adopt_topics(sid, state.born, state.topics_watermark, state.topics)
             return counts
 
     def _save_states(self) -> None:
@@ -449,6 +451,9 @@ class MemoryEngine:
             if cached[0] == generation:
                 state.counts = cached[1]
                 state.related, state.inbound = self.vocab.kept(sid, generation)
+                topics = self.assembler.kept_topics(sid)
+                if topics is not None and topics[0] == born:
+                    state.topics_watermark, state.topics = topics[1], topics[2]
             lengths, authors = self.recaller.kept_state(sid)
             if lengths is not None and lengths.born == born:
                 state.lengths, state.lengths_last = lengths.array, lengths.last

@@ -51,7 +51,9 @@ class SessionState:
     session's ``generation``; ``lengths`` / ``authors`` (``None`` when not kept) as of
     ``lengths_last`` / ``authors_last`` (the highest seq they cover), with the authors'
     ``labels`` by id (id 0: no author), and the turns' line costs (``lines``, 0: not counted)
-    as the counter named ``line_counter`` counted them (``TurnLengths.lines``)."""
+    as the counter named ``line_counter`` counted them (``TurnLengths.lines``); ``topics``: the
+    compacted topics' counts at ``topics_watermark`` (as ``counts``, while the generation
+    holds)."""
 
     session_id: str
     born: int
@@ -66,6 +68,8 @@ class SessionState:
     authors: npt.NDArray[np.uint16] | None = None
     authors_last: int = 0
     labels: list[str] | None = None
+    topics: dict[str, int] | None = None
+    topics_watermark: int = 0
 
 
 class StateFiles:
@@ -92,6 +96,8 @@ class StateFiles:
             "line_counter": state.line_counter,
             "authors_last": state.authors_last,
             "labels": state.labels,
+            "topics": list(state.topics.items()) if state.topics is not None else None,
+            "topics_watermark": state.topics_watermark,
         }
         arrays: dict[str, npt.NDArray[np.generic]] = {
             "meta": np.frombuffer(json.dumps(meta).encode(), np.uint8)
@@ -144,6 +150,8 @@ class StateFiles:
                 authors=authors,
                 authors_last=int(meta["authors_last"]) if authors is not None else 0,
                 labels=[str(x) for x in meta["labels"]] if meta["labels"] is not None else None,
+                topics=_pairs(meta.get("topics")),
+                topics_watermark=int(meta.get("topics_watermark") or 0),
             )
         except (KeyError, TypeError, ValueError):
             return None
