@@ -116,6 +116,12 @@ class SessionLRU(Generic[V]):
     def __contains__(self, session_id: object) -> bool:
         return session_id in self._data
 
+    def touch(self, session_id: str) -> None:
+        """Count a use of the session's state (it goes out last), if cached."""
+        with self._lock:
+            if session_id in self._data:
+                self._data.move_to_end(session_id)
+
     def peek(self, session_id: str) -> V | None:
         """The session's state when cached (not counted as a use), else ``None``."""
         with self._lock:

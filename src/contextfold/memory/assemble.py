@@ -364,7 +364,8 @@ class Assembler:
             return [], len(ranked), max(room, 0)
         seqs = [r.seq for r in ranked]
         rows = self.store.turn_rows(sid, seqs)
-        name = self.counter.name
+        # Keyed by what counts: two counters of one name may differ in their safety margin.
+        name = f"{self.counter.name}/{getattr(self.counter, 'safety_margin', 0)!r}"
         known = dict(zip(seqs, lines.lines(seqs, name), strict=True)) if lines is not None else {}
         counted: list[tuple[int, int]] = []
         chosen: list[tuple[TurnRow, RankedTurn]] = []

@@ -19,6 +19,7 @@ True
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -59,6 +60,8 @@ from contextfold.store.sqlite import home_dir
 from contextfold.tokens import TiktokenCounter, TokenCounter
 
 __all__ = ["AssembledContext", "MemoryEngine", "MemoryStatus"]
+
+log = logging.getLogger(__name__)
 
 MessageLike = Message | Mapping[str, Any]
 
@@ -385,6 +388,7 @@ class MemoryEngine:
         generation = version[1] if version is not None else 0
         cached = self._vocab.peek(sid)
         if cached is not None and cached[0] == generation:
+            self._vocab.touch(sid)  # a use: the state files keep the most recently used
             return cached[1]
         if cached is None and version is not None and self._states is not None:
             restored = self._restore(sid, version)
@@ -411,6 +415,8 @@ class MemoryEngine:
         state = self._states.load(sid)
         if state is None or state.born != version[0]:
             return None
+        if state.check_seq and self.store.turn_hash(sid, state.check_seq) != state.check_hash:
+            return None  # another database at the same path, numbering its sessions alike
         lengths = (
             TurnLengths.restored(
                 state.born, state.lengths_last, state.lengths, state.lines, state.line_counter
@@ -441,13 +447,23 @@ class MemoryEngine:
         sessions (``memory.snapshots``). A file that cannot be written is skipped."""
         if self._states is None:
             return
+        try:
+            self._save_each_state()
+        except Exception as exc:  # never keeps close() from closing the rest
+            log.warning("could not save the sessions' recall state: %s", exc)
+
+    def _save_each_state(self) -> None:
+        assert self._states is not None
         for sid in list(self._vocab)[-SAVED_SESSIONS:]:
             version = self.store.session_version(sid)
             cached = self._vocab.peek(sid)
             if version is None or cached is None:
                 continue
             born, generation = version
-            state = SessionState(sid, born, generation)
+            check = self.store.last_seq(sid)
+            state = SessionState(
+                sid, born, generation, check_seq=check, check_hash=self.store.turn_hash(sid, check)
+            )
             if cached[0] == generation:
                 state.counts = cached[1]
                 state.related, state.inbound = self.vocab.kept(sid, generation)
@@ -475,10 +491,14 @@ class MemoryEngine:
         ``Vocabulary.advance``) and the compacted topics' counts — so that recall does
         not. Another write in between only makes the recall read them again itself; a session
         deleted meanwhile has nothing to read."""
-        with contextlib.suppress(ConfigError):
+        try:
             with self.lock(sid):
                 self.vocab.inbound_vocabulary(sid, self._counts(sid))
             self.assembler.rewarm(sid)
+        except ConfigError:
+            pass  # deleted meanwhile
+        except Exception as exc:  # the compaction is done: the next recall reads them itself
+            log.warning("could not read session %r again after its compaction: %s", sid, exc)
 
     def vocabulary(self, session_id: str | None = None) -> dict[str, int]:
         """The session's tags with their turn counts."""
@@ -886,7 +906,7 @@ class MemoryEngine:
                     budget=limit,
                     tools=tier or False,
                     held=Held(m.text() for m in kept) if kept else None,
-                    lines=self.recaller.kept_state(sid)[0],
+                    lines=self.recaller.kept_lengths(sid, self.store.session_version(sid)),
                     dashboard=(
                         (lambda topics: self.delegation.dashboard(sid, topics))
                         if tier == "strong"

@@ -653,6 +653,17 @@ class Recaller:
         with self._lock:
             return self._lengths.get(session_id), self._authors.get(session_id)
 
+    def kept_lengths(self, session_id: str, version: tuple[int, int] | None) -> TurnLengths | None:
+        """The session's kept token counts (with their line costs) if they are of the
+        incarnation ``version`` (the store's ``session_version``) names, else ``None``."""
+        with self._lock:
+            entry = self._lengths.get(session_id)
+        return (
+            entry
+            if entry is not None and version is not None and entry.born == version[0]
+            else None
+        )
+
     def adopt(
         self, session_id: str, lengths: TurnLengths | None, authors: TurnAuthors | None
     ) -> None:
@@ -663,12 +674,13 @@ class Recaller:
             busy = session_id in self._reading_lengths or session_id in self._lengths_unkept
             if lengths is not None and session_id not in self._lengths and not busy:
                 lengths.charged = lengths.nbytes
-                if self._length_bytes + lengths.charged <= self.vector_cache_limit:
+                if lengths.charged <= self.vector_cache_limit:
                     self._lengths[session_id] = lengths
                     self._length_bytes += lengths.charged
                     while len(self._lengths) > self.cached_sessions:
                         _, dropped = self._lengths.popitem(last=False)
                         self._length_bytes -= dropped.charged
+                    self._fit(session_id)
             if (
                 authors is not None
                 and session_id not in self._authors

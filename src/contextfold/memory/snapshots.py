@@ -30,8 +30,9 @@ import contextlib
 import hashlib
 import io
 import json
+import logging
 import os
-import zipfile
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +41,9 @@ import numpy.typing as npt
 
 __all__ = ["FORMAT", "SAVED_SESSIONS", "SessionState", "StateFiles"]
 
-FORMAT = 1
+log = logging.getLogger(__name__)
+
+FORMAT = 2
 SAVED_SESSIONS = 64  # the most recently used sessions saved at close
 
 
@@ -53,7 +56,9 @@ class SessionState:
     ``labels`` by id (id 0: no author), and the turns' line costs (``lines``, 0: not counted)
     as the counter named ``line_counter`` counted them (``TurnLengths.lines``); ``topics``: the
     compacted topics' counts at ``topics_watermark`` (as ``counts``, while the generation
-    holds)."""
+    holds). ``check_hash``: the content hash of turn ``check_seq`` when saved, compared with
+    the store's on load (``born`` and ``generation`` are drawn per database: a database
+    replaced at the same path may number its sessions alike)."""
 
     session_id: str
     born: int
@@ -70,6 +75,8 @@ class SessionState:
     labels: list[str] | None = None
     topics: dict[str, int] | None = None
     topics_watermark: int = 0
+    check_seq: int = 0
+    check_hash: str | None = None
 
 
 class StateFiles:
@@ -98,6 +105,8 @@ class StateFiles:
             "labels": state.labels,
             "topics": list(state.topics.items()) if state.topics is not None else None,
             "topics_watermark": state.topics_watermark,
+            "check_seq": state.check_seq,
+            "check_hash": state.check_hash,
         }
         arrays: dict[str, npt.NDArray[np.generic]] = {
             "meta": np.frombuffer(json.dumps(meta).encode(), np.uint8)
@@ -108,13 +117,21 @@ class StateFiles:
                 arrays["lines"] = state.lines[: state.lengths_last + 1]
         if state.authors is not None:
             arrays["authors"] = state.authors[: state.authors_last + 1]
-        self.folder.mkdir(parents=True, exist_ok=True)
-        target = self.path(state.session_id)
-        temporary = target.with_suffix(f".{os.getpid()}.tmp")
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)  # type: ignore[arg-type]
-        temporary.write_bytes(buffer.getvalue())
-        temporary.replace(target)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        handle, name = tempfile.mkstemp(dir=self.folder, suffix=".tmp")
+        temporary = Path(name)
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(buffer.getvalue())
+                out.flush()
+                os.fsync(out.fileno())  # whole on disk before it is renamed into place
+            temporary.replace(self.path(state.session_id))
+        except BaseException:
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+            raise
 
     def load(self, session_id: str) -> SessionState | None:
         """The session's saved state, or ``None`` (no file, not readable, another session's or
@@ -124,12 +141,16 @@ class StateFiles:
         except OSError:
             return None
         try:
-            with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+            loaded = np.load(io.BytesIO(data), allow_pickle=False)
+            if not isinstance(loaded, np.lib.npyio.NpzFile):
+                raise ValueError("not an .npz archive")
+            with loaded as arrays:
                 meta = json.loads(arrays["meta"].tobytes())
                 lengths = arrays["lengths"].astype(np.int32) if "lengths" in arrays else None
                 lines = arrays["lines"].astype(np.int32) if "lines" in arrays else None
                 authors = arrays["authors"].astype(np.uint16) if "authors" in arrays else None
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError):
+        except Exception as exc:  # any damage: the state is read from the store instead
+            log.warning("ignoring the unreadable state file of session %r: %s", session_id, exc)
             return None
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             return None
@@ -152,6 +173,8 @@ class StateFiles:
                 labels=[str(x) for x in meta["labels"]] if meta["labels"] is not None else None,
                 topics=_pairs(meta.get("topics")),
                 topics_watermark=int(meta.get("topics_watermark") or 0),
+                check_seq=int(meta["check_seq"]),
+                check_hash=None if meta["check_hash"] is None else str(meta["check_hash"]),
             )
         except (KeyError, TypeError, ValueError):
             return None

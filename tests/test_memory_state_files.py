@@ -1,0 +1,262 @@
+"""What the state files (``memory.snapshots``) must never do: give a recall another database's
+or another incarnation's state, fail a recall, a compaction or a close, leave files behind,
+or hold more than the cache limit. Each test failed before its fix (a cold review's
+findings)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import contextfold.memory.engine as engine_module
+from contextfold.memory.config import MemoryConfig
+from contextfold.memory.engine import MemoryEngine
+from contextfold.memory.snapshots import StateFiles
+from contextfold.memory.turn_lengths import TurnLengths
+from contextfold.store.conformance.memory_support import stored
+from contextfold.store.sqlite.memory import MemoryStore
+from contextfold.testing import HashEmbedder
+from contextfold.tokens import CharCounter, TiktokenCounter
+from test_memory_scale import _pairs
+from test_memory_snapshots import COUNTER, QUESTION, _engine, _stored, _turns
+
+
+def _remove_db(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+def _long_turns(count: int) -> list[dict[str, str]]:
+    # other texts: much longer turns, so every token count differs
+    return [
+        {"role": t["role"], "content": t["content"] + " " + ("and more words " * 20)}
+        for t in _turns(0, count)
+    ]
+
+
+def test_a_replaced_database_does_not_take_the_old_databases_turn_counts(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    engine = _engine(path)
+    engine.on_turn_complete(_turns(0, 400), new_only=True)
+    engine.on_message_inbound(QUESTION)
+    engine.recaller.settle()
+    engine.on_message_inbound(QUESTION)
+    engine.close()
+    assert list((tmp_path / "m.db.state").glob("*.npz"))
+
+    _remove_db(path)  # a new database at the same path; the .state folder stays
+    engine = _engine(path)
+    engine.on_turn_complete(_long_turns(400), new_only=True)
+    engine.close()  # closes with no recall: nothing saved over the old file
+
+    engine = _engine(path)
+    engine.on_message_inbound(QUESTION)
+    engine.recaller.start_reads()
+    engine.recaller.settle()
+    lengths, _ = engine.recaller.kept_state("default")
+    store_counts = engine.store.turn_token_counts("default", list(range(1, 401)))
+    assert lengths is not None
+    kept = {s: int(lengths.array[s]) for s in range(1, 401)}
+    engine.close()
+    assert kept == store_counts
+
+
+def test_a_replaced_database_gives_the_same_block_as_a_fresh_engine(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    engine = _engine(path)
+    engine.on_turn_complete(_turns(0, 400), new_only=True)
+    engine.on_message_inbound(QUESTION)
+    engine.recaller.settle()
+    engine.on_message_inbound(QUESTION)
+    engine.close()
+
+    _remove_db(path)
+    engine = _engine(path)
+    engine.on_turn_complete(_long_turns(400), new_only=True)
+    engine.close()
+
+    plain = _engine(path, state_files=False)
+    want = plain.on_message_inbound(QUESTION).prepend_text
+    plain.close()
+    engine = _engine(path)
+    got = engine.on_message_inbound(QUESTION).prepend_text
+    engine.close()
+    assert got == want
+
+
+def _no_length_prior(path: Path, *, state_files: bool) -> MemoryEngine:
+    """No length prior: no recall brings the kept token counts up to date itself."""
+    cfg = MemoryConfig.model_validate(
+        {
+            "recall": {"embedder": "none", "state_files": state_files, "length_prior": 0.0},
+            "context_window": 200_000,
+        }
+    )
+    store = MemoryStore(path, counter=COUNTER)
+    return MemoryEngine(cfg, store=store, embedder=None, counter=COUNTER)
+
+
+def _long(count: int) -> list[dict[str, str]]:
+    return [
+        {"role": t["role"], "content": t["content"] + " and the kiln" * 30}
+        for t in _turns(0, count)
+    ]
+
+
+def test_line_costs_of_another_incarnation_are_not_used(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    _stored(path)  # saved with line costs counted by cl100k_base
+    engine = _no_length_prior(path, state_files=True)
+    engine.on_message_inbound(QUESTION)  # adopts the saved counts and line costs
+    kept = engine.recaller.kept_state("default")[0]
+    assert kept is not None and kept.line_counter.startswith(COUNTER.name)
+    # another process deletes the session and writes it again, with longer turns
+    other = _no_length_prior(path, state_files=False)
+    other.store.delete_session("default")
+    other.on_turn_complete(_long(400), new_only=True)
+    other.close()
+    got = engine.on_message_inbound(QUESTION, budget=600)
+    engine.close()
+    fresh = _no_length_prior(path, state_files=False)
+    want = fresh.on_message_inbound(QUESTION, budget=600)
+    fresh.close()
+    assert got.prepend_text == want.prepend_text
+
+
+@pytest.mark.parametrize("content", ["empty", "npy"])
+def test_a_bad_state_file_is_ignored(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "m.db"
+    before = _stored(path)
+    files = list((tmp_path / "m.db.state").glob("*.npz"))
+    assert len(files) == 1
+    if content == "empty":
+        files[0].write_bytes(b"")
+    else:
+        with files[0].open("wb") as f:
+            np.save(f, np.arange(3))
+    engine = _engine(path)
+    try:
+        assert engine.on_message_inbound(QUESTION).prepend_text == before
+    finally:
+        engine.close()
+
+
+def test_adopted_counts_keep_the_cache_within_its_limit() -> None:
+    store = MemoryStore(counter=CharCounter())
+    stored(store, "a", *[f"walnut veneer shipment {i} at the north dock" for i in range(50)])
+    stored(store, "b", *[f"oak shipment {i}" for i in range(50)])
+    engine = MemoryEngine(
+        MemoryConfig(), store=store, embedder=HashEmbedder(dim=16), counter=CharCounter()
+    )
+    engine.derive("a")
+    engine.on_message_inbound("walnut veneer at the dock", session_id="a")
+    recaller = engine.recaller
+    recaller.settle()
+    held = recaller.vector_cache_bytes()
+    assert recaller._vectors and held > 0
+    recaller.vector_cache_limit = held + 100  # what is held fits, with 100 bytes to spare
+    born = store.session_version("b")[0]
+    restored = TurnLengths.restored(born, 50, np.full(51, 7, np.int32))  # 408 bytes
+    assert restored is not None and restored.nbytes <= recaller.vector_cache_limit
+    recaller.adopt("b", restored, None)  # as MemoryEngine._restore does
+    try:
+        assert recaller.vector_cache_bytes() <= recaller.vector_cache_limit
+    finally:
+        engine.close()
+
+
+def test_a_failed_rewarm_does_not_fail_the_compaction() -> None:
+    config = MemoryConfig.model_validate({"compaction": {"protected_recent_turns": 4}})
+    store = MemoryStore(counter=CharCounter())
+    engine = MemoryEngine(config, store=store, embedder=None, counter=CharCounter())
+    engine.on_turn_complete(_pairs(0, 40))
+
+    def busy(sid: str) -> None:
+        raise sqlite3.OperationalError("database is locked")
+
+    engine.assembler.rewarm = busy  # type: ignore[method-assign]
+    report = engine.compact()
+    assert report is not None and report.turns_compacted > 0
+    assert engine.store.session("default").compaction_watermark > 1
+
+
+def test_close_survives_a_failing_state_save(tmp_path: Path) -> None:
+    engine = _engine(tmp_path / "m.db")
+    engine.on_turn_complete(_turns(0, 50), new_only=True)
+    engine.on_message_inbound(QUESTION)
+    closed: list[str] = []
+    real_close = engine.recaller.close
+    engine.recaller.close = lambda: (closed.append("recaller"), real_close())[1]  # type: ignore[method-assign]
+
+    def failing(session_id: str) -> tuple[int, int] | None:
+        raise sqlite3.OperationalError("disk I/O error")
+
+    engine.store.session_version = failing  # type: ignore[method-assign]
+    engine.close()  # the failed save is logged, and the rest closes
+    assert closed == ["recaller"], "close() stopped before closing the recaller and store"
+
+
+def test_a_failed_save_leaves_no_temporary_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "m.db"
+    engine = _engine(path)
+    engine.on_turn_complete(_turns(0, 300), new_only=True)
+    engine.on_message_inbound(QUESTION)
+    engine.recaller.settle()
+    engine.on_message_inbound(QUESTION)
+
+    def disk_full(fd: int) -> None:  # the file written, then the disk says no
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)
+    engine.close()  # does not raise
+    monkeypatch.undo()
+    folder = tmp_path / "m.db.state"
+    assert folder.is_dir() and list(folder.iterdir()) == []  # nothing saved, nothing left
+
+
+def test_the_most_recently_recalled_session_is_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(engine_module, "SAVED_SESSIONS", 1)
+    path = tmp_path / "m.db"
+    engine = _engine(path)
+    engine.on_turn_complete(_turns(0, 50), session_id="a", new_only=True)
+    engine.on_message_inbound(QUESTION, session_id="a")
+    engine.on_turn_complete(_turns(0, 50), session_id="b", new_only=True)
+    engine.on_message_inbound(QUESTION, session_id="b")
+    engine.on_message_inbound(QUESTION, session_id="a")  # the last one used
+    engine.close()
+    files = StateFiles(tmp_path / "m.db.state")
+    assert files.load("a") is not None
+
+
+def test_line_costs_are_not_shared_by_counters_of_one_name(tmp_path: Path) -> None:
+    """Two counters of one name that count differently (the name rounds the safety margin:
+    0.10 and 0.1049 are both ``+10%``): the line costs one counted and saved are not taken
+    for the other's."""
+    path = tmp_path / "m.db"
+    _stored(path)
+    a = TiktokenCounter("cl100k_base", safety_margin=0.05)
+    b = TiktokenCounter("cl100k_base", safety_margin=0.15)
+    b.name = a.name  # a collision as rounding makes, with margins far enough apart to show
+    for counter in (a, b):
+        engine = _engine(path)
+        engine.counter = engine.assembler.counter = counter
+        recalled = engine.on_message_inbound(QUESTION).recalled
+        kept = engine.recaller.kept_state("default")[0]
+        assert kept is not None and recalled
+        key = kept.line_counter
+        seqs = [r.seq for r in recalled]
+        rows = engine.store.turn_rows("default", seqs)
+        costs = dict(zip(seqs, kept.lines(seqs, key), strict=True))
+        counted = {s: c for s, c in costs.items() if c}
+        assert counted  # the packed turns' costs were kept
+        assert all(counter.count(rows[s].text + "\n") == c for s, c in counted.items())
+        engine.close()  # saved, under this counter's key
