@@ -39,21 +39,20 @@ def _long_turns(count: int) -> list[dict[str, str]]:
     ]
 
 
-def test_a_replaced_database_does_not_take_the_old_databases_turn_counts(tmp_path: Path) -> None:
-    path = tmp_path / "m.db"
-    engine = _engine(path)
-    engine.on_turn_complete(_turns(0, 400), new_only=True)
-    engine.on_message_inbound(QUESTION)
-    engine.recaller.settle()
-    engine.on_message_inbound(QUESTION)
-    engine.close()
-    assert list((tmp_path / "m.db.state").glob("*.npz"))
-
-    _remove_db(path)  # a new database at the same path; the .state folder stays
+def _replaced(path: Path) -> None:
+    """A database saved with its state, then a new one at the same path (the .state folder
+    stays) whose session has other turns, closed before any recall saved over the file."""
+    _stored(path)
+    assert list(Path(f"{path}.state").glob("*.npz"))
+    _remove_db(path)
     engine = _engine(path)
     engine.on_turn_complete(_long_turns(400), new_only=True)
-    engine.close()  # closes with no recall: nothing saved over the old file
+    engine.close()
 
+
+def test_a_replaced_database_does_not_take_the_old_databases_turn_counts(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    _replaced(path)
     engine = _engine(path)
     engine.on_message_inbound(QUESTION)
     engine.recaller.start_reads()
@@ -68,18 +67,7 @@ def test_a_replaced_database_does_not_take_the_old_databases_turn_counts(tmp_pat
 
 def test_a_replaced_database_gives_the_same_block_as_a_fresh_engine(tmp_path: Path) -> None:
     path = tmp_path / "m.db"
-    engine = _engine(path)
-    engine.on_turn_complete(_turns(0, 400), new_only=True)
-    engine.on_message_inbound(QUESTION)
-    engine.recaller.settle()
-    engine.on_message_inbound(QUESTION)
-    engine.close()
-
-    _remove_db(path)
-    engine = _engine(path)
-    engine.on_turn_complete(_long_turns(400), new_only=True)
-    engine.close()
-
+    _replaced(path)
     plain = _engine(path, state_files=False)
     want = plain.on_message_inbound(QUESTION).prepend_text
     plain.close()

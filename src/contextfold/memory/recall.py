@@ -548,15 +548,20 @@ class Recaller:
             other = self._lengths.pop(session_id, None)  # another thread's read of it
             if other is not None:
                 self._length_bytes -= other.charged
-            entry.charged = entry.nbytes
-            if entry.charged <= self.vector_cache_limit:
-                self._lengths[session_id] = entry
-                self._length_bytes += entry.charged
-                while len(self._lengths) > self.cached_sessions:
-                    _, dropped = self._lengths.popitem(last=False)
-                    self._length_bytes -= dropped.charged
-                self._fit(session_id)
+            self._keep_lengths(session_id, entry)
         return entry
+
+    def _keep_lengths(self, session_id: str, entry: TurnLengths) -> None:
+        """Cache a session's token counts within the limits (the lock held; none cached for
+        it): too large alone, it is not kept."""
+        entry.charged = entry.nbytes
+        if entry.charged <= self.vector_cache_limit:
+            self._lengths[session_id] = entry
+            self._length_bytes += entry.charged
+            while len(self._lengths) > self.cached_sessions:
+                _, dropped = self._lengths.popitem(last=False)
+                self._length_bytes -= dropped.charged
+            self._fit(session_id)
 
     def _named_authors(
         self, session_id: str, text: str
@@ -673,14 +678,7 @@ class Recaller:
         with self._lock:
             busy = session_id in self._reading_lengths or session_id in self._lengths_unkept
             if lengths is not None and session_id not in self._lengths and not busy:
-                lengths.charged = lengths.nbytes
-                if lengths.charged <= self.vector_cache_limit:
-                    self._lengths[session_id] = lengths
-                    self._length_bytes += lengths.charged
-                    while len(self._lengths) > self.cached_sessions:
-                        _, dropped = self._lengths.popitem(last=False)
-                        self._length_bytes -= dropped.charged
-                    self._fit(session_id)
+                self._keep_lengths(session_id, lengths)
             if (
                 authors is not None
                 and session_id not in self._authors
