@@ -143,11 +143,23 @@ class CompactionSettings(_Section):
         return self
 
 
+QUESTION_DEMOTION = 2.0
+"""The default ``assembly.question_demotion``: on LoCoMo's tune split (conversations 1–5),
+1.43, 1.67 and 2 gave the same recall 1–4 at 2,048 tokens (0.9156 / 0.9144 / 0.9155, against
+0.9119 without it) and 2.5 less (0.9119); 2 is the round one of that plateau (docs/memory.md,
+"Questions packed later")."""
+
+
 class AssemblySettings(_Section):
     """``memory_budget``: tokens memory may add to one request (hint, paged topics,
     summaries and recalled turns together). The ``<context-topics>`` hint gets at most
     ``context_hint_max_tokens`` and at most ``context_hint_share`` of the request's budget,
-    and lists at most ``context_hint_topics`` topics (the most discussed first)."""
+    and lists at most ``context_hint_topics`` topics (the most discussed first).
+
+    ``question_demotion``: a recalled turn that is a question (its text ends with ``?``) is
+    packed as if recall had ranked it that many times further down (1 turns it off). A
+    question echoes what is asked, so recall finds it, while the answer is in the turns
+    around it (chosen on LoCoMo's tune split, docs/memory.md)."""
 
     memory_budget: int = Field(2048, ge=64)
     context_hint_enabled: bool = True
@@ -155,6 +167,7 @@ class AssemblySettings(_Section):
     context_hint_share: float = Field(0.05, ge=0, le=1)
     context_hint_topics: int = Field(12, ge=1, le=200)
     summary_share: float = Field(0.6, ge=0, le=1)
+    question_demotion: float = Field(QUESTION_DEMOTION, ge=1)
 
 
 RELEVANCE_FLOOR = 0.41
