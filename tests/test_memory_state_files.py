@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 import contextfold.memory.engine as engine_module
+from contextfold.memory import snapshots
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
-from contextfold.memory.snapshots import StateFiles
+from contextfold.memory.snapshots import SessionState, StateFiles
 from contextfold.memory.turn_lengths import TurnLengths
 from contextfold.store.conformance.memory_support import stored
 from contextfold.store.sqlite.memory import MemoryStore
@@ -248,3 +249,30 @@ def test_line_costs_are_not_shared_by_counters_of_one_name(tmp_path: Path) -> No
         assert counted  # the packed turns' costs were kept
         assert all(counter.count(rows[s].text + "\n") == c for s, c in counted.items())
         engine.close()  # saved, under this counter's key
+
+
+def test_the_folder_keeps_only_the_most_recently_written_files(tmp_path: Path) -> None:
+    files = StateFiles(tmp_path)
+    for n in range(10):
+        files.save(SessionState(f"s{n}", 1, 1, counts={"kiln": n}))
+        os.utime(files.path(f"s{n}"), (1_000 + n, 1_000 + n))  # written in that order
+    crashed = tmp_path / "abc.tmp"
+    crashed.write_bytes(b"half a file")
+    os.utime(crashed, (1_000, 1_000))
+    fresh = tmp_path / "def.tmp"  # a writer's, still writing
+    fresh.write_bytes(b"being written")
+    assert files.trim(keep=4) == 7
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".tmp") == ["def.tmp"]
+    kept = [n for n in range(10) if files.load(f"s{n}") is not None]
+    assert kept == [6, 7, 8, 9]
+
+
+def test_close_trims_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(snapshots, "KEPT_FILES", 2)
+    path = tmp_path / "m.db"
+    engine = _engine(path)
+    for sid in ("a", "b", "c"):
+        engine.on_turn_complete(_turns(0, 30), session_id=sid, new_only=True)
+        engine.on_message_inbound(QUESTION, session_id=sid)
+    engine.close()
+    assert len(list((tmp_path / "m.db.state").glob("*.npz"))) == 2

@@ -482,6 +482,7 @@ class MemoryEngine:
                 continue
             with contextlib.suppress(OSError):
                 self._states.save(state)
+        self._states.trim()
 
     def _rewarm(self, sid: str) -> None:
         """After a compaction (inline, or on the background thread, its writes all done): read

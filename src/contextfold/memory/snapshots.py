@@ -33,18 +33,21 @@ import json
 import logging
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["FORMAT", "SAVED_SESSIONS", "SessionState", "StateFiles"]
+__all__ = ["FORMAT", "KEPT_FILES", "SAVED_SESSIONS", "SessionState", "StateFiles"]
 
 log = logging.getLogger(__name__)
 
 FORMAT = 2
 SAVED_SESSIONS = 64  # the most recently used sessions saved at close
+KEPT_FILES = 4 * SAVED_SESSIONS  # files kept in the folder (the most recently written)
+STALE_TEMPORARY_S = 3600  # a temporary file this old is a crashed writer's
 
 
 @dataclass
@@ -178,6 +181,25 @@ class StateFiles:
             )
         except (KeyError, TypeError, ValueError):
             return None
+
+    def trim(self, keep: int | None = None) -> int:
+        """Delete all but the ``keep`` (default ``KEPT_FILES``) most recently written files,
+        and the temporary files a crashed writer left (older than ``STALE_TEMPORARY_S``): the
+        folder does not grow with every session ever saved. Returns how many were deleted."""
+        try:
+            entries = [(p, p.stat().st_mtime) for p in self.folder.iterdir() if p.is_file()]
+        except OSError:
+            return 0
+        keep = KEPT_FILES if keep is None else keep
+        states = sorted((e for e in entries if e[0].suffix == ".npz"), key=lambda e: -e[1])
+        oldest = time.time() - STALE_TEMPORARY_S
+        stale = [p for p, mtime in entries if p.suffix == ".tmp" and mtime < oldest]
+        deleted = 0
+        for path in [p for p, _ in states[keep:]] + stale:
+            with contextlib.suppress(OSError):
+                path.unlink()
+                deleted += 1
+        return deleted
 
     def discard(self, session_id: str) -> None:
         """Delete the session's file, if any."""
