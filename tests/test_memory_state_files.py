@@ -6,6 +6,7 @@ findings)."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import sqlite3
 from pathlib import Path
@@ -276,3 +277,18 @@ def test_close_trims_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         engine.on_message_inbound(QUESTION, session_id=sid)
     engine.close()
     assert len(list((tmp_path / "m.db.state").glob("*.npz"))) == 2
+
+
+@pytest.mark.parametrize(
+    "counts",
+    [[["kiln"], [1, 2]], [["kiln", "glaze"], [1, "2"]], [[1, "glaze"], [1, 2]], [["kiln", 1]]],
+)
+def test_a_file_whose_counts_do_not_parse_is_ignored(tmp_path: Path, counts: object) -> None:
+    files = StateFiles(tmp_path)
+    files.save(SessionState("s", 1, 1, counts={"kiln": 1, "glaze": 2}))
+    with np.load(files.path("s")) as arrays:
+        meta = json.loads(arrays["meta"].tobytes())
+    assert files.load("s") is not None and meta["counts"] == [["kiln", "glaze"], [1, 2]]
+    meta["counts"] = counts
+    np.savez(files.path("s"), meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+    assert files.load("s") is None

@@ -36,6 +36,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -44,7 +45,7 @@ __all__ = ["FORMAT", "KEPT_FILES", "SAVED_SESSIONS", "SessionState", "StateFiles
 
 log = logging.getLogger(__name__)
 
-FORMAT = 2
+FORMAT = 3
 SAVED_SESSIONS = 64  # the most recently used sessions saved at close
 KEPT_FILES = 4 * SAVED_SESSIONS  # files kept in the folder (the most recently written)
 STALE_TEMPORARY_S = 3600  # a temporary file this old is a crashed writer's
@@ -99,14 +100,14 @@ class StateFiles:
             "session": state.session_id,
             "born": state.born,
             "generation": state.generation,
-            "counts": list(state.counts.items()) if state.counts is not None else None,
-            "related": list(state.related.items()) if state.related is not None else None,
+            "counts": _columns(state.counts),
+            "related": _columns(state.related),
             "inbound": state.inbound,
             "lengths_last": state.lengths_last,
             "line_counter": state.line_counter,
             "authors_last": state.authors_last,
             "labels": state.labels,
-            "topics": list(state.topics.items()) if state.topics is not None else None,
+            "topics": _columns(state.topics),
             "topics_watermark": state.topics_watermark,
             "check_seq": state.check_seq,
             "check_hash": state.check_hash,
@@ -166,7 +167,7 @@ class StateFiles:
                 generation=int(meta["generation"]),
                 counts=_pairs(meta["counts"]),
                 related=_pairs(meta["related"]),
-                inbound=[str(t) for t in meta["inbound"]] if meta["inbound"] is not None else None,
+                inbound=_strings(meta["inbound"]),
                 lengths=lengths,
                 lengths_last=int(meta["lengths_last"]) if lengths is not None else 0,
                 lines=lines if lengths is not None else None,
@@ -207,9 +208,31 @@ class StateFiles:
             self.path(session_id).unlink()
 
 
-def _pairs(rows: object) -> dict[str, int] | None:
-    if rows is None:
+def _columns(counts: dict[str, int] | None) -> list[list[Any]] | None:
+    """``counts`` as its keys and its values, two JSON lists (read back faster than pairs)."""
+    return None if counts is None else [list(counts), list(counts.values())]
+
+
+def _pairs(columns: object) -> dict[str, int] | None:
+    """``_columns`` read back (``ValueError`` when they are not two lists of names and
+    counts of one length)."""
+    if columns is None:
         return None
-    if not isinstance(rows, list):
-        raise ValueError("not a list of pairs")
-    return {str(tag): int(n) for tag, n in rows}
+    if not isinstance(columns, list) or len(columns) != 2:
+        raise ValueError("not two columns")
+    keys, values = columns
+    names, numbers = _strings(keys), values
+    if names is None or not isinstance(numbers, list) or len(names) != len(numbers):
+        raise ValueError("columns of different lengths")
+    if not set(map(type, numbers)) <= {int}:
+        raise ValueError("a count that is not an integer")
+    return dict(zip(names, numbers, strict=True))
+
+
+def _strings(values: object) -> list[str] | None:
+    """A JSON list of strings, checked (``ValueError`` otherwise); ``None`` for ``None``."""
+    if values is None:
+        return None
+    if not isinstance(values, list) or not set(map(type, values)) <= {str}:
+        raise ValueError("not a list of strings")
+    return values
