@@ -33,7 +33,6 @@ from contextfold._bounded import SessionLRU
 from contextfold.errors import ConfigError
 from contextfold.items import ContextItem, Message, QueryBundle
 from contextfold.memory.assemble import Assembler, Held, MemoryBlock, MemoryBudget
-from contextfold.memory.authors import TurnAuthors
 from contextfold.memory.background import Background
 from contextfold.memory.canonical import TagCanonicalizer
 from contextfold.memory.compactor import CompactionReport, Compactor, Level, TokenMonitor
@@ -49,7 +48,6 @@ from contextfold.memory.summarize import ExtractiveSummarizer, LLMSummarizer, Su
 from contextfold.memory.tagging import EmbeddingTagger, KeywordTagger, LLMTagger, Tagger, TagResult
 from contextfold.memory.tools import run_tool_call, tool_definitions
 from contextfold.memory.turn_index import VectorFiles
-from contextfold.memory.turn_lengths import TurnLengths
 from contextfold.memory.turnkeys import TurnKeys, key_of
 from contextfold.memory.vocabulary import SplitReport, Vocabulary
 from contextfold.retrieval.base import Embedder
@@ -417,19 +415,7 @@ class MemoryEngine:
             return None
         if state.check_seq and self.store.turn_hash(sid, state.check_seq) != state.check_hash:
             return None  # another database at the same path, numbering its sessions alike
-        lengths = (
-            TurnLengths.restored(
-                state.born, state.lengths_last, state.lengths, state.lines, state.line_counter
-            )
-            if state.lengths is not None
-            else None
-        )
-        authors = (
-            TurnAuthors.restored(state.born, state.authors_last, state.authors, state.labels)
-            if state.authors is not None and state.labels is not None
-            else None
-        )
-        self.recaller.adopt(sid, lengths, authors)
+        self.recaller.adopt(sid, *state.turns())
         if state.generation != version[1] or state.counts is None:
             return None
         with self.lock(sid):
@@ -470,14 +456,7 @@ class MemoryEngine:
                 topics = self.assembler.kept_topics(sid)
                 if topics is not None and topics[0] == born:
                     state.topics_watermark, state.topics = topics[1], topics[2]
-            lengths, authors = self.recaller.kept_state(sid)
-            if lengths is not None and lengths.born == born:
-                state.lengths, state.lengths_last = lengths.array, lengths.last
-                state.lines, state.line_counter = lengths.line_array, lengths.line_counter
-            if authors is not None and authors.born == born:
-                with authors.lock:
-                    state.authors, state.authors_last = authors.array.copy(), authors.last
-                    state.labels = authors.labels()
+            state.keep_turns(*self.recaller.kept_state(sid))
             if state.counts is None and state.lengths is None and state.authors is None:
                 continue
             with contextlib.suppress(OSError):
@@ -497,7 +476,7 @@ class MemoryEngine:
                 self.vocab.inbound_vocabulary(sid, self._counts(sid))
             self.assembler.rewarm(sid)
         except ConfigError:
-            pass  # deleted meanwhile
+            return  # the session was deleted meanwhile: nothing to read
         except Exception as exc:  # the compaction is done: the next recall reads them itself
             log.warning("could not read session %r again after its compaction: %s", sid, exc)
 

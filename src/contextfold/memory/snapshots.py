@@ -41,6 +41,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from contextfold.memory.authors import TurnAuthors
+from contextfold.memory.turn_lengths import TurnLengths
+
 __all__ = ["FORMAT", "KEPT_FILES", "SAVED_SESSIONS", "SessionState", "StateFiles"]
 
 log = logging.getLogger(__name__)
@@ -81,6 +84,34 @@ class SessionState:
     topics_watermark: int = 0
     check_seq: int = 0
     check_hash: str | None = None
+
+    def keep_turns(self, lengths: TurnLengths | None, authors: TurnAuthors | None) -> None:
+        """Take the session's kept token counts (with line costs) and authors, those of its
+        incarnation ``born`` only."""
+        if lengths is not None and lengths.born == self.born:
+            self.lengths, self.lengths_last = lengths.array, lengths.last
+            self.lines, self.line_counter = lengths.line_array, lengths.line_counter
+        if authors is not None and authors.born == self.born:
+            with authors.lock:
+                self.authors, self.authors_last = authors.array.copy(), authors.last
+                self.labels = authors.labels()
+
+    def turns(self) -> tuple[TurnLengths | None, TurnAuthors | None]:
+        """The saved token counts and authors as the recaller keeps them (``None`` each when
+        not saved, or not whole)."""
+        lengths = (
+            TurnLengths.restored(
+                self.born, self.lengths_last, self.lengths, self.lines, self.line_counter
+            )
+            if self.lengths is not None
+            else None
+        )
+        authors = (
+            TurnAuthors.restored(self.born, self.authors_last, self.authors, self.labels)
+            if self.authors is not None and self.labels is not None
+            else None
+        )
+        return lengths, authors
 
 
 class StateFiles:
