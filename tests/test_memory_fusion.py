@@ -161,3 +161,31 @@ def test_array_fusion_equals_the_stated_fusion_exactly(case: dict[str, Any]) -> 
     assert [h.similarity for h in got] == [
         dense.get(h.seq) if h.seq not in case["exclude"] else None for h in got
     ]
+
+
+def test_a_period_reads_the_times_only_of_candidates_that_could_be_kept() -> None:
+    """Lifted by the period preference or not, a candidate far below the ``limit`` best cannot
+    be kept: its time is not read. The ranking is the stated one all the same."""
+    start = datetime(2024, 1, 1, tzinfo=UTC)
+    seqs = list(range(1, 401))
+    times = {s: start + timedelta(days=s % 60) for s in seqs}
+    store = _Store({}, times)
+    asked: list[int] = []
+    turn_times = store.turn_times
+
+    def counted(session_id: str, wanted: Sequence[int]) -> dict[int, datetime]:
+        asked.extend(wanted)
+        return turn_times(session_id, wanted)
+
+    store.turn_times = counted  # type: ignore[method-assign]
+    settings = {"fusion": "rrf", "k": 1, "neighbor_weight": 0.0, "length_prior": 0.0}
+    r = Recaller(store, date_weight=0.5, author_weight=0.0, **settings)  # type: ignore[arg-type]
+    r._dense = lambda sid, text, limit: []  # type: ignore[method-assign]
+    r._turn_lengths = lambda sid: None  # type: ignore[method-assign]
+    fts = [(s, float(1000 - s)) for s in seqs]
+    text = "what happened in January 2024"
+    got = r._rank_text("s", text, ([], None), fts, limit=10)
+    signals = {"tags": [], "fts": fts, "dense": []}
+    want = _reference(r, signals, None, set(), {}, times, query_period(text), set(), 10)
+    assert [(h.seq, h.score, h.ranks) for h in got] == want
+    assert 10 <= len(asked) < 40  # RRF with k=1: only the first ranks can reach the 10th

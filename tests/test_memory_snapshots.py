@@ -228,15 +228,16 @@ def test_saved_counts_and_authors_answer_as_the_originals(tmp_path: Path) -> Non
     assert TurnAuthors.restored(3, 300, saved.authors, saved.labels[:1]) is None
 
 
-def test_line_costs_are_kept_per_counter_and_only_up_to_last() -> None:
+def test_line_costs_are_kept_per_counter_and_past_last() -> None:
     lengths = TurnLengths(born=1)
     lengths.extend([(1, 5), (2, 7), (3, 9)])
     assert lengths.lines([1, 2, 3], "cl100k_base") == [0, 0, 0]
-    lengths.set_lines([(1, 6), (3, 10), (4, 99)], "cl100k_base")  # 4 is past last: not kept
-    assert lengths.lines([1, 2, 3, 4], "cl100k_base") == [6, 0, 10, 0]
+    # 4 is past last: a derive counts a turn's line before its token count is read.
+    lengths.set_lines([(1, 6), (3, 10), (4, 99)], "cl100k_base")
+    assert lengths.lines([1, 2, 3, 4, 5, 10_000], "cl100k_base") == [6, 0, 10, 99, 0, 0]
     assert lengths.lines([1, 3], "o200k_base") == [0, 0]  # another counter's are not its
     lengths.extend([(4, 3), (9, 4)])  # grows: the kept costs stay
-    assert lengths.lines([1, 3, 4, 9], "cl100k_base") == [6, 10, 0, 0]
+    assert lengths.lines([1, 3, 4, 9], "cl100k_base") == [6, 10, 99, 0]
     lengths.set_lines([(9, 5)], "o200k_base")  # another counter: the earlier ones dropped
     assert lengths.lines([1, 9], "o200k_base") == [0, 5]
     assert lengths.lines([1, 9], "cl100k_base") == [0, 0]
@@ -257,24 +258,46 @@ class _Counting:
         return int(self.inner.count(text))
 
 
-def test_a_recalled_turns_line_is_counted_once_and_saved_with_the_state(tmp_path: Path) -> None:
+def test_a_derived_turns_line_is_counted_once_and_saved_with_the_state(tmp_path: Path) -> None:
     path = tmp_path / "m.db"
-    before = _stored(path)  # its recalls counted the recalled turns' lines, saved at close
     engine = _engine(path)
-    counting = _Counting(TiktokenCounter("cl100k_base"))  # a fresh memo: nothing counted yet
+    counting = _Counting(COUNTER)
     engine.counter = engine.assembler.counter = counting  # type: ignore[assignment]
-    assert engine.on_message_inbound(QUESTION).prepend_text == before
-    assert counting.lines == 0  # every line cost came with the saved state
+    engine.on_turn_complete(_turns(0, 400), new_only=True)
+    assert counting.lines == 400  # the derive counted each turn's line
+    first = engine.on_message_inbound(QUESTION).prepend_text
+    engine.recaller.settle()  # the worker's whole read of the counts, which keeps the lines
     other = "What came up about the boots and the tents on the station?"
     engine.on_message_inbound(other)
+    assert counting.lines == 400  # no recall counted one again
+    engine.close()
+    again = _engine(path)
+    counting = _Counting(TiktokenCounter("cl100k_base"))  # a fresh memo: nothing counted yet
+    again.counter = again.assembler.counter = counting  # type: ignore[assignment]
+    assert again.on_message_inbound(QUESTION).prepend_text == first
+    assert again.on_message_inbound(other).prepend_text == engine_answer(path, other)
+    assert counting.lines == 0  # every line cost came with the saved state
+    again.close()
+    plain = _engine(path, state_files=False)  # counting every line gives the same memory
+    assert plain.on_message_inbound(QUESTION).prepend_text == first
+    plain.close()
+
+
+def test_a_recalled_turns_line_is_counted_once(tmp_path: Path) -> None:
+    """A session derived by another process: its recalled turns' lines are counted by the
+    first recall that packs them, once."""
+    path = tmp_path / "m.db"
+    _stored(path)
+    engine = _engine(path, state_files=False)
+    counting = _Counting(TiktokenCounter("cl100k_base"))
+    engine.counter = engine.assembler.counter = counting  # type: ignore[assignment]
+    other = "What came up about the boots and the tents on the station?"
+    answer = engine.on_message_inbound(other).prepend_text
     counted = counting.lines
-    assert counted > 0  # turns not recalled before: counted
-    assert engine.on_message_inbound(other).prepend_text
+    assert counted > 0  # turns not counted in this process: counted
+    assert engine.on_message_inbound(other).prepend_text == answer
     assert counting.lines == counted  # and kept: not counted again
     engine.close()
-    plain = _engine(path, state_files=False)  # counting every line gives the same memory
-    assert plain.on_message_inbound(other).prepend_text == engine_answer(path, other)
-    plain.close()
 
 
 def engine_answer(path: Path, question: str) -> str:

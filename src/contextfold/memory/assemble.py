@@ -28,7 +28,7 @@ from contextfold.memory.paging import PagedTopic
 from contextfold.memory.recall import RankedTurn
 from contextfold.memory.rules import TagRules
 from contextfold.memory.tagging import TagResult
-from contextfold.memory.turn_lengths import TurnLengths
+from contextfold.memory.turn_lengths import LineCosts, line_key
 from contextfold.store.models import TagSummary, TurnRow
 from contextfold.store.protocols import MemoryStorage
 from contextfold.tokens import TokenCounter
@@ -322,7 +322,7 @@ class Assembler:
         now: datetime | None = None,
         held: Held | None = None,
         dashboard: Callable[[list[str]], str] | None = None,
-        lines: TurnLengths | None = None,
+        lines: LineCosts | None = None,
     ) -> MemoryBlock:
         """``tools``: the memory tools are offered (``"weak"``/``"strong"``: to a model of
         that tier, ``delegation.py``); ``dashboard(topics)``: the strong tier's budget
@@ -384,7 +384,7 @@ class Assembler:
         ranked: Sequence[RankedTurn],
         room: int,
         held: Held | None = None,
-        lines: TurnLengths | None = None,
+        lines: LineCosts | None = None,
     ) -> tuple[list[_Part], int, int]:
         room -= self.counter.count("<memory>\n") + self.counter.count("\n</memory>")
         if room <= 0 or not ranked:
@@ -392,8 +392,7 @@ class Assembler:
         seqs = [r.seq for r in ranked]
         rows = self.store.turn_rows(sid, seqs)
         ranked = _questions_later(ranked, rows, self.settings.question_demotion)
-        # Keyed by what counts: two counters of one name may differ in their safety margin.
-        name = f"{self.counter.name}/{getattr(self.counter, 'safety_margin', 0)!r}"
+        name = line_key(self.counter)
         known = dict(zip(seqs, lines.lines(seqs, name), strict=True)) if lines is not None else {}
         counted: list[tuple[int, int]] = []
         chosen: list[tuple[TurnRow, RankedTurn]] = []

@@ -48,6 +48,7 @@ from contextfold.memory.summarize import ExtractiveSummarizer, LLMSummarizer, Su
 from contextfold.memory.tagging import EmbeddingTagger, KeywordTagger, LLMTagger, Tagger, TagResult
 from contextfold.memory.tools import run_tool_call, tool_definitions
 from contextfold.memory.turn_index import VectorFiles
+from contextfold.memory.turn_lengths import line_key
 from contextfold.memory.turnkeys import TurnKeys, key_of
 from contextfold.memory.vocabulary import SplitReport, Vocabulary
 from contextfold.retrieval.base import Embedder
@@ -562,6 +563,7 @@ class MemoryEngine:
             upto, current = self._tag_pending(
                 sid, record.derived_seq, pending.turns, record.generation
             )
+            self._count_lines(sid, record.born, pending.turns, record.derived_seq, upto)
             cached = self._vocab.peek(sid)
             if current is not None and cached is not None and cached[0] == current:
                 # The counts as this derive's own write left them, at the generation it
@@ -576,6 +578,20 @@ class MemoryEngine:
             return upto
         finally:
             self._usage.session_id = None
+
+    def _count_lines(
+        self,
+        sid: str,
+        born: int,
+        turns: Sequence[tuple[int, str, str, str]],
+        done: int,
+        upto: int,
+    ) -> None:
+        """Count each turn this derive tagged as a line of the memory block, as the assembler
+        would (``TurnLengths.lines``): a recall that packs it then counts nothing."""
+        count = self.assembler.counter.count
+        costs = [(seq, count(text + "\n")) for seq, _, text, _ in turns if done < seq <= upto]
+        self.recaller.note_lines(sid, born, line_key(self.assembler.counter), costs)
 
     def _compact_derived(
         self, sid: str, pending: PendingDerive, upto: int, *, compact: bool
@@ -886,7 +902,7 @@ class MemoryEngine:
                     budget=limit,
                     tools=tier or False,
                     held=Held(m.text() for m in kept) if kept else None,
-                    lines=self.recaller.kept_lengths(sid, self.store.session_version(sid)),
+                    lines=self.recaller.session_lines(sid, self.store.session_version(sid)),
                     dashboard=(
                         (lambda topics: self.delegation.dashboard(sid, topics))
                         if tier == "strong"

@@ -115,19 +115,23 @@ def with_neighbours(
 
 
 def best_hits(fused: Fused, similarity: Mapping[int, float], limit: int) -> list[Hit]:
-    """The ``limit`` best candidates, ties by seq, with each signal's rank of them and their
-    cosine (``similarity``)."""
+    """The ``limit`` best candidates, ties by seq, with each signal's rank of them (found by
+    a sorted search of the signal's seqs, each unique in it: no table of every hit) and
+    their cosine (``similarity``)."""
     cands, scores = fused.cands, fused.scores
     order = np.lexsort((cands, -scores))[:limit]
-    positions = [
-        (name, dict(zip(seqs.tolist(), range(1, len(seqs) + 1), strict=True)))
-        for name, seqs in fused.kept
+    best = cands[order]
+    ranks: list[dict[str, int]] = [{} for _ in range(len(best))]
+    for name, seqs in fused.kept:
+        sorter = np.argsort(seqs, kind="stable")
+        at = np.minimum(np.searchsorted(seqs, best, sorter=sorter), len(seqs) - 1)
+        where = sorter[at]
+        for i in np.flatnonzero(seqs[where] == best).tolist():
+            ranks[i][name] = int(where[i]) + 1
+    return [
+        Hit(seq, score, rank, similarity.get(seq))
+        for seq, score, rank in zip(best.tolist(), scores[order].tolist(), ranks, strict=True)
     ]
-    out = []
-    for seq, score in zip(cands[order].tolist(), scores[order].tolist(), strict=True):
-        ranks = {name: at[seq] for name, at in positions if seq in at}
-        out.append(Hit(seq, score, ranks, similarity.get(seq)))
-    return out
 
 
 def merge_parts(lists: Sequence[Sequence[Hit]], limit: int) -> list[Hit]:

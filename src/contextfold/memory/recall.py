@@ -126,6 +126,24 @@ READ_LATER_MIN = 20_000  # vectors read by the worker, not a recall, when nothin
 LENGTHS_LATER_MIN = 200
 
 
+class SessionLines:
+    """One session's line costs (``TurnLengths.lines``) as the assembler reads and keeps them:
+    read from the recaller's kept counts (or the costs kept ahead of them), kept through
+    ``Recaller.note_lines``, which charges them to the cache limit."""
+
+    __slots__ = ("_born", "_recaller", "_session_id")
+
+    def __init__(self, recaller: Recaller, session_id: str, born: int) -> None:
+        self._recaller, self._session_id, self._born = recaller, session_id, born
+
+    def lines(self, seqs: Sequence[int], counter: str) -> list[int]:
+        entry = self._recaller._line_entry(self._session_id, self._born)
+        return entry.lines(seqs, counter) if entry is not None else [0] * len(seqs)
+
+    def set_lines(self, costs: Sequence[tuple[int, int]], counter: str) -> None:
+        self._recaller.note_lines(self._session_id, self._born, counter, costs)
+
+
 class Recaller:
     """Ranks a session's stored turns for a message (see the module docstring).
 
@@ -195,6 +213,10 @@ class Recaller:
         # their recalls read their candidates' counts, not the whole session's again and
         # again. A session leaves it when its vectors leave the cache.
         self._lengths_unkept: set[str] = set()
+        # Per session whose token counts are not kept yet, the line costs its derive counted
+        # (``note_lines``: line costs only, ``last`` 0), charged to the same limit; the first
+        # read of the session's counts starts from them.
+        self._early_lines: OrderedDict[str, TurnLengths] = OrderedDict()
         self._length_bytes = 0
         # A session of at least this many turns has its counts read by the worker; until then
         # a recall reads its candidates' counts from the store (``None``: read in the recall).
@@ -387,7 +409,12 @@ class Recaller:
     def _fit(self, session_id: str) -> None:
         """Make what is cached fit ``vector_cache_limit`` (the lock held): other sessions'
         vectors go first, least recently used first, then their token counts, then this
-        session's token counts, and its vectors last."""
+        session's token counts, and its vectors last (line costs counted ahead of a session's
+        token counts go before anything else)."""
+        for other in list(self._early_lines):
+            if not self._over():
+                return
+            self._length_bytes -= self._early_lines.pop(other).charged
         for other in [sid for sid in self._vectors if sid != session_id]:
             if not self._over():
                 return
@@ -542,7 +569,7 @@ class Recaller:
                 born, rows = self.store.turn_token_counts_after(session_id, 0)
                 if born is None:
                     return None
-            entry = TurnLengths(born)
+            entry = self._take_early_lines(session_id, born) or TurnLengths(born)
         entry.extend(rows)
         with self._lock:
             other = self._lengths.pop(session_id, None)  # another thread's read of it
@@ -550,6 +577,48 @@ class Recaller:
                 self._length_bytes -= other.charged
             self._keep_lengths(session_id, entry)
         return entry
+
+    def _take_early_lines(self, session_id: str, born: int) -> TurnLengths | None:
+        """The line costs counted ahead of the session's token counts (``note_lines``), taken
+        out of the cache, if they are of incarnation ``born``."""
+        with self._lock:
+            early = self._early_lines.pop(session_id, None)
+            if early is not None:
+                self._length_bytes -= early.charged
+        return early if early is not None and early.born == born else None
+
+    def note_lines(
+        self, session_id: str, born: int, counter: str, costs: Sequence[tuple[int, int]]
+    ) -> None:
+        """Keep line costs counted off the request path (the engine's derive counts each new
+        turn's: ``TurnLengths.lines``), of the session's incarnation ``born``, counted by the
+        counter ``counter`` names (``turn_lengths.line_key``): beside its kept token counts,
+        or, until they are read, on their own within the same cache limit."""
+        if not costs:
+            return
+        with self._lock:
+            entry = self._lengths.get(session_id)
+            if entry is not None:
+                if entry.born != born:
+                    return
+                table = self._lengths
+            else:
+                entry = self._early_lines.get(session_id)
+                if entry is None or entry.born != born:
+                    if entry is not None:
+                        self._length_bytes -= entry.charged
+                    entry = self._early_lines[session_id] = TurnLengths(born)
+                    entry.charged = 0
+                self._early_lines.move_to_end(session_id)
+                while len(self._early_lines) > self.cached_sessions:
+                    self._length_bytes -= self._early_lines.popitem(last=False)[1].charged
+                table = self._early_lines
+            entry.set_lines(costs, counter)
+            self._length_bytes += entry.nbytes - entry.charged
+            entry.charged = entry.nbytes
+            self._fit(session_id)
+            if table.get(session_id) is entry and self._over():  # too large alone
+                self._length_bytes -= table.pop(session_id).charged
 
     def _keep_lengths(self, session_id: str, entry: TurnLengths) -> None:
         """Cache a session's token counts within the limits (the lock held; none cached for
@@ -658,16 +727,20 @@ class Recaller:
         with self._lock:
             return self._lengths.get(session_id), self._authors.get(session_id)
 
-    def kept_lengths(self, session_id: str, version: tuple[int, int] | None) -> TurnLengths | None:
-        """The session's kept token counts (with their line costs) if they are of the
-        incarnation ``version`` (the store's ``session_version``) names, else ``None``."""
+    def session_lines(
+        self, session_id: str, version: tuple[int, int] | None
+    ) -> SessionLines | None:
+        """The session's line costs as the assembler reads and keeps them, for its incarnation
+        ``version`` (the store's ``session_version``) names; ``None`` when there is none."""
+        return None if version is None else SessionLines(self, session_id, version[0])
+
+    def _line_entry(self, session_id: str, born: int) -> TurnLengths | None:
+        """The kept counts of incarnation ``born``, else the line costs kept ahead of them."""
         with self._lock:
             entry = self._lengths.get(session_id)
-        return (
-            entry
-            if entry is not None and version is not None and entry.born == version[0]
-            else None
-        )
+            if entry is None:
+                entry = self._early_lines.get(session_id)
+        return entry if entry is not None and entry.born == born else None
 
     def adopt(
         self, session_id: str, lengths: TurnLengths | None, authors: TurnAuthors | None
@@ -678,6 +751,15 @@ class Recaller:
         with self._lock:
             busy = session_id in self._reading_lengths or session_id in self._lengths_unkept
             if lengths is not None and session_id not in self._lengths and not busy:
+                early = self._early_lines.pop(session_id, None)
+                if early is not None:  # counted since the state was saved
+                    self._length_bytes -= early.charged
+                    counted = np.flatnonzero(early.line_array)
+                    if early.born == lengths.born and len(counted):
+                        costs = early.line_array[counted].tolist()
+                        lengths.set_lines(
+                            list(zip(counted.tolist(), costs, strict=True)), early.line_counter
+                        )
                 self._keep_lengths(session_id, lengths)
             if (
                 authors is not None
@@ -695,9 +777,10 @@ class Recaller:
             entry = self._vectors.pop(session_id, None)
             if entry is not None:
                 self._vector_bytes -= entry.charged
-            lengths = self._lengths.pop(session_id, None)
-            if lengths is not None:
-                self._length_bytes -= lengths.charged
+            for table in (self._lengths, self._early_lines):
+                lengths = table.pop(session_id, None)
+                if lengths is not None:
+                    self._length_bytes -= lengths.charged
             self._too_large.pop(session_id, None)
             self._lengths_unkept.discard(session_id)
             self._authors.pop(session_id, None)
@@ -930,7 +1013,7 @@ class Recaller:
                 fused[lifted] *= 1 + self.author_weight
         period = query_period(text) if self.date_weight else None
         if period is not None:
-            self._prefer_period(session_id, cands, fused, period)
+            self._prefer_period(session_id, cands, fused, period, limit)
         similarity = {seq: score for seq, score in signals["dense"] if seq not in exclude}
         return best_hits(Fused(cands, fused, found.kept), similarity, limit)
 
@@ -940,13 +1023,27 @@ class Recaller:
         cands: npt.NDArray[np.int64],
         fused: npt.NDArray[np.float64],
         period: Period,
+        limit: int,
     ) -> None:
+        """Lift the candidates said within ``period`` (and ``date_slack`` after it) by
+        ``date_weight``. Only the ``limit`` best are kept after it (``best_hits``), so a
+        candidate that could not reach them even lifted is not looked up: its time is read only
+        when its lifted score reaches the ``limit``-th best unlifted one (which at least
+        ``limit`` candidates keep or pass). At 100k turns that reads a few hundred times
+        instead of the 2–3k candidates'."""
         window = Period(period.start, period.end + self.date_slack)
-        times = self.store.turn_times(session_id, cands.tolist())
+        lift = 1 + self.date_weight
+        wanted = np.arange(len(cands))
+        if len(cands) > limit:
+            floor = np.partition(fused, len(fused) - limit)[len(fused) - limit]
+            if floor > 0:  # every one of the ``limit`` best is lifted up, never down
+                wanted = np.flatnonzero(np.maximum(fused, fused * lift) >= floor)
+        seqs = cands[wanted].tolist()
+        times = self.store.turn_times(session_id, seqs)
         inside = np.fromiter(
-            (seq in times and times[seq] in window for seq in cands.tolist()), bool, len(cands)
+            (seq in times and times[seq] in window for seq in seqs), bool, len(seqs)
         )
-        fused[inside] *= 1 + self.date_weight
+        fused[wanted[inside]] *= lift
 
     # -- find_quote -----------------------------------------------------------------------------
 

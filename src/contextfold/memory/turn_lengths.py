@@ -12,18 +12,22 @@ the last one. The ``Recaller`` charges these arrays to its cache limit
 
 Beside them, the cost of each turn as a line of the memory block (its text and the newline
 after it, counted by the assembler's counter: ``lines``, 0 until counted): the assembler counts
-a recalled turn's line once, not again each time the token counter's memo has let it go.
+a recalled turn's line once, not again each time the token counter's memo has let it go. The
+engine's derive counts each new turn's line as it tags it (``Recaller.note_lines``), so at
+100k turns a recall, whose candidates are mostly turns no recall has packed before, counts
+none (it counted about 130 a recall, 1.7 ms). Line costs may run past ``last``: a turn's line
+is known before the recaller reads its token count.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["TurnLengths", "grown"]
+__all__ = ["LineCosts", "TurnLengths", "grown", "line_key"]
 
 
 def grown(array: npt.NDArray[Any], top: int) -> npt.NDArray[Any]:
@@ -34,6 +38,21 @@ def grown(array: npt.NDArray[Any], top: int) -> npt.NDArray[Any]:
     out = np.zeros(max(top + 1, len(array) * 5 // 4), array.dtype)
     out[: len(array)] = array
     return out
+
+
+class LineCosts(Protocol):
+    """Where the assembler reads and keeps line costs (``TurnLengths`` itself, or the
+    recaller's ``SessionLines``)."""
+
+    def lines(self, seqs: Sequence[int], counter: str) -> list[int]: ...
+
+    def set_lines(self, costs: Sequence[tuple[int, int]], counter: str) -> None: ...
+
+
+def line_key(counter: object) -> str:
+    """What line costs are kept under: the counter's name and safety margin (two counters of
+    one name may differ in their margin)."""
+    return f"{getattr(counter, 'name', '')}/{getattr(counter, 'safety_margin', 0)!r}"
 
 
 class TurnLengths:
@@ -91,18 +110,20 @@ class TurnLengths:
         if counter != self.line_counter:
             return [0] * len(seqs)
         lines = self._lines
-        return [int(lines[s]) if 0 <= s < len(lines) and s <= self.last else 0 for s in seqs]
+        return [int(lines[s]) if 0 <= s < len(lines) else 0 for s in seqs]
 
     def set_lines(self, costs: Sequence[tuple[int, int]], counter: str) -> None:
-        """Keep (seq, line cost) pairs counted by the counter named ``counter`` (another
-        counter's costs kept so far are dropped first); seqs past ``last`` are not kept."""
-        lines = self._lines
+        """Keep (seq, line cost) pairs of stored turns of this incarnation, counted by the
+        counter named ``counter`` (another counter's costs kept so far are dropped first)."""
         if counter != self.line_counter:
-            lines[:] = 0
+            self._lines = np.zeros(len(self._lines), np.int32)
             self.line_counter = counter
-        for seq, cost in costs:
-            if 0 <= seq < len(lines) and seq <= self.last:
-                lines[seq] = cost
+        kept = [(seq, cost) for seq, cost in costs if seq >= 0]
+        if not kept:
+            return
+        lines = self._lines = grown(self._lines, max(seq for seq, _ in kept))
+        for seq, cost in kept:
+            lines[seq] = cost
 
     def extend(self, rows: Sequence[tuple[int, int]]) -> None:
         """Add (seq, token count) pairs of turns after ``last``, in seq order."""
@@ -110,10 +131,6 @@ class TurnLengths:
             return
         top = rows[-1][0]
         self._counts = grown(self._counts, top)
-        if len(self._lines) != len(self._counts):
-            lines = np.zeros(len(self._counts), np.int32)
-            lines[: len(self._lines)] = self._lines
-            self._lines = lines
         seqs = np.fromiter((seq for seq, _ in rows), np.int64, len(rows))
         self._counts[seqs] = np.fromiter((n for _, n in rows), np.int32, len(rows))
         self.last = max(self.last, top)
