@@ -11,13 +11,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from contextfold.items import Message
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
 from contextfold.memory.recall import Recaller
 from contextfold.memory.summarize import ExtractiveSummarizer
+from contextfold.memory.turn_index import SessionVectors
 from contextfold.store.conformance.memory_support import stored
-from contextfold.store.models import NewSegment, TagRollForward
+from contextfold.store.models import NewSegment, TagRollForward, vector_matrix
 from contextfold.store.sqlite.memory import MemoryStore
 from contextfold.testing import HashEmbedder
 from contextfold.tokens import CharCounter, TiktokenCounter
@@ -613,3 +616,37 @@ def test_the_token_cache_keys_bound_the_engines_counter_and_counts_stay_exact() 
     assert engine.counter.count.cache_info().currsize == 0  # type: ignore[attr-defined]
     default = MemoryEngine(MemoryConfig(), store=MemoryStore(), embedder=None)
     assert default.counter.count.cache_info().maxsize == 16_384  # type: ignore[attr-defined]
+
+
+def _fetch(rows: list[tuple[int, bytes]]) -> Any:
+    """A cursor's ``fetchmany`` over ``rows``."""
+    left = list(rows)
+
+    def fetchmany(size: int) -> list[tuple[int, bytes]]:
+        taken, left[:] = left[:size], left[size:]
+        return taken
+
+    return fetchmany
+
+
+def test_vectors_read_a_chunk_at_a_time_come_back_whole_however_many_were_counted() -> None:
+    matrix = np.arange(5 * 4, dtype=np.float32).reshape(5, 4) / 3
+    rows = [(seq, matrix[seq - 1].tobytes()) for seq in range(1, 6)]
+    for counted in (5, 2, 9):  # as counted, more rows than counted (written since), fewer
+        seqs, got = vector_matrix(_fetch(rows), counted)
+        assert seqs == [1, 2, 3, 4, 5] and got.tobytes() == matrix.tobytes()
+    assert vector_matrix(_fetch([]), 0)[0] == []
+
+
+def test_the_first_rows_of_a_session_are_kept_as_read_and_later_ones_appended() -> None:
+    read = np.ones((3, 4), np.float32)
+    entry = SessionVectors(born=1)
+    entry.append([1, 2, 3], read)
+    assert np.shares_memory(entry.rows(0), read)  # no second copy of the session's vectors
+    entry.append([4], np.full((1, 4), 2, np.float32))
+    assert entry.seqs == [1, 2, 3, 4] and entry.rows(0).tolist()[-1] == [2.0] * 4
+    assert entry.rows(0)[:3].tolist() == [[1.0] * 4] * 3
+    view = np.zeros((4, 4), np.float32)[1:]  # not its own memory: copied
+    other = SessionVectors(born=1)
+    other.append([1, 2, 3], view)
+    assert not np.shares_memory(other.rows(0), view)

@@ -136,6 +136,12 @@ class SessionVectors:
     def append(self, seqs: list[int], rows: Matrix) -> None:
         if not seqs:
             return
+        if not self._count and not len(self._base) and _adoptable(rows):
+            # The first rows of an entry read from the store: kept as they are, not copied
+            # (a second copy of 100k × 384 floats is 146 MB more, which the heap then kept).
+            self._buffer, self._count = rows, len(rows)
+            self._seqs.extend(seqs)
+            return
         need = self._count + len(rows)
         if need > len(self._buffer) or self._buffer.shape[1] != rows.shape[1]:
             grown = np.empty((max(need, len(self._buffer) * 5 // 4), rows.shape[1]), np.float32)
@@ -198,6 +204,17 @@ class SessionVectors:
         # Ties fall by seq, as the exact scan's rows (in seq order) would have them.
         order = np.lexsort((all_seqs, -all_scores))[:limit]
         return [(int(all_seqs[i]), float(all_scores[i])) for i in order], True
+
+
+def _adoptable(rows: Matrix) -> bool:
+    """Whether ``rows`` can become an entry's buffer as they are: a float32 matrix that owns
+    its memory, writable and in row order (what ``MemoryStorage.turn_vectors`` returns)."""
+    flags = rows.flags
+    return (
+        rows.dtype == np.float32
+        and rows.ndim == 2
+        and bool(flags.owndata and flags.writeable and flags.c_contiguous)
+    )
 
 
 def _digest(text: str, length: int) -> str:

@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple
@@ -51,6 +51,7 @@ __all__ = [
     "pid_alive",
     "retention_cut",
     "tag_roll_forward",
+    "vector_matrix",
 ]
 
 Depth = Literal["none", "summary", "segments", "full"]
@@ -384,3 +385,33 @@ def retention_cut(newest_first: Iterable[tuple[int, int]], keep: int, max_bytes:
             return pos
         kept, kept_bytes = kept + 1, kept_bytes + size
     return None
+
+
+#: Rows of vectors read from a store at a time (``vector_matrix``).
+VECTOR_CHUNK = 4096
+
+
+def vector_matrix(
+    fetchmany: Callable[[int], Sequence[Sequence[Any]]], count: int
+) -> tuple[list[int], npt.NDArray[np.float32]]:
+    """The seqs and the matrix of (seq, float32 bytes) rows, ``count`` of them expected, read
+    ``VECTOR_CHUNK`` at a time (``fetchmany``: a cursor's) into one matrix. Read whole and
+    stacked, 100k vectors of 384 floats took the matrix's size three times over at once (the
+    rows as Python objects, the stack, the cache's copy of it), which the heap then kept: 325 MB
+    more RSS than the vectors' 146 MB."""
+    seqs: list[int] = []
+    matrix: npt.NDArray[np.float32] | None = None
+    while rows := fetchmany(VECTOR_CHUNK):
+        blob = b"".join(bytes(row[1]) for row in rows)
+        chunk = np.frombuffer(blob, dtype=np.float32).reshape(len(rows), -1)
+        if matrix is None:
+            matrix = np.empty((max(count, len(rows)), chunk.shape[1]), np.float32)
+        at = len(seqs)
+        if at + len(rows) > len(matrix):  # more than counted
+            matrix = np.concatenate([matrix[:at], chunk])
+        else:
+            matrix[at : at + len(rows)] = chunk
+        seqs.extend(int(row[0]) for row in rows)
+    if matrix is None:
+        return [], np.zeros((0, 0), dtype=np.float32)
+    return seqs, matrix if len(matrix) == len(seqs) else matrix[: len(seqs)]

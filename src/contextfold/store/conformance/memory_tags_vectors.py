@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from contextfold.errors import ConfigError
+from contextfold.store import models
 from contextfold.store.conformance.memory_support import TOPICS, filled, messages
 from contextfold.store.protocols import MemoryStorage
 
@@ -160,6 +161,26 @@ def test_vectors_round_trip_bit_exact(memory_store: MemoryStorage) -> None:
     wide = np.random.default_rng(7).standard_normal((2, 4))
     store.add_turn_vectors("s1", "m", [4, 5], wide)
     assert store.turn_vectors("s1", "m", after=3)[1].tobytes() == wide.astype(np.float32).tobytes()
+
+
+def test_vectors_are_read_whole_a_chunk_at_a_time(
+    memory_store: MemoryStorage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``turn_vectors`` reads its rows ``VECTOR_CHUNK`` at a time into one matrix: across
+    chunks (a last one part full, one exactly full) the rows come back whole, in order, bit
+    for bit, and the matrix is the caller's own (the recaller keeps it as it is)."""
+    monkeypatch.setattr(models, "VECTOR_CHUNK", 2)
+    store = filled(memory_store)  # six turns
+    matrix = np.arange(6 * 3, dtype=np.float32).reshape(6, 3) / 7
+    store.add_turn_vectors("s1", "m", [1, 2, 3, 4, 5, 6], matrix)
+    seqs, got = store.turn_vectors("s1", "m")
+    assert seqs == [1, 2, 3, 4, 5, 6] and got.tobytes() == matrix.tobytes()
+    assert got.flags.owndata and got.flags.writeable and got.flags.c_contiguous
+    seqs, got = store.turn_vectors("s1", "m", after=1)  # five rows: 2 + 2 + 1
+    assert seqs == [2, 3, 4, 5, 6] and got.tobytes() == matrix[1:].tobytes()
+    seqs, got = store.turn_vectors("s1", "m", after=2)  # four rows: two full chunks
+    assert seqs == [3, 4, 5, 6] and got.tobytes() == matrix[2:].tobytes()
+    assert store.turn_vectors("s1", "m", after=6)[0] == []
 
 
 def test_vectors_by_model_after_and_missing(memory_store: MemoryStorage) -> None:

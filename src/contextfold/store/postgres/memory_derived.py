@@ -21,6 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from contextfold.errors import ConfigError
+from contextfold.store.models import vector_matrix
 from contextfold.store.postgres.connection import Database, from_text, utc
 
 __all__ = ["PostgresDerived"]
@@ -307,12 +308,10 @@ class PostgresDerived:
     ) -> tuple[list[int], npt.NDArray[np.float32]]:
         """The seqs (> ``after``) with a vector from ``model`` and their vectors, in order."""
         with self._db.read() as conn:
-            rows = conn.execute(
+            cursor = conn.execute(
                 "SELECT seq, vector FROM turn_vectors WHERE session_id = %s AND model = %s"
                 " AND seq > %s ORDER BY seq",
                 (session_id, model, after),
-            ).fetchall()
-        if not rows:
-            return [], np.zeros((0, 0), dtype=np.float32)
-        matrix = np.stack([np.frombuffer(bytes(r[1]), dtype=np.float32) for r in rows])
-        return [int(r[0]) for r in rows], matrix
+            )
+            # Converted a chunk at a time into one matrix (``vector_matrix``).
+            return vector_matrix(cursor.fetchmany, max(cursor.rowcount, 0))

@@ -76,6 +76,7 @@ from contextfold.store.models import (
     WorkingSetEntry,
     _iso,
     _now,
+    vector_matrix,
 )
 from contextfold.store.sqlite import memory_fts, select_in
 from contextfold.store.sqlite.connection import pairs
@@ -509,16 +510,19 @@ class MemoryStore:
     def turn_vectors(
         self, session_id: str, model: str, *, after: int = 0
     ) -> tuple[list[int], npt.NDArray[np.float32]]:
-        """The seqs (> ``after``) with a vector from ``model`` and their vectors, in seq order."""
-        rows = self._conn.execute(
-            "SELECT seq, vector FROM turn_vectors WHERE session_id = ? AND model = ? AND seq > ?"
-            " ORDER BY seq",
-            (session_id, model, after),
-        ).fetchall()
-        if not rows:
-            return [], np.zeros((0, 0), dtype=np.float32)
-        matrix = np.stack([np.frombuffer(r[1], dtype=np.float32) for r in rows])
-        return [int(r[0]) for r in rows], matrix
+        """The seqs (> ``after``) with a vector from ``model`` and their vectors, in seq order
+        (counted, then read a chunk at a time into one matrix, in one snapshot:
+        ``vector_matrix``)."""
+        cursor = self._conn.cursor()
+        cursor.row_factory = None  # plain tuples
+        where = " FROM turn_vectors WHERE session_id = ? AND model = ? AND seq > ?"
+        params = (session_id, model, after)
+        with memory_fts.snapshot(self._conn):
+            (count,) = cursor.execute("SELECT COUNT(*)" + where, params).fetchone()
+            if not count:
+                return [], np.zeros((0, 0), dtype=np.float32)
+            cursor.execute("SELECT seq, vector" + where + " ORDER BY seq", params)
+            return vector_matrix(cursor.fetchmany, int(count))
 
     # -- search ---------------------------------------------------------------------------------
 

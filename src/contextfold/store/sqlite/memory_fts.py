@@ -35,7 +35,7 @@ import numpy as np
 
 from contextfold.store.text import query_terms
 
-__all__: list[str] = []
+__all__ = ["snapshot"]
 
 _WORDS = re.compile(r"\w")
 
@@ -168,7 +168,7 @@ def search_turn_seqs_many(
     ``common_limit`` of the session's turns, so the rows read stay bounded."""
     per_query = [query_terms(query) for query in queries]
     words = list(dict.fromkeys(t for terms in per_query for t in terms))
-    with _snapshot(conn):
+    with snapshot(conn):
         scored = _word_scores(conn, session_id, words, common_limit, session_turns)
     out: list[list[tuple[int, float]]] = []
     for terms in per_query:
@@ -187,7 +187,7 @@ def search_turn_seqs_many(
 
 
 @contextlib.contextmanager
-def _snapshot(conn: sqlite3.Connection) -> Iterator[None]:
+def snapshot(conn: sqlite3.Connection) -> Iterator[None]:
     """One read snapshot for the statements inside (each statement alone would be its own):
     a query's words scored against two states of the store would add up to neither's bm25.
     Inside a transaction already, that one is the snapshot."""
