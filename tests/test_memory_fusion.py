@@ -189,3 +189,40 @@ def test_a_period_reads_the_times_only_of_candidates_that_could_be_kept() -> Non
     want = _reference(r, signals, None, set(), {}, times, query_period(text), set(), 10)
     assert [(h.seq, h.score, h.ranks) for h in got] == want
     assert 10 <= len(asked) < 40  # RRF with k=1: only the first ranks can reach the 10th
+
+
+_PERIOD_TEXT = "what happened in January 2024"
+
+
+def _period_recaller(times: dict[int, datetime], date_weight: float) -> Recaller:
+    r = Recaller(  # type: ignore[arg-type]
+        _Store({}, times),
+        date_weight=date_weight,
+        author_weight=0.0,
+        fusion="score",
+        neighbor_weight=0.0,
+        length_prior=0.0,
+    )
+    r._dense = lambda sid, text, limit: []  # type: ignore[method-assign]
+    r._turn_lengths = lambda sid: None  # type: ignore[method-assign]
+    return r
+
+
+def _cut_and_whole(r: Recaller, fts: list[tuple[int, float]], limit: int) -> tuple[list, list]:
+    cut = r._rank_text("s", _PERIOD_TEXT, ([], None), fts, limit=limit)
+    whole = r._rank_text("s", _PERIOD_TEXT, ([], None), fts, limit=len(fts))[:limit]
+    return [(h.seq, h.score) for h in cut], [(h.seq, h.score) for h in whole]
+
+
+def test_a_negative_date_weight_keeps_the_stated_ranking() -> None:
+    jan, june = datetime(2024, 1, 5, tzinfo=UTC), datetime(2024, 6, 5, tzinfo=UTC)
+    r = _period_recaller({1: jan, 2: jan, 3: june}, date_weight=-0.5)  # a period demoted
+    cut, whole = _cut_and_whole(r, [(1, 10.0), (2, 9.0), (3, 0.0)], limit=1)
+    assert cut == whole  # cut: [(2, 0.9)] (2's time never read); stated: [(1, 0.5)]
+
+
+def test_a_nan_score_keeps_the_stated_ranking() -> None:
+    jan, june = datetime(2024, 1, 5, tzinfo=UTC), datetime(2024, 6, 5, tzinfo=UTC)
+    r = _period_recaller({1: june, 2: june, 3: jan, 4: june}, date_weight=0.5)
+    cut, whole = _cut_and_whole(r, [(1, 3.0), (2, float("nan")), (3, 2.0), (4, 1.0)], limit=2)
+    assert cut == whole  # NaN counts as the largest in np.partition: the floor is too high

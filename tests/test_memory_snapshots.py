@@ -4,6 +4,7 @@ and only what is still true is taken."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from contextfold.memory.authors import TurnAuthors
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
 from contextfold.memory.snapshots import SessionState, StateFiles
-from contextfold.memory.turn_lengths import TurnLengths
+from contextfold.memory.turn_lengths import TurnLengths, line_key
 from contextfold.store.sqlite.memory import MemoryStore
 from contextfold.tokens import TiktokenCounter
 
@@ -143,7 +144,10 @@ def test_a_session_deleted_and_written_again_takes_nothing_saved(tmp_path: Path)
     calls = _reads(engine)
     got = engine.on_message_inbound(QUESTION).prepend_text
     assert calls["tag_counts"]  # another incarnation: everything read from the store
-    assert engine.recaller.kept_state("default") == (None, None)
+    lengths, authors = engine.recaller.kept_state("default")
+    born = engine.store.session_version("default")
+    assert born is not None and authors is None  # nothing of the saved incarnation taken:
+    assert lengths is None or (lengths.born == born[0] and lengths.last == 0)  # only costs
     fresh = _engine(path, state_files=False)
     assert fresh.on_message_inbound(QUESTION).prepend_text == got
     fresh.close()
@@ -306,3 +310,118 @@ def engine_answer(path: Path, question: str) -> str:
         return engine.on_message_inbound(question).prepend_text
     finally:
         engine.close()
+
+
+# -- line costs counted by the derive (review of the change) --------------------------------
+
+
+def _held_bytes(engine: Any) -> int:
+    r = engine.recaller
+    return sum(e.charged for e in r._lengths.values()) + sum(e.charged for e in r._vectors.values())
+
+
+def test_lines_noted_while_a_recall_extends_the_counts_are_not_lost_nor_orphaned(
+    tmp_path: Path,
+) -> None:
+    """A recall's ``_turn_lengths`` takes the session's counts out of ``_lengths`` while it
+    reads the turns stored since; the derive thread's ``note_lines`` at that moment finds no
+    kept counts and starts an ``_early_lines`` entry, which the recall never takes (it puts
+    its own entry back): the costs are lost and the early entry is held, charged, never read,
+    for as long as the counts stay kept."""
+    engine = _engine(tmp_path / "m.db", state_files=False)
+    engine.on_turn_complete(_turns(0, 50), new_only=True)  # < 200 turns: counts read inline
+    r, sid = engine.recaller, "default"
+    assert r._turn_lengths(sid) is not None
+    born = engine.store.session_version(sid)[0]
+    key = line_key(engine.assembler.counter)
+    store = engine.store
+    original = store.turn_token_counts_after
+
+    def during(session_id: str, after: int) -> Any:
+        out = original(session_id, after)
+        r.note_lines(sid, born, key, [(50, 999)])  # the derive thread, at this moment
+        return out
+
+    store.turn_token_counts_after = during  # type: ignore[method-assign]
+    r._turn_lengths(sid)  # a recall's read of the turns stored since
+    store.turn_token_counts_after = original  # type: ignore[method-assign]
+    for _ in range(3):
+        engine.on_message_inbound(QUESTION)  # later recalls: the early entry stays
+    lines = r.session_lines(sid, store.session_version(sid))
+    assert lines is not None
+    got = lines.lines([50], key)
+    orphan = sid in r._early_lines
+    held, charged = _held_bytes(engine), r.vector_cache_bytes()
+    engine.close()
+    # want: the noted cost kept, no early entry beside the kept counts, nothing else charged
+    assert (got, orphan, charged - held) == ([999], False, 0)
+
+
+def test_a_session_deleted_during_its_derive_leaves_no_line_costs_behind(
+    tmp_path: Path,
+) -> None:
+    """``delete_session`` (the session lock) may run between the derive's write and its
+    ``_count_lines`` (which holds no session lock): ``note_lines`` then keeps the deleted
+    incarnation's costs in ``_early_lines`` after ``forget``; nothing takes them out unless
+    the session is recalled again or the cache fills."""
+    engine = _engine(tmp_path / "m.db", state_files=False)
+    original = engine._tag_pending
+
+    def then_deleted(sid: str, *args: Any) -> Any:
+        out = original(sid, *args)
+        engine.delete_session(sid)  # a request thread, once the derive's write is done
+        return out
+
+    engine._tag_pending = then_deleted  # type: ignore[method-assign]
+    with contextlib.suppress(Exception):  # the rest of the derive may fail on the deleted session
+        engine.on_turn_complete(_turns(0, 10), new_only=True)
+    r = engine.recaller
+    left = dict(r._early_lines)
+    charged = r.vector_cache_bytes()
+    with contextlib.suppress(Exception):
+        engine.close()
+    assert "default" not in left, "a deleted session's line costs stay cached"
+    assert charged == 0
+
+
+def test_lines_the_derive_counted_after_the_last_recall_come_back_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """docs/memory.md (assembly): 'a recall counts only the lines of turns derived by another
+    process or before a restart without a state file'. Costs noted past the kept counts'
+    ``last`` are cut off when the state is saved (``lines[: lengths_last + 1]``)."""
+    path = tmp_path / "m.db"
+    _stored(path)  # 400 turns recalled: counts and line costs saved
+    engine = _engine(path)
+    engine.on_message_inbound(QUESTION)  # adopts the saved counts
+    zebra = [
+        {
+            "role": "user" if i % 2 == 0 else "assistant",
+            "content": f"Ann: the zebra crossing near the bakery came up on day {i}.",
+        }
+        for i in range(20)
+    ]
+    engine.on_turn_complete(zebra, new_only=True)  # the derive counts each new line
+    engine.close()
+    again = _engine(path)
+    counting = _Counting(TiktokenCounter("cl100k_base"))
+    again.counter = again.assembler.counter = counting  # type: ignore[assignment]
+    text = again.on_message_inbound("What about the zebra crossing near the bakery?").prepend_text
+    again.close()
+    assert "zebra" in text
+    assert counting.lines == 0, f"{counting.lines} lines counted again after the restart"
+
+
+def test_lines_of_a_derive_only_run_come_back_after_a_restart(tmp_path: Path) -> None:
+    """The same claim for a process that derived and closed without a recall: its costs sat in
+    ``_early_lines``, which ``kept_state`` (hence the state file) never sees."""
+    path = tmp_path / "m.db"
+    engine = _engine(path)
+    engine.on_turn_complete(_turns(0, 400), new_only=True)
+    engine.close()
+    again = _engine(path)
+    counting = _Counting(TiktokenCounter("cl100k_base"))
+    again.counter = again.assembler.counter = counting  # type: ignore[assignment]
+    assert again.on_message_inbound(QUESTION).prepend_text
+    again.close()
+    assert counting.lines == 0, f"{counting.lines} lines counted again after the restart"

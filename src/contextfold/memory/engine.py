@@ -591,7 +591,12 @@ class MemoryEngine:
         would (``TurnLengths.lines``): a recall that packs it then counts nothing."""
         count = self.assembler.counter.count
         costs = [(seq, count(text + "\n")) for seq, _, text, _ in turns if done < seq <= upto]
-        self.recaller.note_lines(sid, born, line_key(self.assembler.counter), costs)
+        if not costs:
+            return
+        with self.lock(sid):  # a session deleted meanwhile (``delete_session``) keeps none
+            version = self.store.session_version(sid)
+            if version is not None and version[0] == born:
+                self.recaller.note_lines(sid, born, line_key(self.assembler.counter), costs)
 
     def _compact_derived(
         self, sid: str, pending: PendingDerive, upto: int, *, compact: bool

@@ -622,7 +622,15 @@ class Recaller:
 
     def _keep_lengths(self, session_id: str, entry: TurnLengths) -> None:
         """Cache a session's token counts within the limits (the lock held; none cached for
-        it): too large alone, it is not kept."""
+        it), with the line costs kept ahead of them (``note_lines`` while they were read):
+        too large alone, it is not kept."""
+        early = self._early_lines.pop(session_id, None)
+        if early is not None:
+            self._length_bytes -= early.charged
+            counted = np.flatnonzero(early.line_array)
+            if early.born == entry.born and early.line_counter and len(counted):
+                costs = early.line_array[counted].tolist()
+                entry.set_lines(list(zip(counted.tolist(), costs, strict=True)), early.line_counter)
         entry.charged = entry.nbytes
         if entry.charged <= self.vector_cache_limit:
             self._lengths[session_id] = entry
@@ -722,10 +730,13 @@ class Recaller:
         return fresh
 
     def kept_state(self, session_id: str) -> tuple[TurnLengths | None, TurnAuthors | None]:
-        """The session's kept token counts and authors (``None`` when not kept), for
-        ``memory.snapshots``."""
+        """The session's kept token counts (else the line costs kept ahead of them: ``last``
+        0) and authors (``None`` when not kept), for ``memory.snapshots``."""
         with self._lock:
-            return self._lengths.get(session_id), self._authors.get(session_id)
+            lengths = self._lengths.get(session_id)
+            if lengths is None:
+                lengths = self._early_lines.get(session_id)
+            return lengths, self._authors.get(session_id)
 
     def session_lines(
         self, session_id: str, version: tuple[int, int] | None
@@ -750,17 +761,16 @@ class Recaller:
         being read already: the recalls then read only the turns stored since."""
         with self._lock:
             busy = session_id in self._reading_lengths or session_id in self._lengths_unkept
-            if lengths is not None and session_id not in self._lengths and not busy:
-                early = self._early_lines.pop(session_id, None)
-                if early is not None:  # counted since the state was saved
-                    self._length_bytes -= early.charged
-                    counted = np.flatnonzero(early.line_array)
-                    if early.born == lengths.born and len(counted):
-                        costs = early.line_array[counted].tolist()
-                        lengths.set_lines(
-                            list(zip(counted.tolist(), costs, strict=True)), early.line_counter
-                        )
-                self._keep_lengths(session_id, lengths)
+            if lengths is not None and lengths.last == 0:  # line costs only: a derive's
+                if session_id not in self._lengths and session_id not in self._early_lines:
+                    self._early_lines[session_id] = lengths
+                    self._length_bytes += lengths.nbytes
+                    lengths.charged = lengths.nbytes
+                    while len(self._early_lines) > self.cached_sessions:
+                        self._length_bytes -= self._early_lines.popitem(last=False)[1].charged
+                    self._fit(session_id)
+            elif lengths is not None and session_id not in self._lengths and not busy:
+                self._keep_lengths(session_id, lengths)  # (with the costs counted since)
             if (
                 authors is not None
                 and session_id not in self._authors
@@ -1034,7 +1044,7 @@ class Recaller:
         window = Period(period.start, period.end + self.date_slack)
         lift = 1 + self.date_weight
         wanted = np.arange(len(cands))
-        if len(cands) > limit:
+        if len(cands) > limit and lift >= 1 and np.isfinite(fused).all():
             floor = np.partition(fused, len(fused) - limit)[len(fused) - limit]
             if floor > 0:  # every one of the ``limit`` best is lifted up, never down
                 wanted = np.flatnonzero(np.maximum(fused, fused * lift) >= floor)

@@ -149,7 +149,9 @@ class StateFiles:
         if state.lengths is not None:
             arrays["lengths"] = state.lengths[: state.lengths_last + 1]
             if state.lines is not None and state.line_counter:
-                arrays["lines"] = state.lines[: state.lengths_last + 1]
+                # Past the counts' last too (a derive counts a turn's line before its token
+                # count is read), up to the session's last turn.
+                arrays["lines"] = state.lines[: max(state.lengths_last, state.check_seq) + 1]
         if state.authors is not None:
             arrays["authors"] = state.authors[: state.authors_last + 1]
         buffer = io.BytesIO()

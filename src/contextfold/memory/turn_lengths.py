@@ -78,15 +78,16 @@ class TurnLengths:
     ) -> TurnLengths | None:
         """The counts (and line costs, counted by ``line_counter``) saved by an earlier process
         (``memory.snapshots``) up to seq ``last``; ``None`` when they do not cover it."""
-        if last < 0 or len(counts) < last + 1:
-            return None
+        has_lines = lines is not None and bool(line_counter)
+        if last < 0 or (len(counts) < last + 1 and (last or not has_lines)):
+            return None  # (``last`` 0 and no counts: the line costs a derive counted, alone)
         out = cls(born)
         out._counts = np.array(counts[: last + 1], np.int32)
-        out._lines = np.zeros(last + 1, np.int32)
         if lines is not None and line_counter:
-            kept = min(len(lines), last + 1)
-            out._lines[:kept] = lines[:kept]
+            out._lines = np.array(lines, np.int32)  # past ``last`` too: a turn's never changes
             out.line_counter = line_counter
+        else:
+            out._lines = np.zeros(last + 1, np.int32)
         out.last = last
         return out
 
