@@ -644,8 +644,12 @@ def test_the_first_rows_of_a_session_are_kept_as_read_and_later_ones_appended() 
     entry.append([1, 2, 3], read)
     assert np.shares_memory(entry.rows(0), read)  # no second copy of the session's vectors
     entry.append([4], np.full((1, 4), 2, np.float32))
+    assert np.shares_memory(entry.rows(0, 3), read)  # nor one when more rows come
     assert entry.seqs == [1, 2, 3, 4] and entry.rows(0).tolist()[-1] == [2.0] * 4
     assert entry.rows(0)[:3].tolist() == [[1.0] * 4] * 3
+    query = np.array([1, 0, 0, 0], np.float32)
+    assert entry.scores(query).tolist() == [1.0, 1.0, 1.0, 2.0]
+    assert entry.search(query, 2, 16, ann=False)[0] == [(4, 2.0), (1, 1.0)]
     view = np.zeros((4, 4), np.float32)[1:]  # not its own memory: copied
     other = SessionVectors(born=1)
     other.append([1, 2, 3], view)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -561,9 +561,12 @@ class MemoryEngine:
         try:
             record = pending.record
             upto, current = self._tag_pending(
-                sid, record.derived_seq, pending.turns, record.generation
+                sid,
+                record.derived_seq,
+                pending.turns,
+                record.generation,
+                written=self._line_costs(sid, record.born, pending.turns, record.derived_seq),
             )
-            self._count_lines(sid, record.born, pending.turns, record.derived_seq, upto)
             cached = self._vocab.peek(sid)
             if current is not None and cached is not None and cached[0] == current:
                 # The counts as this derive's own write left them, at the generation it
@@ -579,24 +582,22 @@ class MemoryEngine:
         finally:
             self._usage.session_id = None
 
-    def _count_lines(
-        self,
-        sid: str,
-        born: int,
-        turns: Sequence[tuple[int, str, str, str]],
-        done: int,
-        upto: int,
-    ) -> None:
-        """Count each turn this derive tagged as a line of the memory block, as the assembler
-        would (``TurnLengths.lines``): a recall that packs it then counts nothing."""
-        count = self.assembler.counter.count
-        costs = [(seq, count(text + "\n")) for seq, _, text, _ in turns if done < seq <= upto]
-        if not costs:
-            return
-        with self.lock(sid):  # a session deleted meanwhile (``delete_session``) keeps none
-            version = self.store.session_version(sid)
-            if version is not None and version[0] == born:
-                self.recaller.note_lines(sid, born, line_key(self.assembler.counter), costs)
+    def _line_costs(
+        self, sid: str, born: int, turns: Sequence[tuple[int, str, str, str]], done: int
+    ) -> Callable[[Sequence[int]], None]:
+        """Each turn after ``done`` counted as a line of the memory block, as the assembler
+        would (``TurnLengths.lines``), and what keeps a chunk's costs once its tags are written
+        (called under the session's lock: a ``delete_session`` comes before, and the write
+        fails, or after, and its ``forget`` drops them)."""
+        counter = self.assembler.counter
+        costs = {seq: counter.count(text + "\n") for seq, _, text, _ in turns if seq > done}
+        key = line_key(counter)
+
+        def written(seqs: Sequence[int]) -> None:
+            kept = [(seq, costs[seq]) for seq in seqs if seq in costs]
+            self.recaller.note_lines(sid, born, key, kept)
+
+        return written
 
     def _compact_derived(
         self, sid: str, pending: PendingDerive, upto: int, *, compact: bool
@@ -649,13 +650,16 @@ class MemoryEngine:
         done: int,
         turns: Sequence[tuple[int, str, str, str]],
         generation: int,
+        *,
+        written: Callable[[Sequence[int]], None] | None = None,
     ) -> tuple[int, int | None]:
         """Tag the turns after ``done`` (the session's ``derived_seq``) among ``turns`` (as
         ``begin_derive`` read them at ``generation``, with the derived turns before them as
         context; tags computed outside the lock; the tags, the new ``derived_seq`` and the
         vocabulary counts written together); the ``derived_seq`` it leaves, and the
         generation its last write drew when the cached counts were carried to it (``None``
-        when they were not: they are read again when next used)."""
+        when they were not: they are read again when next used). ``written`` is called with
+        each chunk's seqs once its write is done, under the session's lock."""
         rows = {seq: (role, text) for seq, role, text, _ in turns}
         last = max(rows, default=0)
         if last <= done:
@@ -703,6 +707,8 @@ class MemoryEngine:
                     {seq: tagged[seq] for seq in chunk},
                     last if n == len(chunks) - 1 else chunk[-1],
                 )
+                if written is not None:
+                    written(chunk)
                 cached = self._vocab.peek(sid)
                 # Counts cached at another generation are stale already: they are read from
                 # the store when next used.

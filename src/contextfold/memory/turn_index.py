@@ -137,9 +137,11 @@ class SessionVectors:
         if not seqs:
             return
         if not self._count and not len(self._base) and _adoptable(rows):
-            # The first rows of an entry read from the store: kept as they are, not copied
-            # (a second copy of 100k × 384 floats is 146 MB more, which the heap then kept).
-            self._buffer, self._count = rows, len(rows)
+            # The first rows of an entry read from the store: kept as they are, as the base
+            # (not copied: a second copy of 100k × 384 floats is 146 MB more, which the heap
+            # then kept), so the rows appended later grow a buffer of their own and never
+            # copy these (growing one buffer of 100k rows faulted in 183 MB fresh: 330 ms).
+            self._base = rows
             self._seqs.extend(seqs)
             return
         need = self._count + len(rows)
