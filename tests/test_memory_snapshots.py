@@ -5,6 +5,9 @@ and only what is still true is taken."""
 from __future__ import annotations
 
 import contextlib
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -425,3 +428,42 @@ def test_lines_of_a_derive_only_run_come_back_after_a_restart(tmp_path: Path) ->
     assert again.on_message_inbound(QUESTION).prepend_text
     again.close()
     assert counting.lines == 0, f"{counting.lines} lines counted again after the restart"
+
+
+_KILLED = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[2])
+from test_memory_snapshots import QUESTION, _engine, _turns
+from pathlib import Path
+engine = _engine(Path(sys.argv[1]))
+engine.on_turn_complete(_turns(0, 400), new_only=True)
+engine.on_message_inbound(QUESTION)
+engine.recaller.settle()  # the counts and authors read whole, as a long-lived process has them
+assert engine.compact(session_id="default") is not None
+os.kill(os.getpid(), signal.SIGKILL)  # no close: nothing saved at close
+"""
+
+
+def test_a_process_killed_after_a_compaction_leaves_its_state_to_the_next(tmp_path: Path) -> None:
+    """A compaction saves the session's recall state (not only ``close``): a process killed
+    with SIGKILL after it leaves the turns' counts, authors and line costs to the next
+    process, whose first recall reads only the turns after them."""
+    path = tmp_path / "m.db"
+    tests = str(Path(__file__).parent)
+    child = subprocess.run(
+        [sys.executable, "-c", _KILLED, str(path), tests], capture_output=True, text=True
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    assert list((tmp_path / "m.db.state").glob("*.npz"))  # written by the compaction
+    engine = _engine(path)
+    calls = _reads(engine)
+    got = engine.on_message_inbound(QUESTION).prepend_text
+    engine.recaller.start_reads()
+    engine.recaller.settle()
+    assert calls["turn_token_counts"] == calls["turn_openings"] == [], calls
+    assert {c[0] for c in calls["turn_token_counts_after"]} == {400}, calls
+    assert {c[0] for c in calls["turn_openings_with_incarnation"]} == {400}, calls
+    engine.close()
+    plain = _engine(path, state_files=False)  # the store's own answer, read from scratch
+    assert plain.on_message_inbound(QUESTION).prepend_text == got
+    plain.close()

@@ -442,27 +442,33 @@ class MemoryEngine:
     def _save_each_state(self) -> None:
         assert self._states is not None
         for sid in list(self._vocab)[-SAVED_SESSIONS:]:
-            version = self.store.session_version(sid)
-            cached = self._vocab.peek(sid)
-            if version is None or cached is None:
-                continue
-            born, generation = version
-            check = self.store.last_seq(sid)
-            state = SessionState(
-                sid, born, generation, check_seq=check, check_hash=self.store.turn_hash(sid, check)
-            )
-            if cached[0] == generation:
-                state.counts = cached[1]
-                state.related, state.inbound = self.vocab.kept(sid, generation)
-                topics = self.assembler.kept_topics(sid)
-                if topics is not None and topics[0] == born:
-                    state.topics_watermark, state.topics = topics[1], topics[2]
-            state.keep_turns(*self.recaller.kept_state(sid))
-            if state.counts is None and state.lengths is None and state.authors is None:
-                continue
-            with contextlib.suppress(OSError):
-                self._states.save(state)
+            self._save_state(sid)
         self._states.trim()
+
+    def _save_state(self, sid: str) -> None:
+        """Save one session's recall state (``memory.snapshots``) as this process keeps it;
+        nothing when it keeps none (a file that cannot be written is skipped)."""
+        assert self._states is not None
+        version = self.store.session_version(sid)
+        cached = self._vocab.peek(sid)
+        if version is None or cached is None:
+            return
+        born, generation = version
+        check = self.store.last_seq(sid)
+        state = SessionState(
+            sid, born, generation, check_seq=check, check_hash=self.store.turn_hash(sid, check)
+        )
+        if cached[0] == generation:
+            state.counts = cached[1]
+            state.related, state.inbound = self.vocab.kept(sid, generation)
+            topics = self.assembler.kept_topics(sid)
+            if topics is not None and topics[0] == born:
+                state.topics_watermark, state.topics = topics[1], topics[2]
+        state.keep_turns(*self.recaller.kept_state(sid))
+        if state.counts is None and state.lengths is None and state.authors is None:
+            return
+        with contextlib.suppress(OSError):
+            self._states.save(state)
 
     def _rewarm(self, sid: str) -> None:
         """After a compaction (inline, or on the background thread, its writes all done): read
@@ -471,11 +477,16 @@ class MemoryEngine:
         compaction drew anew; the derives' own writes carry them forward instead,
         ``Vocabulary.advance``) and the compacted topics' counts — so that recall does
         not. Another write in between only makes the recall read them again itself; a session
-        deleted meanwhile has nothing to read."""
+        deleted meanwhile has nothing to read. Then the session's state is saved
+        (``memory.snapshots``), for a process that is killed before it closes."""
         try:
             with self.lock(sid):
                 self.vocab.inbound_vocabulary(sid, self._counts(sid))
             self.assembler.rewarm(sid)
+            if self._states is not None:
+                # Saved now, not only at close: a process killed later (kill -9, a crash)
+                # still leaves its turns' counts, authors and line costs to the next one.
+                self._save_state(sid)
         except ConfigError:
             return  # the session was deleted meanwhile: nothing to read
         except Exception as exc:  # the compaction is done: the next recall reads them itself

@@ -8,7 +8,8 @@ turns' token counts and authors (``TurnLengths``, ``TurnAuthors``: a few bytes a
 process has none of them, and its first recall of a 10k-turn session read them — most of what
 made it 2.7× the steady recall. ``MemoryEngine.close`` saves them for the ``SAVED_SESSIONS``
 most recently used sessions in ``<database>.state/`` (one ``.npz`` per session: the arrays, and
-the rest as JSON), and the first recall of a session in a new engine loads its file:
+the rest as JSON), each compaction saves its session's (so a process killed later still leaves
+them), and the first recall of a session in a new engine loads its file:
 
 - the vocabulary parts only when the store's ``(born, generation)`` for the session is still the
   one they were saved at (any write since — new turns' tags, another process's — draws a new
