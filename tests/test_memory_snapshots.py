@@ -72,6 +72,23 @@ def _reads(engine: MemoryEngine) -> dict[str, list[Any]]:
     return calls
 
 
+def _read_only_after(calls: dict[str, list[Any]], seq: int) -> None:
+    """The turns' counts and authors were read only after ``seq`` (the saved ones'): not one
+    read of the whole session, nor of a first recall's candidates."""
+    assert calls["turn_token_counts"] == calls["turn_openings"] == [], calls
+    assert {c[0] for c in calls["turn_token_counts_after"]} == {seq}, calls
+    assert {c[0] for c in calls["turn_openings_with_incarnation"]} == {seq}, calls
+
+
+def _as_read_from_scratch(path: Path, answer: str) -> None:
+    """``answer`` to ``QUESTION`` is the store's own, read from scratch (no state file)."""
+    plain = _engine(path, state_files=False)
+    try:
+        assert plain.on_message_inbound(QUESTION).prepend_text == answer
+    finally:
+        plain.close()
+
+
 def _stored(path: Path, turns: int = 400) -> str:
     engine = _engine(path)
     engine.on_turn_complete(_turns(0, turns), new_only=True)
@@ -97,13 +114,9 @@ def test_a_new_engine_takes_the_saved_state_instead_of_reading_the_session(
     # not one read of the whole session, nor of the candidates: only the turns after the
     # saved ones (none)
     assert calls["tag_counts"] == calls["related_tag_counts"] == calls["topic_counts"] == []
-    assert calls["turn_token_counts"] == calls["turn_openings"] == [], calls
-    assert {c[0] for c in calls["turn_token_counts_after"]} == {400}, calls
-    assert {c[0] for c in calls["turn_openings_with_incarnation"]} == {400}, calls
+    _read_only_after(calls, 400)
     engine.close()
-    plain = _engine(path, state_files=False)  # the store's own answer, read from scratch
-    assert plain.on_message_inbound(QUESTION).prepend_text == before
-    plain.close()
+    _as_read_from_scratch(path, before)
 
 
 def test_a_write_since_keeps_the_turns_state_and_reads_the_vocabulary(tmp_path: Path) -> None:
@@ -460,10 +473,6 @@ def test_a_process_killed_after_a_compaction_leaves_its_state_to_the_next(tmp_pa
     got = engine.on_message_inbound(QUESTION).prepend_text
     engine.recaller.start_reads()
     engine.recaller.settle()
-    assert calls["turn_token_counts"] == calls["turn_openings"] == [], calls
-    assert {c[0] for c in calls["turn_token_counts_after"]} == {400}, calls
-    assert {c[0] for c in calls["turn_openings_with_incarnation"]} == {400}, calls
+    _read_only_after(calls, 400)
     engine.close()
-    plain = _engine(path, state_files=False)  # the store's own answer, read from scratch
-    assert plain.on_message_inbound(QUESTION).prepend_text == got
-    plain.close()
+    _as_read_from_scratch(path, got)
