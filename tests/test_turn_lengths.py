@@ -105,9 +105,9 @@ def test_kept_counts_hold_the_cache_limit_with_vectors_and_without() -> None:
     sessions = [f"s{n}" for n in range(6)]
     for sid in sessions:
         stored(store, sid, *_turns(0, 200))
-    # 201 int32 counts and as many line costs a session: 1,608 bytes; the limit holds two
-    # sessions' counts.
-    limit = 2 * 1608 + 100
+    # 201 int32 counts a session (line costs take room only once counted: none here, no
+    # assembler): 804 bytes; the limit holds two sessions' counts.
+    limit = 2 * 804 + 100
     keyword = _recaller(store, vector_cache_bytes=limit)
     for sid in sessions:
         assert keyword.rank(sid, QUESTION)
