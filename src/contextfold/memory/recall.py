@@ -599,26 +599,34 @@ class Recaller:
         with self._lock:
             entry = self._lengths.get(session_id)
             if entry is not None:
-                if entry.born != born:
-                    return
-                table = self._lengths
-            else:
-                entry = self._early_lines.get(session_id)
-                if entry is None or entry.born != born:
-                    if entry is not None:
-                        self._length_bytes -= entry.charged
-                    entry = self._early_lines[session_id] = TurnLengths(born)
-                    entry.charged = 0
-                self._early_lines.move_to_end(session_id)
-                while len(self._early_lines) > self.cached_sessions:
-                    self._length_bytes -= self._early_lines.popitem(last=False)[1].charged
-                table = self._early_lines
-            entry.set_lines(costs, counter)
-            self._length_bytes += entry.nbytes - entry.charged
-            entry.charged = entry.nbytes
-            self._fit(session_id)
-            if table.get(session_id) is entry and self._over():  # too large alone
-                self._length_bytes -= table.pop(session_id).charged
+                if entry.born == born:
+                    entry.set_lines(costs, counter)
+                    self._length_bytes += entry.nbytes - entry.charged
+                    entry.charged = entry.nbytes
+                    self._fit(session_id)
+                    if self._lengths.get(session_id) is entry and self._over():  # too large
+                        self._length_bytes -= self._lengths.pop(session_id).charged
+                return
+            early = self._early_lines.pop(session_id, None)
+            if early is not None:
+                self._length_bytes -= early.charged
+            if early is None or early.born != born:
+                early = TurnLengths(born)
+            early.set_lines(costs, counter)
+            self._keep_early(session_id, early)
+
+    def _keep_early(self, session_id: str, entry: TurnLengths) -> None:
+        """Keep line costs ahead of the session's token counts (the lock held; none kept for
+        it), within the limits: the ``cached_sessions`` most recently kept, and dropped when
+        too large alone."""
+        entry.charged = entry.nbytes
+        self._early_lines[session_id] = entry
+        self._length_bytes += entry.charged
+        while len(self._early_lines) > self.cached_sessions:
+            self._length_bytes -= self._early_lines.popitem(last=False)[1].charged
+        self._fit(session_id)
+        if self._early_lines.get(session_id) is entry and self._over():
+            self._length_bytes -= self._early_lines.pop(session_id).charged
 
     def _keep_lengths(self, session_id: str, entry: TurnLengths) -> None:
         """Cache a session's token counts within the limits (the lock held; none cached for
@@ -763,12 +771,7 @@ class Recaller:
             busy = session_id in self._reading_lengths or session_id in self._lengths_unkept
             if lengths is not None and lengths.last == 0:  # line costs only: a derive's
                 if session_id not in self._lengths and session_id not in self._early_lines:
-                    self._early_lines[session_id] = lengths
-                    self._length_bytes += lengths.nbytes
-                    lengths.charged = lengths.nbytes
-                    while len(self._early_lines) > self.cached_sessions:
-                        self._length_bytes -= self._early_lines.popitem(last=False)[1].charged
-                    self._fit(session_id)
+                    self._keep_early(session_id, lengths)
             elif lengths is not None and session_id not in self._lengths and not busy:
                 self._keep_lengths(session_id, lengths)  # (with the costs counted since)
             if (
