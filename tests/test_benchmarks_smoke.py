@@ -246,6 +246,10 @@ def test_memory_scale_benchmark_quick_run(tmp_path: Path) -> None:
             timings = run[kind]["steady"]
             assert timings.keys() >= TIMING_KEYS and timings["n"] == 5
             assert run[kind]["after_compaction_ms"] > 0 and run[kind]["after_restart_ms"] > 0
+            for first in ("after_compaction", "after_restart"):
+                samples = run[kind][f"{first}_samples_ms"]
+                assert len(samples) == 3 and sorted(samples)[1] == run[kind][f"{first}_ms"]
+        assert run["dense"]["unranked_turns_at_start"] == 0
     assert result["correctness"] and all(v is True for v in result["correctness"].values())
     assert "## Memory as it grows" in md.read_text(encoding="utf-8")
 

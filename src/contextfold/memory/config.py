@@ -183,6 +183,17 @@ it cost 0.13 points of recall beyond ``RELEVANCE_FLOOR``
 (``benchmarks/calibrate_memory_floor.py``)."""
 
 
+COMMON_LIMIT = 300
+"""The default ``recall.common_limit``: a query word or tag on more than this many of the
+session's turns is left out of the full-text and tag signals. Chosen on LoCoMo's tune split
+(conversations 1–5) against the issue's speed bar: the rows of such words are what a recall at
+100k turns read beyond one at 1k, and at 300 the keyword recall at 100k fell from 1.9–2.7× the
+1k figure to 1.26–1.46× on stored sessions (1.55× in one growth run,
+``benchmarks/bench_memory_scale.py``); recall 1–4 at 2,048 tokens went
+0.9155 → 0.9147 and multi-hop 0.8106 → 0.8117 (1000, 500, 400, 300 and 200 compared in
+docs/memory.md, "Steady recall as the session grows")."""
+
+
 ANN_MIN_TURNS: int | None = None
 """The default ``recall.ann_min_turns``: off. On this project's 2-core machine the exact scan of
 a session's 384-d vectors (one core) stayed cheaper than an HNSW search that keeps
@@ -256,7 +267,7 @@ class RecallSettings(_Section):
     fts_limit: int = Field(300, ge=10)
     vector_cache_mb: float = Field(512, gt=0)
     tag_limit: int | None = Field(1000, ge=10)
-    common_limit: int | None = Field(1000, ge=10)
+    common_limit: int | None = Field(COMMON_LIMIT, ge=10)
     ann_min_turns: int | None = Field(ANN_MIN_TURNS, ge=1000)
     ann_expansion: int = Field(1600, ge=16)
     vector_files: bool = True
