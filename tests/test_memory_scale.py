@@ -435,7 +435,7 @@ def test_common_limit_counts_a_tags_related_rows_too() -> None:
 
 
 def test_words_and_tags_on_more_turns_than_common_limit_are_left_out() -> None:
-    limited = _compacting(recall={"common_limit": 10, "tag_limit": None})
+    limited = _compacting(recall={"common_limit": 10, "tag_limit": None, "common_min_turns": 0})
     whole = _compacting(recall={"common_limit": None, "tag_limit": None})
     weights: list[list[str]] = []
     rare = [
@@ -654,3 +654,41 @@ def test_the_first_rows_of_a_session_are_kept_as_read_and_later_ones_appended() 
     other = SessionVectors(born=1)
     other.append([1, 2, 3], view)
     assert not np.shares_memory(other.rows(0), view)
+
+
+def _ranked_by(engine: MemoryEngine, query: str) -> list[tuple[int, float, tuple[str, ...]]]:
+    tags = engine.tag_message(query)
+    ranked = engine.recaller.rank("default", query, tags=tags.tags, related=tags.related_tags)
+    return [(r.seq, r.score, tuple(sorted(r.ranks))) for r in ranked]
+
+
+def test_common_limit_applies_only_from_common_min_turns() -> None:
+    """Below ``common_min_turns`` every word and tag is kept (a small session ranks as with no
+    limit); from it on, the limit leaves the common ones out."""
+    query = "walnut veneer shipment oak lacquer"
+    rare = [
+        {"role": "user", "content": "The oak lacquer of shipment 12 cracked: call the supplier."},
+        {"role": "assistant", "content": "Noted: the oak lacquer cracked."},
+    ]
+    engines = {
+        "no limit": _compacting(recall={"common_limit": None, "tag_limit": None}),
+        "above the session": _compacting(
+            recall={"common_limit": 10, "tag_limit": None, "common_min_turns": 63}
+        ),
+        "at the session": _compacting(
+            recall={"common_limit": 10, "tag_limit": None, "common_min_turns": 62}
+        ),
+        "default": _compacting(recall={"common_limit": 10, "tag_limit": None}),
+    }
+    for engine in engines.values():
+        engine.on_turn_complete(_pairs(0, 30))
+        engine.on_turn_complete(rare)
+        assert engine.store.last_seq("default") == 62
+    ranked = {name: _ranked_by(engine, query) for name, engine in engines.items()}
+    assert ranked["above the session"] == ranked["no limit"]
+    assert ranked["default"] == ranked["no limit"]  # 2,000 turns by default
+    limited = ranked["at the session"]
+    assert limited != ranked["no limit"]
+    fts = {seq for seq, _, signals in limited if "fts" in signals}
+    assert fts < {seq for seq, _, signals in ranked["no limit"] if "fts" in signals}
+    assert MemoryConfig().recall.common_min_turns == 2000

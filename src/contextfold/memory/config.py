@@ -189,9 +189,17 @@ session's turns is left out of the full-text and tag signals. Chosen on LoCoMo's
 (conversations 1–5) against the issue's speed bar: the rows of such words are what a recall at
 100k turns read beyond one at 1k, and at 300 the keyword recall at 100k fell from 1.9–2.7× the
 1k figure to 1.26–1.46× on stored sessions (1.55× in one growth run,
-``benchmarks/bench_memory_scale.py``); recall 1–4 at 2,048 tokens went
+``benchmarks/bench_memory_scale.py``). Applied at every size, recall 1–4 at 2,048 tokens went
 0.9155 → 0.9147 and multi-hop 0.8106 → 0.8117 (1000, 500, 400, 300 and 200 compared in
-docs/memory.md, "Steady recall as the session grows")."""
+docs/memory.md, "Steady recall as the session grows"); it applies only from
+``COMMON_MIN_TURNS`` turns, so LoCoMo's conversations are ranked as before."""
+
+COMMON_MIN_TURNS = 2000
+"""The default ``recall.common_min_turns``: ``common_limit`` applies only to a session of at
+least this many turns. Below it a word's rows are bounded by the session itself and a recall
+costs what one at 1k turns does, so every word is kept: a conversation of LoCoMo's size (at
+most 689 turns) is ranked as before the limit was lowered, and the limit's cost there (measured
+by forcing it, docs/memory.md) is paid only where it buys the bound."""
 
 
 ANN_MIN_TURNS: int | None = None
@@ -221,7 +229,8 @@ class RecallSettings(_Section):
     what the full-text and tag signals read: a query word or tag on more than that many of
     the session's turns (a tag's counting those that carry it as a related tag) is left out
     of them (it tells few turns apart, and reading its turns is what grows with the
-    conversation; ``None``: no limit).
+    conversation; ``None``: no limit), in a session of at least ``common_min_turns`` turns
+    (below, a word's rows are bounded by the session, and every word is kept).
 
     ``ann_min_turns``: a session with at least this many turn vectors is searched through an
     HNSW index (``usearch``, the ``ann`` extra; ``null``, the default: always exact), with
@@ -268,6 +277,7 @@ class RecallSettings(_Section):
     vector_cache_mb: float = Field(512, gt=0)
     tag_limit: int | None = Field(1000, ge=10)
     common_limit: int | None = Field(COMMON_LIMIT, ge=10)
+    common_min_turns: int = Field(COMMON_MIN_TURNS, ge=0)
     ann_min_turns: int | None = Field(ANN_MIN_TURNS, ge=1000)
     ann_expansion: int = Field(1600, ge=16)
     vector_files: bool = True

@@ -236,6 +236,7 @@ class MemoryEngine:
             vector_cache_bytes=int(cfg.recall.vector_cache_mb * 2**20),
             tag_limit=cfg.recall.tag_limit,
             common_limit=cfg.recall.common_limit,
+            common_min_turns=cfg.recall.common_min_turns,
             ann_min_turns=cfg.recall.ann_min_turns,
             ann_expansion=cfg.recall.ann_expansion,
             vector_dir=self._vector_dir(),

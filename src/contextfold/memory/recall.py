@@ -154,7 +154,9 @@ class Recaller:
     ``common_limit`` leaves a
     query word or tag on more than that many of the session's turns (a tag's counting those
     that carry it as a related tag) out of the full-text and tag signals (``None``: no
-    limit), so what they read is bounded by the words' rarity."""
+    limit), so what they read is bounded by the words' rarity; only in a session of at least
+    ``common_min_turns`` turns (in a smaller one what a word reads is bounded by the session
+    itself, and every word is kept)."""
 
     def __init__(
         self,
@@ -174,6 +176,7 @@ class Recaller:
         vector_cache_bytes: int = 512 * 2**20,
         tag_limit: int | None = None,
         common_limit: int | None = None,
+        common_min_turns: int = 0,
         ann_min_turns: int | None = None,
         ann_expansion: int = ANN_DEFAULTS["expansion_search"],
         vector_dir: str | Path | None = None,
@@ -188,6 +191,7 @@ class Recaller:
         self.fts_limit = fts_limit
         self.tag_limit = tag_limit
         self.common_limit = common_limit
+        self.common_min_turns = common_min_turns
         self.related_weight = related_weight
         self.weights = {"tags": 1.0, "fts": 1.0, "dense": 1.0, **(weights or {})}
         self.embed_batch = embed_batch
@@ -872,20 +876,20 @@ class Recaller:
             return [], None
         if counts is None:
             counts = self.store.tag_counts(session_id)
-        if self.common_limit is not None:
+        total = max(1, self.store.last_seq(session_id))
+        limit = self._common_limit(total)
+        if limit is not None:
             # A tag on more turns than ``common_limit`` tells few of them apart (its IDF is
             # the lowest), and summing its rows is what grows with the conversation. Its rows
             # are the turns carrying it as a tag and those carrying it as a related tag (one
             # row per turn either way, so never more than the session's turns).
             if related_counts is None:
                 related_counts = self.store.vocab.related_tag_counts(session_id)
-            limit = self.common_limit
             wanted = [
                 tag for tag in wanted if counts.get(tag, 0) + related_counts.get(tag, 0) <= limit
             ]
             if not wanted:
                 return [], None
-        total = max(1, self.store.last_seq(session_id))
         primary = set(tags)
         weights: dict[str, tuple[float, float]] = {}
         for tag in wanted:
@@ -898,6 +902,11 @@ class Recaller:
             return hits, hits[-1][1] if hits else None
         hits, low = self.store.tag_overlap_top(session_id, weights, self.tag_limit)
         return hits, low if hits else None
+
+    def _common_limit(self, turns: int) -> int | None:
+        """``common_limit`` for a session of ``turns`` turns: ``None`` (every word and tag
+        kept) below ``common_min_turns``."""
+        return None if turns < self.common_min_turns else self.common_limit
 
     # -- fusion ---------------------------------------------------------------------------------
 
@@ -949,8 +958,9 @@ class Recaller:
         authored = self._named_authors(session_id, text)
         # The full-text signal of the message and its parts in one read (they share words).
         texts = [text, *parts]
+        common = self._common_limit(self.store.last_seq(session_id))
         fts = self.store.search_turn_seqs_many(
-            session_id, texts, limit=self.fts_limit, common_limit=self.common_limit
+            session_id, texts, limit=self.fts_limit, common_limit=common
         )
         lists = [
             self._rank_text(
