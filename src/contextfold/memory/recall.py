@@ -868,15 +868,17 @@ class Recaller:
         related: Sequence[str],
         counts: Mapping[str, int] | None,
         related_counts: Mapping[str, int] | None = None,
+        turns: int | None = None,
     ) -> tuple[list[tuple[int, float]], float | None]:
         """The best ``tag_limit`` turns by tag overlap, best first, and the lowest overlap score
-        of every turn that matched (``None`` when none did)."""
+        of every turn that matched (``None`` when none did); ``turns``: the session's last seq,
+        read here when not given."""
         wanted = list(dict.fromkeys([*tags, *related]))
         if not wanted:
             return [], None
         if counts is None:
             counts = self.store.tag_counts(session_id)
-        total = max(1, self.store.last_seq(session_id))
+        total = max(1, self.store.last_seq(session_id) if turns is None else turns)
         limit = self._common_limit(total)
         if limit is not None:
             # A tag on more turns than ``common_limit`` tells few of them apart (its IDF is
@@ -954,13 +956,13 @@ class Recaller:
             self._prefetch_all([text, *parts])
         # The tag signal depends on the message's tags only: the same for each part, as do
         # the authors it names (a part without a name still asks about that person).
-        tag_scores = self._tag_scores(session_id, tags, related, tag_counts, related_counts)
+        turns = self.store.last_seq(session_id)  # (the tag and full-text signals' limits)
+        tag_scores = self._tag_scores(session_id, tags, related, tag_counts, related_counts, turns)
         authored = self._named_authors(session_id, text)
         # The full-text signal of the message and its parts in one read (they share words).
         texts = [text, *parts]
-        common = self._common_limit(self.store.last_seq(session_id))
         fts = self.store.search_turn_seqs_many(
-            session_id, texts, limit=self.fts_limit, common_limit=common
+            session_id, texts, limit=self.fts_limit, common_limit=self._common_limit(turns)
         )
         lists = [
             self._rank_text(
