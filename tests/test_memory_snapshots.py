@@ -104,7 +104,7 @@ def test_a_new_engine_takes_the_saved_state_instead_of_reading_the_session(
 ) -> None:
     path = tmp_path / "m.db"
     before = _stored(path)
-    assert list((tmp_path / "m.db.state").glob("*.npz"))
+    assert list((tmp_path / "m.db.state").glob("*.state"))
     engine = _engine(path)
     calls = _reads(engine)
     after = engine.on_message_inbound(QUESTION)
@@ -467,7 +467,7 @@ def test_a_process_killed_after_a_compaction_leaves_its_state_to_the_next(tmp_pa
         [sys.executable, "-c", _KILLED, str(path), tests], capture_output=True, text=True
     )
     assert child.returncode == -signal.SIGKILL, child.stderr
-    assert list((tmp_path / "m.db.state").glob("*.npz"))  # written by the compaction
+    assert list((tmp_path / "m.db.state").glob("*.state"))  # written by the compaction
     engine = _engine(path)
     calls = _reads(engine)
     got = engine.on_message_inbound(QUESTION).prepend_text

@@ -6,10 +6,10 @@ findings)."""
 from __future__ import annotations
 
 import errno
-import json
 import os
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,6 +19,7 @@ from contextfold.memory import snapshots
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
 from contextfold.memory.snapshots import SessionState, StateFiles
+from contextfold.memory.tagging import KeywordTagger
 from contextfold.memory.turn_lengths import TurnLengths
 from contextfold.store.conformance.memory_support import stored
 from contextfold.store.sqlite.memory import MemoryStore
@@ -45,7 +46,7 @@ def _replaced(path: Path) -> None:
     """A database saved with its state, then a new one at the same path (the .state folder
     stays) whose session has other turns, closed before any recall saved over the file."""
     _stored(path)
-    assert list(Path(f"{path}.state").glob("*.npz"))
+    assert list(Path(f"{path}.state").glob("*.state"))
     _remove_db(path)
     engine = _engine(path)
     engine.on_turn_complete(_long_turns(400), new_only=True)
@@ -122,7 +123,7 @@ def test_line_costs_of_another_incarnation_are_not_used(tmp_path: Path) -> None:
 def test_a_bad_state_file_is_ignored(tmp_path: Path, content: str) -> None:
     path = tmp_path / "m.db"
     before = _stored(path)
-    files = list((tmp_path / "m.db.state").glob("*.npz"))
+    files = list((tmp_path / "m.db.state").glob("*.state"))
     assert len(files) == 1
     if content == "empty":
         files[0].write_bytes(b"")
@@ -276,19 +277,180 @@ def test_close_trims_the_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         engine.on_turn_complete(_turns(0, 30), session_id=sid, new_only=True)
         engine.on_message_inbound(QUESTION, session_id=sid)
     engine.close()
-    assert len(list((tmp_path / "m.db.state").glob("*.npz"))) == 2
+    assert len(list((tmp_path / "m.db.state").glob("*.state"))) == 2
+
+
+def _rewritten(files: StateFiles, session: str, change: Any) -> None:
+    """Unpack the session's file, let ``change(meta, sections)`` alter it, pack it again (a
+    well-formed file, CRC included, holding what ``change`` left)."""
+    meta, sections = snapshots._unpack(files.path(session).read_bytes())
+    meta = {k: v for k, v in meta.items() if k not in ("sections", "crc")}
+    change(meta, sections)
+    files.path(session).write_bytes(snapshots._pack(meta, list(sections.items())))
+
+
+def test_a_saved_state_reads_back_whole(tmp_path: Path) -> None:
+    files = StateFiles(tmp_path)
+    state = SessionState(
+        "s",
+        3,
+        7,
+        counts={"kiln": 1, "glaze": 2, "zoë": 5},
+        related={"clay": 4},
+        inbound=["kiln", "glaze", "zoë", "clay"],
+        lengths=np.array([0, 5, 9], np.int32),
+        lengths_last=2,
+        lines=np.array([0, 6, 10, 4], np.int32),
+        line_counter="cl100k_base/0.0",
+        authors=np.array([0, 1, 2], np.uint16),
+        authors_last=2,
+        labels=["", "Ann", "Bo"],
+        topics={"kiln": 1},
+        topics_watermark=2,
+        check_seq=3,
+        check_hash="abc",
+        groups={"ki": ["kiln"], "gl": ["glaze"], "": ["zoë"], "cl": ["clay"]},
+        groups_version=1,
+    )
+    files.save(state)
+    got = files.load("s")
+    assert got is not None
+    for name in ("born", "generation", "counts", "related", "inbound", "lengths_last"):
+        assert getattr(got, name) == getattr(state, name), name
+    for name in ("line_counter", "authors_last", "labels", "topics", "topics_watermark"):
+        assert getattr(got, name) == getattr(state, name), name
+    assert (got.check_seq, got.check_hash, got.groups_version) == (3, "abc", 1)
+    assert got.groups == state.groups
+    assert got.lengths is not None and got.lengths.tolist() == [0, 5, 9]
+    assert got.lines is not None and got.lines.tolist() == [0, 6, 10, 4]
+    assert got.authors is not None and got.authors.tolist() == [0, 1, 2]
+    got.lengths[0] = 1  # writable: the recaller grows and fills them
+    assert files.load("other") is None  # no file
+    files.path("other").write_bytes(files.path("s").read_bytes())
+    assert files.load("other") is None  # another session's
 
 
 @pytest.mark.parametrize(
-    "counts",
-    [[["kiln"], [1, 2]], [["kiln", "glaze"], [1, "2"]], [[1, "glaze"], [1, 2]], [["kiln", 1]]],
+    "damage",
+    [
+        "unpaired",
+        "short tags",
+        "past the table",
+        "count",
+        "flipped byte",
+        "cut",
+        "trailing",
+        "magic",
+        "text",
+        "group twice",
+    ],
 )
-def test_a_file_whose_counts_do_not_parse_is_ignored(tmp_path: Path, counts: object) -> None:
+def test_a_damaged_or_inconsistent_file_is_ignored(tmp_path: Path, damage: str) -> None:
     files = StateFiles(tmp_path)
-    files.save(SessionState("s", 1, 1, counts={"kiln": 1, "glaze": 2}))
-    with np.load(files.path("s")) as arrays:
-        meta = json.loads(arrays["meta"].tobytes())
-    assert files.load("s") is not None and meta["counts"] == [["kiln", "glaze"], [1, 2]]
-    meta["counts"] = counts
-    np.savez(files.path("s"), meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+    groups = {"ki": ["kiln"], "gl": ["glaze"]}
+    state = SessionState("s", 1, 1, counts={"kiln": 1, "glaze": 2}, inbound=["kiln", "glaze"])
+    state.groups, state.groups_version = groups, 1
+    files.save(state)
+    assert files.load("s") is not None
+    path = files.path("s")
+    if damage == "unpaired":
+        _rewritten(files, "s", lambda meta, sections: sections.pop("counts.values"))
+    elif damage == "short tags":
+        _rewritten(files, "s", lambda m, sections: sections.update({"counts.tags": np.arange(1)}))
+    elif damage == "past the table":
+        _rewritten(files, "s", lambda m, sections: sections.update(inbound=np.array([0, 2])))
+    elif damage == "text":  # text where positions belong
+        _rewritten(files, "s", lambda m, sections: sections.update(inbound=["kiln", "glaze"]))
+    elif damage == "group twice":
+        _rewritten(files, "s", lambda m, s: s.update({"groups.inbound": np.array([0, 0])}))
+    elif damage == "count":  # the header says another count than the section holds
+        data = path.read_bytes().replace(b'["tags", "text", 2,', b'["tags", "text", 3,')
+        assert data != path.read_bytes()
+        path.write_bytes(data)
+    elif damage == "flipped byte":
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 0x01
+        path.write_bytes(bytes(data))
+    elif damage == "cut":
+        path.write_bytes(path.read_bytes()[:-3])
+    elif damage == "trailing":
+        path.write_bytes(path.read_bytes() + b"\x00")
+    else:
+        path.write_bytes(b"XX" + path.read_bytes()[2:])
     assert files.load("s") is None
+
+
+def test_a_tag_holding_the_separator_fails_the_count_not_the_recall(tmp_path: Path) -> None:
+    files = StateFiles(tmp_path)
+    files.save(SessionState("s", 1, 1, counts={"kiln\x00glaze": 1}, inbound=["kiln\x00glaze"]))
+    assert files.load("s") is None  # read from the store instead, never split wrongly
+
+
+def test_format_3_files_are_deleted_by_the_trim(tmp_path: Path) -> None:
+    old = tmp_path / "abc.npz"
+    old.write_bytes(b"PK")
+    files = StateFiles(tmp_path)
+    files.save(SessionState("s", 1, 1, counts={"kiln": 1}))
+    assert files.trim() == 1
+    assert not old.exists() and files.load("s") is not None
+
+
+def _groupings(monkeypatch: pytest.MonkeyPatch, tagger: KeywordTagger) -> list[int]:
+    """Spy on the tagger grouping tags itself: the count of each call's tags."""
+    calls: list[int] = []
+    group = tagger._group
+
+    def spy(buckets: dict[str, list[str]], tags: list[str]) -> None:
+        calls.append(len(tags))
+        group(buckets, tags)
+
+    monkeypatch.setattr(tagger, "_group", spy)
+    return calls
+
+
+def test_a_restarted_engine_adopts_the_saved_grouping_and_tags_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "m.db"
+    _stored(path)
+    engine = _engine(path)
+    tagger = engine.inbound_tagger
+    assert isinstance(tagger, KeywordTagger)
+    grouped = _groupings(monkeypatch, tagger)
+    engine.on_message_inbound(QUESTION)
+    assert grouped == []  # adopted from the file, not grouped by the recall
+    inbound = engine.vocab.kept("default", engine.store.session_version("default")[1])[1]
+    assert inbound is not None
+    adopted = tagger.known_groups(inbound)
+    assert adopted is not None
+    fresh = KeywordTagger(canonicalizer=engine.canonicalizer)
+    assert {k: sorted(v) for k, v in adopted.items()} == {
+        k: sorted(v) for k, v in fresh._buckets(inbound).items()
+    }
+    got = engine.tag_message("Ann's glaze and the kiln, then the pottery class")
+    engine.close()
+    plain = _engine(path, state_files=False)
+    want = plain.tag_message("Ann's glaze and the kiln, then the pottery class")
+    plain.close()
+    assert got.tags == want.tags and got.related_tags == want.related_tags
+
+
+def test_groups_of_another_version_or_vocabulary_are_not_adopted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tagger = KeywordTagger()
+    vocabulary = ["kiln", "glaze", "clay"]
+    assert not tagger.adopt_groups(vocabulary, {"ki": ["kiln"], "gl": ["glaze"]})  # not whole
+    assert tagger.known_groups(vocabulary) is None
+    assert tagger.adopt_groups(vocabulary, {"ki": ["kiln"], "gl": ["glaze"], "cl": ["clay"]})
+    assert tagger.known_groups(vocabulary) is not None
+    path = tmp_path / "m.db"
+    _stored(path)
+    monkeypatch.setattr(engine_module, "GROUPS_VERSION", 2)  # a newer grouping
+    engine = _engine(path)
+    tagger = engine.inbound_tagger
+    assert isinstance(tagger, KeywordTagger)
+    grouped = _groupings(monkeypatch, tagger)
+    engine.on_message_inbound(QUESTION)
+    engine.close()
+    assert grouped and grouped[0] > 10  # grouped here, the saved groups not adopted

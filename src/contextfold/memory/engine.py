@@ -45,7 +45,14 @@ from contextfold.memory.relevance import KnownNames, names_in
 from contextfold.memory.rules import TagRules
 from contextfold.memory.snapshots import SAVED_SESSIONS, SessionState, StateFiles
 from contextfold.memory.summarize import ExtractiveSummarizer, LLMSummarizer, Summarizer
-from contextfold.memory.tagging import EmbeddingTagger, KeywordTagger, LLMTagger, Tagger, TagResult
+from contextfold.memory.tagging import (
+    GROUPS_VERSION,
+    EmbeddingTagger,
+    KeywordTagger,
+    LLMTagger,
+    Tagger,
+    TagResult,
+)
 from contextfold.memory.tools import run_tool_call, tool_definitions
 from contextfold.memory.turn_index import VectorFiles
 from contextfold.memory.turn_lengths import line_key
@@ -426,6 +433,14 @@ class MemoryEngine:
             counts = state.counts
             self._vocab.put(sid, (state.generation, counts))
             self.vocab.adopt(sid, state.generation, counts, state.related, state.inbound)
+            tagger = self.inbound_tagger
+            if (
+                isinstance(tagger, KeywordTagger)
+                and state.inbound is not None
+                and state.groups is not None
+                and state.groups_version == GROUPS_VERSION
+            ):
+                tagger.adopt_groups(state.inbound, state.groups)
             if state.topics is not None:
                 self.assembler.adopt_topics(sid, state.born, state.topics_watermark, state.topics)
             return counts
@@ -462,6 +477,9 @@ class MemoryEngine:
         if cached[0] == generation:
             state.counts = cached[1]
             state.related, state.inbound = self.vocab.kept(sid, generation)
+            if isinstance(self.inbound_tagger, KeywordTagger) and state.inbound is not None:
+                state.groups = self.inbound_tagger.known_groups(state.inbound)
+                state.groups_version = GROUPS_VERSION
             topics = self.assembler.kept_topics(sid)
             if topics is not None and topics[0] == born:
                 state.topics_watermark, state.topics = topics[1], topics[2]

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from contextfold.memory.tagging_llm import LLMTagger, SupportsChat
 
 __all__ = [
+    "GROUPS_VERSION",
     "EmbeddingTagger",
     "KeywordTagger",
     "LLMTagger",
@@ -165,6 +166,10 @@ _CHATTER_VERBS = _words(
 )
 # How many vocabularies' indexes a keyword tagger keeps (``KeywordTagger._known_index``).
 _KNOWN_INDEXES = 4
+#: The version of a keyword tagger's grouping of a vocabulary (``KeywordTagger._bucket``):
+#: groups saved by another version are not adopted (``KeywordTagger.adopt_groups``). Raise it
+#: whenever ``_bucket`` would put some tag in another group.
+GROUPS_VERSION = 1
 # Stemmers whose stem of a word keeps the word's first two letters, except where the second
 # letter ``y`` became ``i`` (``dying`` -> ``die``) or the stem is shorter than two letters
 # (``s``; ``aing`` -> ``a``, and in porter ``as`` -> ``a``, ``s`` -> ``""``): checked over
@@ -501,6 +506,32 @@ class KeywordTagger:
                 seen = words
             self._known = [(seen, buckets), *others[: _KNOWN_INDEXES - 1]]
             return buckets
+
+    def known_groups(self, vocabulary: Sequence[str]) -> dict[str, list[str]] | None:
+        """The groups this tagger keeps for exactly ``vocabulary`` (``_buckets``), or ``None``:
+        what a session's state file saves (``memory.snapshots``), never made for it."""
+        words = list(vocabulary)
+        with self._known_lock:
+            for seen, buckets in self._known:
+                if seen == words:
+                    return buckets
+        return None
+
+    def adopt_groups(self, vocabulary: Sequence[str], groups: dict[str, list[str]]) -> bool:
+        """Keep ``groups``, ``vocabulary``'s grouping as an earlier process made it (saved with
+        the session's state, by the grouping of ``GROUPS_VERSION``), so this process's first
+        lookup does not group the whole vocabulary again. The caller vouches that they hold
+        each of its tags once (the state file checks its groups are a permutation of the
+        vocabulary); not kept (``False``) when they hold another count of tags, or when this
+        tagger already keeps a grouping sharing the vocabulary's start."""
+        words = list(vocabulary)
+        if sum(len(group) for group in groups.values()) != len(words):
+            return False
+        with self._known_lock:
+            if any(_common_start(seen, words) for seen, _ in self._known):
+                return False
+            self._known = [(words, groups), *self._known[: _KNOWN_INDEXES - 1]]
+            return True
 
     def _entries_for(self, tags: Iterable[str]) -> list[tuple[str, tuple[str, ...]]]:
         """The known-tag entries of ``tags`` (those with a non-empty canonical form), made once
