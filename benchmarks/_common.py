@@ -840,6 +840,30 @@ def _render_memory_scale(path: Path, data: dict[str, Any]) -> list[str]:
                     + (f" (CPU p50 {cpu:,.1f})" if cpu is not None else "")
                     + f" | {m['after_compaction_ms']:,.1f} | {m['after_restart_ms']:,.1f} | {rss} |"
                 )
+    together = data.get("side_by_side")
+    if together:
+        lines += [
+            "",
+            f"Side by side: the runs' stores reopened in one process, steady recalls in "
+            f"{together['rounds']} alternating rounds (p50 / p95 ms, and p50 ÷ the first "
+            "run's):",
+            "",
+            "| recall | " + " | ".join(together["keyword"]) + " |",
+            "|---|" + "---:|" * len(together["keyword"]),
+        ]
+        for kind in ("keyword", "dense"):
+            timings = together.get(kind)
+            if not timings:
+                continue
+            first = next(iter(timings.values()))["median_ms"]
+            cells = [
+                f"{t['median_ms']:,.1f} / {t['p95_ms']:,.1f} ({t['median_ms'] / first:.2f}×)"
+                if (t := timings.get(label))
+                else "not run"
+                for label in together["keyword"]
+            ]
+            name = "keyword only" if kind == "keyword" else "default embedder"
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if baseline:
         lines += ["", f"- Before: {baseline['note']}"]
     lines += ["", f"- Correctness flags: {_flags(data['correctness'])}."]

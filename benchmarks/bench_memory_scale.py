@@ -12,8 +12,14 @@ window so compaction fires). Reported per configuration:
 * the first recall after a compaction (turns appended and derived, then ``compact``) and after
   a restart (a fresh engine on the same store; the embedder's model stays loaded), each beside
   the steady p50: the median of ``FIRSTS`` rounds (each with its own question; every sample
-  is in the JSON);
-* the process RSS after each phase and the vectors' own size (turns x 384 x 4 bytes).
+  is in the JSON). They run after both steady phases, since their compactions grow the
+  session by ``grow`` turns: the steady recalls see the size the run is named for, and each
+  phase of first recalls starts from a copy of the store as they saw it;
+* the process RSS after each phase and the vectors' own size (turns x 384 x 4 bytes);
+* side by side: the runs' stores are kept, then reopened in one last child process whose
+  steady recalls (each run's same questions, keyword-only, then with the embedder) are timed
+  in three alternating rounds, so the sizes are compared under the same machine load; the runs
+  themselves are minutes apart, and on a shared 2-core machine the load drifts between them.
 
 Steady means after the reads a first recall starts in the background are done
 (``Recaller.settle`` after one warm-up recall): a session of 20,000 vectors or more has them
@@ -62,6 +68,7 @@ NAMES = [
 ]  # fmt: skip
 DIM = 384
 FIRSTS = 3  # first recalls timed after a compaction, and after a restart (the median reported)
+ROUNDS = 3  # alternating rounds of the side-by-side phase
 
 
 def rss_mb() -> float:
@@ -174,6 +181,7 @@ def run_config(spec: dict[str, Any], data_dir: Path) -> dict[str, Any]:
     rng = random.Random(22)
     rng.shuffle(questions)
     folder = Path(tempfile.mkdtemp(prefix="cf-bench-scale-"))
+    snapshot = folder.with_name(folder.name + "-steady")  # (see the first recalls below)
     path = folder / "memory.db"
     settings: dict[str, Any] = {"context_window": 8192}
     if spec.get("synthetic_vectors"):  # (see the module docstring)
@@ -201,25 +209,17 @@ def run_config(spec: dict[str, Any], data_dir: Path) -> dict[str, Any]:
         asks = list(zip(asked, questions[:n_q], strict=True))
         later = questions[n_q:]  # the first recalls' questions: 2 x FIRSTS a phase
         target = asked[0]
-        # keyword only
+        # The steady recalls first, keyword only then with the embedder, on the session as
+        # written; then the first recalls, which grow it (``grow`` turns per phase).
         engine.on_message_inbound(questions[-1], session_id=target, budget=2048)  # warm
         engine.recaller.settle()  # the reads that recall started (see the module docstring)
         kw: dict[str, Any] = {"steady": steady(engine, asks)}
-        engine, position, first = firsts(
-            engine,
-            target,
-            later,
-            turns,
-            position,
-            spec["grow"],
-            lambda: MemoryEngine(config, store=MemoryStore(path), embedder=None),
-        )
-        kw.update(first)
         engine.close()
         out["keyword"] = kw
         out["rss_mb"]["after_keyword"] = rss_mb()
         embedded = (sessions if total <= spec["embed_max"] else len(set(asked))) * per_session
         synthetic = spec.get("synthetic_vectors", False) and embedded > spec["embed_max"]
+        embedder = None
         if spec["embedder"] and (embedded <= spec["embed_max"] or synthetic):
             embedder = default_embedder()
             embedder.embed(["warm up"])
@@ -245,16 +245,6 @@ def run_config(spec: dict[str, Any], data_dir: Path) -> dict[str, Any]:
             )
             dense["steady"] = steady(engine, asks)
             out["rss_mb"]["after_dense"] = rss_mb()
-            engine, position, first = firsts(
-                engine,
-                target,
-                later[2 * FIRSTS :],
-                turns,
-                position,
-                spec["grow"],
-                lambda: MemoryEngine(config, store=MemoryStore(path), embedder=embedder),
-            )
-            dense.update(first)
             engine.close()
             out["dense"] = dense
         else:
@@ -264,12 +254,87 @@ def run_config(spec: dict[str, Any], data_dir: Path) -> dict[str, Any]:
                 if not spec["embedder"]
                 else f"{embedded:,} turns to embed > --embed-max {spec['embed_max']:,}"
             )
-        out["vectors_mb"] = round(embedded * DIM * 4 / 2**20, 1) if out["dense"] else 0.0
+        # Each phase of first recalls grows the session (``grow`` turns): each starts from a
+        # copy of the store as the steady recalls saw it, and the same turns are appended.
+        shutil.copytree(folder, snapshot)
+        if spec.get("keep"):  # the same store, for ``side_by_side``
+            shutil.copytree(folder, spec["keep"])
+            stored = Path(spec["keep"]) / path.name
+            out["stored"] = {"path": str(stored), "asks": asks, "dense": embedder is not None}
         out["db_mb"] = round(sum(p.stat().st_size for p in folder.iterdir()) / 2**20, 1)
+        phases: list[tuple[str, Any, list[str], str]] = [("keyword", None, later, questions[-1])]
+        if embedder is not None:
+            phases.append(("dense", embedder, later[2 * FIRSTS :], questions[-2]))
+        written = position
+        for n, (kind, model, asked_first, warm) in enumerate(phases):
+            if n:
+                shutil.rmtree(folder)
+                shutil.copytree(snapshot, folder)
+            engine = MemoryEngine(config, store=MemoryStore(path), embedder=model)
+            engine.on_message_inbound(warm, session_id=target, budget=2048)
+            engine.recaller.settle()
+            engine, _, first = firsts(
+                engine,
+                target,
+                asked_first,
+                turns,
+                written,
+                spec["grow"],
+                lambda m=model: MemoryEngine(config, store=MemoryStore(path), embedder=m),
+            )
+            engine.close()
+            out[kind].update(first)
+        out["vectors_mb"] = round(embedded * DIM * 4 / 2**20, 1) if out["dense"] else 0.0
         out["rss_mb"]["end"] = rss_mb()
         out["peak_rss_mb"] = common.peak_rss_mb()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(snapshot, ignore_errors=True)
+    return out
+
+
+def side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
+    """The runs' stores reopened in one process (a fresh engine each, warmed and settled as
+    in ``run_config``), their steady recalls timed in ``ROUNDS`` alternating rounds, each
+    round a share of every run's questions: the runs are compared under the same machine
+    load, which the runs themselves, minutes apart, are not (keyword only, then with the
+    default embedder for the runs that have vectors)."""
+    settings: dict[str, Any] = {"context_window": 8192}
+    if spec["synthetic_vectors"]:
+        settings["recall"] = {"relevance_floor": None, "unknown_name_floor": None}
+    config = MemoryConfig.model_validate(settings)
+    out: dict[str, Any] = {"rounds": ROUNDS}
+    embedder = None
+    for kind in ("keyword", "dense"):
+        stored = [r for r in spec["runs"] if kind == "keyword" or r["dense"]]
+        if not stored:
+            continue
+        if kind == "dense":
+            embedder = default_embedder()
+            embedder.embed(["warm up"])
+        engines = []
+        for r in stored:
+            engine = MemoryEngine(config, store=MemoryStore(r["path"]), embedder=embedder)
+            sid, question = r["asks"][0]
+            engine.on_message_inbound(question, session_id=sid, budget=2048)  # warm
+            engine.recaller.settle()
+            engines.append(engine)
+        samples = [common.Samples() for _ in stored]
+        for round_ in range(ROUNDS):
+            for r, engine, timings in zip(stored, engines, samples, strict=True):
+                for sid, question in r["asks"][round_::ROUNDS]:
+                    timings.add(
+                        common.time_call(
+                            lambda e=engine, s=sid, q=question: e.on_message_inbound(
+                                q, session_id=s, budget=2048
+                            )
+                        )
+                    )
+        for engine in engines:
+            engine.close()
+        out[kind] = {
+            r["label"]: timings.stats() for r, timings in zip(stored, samples, strict=True)
+        }
     return out
 
 
@@ -328,21 +393,38 @@ def main() -> None:
     data_dir = args.data_dir or common.default_data_dir()
     common.check_data(data_dir)
     if args.child is not None:
-        print(json.dumps(run_config(json.loads(args.child), data_dir)))
+        spec = json.loads(args.child)
+        print(json.dumps(side_by_side(spec) if "runs" in spec else run_config(spec, data_dir)))
         return
     n_q = args.questions or (5 if args.quick else 60)
     runs = []
     sizes = set(args.sizes.split(",")) if args.sizes else None
-    for spec in configs(
-        args.quick, not args.no_embedder, args.embed_max, n_q, args.synthetic_vectors
-    ):
-        if args.only and args.only not in spec["label"]:
-            continue
-        if sizes is not None and size_name(spec) not in sizes:
-            continue
-        run = common.run_child(__file__, spec, "--data-dir", str(data_dir))
-        runs.append(run)
-        print(summary(run), flush=True)
+    keep = Path(tempfile.mkdtemp(prefix="cf-bench-scale-kept-"))
+    try:
+        for n, spec in enumerate(
+            configs(args.quick, not args.no_embedder, args.embed_max, n_q, args.synthetic_vectors)
+        ):
+            if args.only and args.only not in spec["label"]:
+                continue
+            if sizes is not None and size_name(spec) not in sizes:
+                continue
+            spec["keep"] = str(keep / f"run{n}")
+            run = common.run_child(__file__, spec, "--data-dir", str(data_dir))
+            runs.append(run)
+            print(summary(run), flush=True)
+        together = common.run_child(
+            __file__,
+            {
+                "label": "side by side",
+                "synthetic_vectors": args.synthetic_vectors,
+                "runs": [{"label": r["label"], **r.pop("stored")} for r in runs],
+            },
+            "--data-dir",
+            str(data_dir),
+        )
+    finally:
+        shutil.rmtree(keep, ignore_errors=True)
+    print(side_by_side_summary(together), flush=True)
     result = common.base_result("memory_scale", __doc__.splitlines()[0], args.quick)
     result["parameters"] = {
         "chunk": CHUNK,
@@ -353,8 +435,10 @@ def main() -> None:
         "floors_off_with_synthetic_vectors": args.synthetic_vectors,
     }
     result["runs"] = runs
+    result["side_by_side"] = together
     result["correctness"] = {
-        "every run recalled": all(r["keyword"]["steady"]["n"] == n_q for r in runs),
+        "every run recalled": all(r["keyword"]["steady"]["n"] == n_q for r in runs)
+        and all(t["n"] == n_q for t in together["keyword"].values()),
         "every dense recall had every vector": all(
             r["dense"]["unranked_turns_at_start"] == 0 for r in runs if r["dense"]
         ),
@@ -382,6 +466,15 @@ def size_name(spec: dict[str, Any]) -> str:
         return f"{spec['sessions']}x{spec['turns_per_session']}"
     per = spec["turns_per_session"]
     return f"{per // 1000}k" if per >= 1000 else str(per)
+
+
+def side_by_side_summary(together: dict[str, Any]) -> str:
+    parts = []
+    for kind in ("keyword", "dense"):
+        if kind in together:
+            p50s = ", ".join(f"{label} {t['median_ms']:.1f}" for label, t in together[kind].items())
+            parts.append(f"{kind} p50 {p50s} ms")
+    return f"side by side ({together['rounds']} alternating rounds): " + "; ".join(parts)
 
 
 def summary(run: dict[str, Any]) -> str:

@@ -250,8 +250,16 @@ def test_memory_scale_benchmark_quick_run(tmp_path: Path) -> None:
                 samples = run[kind][f"{first}_samples_ms"]
                 assert len(samples) == 3 and sorted(samples)[1] == run[kind][f"{first}_ms"]
         assert run["dense"]["unranked_turns_at_start"] == 0
+        assert "stored" not in run  # the kept stores' paths and questions stay internal
+    together = result["side_by_side"]
+    assert together["rounds"] == 3
+    for kind in ("keyword", "dense"):
+        labels = [run["label"] for run in result["runs"]]
+        assert list(together[kind]) == labels
+        assert all(t.keys() >= TIMING_KEYS and t["n"] == 5 for t in together[kind].values())
     assert result["correctness"] and all(v is True for v in result["correctness"].values())
-    assert "## Memory as it grows" in md.read_text(encoding="utf-8")
+    text = md.read_text(encoding="utf-8")
+    assert "## Memory as it grows" in text and "Side by side: the runs' stores" in text
 
 
 @needs_data

@@ -8,17 +8,21 @@ turns' token counts and authors (``TurnLengths``, ``TurnAuthors``: a few bytes a
 process has none of them, and its first recall of a 10k-turn session read them — most of what
 made it 2.7× the steady recall. ``MemoryEngine.close`` saves them for the ``SAVED_SESSIONS``
 most recently used sessions in ``<database>.state/`` (one ``.state`` file per session: a JSON
-header, then the arrays and string lists raw, checked by size and CRC-32 on load: read in
-about a millisecond at 100k turns, where format 3's ``.npz`` with JSON lists took 5–8), each
-compaction saves its session's (so a process killed later still leaves
-them), and the first recall of a session in a new engine loads its file:
+header, then the arrays raw and one table of the tag names they point into, checked by size
+and CRC-32 on load: at 100k turns a new engine takes a session's state in about 3 ms, where
+format 3's ``.npz`` with JSON lists took about 7), each compaction saves its session's (so a
+process killed later still leaves them), and the first recall of a session in a new engine
+loads its file:
 
 - the vocabulary parts only when the store's ``(born, generation)`` for the session is still the
   one they were saved at (any write since — new turns' tags, another process's — draws a new
   generation, and they are read from the store as before);
 - the token counts and authors whenever ``born`` is the same: a stored turn never changes
   while its session lives, so they hold up to the seq saved, and the turns stored since are
-  read as at every recall.
+  read as at every recall;
+- with the vocabulary parts, the inbound keyword tagger's grouping of the inbound vocabulary
+  (``KeywordTagger.adopt_groups``), when made by the same ``GROUPS_VERSION``: a new process's
+  first tagging then does not group the whole vocabulary again.
 
 A file is written to a temporary name and renamed into place, so a reader sees a whole file or
 the one before; a file that cannot be read, belongs to another session, or is of another
@@ -70,7 +74,7 @@ class SessionState:
     holds). ``check_hash``: the content hash of turn ``check_seq`` when saved, compared with
     the store's on load (``born`` and ``generation`` are drawn per database: a database
     replaced at the same path may number its sessions alike). ``groups``: the inbound
-    keyword tagger's grouping of ``inbound`` (``KeywordTagger.groups``), made by the grouping
+    keyword tagger's grouping of ``inbound`` (``KeywordTagger.known_groups``), made by the grouping
     of version ``groups_version`` (``GROUPS_VERSION``)."""
 
     session_id: str
