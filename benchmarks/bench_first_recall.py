@@ -89,6 +89,7 @@ def measure(spec: dict[str, Any], data_dir: Path) -> dict[str, Any]:
     engine.counter.count("warm up")
     asked = iter(questions)
     recall(engine, next(asked))  # the process's imports and first statements
+    engine.recaller.settle()  # the whole reads that recall started (bench_memory_scale's)
     steady = common.Samples()
     for _ in range(spec["questions"]):
         steady.add(recall(engine, next(asked)))

@@ -359,7 +359,10 @@ def configs(
             "embedder": embedder,
             "embed_max": embed_max,
             "synthetic_vectors": synthetic,
-            "grow": 100 if quick else CHUNK,  # turns appended before the forced compaction
+            # Turns appended before the forced compactions (a share before each): at most the
+            # session's own size, so the first recalls after them ask a session of at most
+            # twice the size the steady recalls asked (1,000 x 100: 100 turns, not 500).
+            "grow": 100 if quick else min(CHUNK, per),
         }
         for label, sessions, per in shapes
     ]
