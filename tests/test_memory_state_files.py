@@ -6,8 +6,10 @@ findings)."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import sqlite3
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -310,7 +312,7 @@ def test_a_saved_state_reads_back_whole(tmp_path: Path) -> None:
         check_seq=3,
         check_hash="abc",
         groups={"ki": ["kiln"], "gl": ["glaze"], "": ["zoë"], "cl": ["clay"]},
-        groups_version=1,
+        groups_key="k1",
     )
     files.save(state)
     got = files.load("s")
@@ -319,7 +321,7 @@ def test_a_saved_state_reads_back_whole(tmp_path: Path) -> None:
         assert getattr(got, name) == getattr(state, name), name
     for name in ("line_counter", "authors_last", "labels", "topics", "topics_watermark"):
         assert getattr(got, name) == getattr(state, name), name
-    assert (got.check_seq, got.check_hash, got.groups_version) == (3, "abc", 1)
+    assert (got.check_seq, got.check_hash, got.groups_key) == (3, "abc", "k1")
     assert got.groups == state.groups
     assert got.lengths is not None and got.lengths.tolist() == [0, 5, 9]
     assert got.lines is not None and got.lines.tolist() == [0, 6, 10, 4]
@@ -330,6 +332,32 @@ def test_a_saved_state_reads_back_whole(tmp_path: Path) -> None:
     assert files.load("other") is None  # another session's
 
 
+def _forged(path: Path, edit: Any) -> None:
+    """Let ``edit(header)`` change the file's JSON header (its section table included), then
+    write the file again with a CRC that matches: a file that lies, not a damaged one."""
+    data = path.read_bytes()
+    _, _, size = snapshots._HEAD.unpack_from(data)
+    start = snapshots._HEAD.size
+    header = json.loads(data[start : start + size])
+    edit(header)
+    raw = json.dumps(header).encode()
+    rest = raw + data[start + size :]
+    path.write_bytes(snapshots._HEAD.pack(snapshots._MAGIC, zlib.crc32(rest), len(raw)) + rest)
+
+
+def _section(header: dict[str, Any], name: str) -> list[Any]:
+    return next(entry for entry in header["sections"] if entry[0] == name)
+
+
+def _saved_with_groups(files: StateFiles) -> None:
+    state = SessionState("s", 1, 1, counts={"kiln": 1, "glaze": 2}, inbound=["kiln", "glaze"])
+    state.lengths, state.lengths_last = np.array([0, 5, 9], np.int32), 2
+    state.groups, state.groups_key = {"ki": ["kiln"], "gl": ["glaze"]}, "k1"
+    files.save(state)
+    loaded = files.load("s")
+    assert loaded is not None and loaded.groups is not None
+
+
 @pytest.mark.parametrize(
     "damage",
     [
@@ -337,21 +365,20 @@ def test_a_saved_state_reads_back_whole(tmp_path: Path) -> None:
         "short tags",
         "past the table",
         "count",
-        "flipped byte",
+        "kind",
+        "infinite scalar",
+        "float scalar",
+        "flipped body byte",
+        "flipped header byte",
         "cut",
         "trailing",
         "magic",
         "text",
-        "group twice",
     ],
 )
 def test_a_damaged_or_inconsistent_file_is_ignored(tmp_path: Path, damage: str) -> None:
     files = StateFiles(tmp_path)
-    groups = {"ki": ["kiln"], "gl": ["glaze"]}
-    state = SessionState("s", 1, 1, counts={"kiln": 1, "glaze": 2}, inbound=["kiln", "glaze"])
-    state.groups, state.groups_version = groups, 1
-    files.save(state)
-    assert files.load("s") is not None
+    _saved_with_groups(files)
     path = files.path("s")
     if damage == "unpaired":
         _rewritten(files, "s", lambda meta, sections: sections.pop("counts.values"))
@@ -361,15 +388,17 @@ def test_a_damaged_or_inconsistent_file_is_ignored(tmp_path: Path, damage: str) 
         _rewritten(files, "s", lambda m, sections: sections.update(inbound=np.array([0, 2])))
     elif damage == "text":  # text where positions belong
         _rewritten(files, "s", lambda m, sections: sections.update(inbound=["kiln", "glaze"]))
-    elif damage == "group twice":
-        _rewritten(files, "s", lambda m, s: s.update({"groups.inbound": np.array([0, 0])}))
     elif damage == "count":  # the header says another count than the section holds
-        data = path.read_bytes().replace(b'["tags", "text", 2,', b'["tags", "text", 3,')
-        assert data != path.read_bytes()
-        path.write_bytes(data)
-    elif damage == "flipped byte":
+        _forged(path, lambda header: _section(header, "tags").__setitem__(2, 3))
+    elif damage == "kind":  # the counts read as floats: every one would come back 0
+        _forged(path, lambda header: _section(header, "counts.values").__setitem__(1, "<f8"))
+    elif damage == "infinite scalar":
+        _forged(path, lambda header: header.update(born=float("inf")))
+    elif damage == "float scalar":
+        _forged(path, lambda header: header.update(check_seq=2.5))
+    elif damage in ("flipped body byte", "flipped header byte"):
         data = bytearray(path.read_bytes())
-        data[-1] ^= 0x01
+        data[-1 if damage == "flipped body byte" else snapshots._HEAD.size + 3] ^= 0x01
         path.write_bytes(bytes(data))
     elif damage == "cut":
         path.write_bytes(path.read_bytes()[:-3])
@@ -378,6 +407,23 @@ def test_a_damaged_or_inconsistent_file_is_ignored(tmp_path: Path, damage: str) 
     else:
         path.write_bytes(b"XX" + path.read_bytes()[2:])
     assert files.load("s") is None
+
+
+@pytest.mark.parametrize("damage", ["twice", "overflowing sizes", "unpaired keys"])
+def test_groups_that_do_not_add_up_cost_only_themselves(tmp_path: Path, damage: str) -> None:
+    files = StateFiles(tmp_path)
+    _saved_with_groups(files)
+    if damage == "twice":
+        _rewritten(files, "s", lambda m, s: s.update({"groups.inbound": np.array([0, 0])}))
+    elif damage == "overflowing sizes":  # int64 sums wrap to 2: two groups of both tags
+        sizes = np.array([2**63 - 1, 2**63 - 1, 4], np.int64)
+        _rewritten(files, "s", lambda m, s: s.update({"groups.keys": ["a", "b", "c"]}))
+        _rewritten(files, "s", lambda m, s: s.update({"groups.sizes": sizes}))
+    else:
+        _rewritten(files, "s", lambda m, s: s.update({"groups.keys": ["ki"]}))
+    loaded = files.load("s")
+    assert loaded is not None and loaded.groups is None
+    assert loaded.counts == {"kiln": 1, "glaze": 2} and loaded.inbound == ["kiln", "glaze"]
 
 
 def test_a_tag_holding_the_separator_fails_the_count_not_the_recall(tmp_path: Path) -> None:
@@ -441,12 +487,15 @@ def test_groups_of_another_version_or_vocabulary_are_not_adopted(
     tagger = KeywordTagger()
     vocabulary = ["kiln", "glaze", "clay"]
     assert not tagger.adopt_groups(vocabulary, {"ki": ["kiln"], "gl": ["glaze"]})  # not whole
+    other = {"po": ["pottery"], "ki": ["kiln"], "gl": ["glaze"]}  # as many tags, not these
+    assert not tagger.adopt_groups(vocabulary, {"zz": ["pottery", "kiln", "glaze"]})
+    assert not tagger.adopt_groups(["kiln", "glaze", "clay"], {**other, "ki": ["clay"]})
     assert tagger.known_groups(vocabulary) is None
     assert tagger.adopt_groups(vocabulary, {"ki": ["kiln"], "gl": ["glaze"], "cl": ["clay"]})
     assert tagger.known_groups(vocabulary) is not None
     path = tmp_path / "m.db"
     _stored(path)
-    monkeypatch.setattr(engine_module, "GROUPS_VERSION", 2)  # a newer grouping
+    monkeypatch.setattr(engine_module, "GROUPS_KEY", "another")  # a newer grouping
     engine = _engine(path)
     tagger = engine.inbound_tagger
     assert isinstance(tagger, KeywordTagger)

@@ -46,7 +46,7 @@ from contextfold.memory.rules import TagRules
 from contextfold.memory.snapshots import SAVED_SESSIONS, SessionState, StateFiles
 from contextfold.memory.summarize import ExtractiveSummarizer, LLMSummarizer, Summarizer
 from contextfold.memory.tagging import (
-    GROUPS_VERSION,
+    GROUPS_KEY,
     EmbeddingTagger,
     KeywordTagger,
     LLMTagger,
@@ -438,7 +438,7 @@ class MemoryEngine:
                 isinstance(tagger, KeywordTagger)
                 and state.inbound is not None
                 and state.groups is not None
-                and state.groups_version == GROUPS_VERSION
+                and state.groups_key == GROUPS_KEY
             ):
                 tagger.adopt_groups(state.inbound, state.groups)
             if state.topics is not None:
@@ -479,7 +479,7 @@ class MemoryEngine:
             state.related, state.inbound = self.vocab.kept(sid, generation)
             if isinstance(self.inbound_tagger, KeywordTagger) and state.inbound is not None:
                 state.groups = self.inbound_tagger.known_groups(state.inbound)
-                state.groups_version = GROUPS_VERSION
+                state.groups_key = GROUPS_KEY
             topics = self.assembler.kept_topics(sid)
             if topics is not None and topics[0] == born:
                 state.topics_watermark, state.topics = topics[1], topics[2]

@@ -8,8 +8,8 @@ turns' token counts and authors (``TurnLengths``, ``TurnAuthors``: a few bytes a
 process has none of them, and its first recall of a 10k-turn session read them — most of what
 made it 2.7× the steady recall. ``MemoryEngine.close`` saves them for the ``SAVED_SESSIONS``
 most recently used sessions in ``<database>.state/`` (one ``.state`` file per session: a JSON
-header, then the arrays raw and one table of the tag names they point into, checked by size
-and CRC-32 on load: at 100k turns a new engine takes a session's state in about 3 ms, where
+header, then the arrays raw and one table of the tag names they point into, checked by kind,
+size and CRC-32 on load: at 100k turns a new engine takes a session's state in about 3 ms, where
 format 3's ``.npz`` with JSON lists took about 7), each compaction saves its session's (so a
 process killed later still leaves them), and the first recall of a session in a new engine
 loads its file:
@@ -21,8 +21,8 @@ loads its file:
   while its session lives, so they hold up to the seq saved, and the turns stored since are
   read as at every recall;
 - with the vocabulary parts, the inbound keyword tagger's grouping of the inbound vocabulary
-  (``KeywordTagger.adopt_groups``), when made by the same ``GROUPS_VERSION``: a new process's
-  first tagging then does not group the whole vocabulary again.
+  (``KeywordTagger.adopt_groups``), when made by the same rules (``GROUPS_KEY``): a new
+  process's first tagging then does not group the whole vocabulary again.
 
 A file is written to a temporary name and renamed into place, so a reader sees a whole file or
 the one before; a file that cannot be read, belongs to another session, or is of another
@@ -75,7 +75,7 @@ class SessionState:
     the store's on load (``born`` and ``generation`` are drawn per database: a database
     replaced at the same path may number its sessions alike). ``groups``: the inbound
     keyword tagger's grouping of ``inbound`` (``KeywordTagger.known_groups``), made by the grouping
-    of version ``groups_version`` (``GROUPS_VERSION``)."""
+    whose rules ``groups_key`` names (``GROUPS_KEY``)."""
 
     session_id: str
     born: int
@@ -95,7 +95,7 @@ class SessionState:
     check_seq: int = 0
     check_hash: str | None = None
     groups: dict[str, list[str]] | None = None
-    groups_version: int = 0
+    groups_key: str = ""
 
     def keep_turns(self, lengths: TurnLengths | None, authors: TurnAuthors | None) -> None:
         """Take the session's kept token counts (with line costs) and authors, those of its
@@ -150,7 +150,7 @@ class StateFiles:
             "topics_watermark": state.topics_watermark,
             "check_seq": state.check_seq,
             "check_hash": state.check_hash,
-            "groups_version": state.groups_version,
+            "groups_key": state.groups_key,
         }
         # Every name once, in one text section ("tags"); the columns hold positions in it.
         table: dict[str, int] = {}
@@ -172,7 +172,8 @@ class StateFiles:
         if state.groups is not None and state.inbound is not None:
             at = {tag: i for i, tag in enumerate(state.inbound)}
             grouped = [at.get(tag, -1) for tags in state.groups.values() for tag in tags]
-            if len(grouped) == len(at) == len(state.inbound) and min(grouped, default=0) >= 0:
+            whole = len(grouped) == len(at) == len(state.inbound) == len(set(grouped))
+            if whole and min(grouped, default=0) >= 0:
                 sections.append(("groups.keys", list(state.groups)))
                 sizes = [len(tags) for tags in state.groups.values()]
                 sections.append(("groups.sizes", np.asarray(sizes, np.int64)))
@@ -221,29 +222,34 @@ class StateFiles:
             authors = _array(sections, "authors", np.uint16)
             table = _Table(sections)
             inbound = table.names("inbound")
-            return SessionState(
+            state = SessionState(
                 session_id=session_id,
-                born=int(meta["born"]),
-                generation=int(meta["generation"]),
+                born=_int(meta, "born"),
+                generation=_int(meta, "generation"),
                 counts=table.counts("counts"),
                 related=table.counts("related"),
                 inbound=inbound,
                 lengths=lengths,
-                lengths_last=int(meta["lengths_last"]) if lengths is not None else 0,
+                lengths_last=_int(meta, "lengths_last") if lengths is not None else 0,
                 lines=_array(sections, "lines", np.int32) if lengths is not None else None,
-                line_counter=str(meta.get("line_counter") or ""),
+                line_counter=_str(meta, "line_counter"),
                 authors=authors,
-                authors_last=int(meta["authors_last"]) if authors is not None else 0,
+                authors_last=_int(meta, "authors_last") if authors is not None else 0,
                 labels=_labels(meta["labels"]),
                 topics=table.counts("topics"),
-                topics_watermark=int(meta.get("topics_watermark") or 0),
-                check_seq=int(meta["check_seq"]),
-                check_hash=None if meta["check_hash"] is None else str(meta["check_hash"]),
-                groups=table.groups(inbound),
-                groups_version=int(meta.get("groups_version") or 0),
+                topics_watermark=_int(meta, "topics_watermark"),
+                check_seq=_int(meta, "check_seq"),
+                check_hash=None if meta["check_hash"] is None else _str(meta, "check_hash"),
             )
-        except (KeyError, TypeError, ValueError):
+        except Exception as exc:  # any inconsistency: the state is read from the store instead
+            log.warning("ignoring the inconsistent state file of session %r: %s", session_id, exc)
             return None
+        try:  # groups that do not add up cost only themselves (the tagger groups again)
+            state.groups = table.groups(inbound)
+            state.groups_key = _str(meta, "groups_key") if state.groups is not None else ""
+        except Exception as exc:
+            log.warning("ignoring the saved tag groups of session %r: %s", session_id, exc)
+        return state
 
     def trim(self, keep: int | None = None) -> int:
         """Delete all but the ``keep`` (default ``KEPT_FILES``) most recently written files,
@@ -272,45 +278,61 @@ class StateFiles:
 
 
 _MAGIC = b"CFSTATE\n"
-_HEAD = struct.Struct("<8sI")  # the magic, the header's length
+_HEAD = struct.Struct("<8sII")  # the magic, the CRC-32 of all that follows, the header's length
 _SEP = "\x00"  # between the strings of a text section (a string holding it fails the count)
 
 
+def _kind(name: str) -> str:
+    """The one kind section ``name`` may have: text, positions in a text section (int32),
+    counts (int64), token counts and line costs (int32), author ids (uint16)."""
+    if name in ("tags", "groups.keys"):
+        return "text"
+    if name in ("inbound", "groups.inbound", "lengths", "lines") or name.endswith(".tags"):
+        return "<i4"
+    if name == "authors":
+        return "<u2"
+    return "<i8"  # ``<name>.values``, ``groups.sizes``
+
+
 def _pack(meta: dict[str, Any], sections: list[tuple[str, list[str] | npt.NDArray[Any]]]) -> bytes:
-    """One file: the magic, the header's length, the header (JSON: ``meta``, each section's
-    name, kind, item count and byte size, and the body's CRC-32), then the sections' bytes: an
-    array's raw little-endian items, a text section's strings joined by ``_SEP`` (UTF-8)."""
+    """One file: the magic, the CRC-32 of everything after the prefix, the header's length, the
+    header (JSON: ``meta`` and each section's name, kind, item count and byte size), then the
+    sections' bytes: an array's raw little-endian items (of its ``_kind``), a text section's
+    strings joined by ``_SEP`` (UTF-8)."""
     parts: list[bytes] = []
     table: list[list[Any]] = []
     for name, values in sections:
+        kind = _kind(name)
         if isinstance(values, list):
-            raw, kind = _SEP.join(values).encode(), "text"
+            raw = _SEP.join(values).encode()
         else:
-            kind = values.dtype.newbyteorder("<").str
             raw = values.astype(kind, copy=False).tobytes()
         parts.append(raw)
         table.append([name, kind, len(values), len(raw)])
-    body = b"".join(parts)
-    header = json.dumps({**meta, "sections": table, "crc": zlib.crc32(body)}).encode()
-    return _HEAD.pack(_MAGIC, len(header)) + header + body
+    header = json.dumps({**meta, "sections": table}).encode()
+    rest = header + b"".join(parts)
+    return _HEAD.pack(_MAGIC, zlib.crc32(rest), len(header)) + rest
 
 
 def _unpack(data: bytes) -> tuple[dict[str, Any], dict[str, list[str] | npt.NDArray[Any]]]:
-    """``_pack`` read back, every size and the CRC checked (``ValueError`` otherwise)."""
+    """``_pack`` read back, the CRC, every section's kind, count and size checked
+    (``ValueError`` otherwise)."""
     if len(data) < _HEAD.size:
         raise ValueError("shorter than its header")
-    magic, size = _HEAD.unpack_from(data)
+    magic, crc, size = _HEAD.unpack_from(data)
     if magic != _MAGIC:
         raise ValueError("not a contextfold state file")
+    if zlib.crc32(memoryview(data)[_HEAD.size :]) != crc:
+        raise ValueError("damaged (its checksum differs)")
     meta = json.loads(data[_HEAD.size : _HEAD.size + size])
     if not isinstance(meta, dict):
         raise ValueError("a header that is not an object")
     view = memoryview(data)[_HEAD.size + size :]
-    if zlib.crc32(view) != meta.get("crc"):
-        raise ValueError("damaged (its checksum differs)")
     sections: dict[str, list[str] | npt.NDArray[Any]] = {}
     at = 0
     for name, kind, count, length in meta.get("sections", ()):
+        if not isinstance(name, str) or kind != _kind(name) or name in sections:
+            raise ValueError(f"section {name!r} of another kind than its name's, or twice")
         chunk = view[at : at + length]
         at += length
         if len(chunk) != length:
@@ -381,7 +403,7 @@ class _Table:
         at = self.positions("groups.inbound", len(inbound))
         if not isinstance(keys, list) or at is None or len(keys) != len(sizes):
             raise ValueError("groups that do not pair")
-        if len(at) != len(inbound) or (sizes < 0).any() or int(sizes.sum()) != len(at):
+        if len(at) != len(inbound) or sum(sizes.tolist()) != len(at) or (sizes < 0).any():
             raise ValueError("groups that do not hold the vocabulary")
         if len(at) and int(np.bincount(at, minlength=len(at)).max()) != 1:
             raise ValueError("groups that hold a tag twice")
@@ -390,6 +412,22 @@ class _Table:
         grouped = words[at].tolist()
         starts = [0, *np.cumsum(sizes).tolist()]
         return {key: grouped[starts[i] : starts[i + 1]] for i, key in enumerate(keys)}
+
+
+def _int(meta: dict[str, Any], key: str) -> int:
+    """Header scalar ``key``, an integer (``ValueError`` for anything else)."""
+    value = meta[key]
+    if type(value) is not int:
+        raise ValueError(f"{key}: not an integer")
+    return value
+
+
+def _str(meta: dict[str, Any], key: str) -> str:
+    """Header scalar ``key``, a string (``ValueError`` for anything else)."""
+    value = meta[key]
+    if not isinstance(value, str):
+        raise ValueError(f"{key}: not a string")
+    return value
 
 
 def _labels(values: object) -> list[str] | None:

@@ -29,6 +29,8 @@ this module.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import re
@@ -51,6 +53,7 @@ if TYPE_CHECKING:
     from contextfold.memory.tagging_llm import LLMTagger, SupportsChat
 
 __all__ = [
+    "GROUPS_KEY",
     "GROUPS_VERSION",
     "EmbeddingTagger",
     "KeywordTagger",
@@ -167,8 +170,9 @@ _CHATTER_VERBS = _words(
 # How many vocabularies' indexes a keyword tagger keeps (``KeywordTagger._known_index``).
 _KNOWN_INDEXES = 4
 #: The version of a keyword tagger's grouping of a vocabulary (``KeywordTagger._bucket``):
-#: groups saved by another version are not adopted (``KeywordTagger.adopt_groups``). Raise it
-#: whenever ``_bucket`` would put some tag in another group.
+#: raise it whenever ``_bucket`` would put some tag in another group. ``GROUPS_KEY`` (below)
+#: adds the rules' data to it; groups saved under another key are not adopted
+#: (``KeywordTagger.adopt_groups``).
 GROUPS_VERSION = 1
 # Stemmers whose stem of a word keeps the word's first two letters, except where the second
 # letter ``y`` became ``i`` (``dying`` -> ``die``) or the stem is shorter than two letters
@@ -184,6 +188,12 @@ _SHORT_STEM_NEXT = ("", "e", "i", "s")
 _PLAIN_TAG = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
 # The lines of a newline-joined vocabulary that are not plain tags (found in one scan).
 _ODD_LINES = re.compile(r"^(?![a-z0-9]+(?:-[a-z0-9]+)*$).*$", re.MULTILINE)
+#: What a saved grouping must have been made by: ``GROUPS_VERSION`` and the rules' data.
+GROUPS_KEY = hashlib.sha256(
+    json.dumps(
+        [GROUPS_VERSION, sorted(IRREGULAR_PLURALS), _PLAIN_TAG.pattern, _ODD_LINES.pattern]
+    ).encode()
+).hexdigest()[:16]
 _WORD_OR_BREAK = re.compile(r"\w+|[.!?;:,()\[\]{}\"“”]|\n")
 _SENTENCE_END = frozenset(".!?\n")
 _TITLES = ("mr", "mrs", "ms", "dr", "prof", "st", "jr", "sr", "vs", "etc")
@@ -519,14 +529,18 @@ class KeywordTagger:
 
     def adopt_groups(self, vocabulary: Sequence[str], groups: dict[str, list[str]]) -> bool:
         """Keep ``groups``, ``vocabulary``'s grouping as an earlier process made it (saved with
-        the session's state, by the grouping of ``GROUPS_VERSION``), so this process's first
+        the session's state, by the rules ``GROUPS_KEY`` names), so this process's first
         lookup does not group the whole vocabulary again. The caller vouches that they hold
-        each of its tags once (the state file checks its groups are a permutation of the
-        vocabulary); not kept (``False``) when they hold another count of tags, or when this
-        tagger already keeps a grouping sharing the vocabulary's start."""
+        each of its tags once (the state file checks they are a permutation of the
+        vocabulary); not kept (``False``) when they hold another count of tags, when the first
+        or last tag of a group is not of that group here, or when this tagger already keeps a
+        grouping sharing the vocabulary's start."""
         words = list(vocabulary)
         if sum(len(group) for group in groups.values()) != len(words):
             return False
+        for key, group in groups.items():
+            if group and (self._bucket(group[0]) != key or self._bucket(group[-1]) != key):
+                return False
         with self._known_lock:
             if any(_common_start(seen, words) for seen, _ in self._known):
                 return False
