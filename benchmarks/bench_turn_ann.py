@@ -109,7 +109,7 @@ def counting(store: MemoryStore) -> list[int]:
 
 def dense(r: Recaller, text: str) -> list[tuple[int, float]]:
     """``r._dense`` for ``text``, its query vector made beforehand (not timed)."""
-    return r._dense("s", text, LIMIT)
+    return r._dense("s", [text], LIMIT)[0]
 
 
 def timed_dense(r: Recaller, text: str) -> common.Timed:

@@ -129,7 +129,6 @@ def test_array_fusion_equals_the_stated_fusion_exactly(case: dict[str, Any]) -> 
     signals = case["signals"]
     store = _Store(case["counts"], case["times"])
     r = Recaller(store, tag_limit=len(signals["tags"]) or None, **case["settings"])  # type: ignore[arg-type]
-    r._dense = lambda sid, text, limit: signals["dense"]  # type: ignore[method-assign]
     r._turn_lengths = lambda sid: None  # type: ignore[method-assign]
     text = "what happened in January 2024" if case["period"] else "what happened"
     period = query_period(text)
@@ -141,6 +140,7 @@ def test_array_fusion_equals_the_stated_fusion_exactly(case: dict[str, Any]) -> 
         text,
         (signals["tags"], case["tag_low"]),
         signals["fts"],
+        signals["dense"],
         exclude=case["exclude"],
         limit=case["limit"],
         authored=(authors, frozenset(["ann"])) if r.author_weight else None,
@@ -180,11 +180,10 @@ def test_a_period_reads_the_times_only_of_candidates_that_could_be_kept() -> Non
     store.turn_times = counted  # type: ignore[method-assign]
     settings = {"fusion": "rrf", "k": 1, "neighbor_weight": 0.0, "length_prior": 0.0}
     r = Recaller(store, date_weight=0.5, author_weight=0.0, **settings)  # type: ignore[arg-type]
-    r._dense = lambda sid, text, limit: []  # type: ignore[method-assign]
     r._turn_lengths = lambda sid: None  # type: ignore[method-assign]
     fts = [(s, float(1000 - s)) for s in seqs]
     text = "what happened in January 2024"
-    got = r._rank_text("s", text, ([], None), fts, limit=10)
+    got = r._rank_text("s", text, ([], None), fts, [], limit=10)
     signals = {"tags": [], "fts": fts, "dense": []}
     want = _reference(r, signals, None, set(), {}, times, query_period(text), set(), 10)
     assert [(h.seq, h.score, h.ranks) for h in got] == want
@@ -203,14 +202,13 @@ def _period_recaller(times: dict[int, datetime], date_weight: float) -> Recaller
         neighbor_weight=0.0,
         length_prior=0.0,
     )
-    r._dense = lambda sid, text, limit: []  # type: ignore[method-assign]
     r._turn_lengths = lambda sid: None  # type: ignore[method-assign]
     return r
 
 
 def _cut_and_whole(r: Recaller, fts: list[tuple[int, float]], limit: int) -> tuple[list, list]:
-    cut = r._rank_text("s", _PERIOD_TEXT, ([], None), fts, limit=limit)
-    whole = r._rank_text("s", _PERIOD_TEXT, ([], None), fts, limit=len(fts))[:limit]
+    cut = r._rank_text("s", _PERIOD_TEXT, ([], None), fts, [], limit=limit)
+    whole = r._rank_text("s", _PERIOD_TEXT, ([], None), fts, [], limit=len(fts))[:limit]
     return [(h.seq, h.score) for h in cut], [(h.seq, h.score) for h in whole]
 
 

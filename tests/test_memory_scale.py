@@ -648,8 +648,8 @@ def test_the_first_rows_of_a_session_are_kept_as_read_and_later_ones_appended() 
     assert entry.seqs == [1, 2, 3, 4] and entry.rows(0).tolist()[-1] == [2.0] * 4
     assert entry.rows(0)[:3].tolist() == [[1.0] * 4] * 3
     query = np.array([1, 0, 0, 0], np.float32)
-    assert entry.scores(query).tolist() == [1.0, 1.0, 1.0, 2.0]
-    assert entry.search(query, 2, 16, ann=False)[0] == [(4, 2.0), (1, 1.0)]
+    assert entry.scores(query[None]).tolist() == [[1.0], [1.0], [1.0], [2.0]]
+    assert entry.search(query[None], 2, 16, ann=False) == ([[(4, 2.0), (1, 1.0)]], False)
     view = np.zeros((4, 4), np.float32)[1:]  # not its own memory: copied
     other = SessionVectors(born=1)
     other.append([1, 2, 3], view)

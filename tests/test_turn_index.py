@@ -9,15 +9,20 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import numpy.typing as npt
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from contextfold.items import Message
+from contextfold.memory import turn_index
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
 from contextfold.memory.recall import Recaller
+from contextfold.memory.turn_index import SessionVectors, _top
 from contextfold.store.sqlite.memory import MemoryStore
 from contextfold.testing import HashEmbedder
 from contextfold.tokens import CharCounter
@@ -68,7 +73,7 @@ def recaller(store: MemoryStore, vectors: Vectors, **kw: Any) -> Recaller:
 
 
 def top(r: Recaller, text: str, sid: str = "s") -> list[tuple[int, float]]:
-    return r._dense(sid, text, LIMIT)
+    return r._dense(sid, [text], LIMIT)[0]
 
 
 def reads(store: MemoryStore) -> list[int]:
@@ -605,3 +610,93 @@ def test_close_stops_an_index_build_between_chunks_and_still_writes_the_rows(
     again.settle()
     again.close()
     assert len(list(folder.glob("*.usearch"))) == 1  # built whole this time
+
+
+def _best_by_numpy(matrix: npt.NDArray[np.float32], query: Any, k: int) -> list[int]:
+    """Positions of the ``k`` best rows by float64 products, ties by position."""
+    scores = matrix.astype(np.float64) @ np.asarray(query, np.float64)
+    return sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:k]
+
+
+@pytest.mark.parametrize("split", [0, 700, 2600])  # rows read whole, or part read, part appended
+def test_one_scan_for_several_queries_answers_as_one_scan_each(split: int) -> None:
+    """The exact scan scores every row against all the recall's queries in one pass over
+    blocks of rows: each query's list is the one it gets alone, its cosines those of a
+    float64 product, whatever the block boundaries and the base/buffer split."""
+    vectors = Vectors(seed=11)
+    rows = vectors.draw(2600)  # more than two blocks, not a multiple of one
+    entry = SessionVectors(born=1)
+    seqs = list(range(1, len(rows) + 1))
+    if split:
+        entry.append(seqs[:split], rows[:split].copy())
+    for start in range(split, len(rows), 900):
+        entry.append(seqs[start : start + 900], rows[start : start + 900])
+    queries = vectors.queries[:5]
+    together, ann = entry.search(queries, LIMIT, 16, ann=False)
+    assert ann is False and len(together) == len(queries)
+    for query, hits in zip(queries, together, strict=True):
+        assert entry.search(query[None], LIMIT, 16, ann=False)[0] == [hits]
+        assert [seq - 1 for seq, _ in hits] == _best_by_numpy(rows, query, LIMIT)
+        for seq, cosine in hits:
+            assert cosine == pytest.approx(float(rows[seq - 1] @ query), abs=1e-6)
+
+
+def test_a_recall_with_parts_reads_the_vectors_once_for_all_of_them() -> None:
+    """A message ranked in parts (``decompose``) embeds the parts in one batch and scans the
+    session's vectors once; each part's dense list is the one it gets asked alone."""
+    store = MemoryStore(":memory:", counter=CharCounter())
+    vectors = Vectors()
+    fill(store, vectors, 1200)
+    r = recaller(store, vectors, ann_min_turns=None)
+    top(r, "q 0")  # the session's vectors read
+    entry = r._session_vectors("s")
+    scans: list[int] = []
+    original = entry.scores
+
+    def counted(queries: Any, start: int = 0) -> Any:
+        scans.append(len(queries))
+        return original(queries, start)
+
+    entry.scores = counted  # type: ignore[method-assign]
+    texts = ["q 1", "q 2", "  ", "q 3"]
+    lists = r._dense("s", texts, LIMIT)
+    assert scans == [3]  # one pass, three queries (the blank text asks nothing)
+    assert lists[2] == []
+    for text, hits in zip(texts, lists, strict=True):
+        if text.strip():
+            assert hits == top(r, text) and len(hits) == LIMIT
+
+
+def _reference_top(scores: npt.NDArray[np.float32], limit: int) -> list[int]:
+    return sorted(range(len(scores)), key=lambda i: (-float(scores[i]), i))[:limit]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(st.integers(-40, 40), min_size=1, max_size=3000),
+    limit=st.integers(1, 40),
+    sample=st.sampled_from([8, 64, 4096]),
+)
+def test_the_top_positions_are_the_best_scores_ties_by_position(
+    values: list[int], limit: int, sample: int
+) -> None:
+    """``_top`` (a floor sampled from the scores when they are many, else one partition)
+    keeps the stated order: the best ``limit``, ties by position, many ties included;
+    ``sample`` (the scores sampled) is made small so short arrays are sampled sparsely."""
+    scores = np.asarray(values, np.float32) / 8
+    with mock.patch.object(turn_index, "_SAMPLE", sample):
+        assert _top(scores, limit).tolist() == _reference_top(scores, limit)
+
+
+def test_a_sampled_floor_too_high_falls_back_to_the_whole_partition() -> None:
+    """The sampled scores are the highest ones: fewer than ``limit`` reach their floor, and
+    the whole array is partitioned (the answer is the same)."""
+    limit, n = 50, 4096 * 40
+    scores = np.zeros(n, np.float32)
+    stride = n // 4096
+    scores[::stride] = np.linspace(1, 2, len(scores[::stride]), dtype=np.float32)
+    scores[1::stride] = 0.5  # the next best: ties by position
+    got = _top(scores, limit).tolist()
+    assert got == _reference_top(scores, limit)
+    assert len({i for i in got if i % stride == 0}) == limit  # all from the sample
+    assert _top(scores, 5000).tolist() == _reference_top(scores, 5000)  # sample and more

@@ -847,17 +847,25 @@ class Recaller:
             return vector
         return future.result().astype(np.float32)
 
-    def _dense(self, session_id: str, text: str, limit: int) -> list[tuple[int, float]]:
-        if self.embedder is None or not text.strip():
-            return []
+    def _dense(
+        self, session_id: str, texts: Sequence[str], limit: int
+    ) -> list[list[tuple[int, float]]]:
+        """Each text's ``limit`` nearest turns, (seq, cosine) best first, from one scan of the
+        session's vectors for all of them (``SessionVectors.search``)."""
+        lists: list[list[tuple[int, float]]] = [[] for _ in texts]
+        asked = [i for i, text in enumerate(texts) if text.strip()]
+        if self.embedder is None or not asked:
+            return lists
         entry = self._session_vectors(session_id)
         if not len(entry):
-            return []
-        query = self._query_vector(self.embedder, text)
+            return lists
+        queries = np.stack([self._query_vector(self.embedder, texts[i]) for i in asked])
         use = self.ann_min_turns is not None and len(entry) >= self.ann_min_turns
-        hits, ann = entry.search(query, limit, self.ann_settings["expansion_search"], ann=use)
+        found, ann = entry.search(queries, limit, self.ann_settings["expansion_search"], ann=use)
         self.last_dense = {"rows": len(entry), "ann": ann, "indexed": entry.indexed}
-        return hits
+        for i, hits in zip(asked, found, strict=True):
+            lists[i] = hits
+        return lists
 
     # -- tags -----------------------------------------------------------------------------------
 
@@ -964,11 +972,19 @@ class Recaller:
         fts = self.store.search_turn_seqs_many(
             session_id, texts, limit=self.fts_limit, common_limit=self._common_limit(turns)
         )
+        dense = self._dense(session_id, texts, self.fts_limit)
         lists = [
             self._rank_text(
-                session_id, t, tag_scores, hits, exclude=exclude, limit=limit, authored=authored
+                session_id,
+                t,
+                tag_scores,
+                hits,
+                near,
+                exclude=exclude,
+                limit=limit,
+                authored=authored,
             )
-            for t, hits in zip(texts, fts, strict=True)
+            for t, hits, near in zip(texts, fts, dense, strict=True)
         ]
         ranked = merge_parts(lists, limit) if parts else lists[0]
         return [
@@ -990,21 +1006,19 @@ class Recaller:
         text: str,
         tag_scores: tuple[list[tuple[int, float]], float | None],
         fts: list[tuple[int, float]],
+        dense: list[tuple[int, float]],
         *,
         exclude: Collection[int] = (),
         limit: int = 200,
         authored: tuple[TurnAuthors | None, frozenset[str]] | None = None,
     ) -> list[Hit]:
         """``rank`` for one text (the message, or one of its parts), with the message's tag
-        signal (``_tag_scores``), the text's full-text hits and the authors the message names
-        (``_named_authors``): the signals fused (``memory.fusion``), then the per-turn priors
-        that need the store (length, author, period)."""
+        signal (``_tag_scores``), the text's full-text hits, its nearest turns (``_dense``)
+        and the authors the message names (``_named_authors``): the signals fused
+        (``memory.fusion``), then the per-turn priors that need the store (length, author,
+        period)."""
         tag_hits, tag_low = tag_scores
-        signals = {
-            "tags": tag_hits,
-            "fts": fts,
-            "dense": self._dense(session_id, text, self.fts_limit),
-        }
+        signals = {"tags": tag_hits, "fts": fts, "dense": dense}
         excluded = np.fromiter(exclude, np.int64) if exclude else None
         found = fuse_signals(
             signals,
