@@ -20,6 +20,8 @@ window so compaction fires). Reported per configuration:
   steady recalls (each run's same questions, keyword-only, then with the embedder) are timed
   in three alternating rounds, so the sizes are compared under the same machine load; the runs
   themselves are minutes apart, and on a shared 2-core machine the load drifts between them.
+  Each engine caches its own query vectors (one model, loaded once): a cache shared by the
+  runs would embed each question once, for the first run only.
 
 Steady means after the reads a first recall starts in the background are done
 (``Recaller.settle`` after one warm-up recall): a session of 20,000 vectors or more has them
@@ -58,7 +60,7 @@ import _common as common
 from contextfold.items import Message
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
-from contextfold.retrieval.embedders import default_embedder
+from contextfold.retrieval.embedders import CachedEmbedder, default_embedder
 from contextfold.store.sqlite.memory import MemoryStore
 
 CHUNK = 500  # turns stored per store_turns call, derived after each
@@ -67,6 +69,7 @@ NAMES = [
     "Keiko", "Lars", "Mateo", "Nadia", "Oskar", "Priya", "Quinn", "Rosa", "Soren", "Tala",
 ]  # fmt: skip
 DIM = 384
+WARM_UP = "What did we talk about before?"  # a warm-up recall's message, never timed
 FIRSTS = 3  # first recalls timed after a compaction, and after a restart (the median reported)
 ROUNDS = 3  # alternating rounds of the side-by-side phase
 
@@ -304,19 +307,22 @@ def side_by_side(spec: dict[str, Any]) -> dict[str, Any]:
         settings["recall"] = {"relevance_floor": None, "unknown_name_floor": None}
     config = MemoryConfig.model_validate(settings)
     out: dict[str, Any] = {"rounds": ROUNDS}
-    embedder = None
+    model = None
     for kind in ("keyword", "dense"):
         stored = [r for r in spec["runs"] if kind == "keyword" or r["dense"]]
         if not stored:
             continue
         if kind == "dense":
-            embedder = default_embedder()
-            embedder.embed(["warm up"])
+            model = default_embedder().inner  # loaded once, shared
+            model.embed(["warm up"])
         engines = []
         for r in stored:
+            # Each engine caches its own query vectors (the runs ask the same questions: one
+            # shared cache would answer every run's questions but the first's from memory).
+            embedder = CachedEmbedder(model) if model is not None else None
             engine = MemoryEngine(config, store=MemoryStore(r["path"]), embedder=embedder)
-            sid, question = r["asks"][0]
-            engine.on_message_inbound(question, session_id=sid, budget=2048)  # warm
+            sid = r["asks"][0][0]
+            engine.on_message_inbound(WARM_UP, session_id=sid, budget=2048)  # (not asked)
             engine.recaller.settle()
             engines.append(engine)
         samples = [common.Samples() for _ in stored]
