@@ -700,3 +700,93 @@ def test_a_sampled_floor_too_high_falls_back_to_the_whole_partition() -> None:
     assert got == _reference_top(scores, limit)
     assert len({i for i in got if i % stride == 0}) == limit  # all from the sample
     assert _top(scores, 5000).tolist() == _reference_top(scores, 5000)  # sample and more
+
+
+def test_the_index_answers_several_queries_as_it_answers_each_alone(
+    filled: tuple[Path, Vectors], tmp_path: Path
+) -> None:
+    """Through the HNSW index, with rows stored since it last grew (the tail, scanned
+    exactly): each query of a batch gets the list it gets alone, its own index hits and its
+    own tail scores (a row of the tail is each query's own best match)."""
+    path = copy_db(filled, tmp_path)
+    vectors = filled[1]
+    store = MemoryStore(path, counter=CharCounter())
+    ann = recaller(store, vectors, ann_min_turns=1000)
+    ann.ann_tail = 1_000_000  # the rows stored below stay in the tail
+    top(ann, "q 0")
+    ann.settle()
+    fill(store, vectors, 3)
+    last = store.last_seq("s")
+    tail = [f"row {seq}" for seq in range(last - 2, last + 1)]
+    texts = ["q 1", tail[0], "q 2", tail[2], tail[1]]
+    lists = ann._dense("s", texts, LIMIT)
+    assert ann.last_dense["ann"] is True
+    entry = ann._vectors["s"]
+    assert 0 < entry.indexed <= last - 3  # the new rows are not in the index
+    for text, hits in zip(texts, lists, strict=True):
+        assert hits == top(ann, text)
+    for text, hits in zip(texts[1::2] + texts[4:], [lists[1], lists[3], lists[4]], strict=True):
+        assert hits[0][0] == int(text.split()[1]) and hits[0][1] == pytest.approx(1.0, abs=1e-5)
+    assert lists[0] != lists[2]  # (two queries, two lists)
+
+
+def test_each_part_of_a_message_is_fused_with_its_own_dense_list() -> None:
+    """``_rank`` hands each text (the message, each part) the dense list of that text."""
+    store = MemoryStore(":memory:", counter=CharCounter())
+    store.create_session("s")
+    names = ["Melanie", "Caroline", "Jon"]
+    places = ["lake", "museum", "park", "bakery", "garage"]
+    store.append_turns(
+        "s",
+        [
+            Message(
+                role="user", content=f"{names[i % 3]}: we went to the {places[i % 5]} on day {i}"
+            )
+            for i in range(120)
+        ],
+    )
+    r = Recaller(store, embedder=HashEmbedder(), fts_limit=LIMIT, decompose=True)
+    r.ensure_vectors("s")
+    text = "What did Melanie and Caroline do at the lake and the museum?"
+    seen: list[tuple[str, list[tuple[int, float]]]] = []
+    original = r._rank_text
+
+    def spy(session_id: str, t: str, tags: Any, fts: Any, dense: Any, **kw: Any) -> Any:
+        seen.append((t, dense))
+        return original(session_id, t, tags, fts, dense, **kw)
+
+    r._rank_text = spy  # type: ignore[method-assign]
+    r.rank("s", text)
+    assert len(seen) >= 3 and seen[0][0] == text  # the message and at least two parts
+    for t, dense in seen:
+        assert dense == r._dense("s", [t], LIMIT)[0] and dense
+    assert len({tuple(dense) for _, dense in seen}) == len(seen)
+
+
+class _AppendsMidScan(SessionVectors):
+    """Runs an append that grows the buffer at the moment a scan reads ``_buffer``: the
+    interleaving a writer thread can produce (rows only appended, the scan takes no lock)."""
+
+    armed = False
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "_buffer" and object.__getattribute__(self, "armed"):
+            object.__setattr__(self, "armed", False)
+            rows = np.ones((30, 4), np.float32)
+            SessionVectors.append(self, list(range(200, 230)), rows)
+        return object.__getattribute__(self, name)
+
+
+def test_a_scan_beside_an_append_that_grows_the_buffer_scores_only_whole_rows() -> None:
+    entry = _AppendsMidScan(born=1)
+    entry.append(list(range(1, 101)), np.full((101, 4), 0.5, np.float32)[:100])  # a copy
+    entry.append([101], np.full((1, 4), 0.5, np.float32))  # buffer: 101 rows of 125
+    entry._buffer[entry._count :] = np.nan  # the spare rows: never written
+    entry.armed = True
+    hits, ann = entry.search(np.ones((1, 4), np.float32), 20, 16, ann=False)
+    assert ann is False and not entry.armed  # the append ran inside the scan
+    assert len(hits[0]) == 20 and all(score == 2.0 for _, score in hits[0])
+    assert [seq for seq, _ in hits[0]] == list(range(1, 21))  # rows the scan counted, in order
+    assert len(entry) == 131 and entry.search(np.ones((1, 4), np.float32), 1, 16, ann=False)[0] == [
+        [(200, 4.0)]
+    ]

@@ -234,10 +234,11 @@ class RecallSettings(_Section):
 
     ``ann_min_turns``: a session with at least this many turn vectors is searched through an
     HNSW index (``usearch``, the ``ann`` extra; ``null``, the default: always exact), with
-    ``expansion_search`` ``max(ann_expansion, 4 × fts_limit)``; below it, one exact
-    matrix-vector product. ``vector_files``: a file-backed SQLite store keeps each large
-    session's vectors and index in files beside it (``<database>.vectors/``), so a restart maps
-    them instead of reading every vector back (docs/memory.md, "Cost model").
+    ``expansion_search`` ``max(ann_expansion, 4 × fts_limit)``; below it, one exact pass
+    over the vectors for the message and its parts. ``vector_files``: a file-backed SQLite
+    store keeps each large session's vectors and index in files beside it
+    (``<database>.vectors/``), so a restart maps them instead of reading every vector back
+    (docs/memory.md, "Cost model").
     ``state_files``: such a store also keeps the recently used sessions' recall state (tag
     counts, related-tag counts, inbound vocabulary, turns' token counts and authors) in
     ``<database>.state/``, written when the engine closes, so the first recall after a restart

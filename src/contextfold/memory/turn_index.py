@@ -184,13 +184,22 @@ class SessionVectors:
 
     def scores(self, queries: Matrix, start: int = 0) -> Matrix:
         """Exact scores of rows ``start``.. against each of ``queries`` (a matrix, one query
-        per row): shape ``(rows, len(queries))``, one ``_dots`` per part."""
-        nb = len(self._base)
+        per row): shape ``(rows, len(queries))``, one ``_dots`` per part. The rows are those
+        with a seq when the scan starts: ``append`` writes a row before adding its seq, and a
+        buffer that grows is filled before it replaces the old one, so every row counted this
+        way is whole in whichever buffer the scan then reads, appends running beside it."""
+        if np.ndim(queries) != 2:
+            raise ValueError(
+                f"queries must be a matrix, one query per row; got {np.shape(queries)}"
+            )
+        stop = len(self._seqs)  # first, then the parts (see above)
+        base, buffer = self._base, self._buffer
+        nb = min(len(base), stop)
         parts = []
         if start < nb:
-            parts.append(_dots(self._base[start:], queries))
-        if self._count and start < nb + self._count:
-            parts.append(_dots(self._buffer[max(0, start - nb) : self._count], queries))
+            parts.append(_dots(base[start:nb], queries))
+        if stop > nb and start < stop:
+            parts.append(_dots(buffer[max(0, start - nb) : stop - nb], queries))
         if not parts:
             return np.zeros((0, len(queries)), np.float32)
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -201,7 +210,11 @@ class SessionVectors:
         """For each of ``queries`` (a matrix, one query per row) the ``limit`` best (seq,
         cosine) pairs, best first, and whether the ANN index answered (``ann``: may it; rows
         it does not cover yet are scanned exactly). The exact scan reads the rows once for
-        all the queries."""
+        all the queries; the index searches them in one batch."""
+        if np.ndim(queries) != 2:
+            raise ValueError(
+                f"queries must be a matrix, one query per row; got {np.shape(queries)}"
+            )
         # Rows are only appended, so a scan needs no lock (the rows it scores keep their
         # place); the index does, against the worker adding to it.
         found = None
@@ -210,7 +223,11 @@ class SessionVectors:
                 index, indexed = self.index, self.indexed
                 if index is not None and indexed:
                     index.expansion_search = max(expansion, 4 * limit)
-                    found = [index.search(query, min(limit, indexed)) for query in queries]
+                    batch = index.search(queries, min(limit, indexed), threads=1)
+                    # (one query's batch comes back as that query's matches)
+                    found = (
+                        [batch] if len(queries) == 1 else [batch[i] for i in range(len(queries))]
+                    )
         if found is None:
             scores = self.scores(queries)
             return [
@@ -237,7 +254,9 @@ def _dots(rows: Matrix, queries: Matrix) -> Matrix:
     makes one BLAS dot per row and query, over blocks of ``_BLOCK`` rows that stay in cache
     while every query reads them. 100k x 384 rows (benchmarks/bench_turn_ann.py's machine):
     one query 6.1 ms (``einsum``: 7.8), three 9.5 (three ``einsum``: 21). A row's score is
-    the same whatever the block or the other queries."""
+    the same whatever the block or the other queries (the queries made C-contiguous
+    float32 first: a Fortran-ordered matrix sums in another order)."""
+    queries = np.ascontiguousarray(queries, np.float32)  # (a row's score: one summation order)
     out = np.empty((len(rows), len(queries)), np.float32)
     for start in range(0, len(rows), _BLOCK):
         block = rows[start : start + _BLOCK]
