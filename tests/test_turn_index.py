@@ -653,9 +653,9 @@ def test_a_recall_with_parts_reads_the_vectors_once_for_all_of_them() -> None:
     scans: list[int] = []
     original = entry.scores
 
-    def counted(queries: Any, start: int = 0) -> Any:
+    def counted(queries: Any, start: int = 0, threads: int = 1) -> Any:
         scans.append(len(queries))
-        return original(queries, start)
+        return original(queries, start, threads)
 
     entry.scores = counted  # type: ignore[method-assign]
     texts = ["q 1", "q 2", "  ", "q 3"]
@@ -790,3 +790,29 @@ def test_a_scan_beside_an_append_that_grows_the_buffer_scores_only_whole_rows() 
     assert len(entry) == 131 and entry.search(np.ones((1, 4), np.float32), 1, 16, ann=False)[0] == [
         [(200, 4.0)]
     ]
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_a_scan_split_between_threads_gives_each_row_the_score_it_gets_in_one(
+    threads: int,
+) -> None:
+    """From ``_SPLIT_ROWS`` rows a scan is cut between threads: every row's score is the one
+    the single-threaded scan gives (same dots, same order), the top lists the same; with the
+    pool's threads all busy, the recall's own thread scans the parts none started."""
+    vectors = Vectors(seed=3)
+    rows = vectors.draw(turn_index._SPLIT_ROWS + 1500)  # not a multiple of a block
+    queries = vectors.queries[:3]
+    one = turn_index._dots(rows, queries)
+    assert np.array_equal(turn_index._dots(rows, queries, threads), one)
+    entry = SessionVectors(born=1)
+    entry.append(list(range(1, len(rows) + 1)), rows)
+    want = entry.search(queries, LIMIT, 16, ann=False)
+    assert entry.search(queries, LIMIT, 16, ann=False, threads=threads) == want
+    release = threading.Event()
+    pool = turn_index._scan_pool(threads - 1)
+    blockers = [pool.submit(release.wait, 30) for _ in range(threads - 1)]
+    try:  # every pool thread busy: the parts are taken back, not waited for
+        assert np.array_equal(turn_index._dots(rows, queries, threads), one)
+    finally:
+        release.set()
+    assert all(b.result() for b in blockers)

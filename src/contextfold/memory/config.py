@@ -235,7 +235,9 @@ class RecallSettings(_Section):
     ``ann_min_turns``: a session with at least this many turn vectors is searched through an
     HNSW index (``usearch``, the ``ann`` extra; ``null``, the default: always exact), with
     ``expansion_search`` ``max(ann_expansion, 4 × fts_limit)``; below it, one exact pass
-    over the vectors for the message and its parts. ``vector_files``: a file-backed SQLite
+    over the vectors for the message and its parts, cut between ``scan_threads`` threads
+    from 32,768 vectors on (a part no thread has started when the recall's own part is done
+    is scanned by the recall itself). ``vector_files``: a file-backed SQLite
     store keeps each large session's vectors and index in files beside it
     (``<database>.vectors/``), so a restart maps them instead of reading every vector back
     (docs/memory.md, "Cost model").
@@ -281,6 +283,7 @@ class RecallSettings(_Section):
     common_min_turns: int = Field(COMMON_MIN_TURNS, ge=0)
     ann_min_turns: int | None = Field(ANN_MIN_TURNS, ge=1000)
     ann_expansion: int = Field(1600, ge=16)
+    scan_threads: int = Field(2, ge=1, le=64)
     vector_files: bool = True
     state_files: bool = True
     relevance_floor: float | None = Field(RELEVANCE_FLOOR, ge=-1, le=1)

@@ -246,6 +246,7 @@ class MemoryEngine:
             common_min_turns=cfg.recall.common_min_turns,
             ann_min_turns=cfg.recall.ann_min_turns,
             ann_expansion=cfg.recall.ann_expansion,
+            scan_threads=cfg.recall.scan_threads,
             vector_dir=self._vector_dir(),
             decompose=cfg.recall.decompose,
             author_weight=cfg.recall.author_weight,

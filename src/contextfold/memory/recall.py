@@ -182,6 +182,7 @@ class Recaller:
         vector_dir: str | Path | None = None,
         decompose: bool = False,
         author_weight: float = 0.0,
+        scan_threads: int = 1,
     ) -> None:
         if fusion not in ("score", "rrf"):
             raise ValueError(f"fusion must be 'score' or 'rrf', not {fusion!r}")
@@ -195,6 +196,7 @@ class Recaller:
         self.related_weight = related_weight
         self.weights = {"tags": 1.0, "fts": 1.0, "dense": 1.0, **(weights or {})}
         self.embed_batch = embed_batch
+        self.scan_threads = scan_threads
         self.neighbor_weight = neighbor_weight
         self.fusion: Fusion = fusion
         self.length_prior = length_prior
@@ -861,7 +863,13 @@ class Recaller:
             return lists
         queries = np.stack([self._query_vector(self.embedder, texts[i]) for i in asked])
         use = self.ann_min_turns is not None and len(entry) >= self.ann_min_turns
-        found, ann = entry.search(queries, limit, self.ann_settings["expansion_search"], ann=use)
+        found, ann = entry.search(
+            queries,
+            limit,
+            self.ann_settings["expansion_search"],
+            ann=use,
+            threads=self.scan_threads,
+        )
         self.last_dense = {"rows": len(entry), "ann": ann, "indexed": entry.indexed}
         for i, hits in zip(asked, found, strict=True):
             lists[i] = hits
