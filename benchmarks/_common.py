@@ -350,6 +350,14 @@ def _ms(stats: dict[str, Any], key: str) -> str:
     return f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
 
 
+def _first(measured: dict[str, Any], name: str) -> str:
+    """A first recall's median ms, and the median of each first ÷ its question asked again
+    (``bench_memory_scale.firsts``; runs before it have no pairs)."""
+    paired = measured.get(f"{name}_paired")
+    cell = f"{measured[f'{name}_ms']:,.1f}"
+    return cell + (f" (×{paired:.2f} again)" if paired is not None else "")
+
+
 def _flags(flags: dict[str, bool]) -> str:
     bad = [k for k, v in flags.items() if not v]
     return f"all {len(flags)} true" if not bad else "FALSE: " + ", ".join(bad)
@@ -810,6 +818,9 @@ def _render_memory_scale(path: Path, data: dict[str, Any]) -> list[str]:
         f"- {p['questions']} LoCoMo questions per run at a {p['budget']:,}-token budget; turns "
         f"stored {p['chunk']} at a time and derived after each chunk; "
         f"{p['context_window']:,}-token window.",
+        "- A first recall's ×: the median over its samples of each first recall ÷ the same "
+        "question asked again right after it on the warm engine (the question's own cost "
+        "cancels; runs before this measure have none).",
         "",
         "| run | write turns/s | recall | p50 / p95 ms | first after compaction ms | "
         "first after restart ms | RSS MB (vectors MB) |",
@@ -838,7 +849,7 @@ def _render_memory_scale(path: Path, data: dict[str, Any]) -> list[str]:
                     f"| {name}{r['label']} | {r['write']['turns_per_s']:,.0f} | {recall} | "
                     f"{_ms(m['steady'], 'median_ms')} / {_ms(m['steady'], 'p95_ms')}"
                     + (f" (CPU p50 {cpu:,.1f})" if cpu is not None else "")
-                    + f" | {m['after_compaction_ms']:,.1f} | {m['after_restart_ms']:,.1f} | {rss} |"
+                    + f" | {_first(m, 'after_compaction')} | {_first(m, 'after_restart')} | {rss} |"
                 )
     together = data.get("side_by_side")
     if together:

@@ -249,6 +249,9 @@ def test_memory_scale_benchmark_quick_run(tmp_path: Path) -> None:
             for first in ("after_compaction", "after_restart"):
                 samples = run[kind][f"{first}_samples_ms"]
                 assert len(samples) == 3 and sorted(samples)[1] == run[kind][f"{first}_ms"]
+                again = run[kind][f"{first}_again_samples_ms"]
+                ratios = sorted(f / a for f, a in zip(samples, again, strict=True))
+                assert len(again) == 3 and run[kind][f"{first}_paired"] == ratios[1]
         assert run["dense"]["unranked_turns_at_start"] == 0
         assert "stored" not in run  # the kept stores' paths and questions stay internal
     together = result["side_by_side"]
