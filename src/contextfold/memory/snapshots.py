@@ -368,8 +368,7 @@ class _Table:
         tags = sections.get("tags", [])
         if not isinstance(tags, list):
             raise ValueError("section 'tags' is not text")
-        self.tags = np.empty(len(tags), object)
-        self.tags[:] = tags
+        self.tags = _objects(tags)
 
     def positions(self, name: str, size: int) -> npt.NDArray[np.int64] | None:
         """Section ``name``'s positions, each checked to be below ``size``."""
@@ -407,11 +406,16 @@ class _Table:
             raise ValueError("groups that do not hold the vocabulary")
         if len(at) and int(np.bincount(at, minlength=len(at)).max()) != 1:
             raise ValueError("groups that hold a tag twice")
-        words = np.empty(len(inbound), object)
-        words[:] = inbound
-        grouped = words[at].tolist()
+        grouped = _objects(inbound)[at].tolist()
         starts = [0, *np.cumsum(sizes).tolist()]
         return {key: grouped[starts[i] : starts[i + 1]] for i, key in enumerate(keys)}
+
+
+def _objects(names: list[str]) -> npt.NDArray[np.object_]:
+    """``names`` as a one-dimensional object array, to be indexed by an array of positions."""
+    out = np.empty(len(names), object)
+    out[:] = names
+    return out
 
 
 def _int(meta: dict[str, Any], key: str) -> int:

@@ -190,10 +190,7 @@ class SessionVectors:
         with a seq when the scan starts: ``append`` writes a row before adding its seq, and a
         buffer that grows is filled before it replaces the old one, so every row counted this
         way is whole in whichever buffer the scan then reads, appends running beside it."""
-        if np.ndim(queries) != 2:
-            raise ValueError(
-                f"queries must be a matrix, one query per row; got {np.shape(queries)}"
-            )
+        _check_queries(queries)
         stop = len(self._seqs)  # first, then the parts (see above)
         base, buffer = self._base, self._buffer
         nb = min(len(base), stop)
@@ -220,10 +217,7 @@ class SessionVectors:
         it does not cover yet are scanned exactly). The exact scan reads the rows once for
         all the queries (split between ``threads``: ``_dots``); the index searches them in one
         batch."""
-        if np.ndim(queries) != 2:
-            raise ValueError(
-                f"queries must be a matrix, one query per row; got {np.shape(queries)}"
-            )
+        _check_queries(queries)
         # Rows are only appended, so a scan needs no lock (the rows it scores keep their
         # place); the index does, against the worker adding to it.
         found = None
@@ -255,6 +249,11 @@ class SessionVectors:
             order = np.lexsort((all_seqs, -all_scores))[:limit]
             lists.append([(int(all_seqs[i]), float(all_scores[i])) for i in order])
         return lists, True
+
+
+def _check_queries(queries: Matrix) -> None:
+    if np.ndim(queries) != 2:
+        raise ValueError(f"queries must be a matrix, one query per row; got {np.shape(queries)}")
 
 
 def _dots(rows: Matrix, queries: Matrix, threads: int = 1) -> Matrix:
