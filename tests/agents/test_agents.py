@@ -172,7 +172,9 @@ def test_resumed_session_continues(agent_runs: AgentRuns, client_id: str) -> Non
     )
 
     def main(batch: list[dict[str, object]]) -> dict[str, object]:
-        return max(batch, key=lambda r: int(str(r.get("turn") or 0)))
+        # The conversation's record: the latest turn, and of equal turns one with a
+        # session (Claude Code's concurrent side requests carry none, in any order).
+        return max(batch, key=lambda r: (int(str(r.get("turn") or 0)), bool(r.get("session_id"))))
 
     first, second = main(proxied.records[0]), main(proxied.records[1])
     summary = [
