@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import contextfold.memory.engine as engine_module
-from contextfold.memory import snapshots
+from contextfold.memory import snapshots, tagging
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
 from contextfold.memory.snapshots import SessionState, StateFiles
@@ -486,16 +486,20 @@ def test_groups_of_another_version_or_vocabulary_are_not_adopted(
 ) -> None:
     tagger = KeywordTagger()
     vocabulary = ["kiln", "glaze", "clay"]
-    assert not tagger.adopt_groups(vocabulary, {"ki": ["kiln"], "gl": ["glaze"]})  # not whole
+    key = tagging.GROUPS_KEY
+    assert not tagger.adopt_groups(vocabulary, {"ki": ["kiln"], "gl": ["glaze"]}, key)  # part
     other = {"po": ["pottery"], "ki": ["kiln"], "gl": ["glaze"]}  # as many tags, not these
-    assert not tagger.adopt_groups(vocabulary, {"zz": ["pottery", "kiln", "glaze"]})
-    assert not tagger.adopt_groups(["kiln", "glaze", "clay"], {**other, "ki": ["clay"]})
+    assert not tagger.adopt_groups(vocabulary, {"zz": ["pottery", "kiln", "glaze"]}, key)
+    assert not tagger.adopt_groups(["kiln", "glaze", "clay"], {**other, "ki": ["clay"]}, key)
+    whole = {"ki": ["kiln"], "gl": ["glaze"], "cl": ["clay"]}
+    assert not tagger.adopt_groups(vocabulary, whole, "another")  # made by other rules
+    assert not tagger.adopt_groups(vocabulary, whole, None)  # by rules not named
     assert tagger.known_groups(vocabulary) is None
-    assert tagger.adopt_groups(vocabulary, {"ki": ["kiln"], "gl": ["glaze"], "cl": ["clay"]})
+    assert tagger.adopt_groups(vocabulary, whole, key)
     assert tagger.known_groups(vocabulary) is not None
     path = tmp_path / "m.db"
     _stored(path)
-    monkeypatch.setattr(engine_module, "GROUPS_KEY", "another")  # a newer grouping
+    monkeypatch.setattr(tagging, "GROUPS_KEY", "another")  # a newer grouping
     engine = _engine(path)
     tagger = engine.inbound_tagger
     assert isinstance(tagger, KeywordTagger)

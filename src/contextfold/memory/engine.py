@@ -439,9 +439,8 @@ class MemoryEngine:
                 isinstance(tagger, KeywordTagger)
                 and state.inbound is not None
                 and state.groups is not None
-                and state.groups_key == GROUPS_KEY
             ):
-                tagger.adopt_groups(state.inbound, state.groups)
+                tagger.adopt_groups(state.inbound, state.groups, state.groups_key)
             if state.topics is not None:
                 self.assembler.adopt_topics(sid, state.born, state.topics_watermark, state.topics)
             return counts

@@ -527,14 +527,19 @@ class KeywordTagger:
                     return buckets
         return None
 
-    def adopt_groups(self, vocabulary: Sequence[str], groups: dict[str, list[str]]) -> bool:
+    def adopt_groups(
+        self, vocabulary: Sequence[str], groups: dict[str, list[str]], key: str | None
+    ) -> bool:
         """Keep ``groups``, ``vocabulary``'s grouping as an earlier process made it (saved with
-        the session's state, by the rules ``GROUPS_KEY`` names), so this process's first
-        lookup does not group the whole vocabulary again. The caller vouches that they hold
-        each of its tags once (the state file checks they are a permutation of the
-        vocabulary); not kept (``False``) when they hold another count of tags, when the first
-        or last tag of a group is not of that group here, or when this tagger already keeps a
-        grouping sharing the vocabulary's start."""
+        the session's state, with ``key``: the ``GROUPS_KEY`` of the rules it was made by), so
+        this process's first lookup does not group the whole vocabulary again. The caller
+        vouches that they hold each of its tags once (the state file checks they are a
+        permutation of the vocabulary); not kept (``False``) when ``key`` names other rules
+        than this process's, when they hold another count of tags, when the first or last tag
+        of a group is not of that group here, or when this tagger already keeps a grouping
+        sharing the vocabulary's start."""
+        if key != GROUPS_KEY:
+            return False
         words = list(vocabulary)
         if sum(len(group) for group in groups.values()) != len(words):
             return False
