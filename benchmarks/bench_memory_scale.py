@@ -263,11 +263,13 @@ def run_config(spec: dict[str, Any], data_dir: Path) -> dict[str, Any]:
             )
         # Each phase of first recalls grows the session (``grow`` turns): each starts from a
         # copy of the store as the steady recalls saw it, and the same turns are appended.
-        shutil.copytree(folder, snapshot)
-        if spec.get("keep"):  # the same store, for ``side_by_side``
-            shutil.copytree(folder, spec["keep"])
-            stored = Path(spec["keep"]) / path.name
+        # With ``keep`` that copy is the one ``side_by_side`` opens later (nothing writes it
+        # before then), so the store is copied once.
+        if spec.get("keep"):
+            snapshot = Path(spec["keep"])
+            stored = snapshot / path.name
             out["stored"] = {"path": str(stored), "asks": asks, "dense": embedder is not None}
+        shutil.copytree(folder, snapshot)
         out["db_mb"] = round(sum(p.stat().st_size for p in folder.iterdir()) / 2**20, 1)
         phases: list[tuple[str, Any, list[str], str]] = [("keyword", None, later, questions[-1])]
         if embedder is not None:
@@ -298,7 +300,8 @@ def run_config(spec: dict[str, Any], data_dir: Path) -> dict[str, Any]:
         out["peak_rss_mb"] = common.peak_rss_mb()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-        shutil.rmtree(snapshot, ignore_errors=True)
+        if not spec.get("keep"):
+            shutil.rmtree(snapshot, ignore_errors=True)
     return out
 
 
