@@ -88,8 +88,8 @@ class Server:
         self.url = ""
         self.logfile = folder / f"{name}.log"
 
-    def start(self, timeout: float = 60) -> Server:
-        port = free_port()
+    def start(self, timeout: float = 60, port: int | None = None) -> Server:
+        port = port if port is not None else free_port()
         self.url = f"http://127.0.0.1:{port}"
         command = [sys.executable, "-m", "contextfold", "proxy", "--upstream", self.upstream]
         command += ["--port", str(port), "--memory-config", str(self.memory_yaml)]
@@ -402,6 +402,49 @@ def test_serve_with_two_workers_replaces_a_worker_killed_with_sigkill(
     finally:
         if server.process is not None and server.process.poll() is None:
             server.stop(signal.SIGKILL)
+
+
+def test_workers_stop_when_their_supervisor_is_killed_and_a_restart_can_bind(
+    fake_llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    """``kill -9`` of the supervisor: nothing would stop its workers, which would go on
+    serving the port and the store for ever, and a new server could not bind. Each worker
+    notices its supervisor is gone and stops as on SIGTERM (requests in flight finish)."""
+    fake_llm.reply = "Sure."
+    store = str(tmp_path / "memory.db")
+    server = Server(tmp_path, "w", fake_llm.url, store, workers=2).start()
+    assert server.process is not None
+    workers = _children(server.process.pid)
+    try:
+        assert len(workers) == 2
+        chat(oa(server.url), [], "Before the supervisor dies.")
+        server.stop(signal.SIGKILL)
+        assert wait_for(lambda: all(_gone(pid) for pid in workers), 20), [
+            pid for pid in workers if not _gone(pid)
+        ]
+        port = int(server.url.rsplit(":", 1)[1])
+        # A new server on the same port and store answers, the conversation's turn kept.
+        restarted = Server(tmp_path, "w2", fake_llm.url, store, workers=2).start(port=port)
+        try:
+            chat(oa(restarted.url), [], "After the restart.")
+            assert restarted.stop(signal.SIGTERM) == 0
+        finally:
+            if restarted.process is not None and restarted.process.poll() is None:
+                restarted.stop(signal.SIGKILL)
+        stored = reader(store)
+        assert any("Before the supervisor dies." in texts(stored, sid) for sid in stored.sessions())
+    finally:
+        for pid in workers:
+            if not _gone(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (a zombie not reaped yet counts as exited)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
 
 
 def _children(pid: int) -> list[int]:

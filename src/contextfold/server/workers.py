@@ -24,13 +24,16 @@ gets SIGTERM and stops as a one-process server does); a second one makes them qu
 The workers ignore SIGINT themselves (a terminal's Ctrl-C reaches the whole process group):
 the supervisor decides. A worker that exits while nobody stops it (``kill -9``, a crash) is
 replaced; the supervisor gives up, exit status 1, when workers keep dying within seconds of
-their start (a config that cannot work).
+their start (a config that cannot work). A supervisor killed with SIGKILL stops no one: each
+worker notices within half a second that it is gone and stops as on SIGTERM, so the port and
+the store are free again for the next server.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import signal
 import socket
 import sys
@@ -50,6 +53,8 @@ log = logging.getLogger(__name__)
 _EARLY = 5.0
 #: Failed starts in a row after which the supervisor gives up.
 _FAILED_STARTS = 5
+#: How often a worker checks that its supervisor is still there (seconds).
+_PARENT_POLL = 0.5
 
 
 def check_shareable(config: ServerConfig) -> str:
@@ -89,12 +94,17 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _worker(config: dict[str, Any], sockets: list[socket.socket], log_level: str) -> None:
+def _worker(
+    config: dict[str, Any], sockets: list[socket.socket], log_level: str, supervisor: int
+) -> None:
     """One worker process: the server of ``config`` on the supervisor's ``sockets``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor stops us, with SIGTERM
     # Stopped while still starting (nothing is held yet): exit quietly. Once it serves, the
     # server's own handler replaces this one.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    threading.Thread(
+        target=_stop_without, args=(supervisor,), name="contextfold-supervisor", daemon=True
+    ).start()
     from contextfold.cli.serve import serve_app
 
     serve_app(
@@ -103,6 +113,18 @@ def _worker(config: dict[str, Any], sockets: list[socket.socket], log_level: str
         sockets=sockets,
         signals=(signal.SIGTERM,),
     )
+
+
+def _stop_without(supervisor: int) -> None:
+    """SIGTERM to this worker once process ``supervisor`` is no longer its parent (killed with
+    SIGKILL, or crashed: it stops no one then). Without it the workers would serve the port
+    and the store for ever, and a new server could not bind; with it each stops as on the
+    supervisor's SIGTERM, finishing the requests in flight. Polled (every half second) so
+    it works wherever ``getppid`` does."""
+    while os.getppid() == supervisor:
+        time.sleep(_PARENT_POLL)
+    log.warning("the supervisor (pid %d) is gone: this worker stops", supervisor)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 class _Supervisor:
@@ -123,7 +145,7 @@ class _Supervisor:
     def spawn(self) -> BaseProcess:
         process = self.context.Process(
             target=_worker,
-            args=(self.config.model_dump(mode="json"), self.sockets, self.log_level),
+            args=(self.config.model_dump(mode="json"), self.sockets, self.log_level, os.getpid()),
             name="contextfold-worker",
             daemon=False,
         )
