@@ -539,6 +539,98 @@ def test_a_stream_that_breaks_off_keeps_what_arrived(engine: MemoryEngine) -> No
     assert stored == ["hi", "Partial answer"]
 
 
+def _sse_reply(*events: bytes) -> bytes:
+    """A 200 event-stream answer of ``events`` (each a whole SSE event), ended cleanly."""
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+        b"transfer-encoding: chunked\r\n\r\n"
+        + b"".join(_chunk(event) for event in events)
+        + b"0\r\n\r\n"
+    )
+
+
+def _openai_chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    chunk = {"id": "c1", "object": "chat.completion.chunk", "model": "m",
+             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}  # fmt: skip
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+def _anthropic_event(name: str, data: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n".encode()
+
+
+_ANTHROPIC_MESSAGE = {
+    "id": "m1",
+    "type": "message",
+    "role": "assistant",
+    "model": "c",
+    "content": [],
+    "stop_reason": None,
+    "usage": {"input_tokens": 1, "output_tokens": 0},
+}
+_ANTHROPIC_START = [
+    _anthropic_event("message_start", {"message": _ANTHROPIC_MESSAGE}),
+    _anthropic_event(
+        "content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}
+    ),
+    _anthropic_event(
+        "content_block_delta",
+        {"index": 0, "delta": {"type": "text_delta", "text": "Half an answ"}},
+    ),
+]
+
+#: Streams that end cleanly but not complete: what arrived is stored marked partial, never
+#: as a whole reply a later recall would offer as what the model said.
+_UNFINISHED = {
+    "openai error event": (
+        "/v1/chat/completions",
+        [
+            _openai_chunk({"role": "assistant", "content": "Half an answ"}),
+            b'data: {"error": {"message": "overloaded", "type": "server_error"}}\n\n',
+        ],
+        "overloaded",
+    ),
+    "openai no finish": (
+        "/v1/chat/completions",
+        [_openai_chunk({"role": "assistant", "content": "Half an answ"})],
+        "final event",
+    ),
+    "anthropic error event": (
+        "/v1/messages",
+        [
+            *_ANTHROPIC_START,
+            _anthropic_event(
+                "error", {"error": {"type": "overloaded_error", "message": "Overloaded"}}
+            ),
+        ],
+        "overloaded_error",
+    ),
+    "anthropic no stop": ("/v1/messages", _ANTHROPIC_START, "final event"),
+}
+
+
+@pytest.mark.parametrize("case", list(_UNFINISHED))
+def test_a_stream_that_ends_unfinished_is_stored_partial(engine: MemoryEngine, case: str) -> None:
+    path, events, why = _UNFINISHED[case]
+    upstream = OneShotUpstream(_sse_reply(*events))
+    config = ServerConfig(port=0, proxy=ProxySettings(upstream=upstream.url))
+    body: dict[str, Any] = {"model": "m", "stream": True, "max_tokens": 50,
+                            "messages": [{"role": "user", "content": "hi"}]}  # fmt: skip
+    with serve(config, engine) as served:
+        with httpx.stream("POST", f"{served.url}{path}", json=body) as response:
+            assert response.status_code == 200
+            received = response.read()
+        served.drain()
+        (record,) = served.events.recent()
+    assert b"Half an answ" in received  # the client got every byte, as sent
+    turns = engine.store.turns(record.session_id)
+    assert [(t.message.text(), t.partial) for t in turns] == [
+        ("hi", False),
+        ("Half an answ", True),
+    ]
+    assert record.error is not None and why in record.error, record.error
+
+
 def test_a_compressed_upstream_reply_reaches_the_client_decoded_and_marked(
     engine: MemoryEngine,
 ) -> None:

@@ -297,7 +297,6 @@ class ResponsesStream(StreamState):
         self._texts: dict[tuple[int, int], str] = {}
         self._arguments: dict[int, str] = {}
         self._final: list[Any] | None = None
-        self._ended = False
 
     def _render(self) -> bytes:
         return b""
@@ -335,7 +334,7 @@ class ResponsesStream(StreamState):
         elif kind == "response.custom_tool_call_input.done" and isinstance(index, int):
             self._arguments[index] = str(payload.get("input") or "")
         elif kind in _TERMINAL:
-            self._ended = True
+            self.ended = True
             status = _TERMINAL[kind]
             if isinstance(response, dict) and isinstance(response.get("output"), list):
                 self._final = response["output"]
@@ -353,7 +352,7 @@ class ResponsesStream(StreamState):
     def collect(self) -> None:
         output = self._final if self._final is not None else self._streamed()
         self.reply.text, self.reply.calls = _assistant(output)
-        if not self._ended:
+        if not self.ended:
             self.reply.partial = True  # cut off before the response ended
 
     def _streamed(self) -> list[Any]:

@@ -460,7 +460,8 @@ class Proxy:
         further is sent. When the upstream breaks off mid-stream, what arrived is stored
         marked partial, and the client's stream is cut too (re-raised: the server closes the
         connection without ending the body), so a client never takes a truncated reply for a
-        complete one."""
+        complete one. A stream that ends cleanly but reported an error event, or never sent
+        its final event, is relayed as it came and stored marked partial too."""
         self.writer.opened()
         state = stream
         splitter = SseSplitter()
@@ -486,8 +487,12 @@ class Proxy:
             if MARKER_SLOT in tail:
                 tail = await self._fill_slot(plan, state, tail)
             done = True
+            if not state.ended and state.error is None:
+                state.error = "upstream stream ended before its final event"
             if response.status < 300:
-                await self._commit(plan, state.reply)  # a stream with no marker place
+                # A stream with no marker place; one that reported an error or ended before
+                # its final event is kept marked partial, never as a whole reply.
+                await self._in_pool(self._store, plan, state.reply, state.error is not None)
             if rest or tail:  # a held event first, then bytes after the last whole event
                 yield b"".join(tail) + rest
         except UPSTREAM_ERRORS as exc:

@@ -272,6 +272,9 @@ class StreamState(ABC):
         self.marked = marker is None
         self.reply = Reply()
         self.error: str | None = None
+        #: Whether the stream's final event arrived (the reply is whole): a stream that ends
+        #: without it, or with an error event, is stored marked partial.
+        self.ended = False
         #: Whether a marker may be rendered at all (``proxy.markers``): a deferred marker
         #: keeps its slot either way (the commit happens there).
         self.may_mark = True
@@ -322,9 +325,10 @@ class StreamState(ABC):
     def _render(self) -> bytes: ...
 
     def _due(self) -> bool:
-        """Whether the marker goes in now, at the end of the reply: once, and never into a
-        reply of only tool calls (decided from what has been streamed)."""
-        if self.marked:
+        """Whether the marker goes in now, at the end of the reply: once, never into a reply
+        of only tool calls (decided from what has been streamed), and never into one that is
+        not whole (no final event, or an error event: it is stored partial)."""
+        if self.marked or not self.ended or self.error is not None:
             return False
         self.collect()
         if self.reply.has_calls:
@@ -354,10 +358,11 @@ class OpenAIStream(StreamState):
 
     def _feed(self, name: str | None, data: str, payload: Any, raw: bytes) -> list[bytes]:
         if data == "[DONE]":
+            self.ended = True
             return [*self.finish(), raw]
         if not isinstance(payload, dict):
             return [raw]
-        if "error" in payload:
+        if payload.get("error"):
             self.error = str(payload["error"])[:500]
         if not self._template:
             self._template = payload
@@ -382,6 +387,7 @@ class OpenAIStream(StreamState):
             slot["args"] += fn.get("arguments") or ""
         if choice.get("finish_reason") is not None:
             self.reply.stop = choice["finish_reason"]
+            self.ended = True
             if self._due():
                 if text:
                     return [raw, self._marker_event()]
@@ -469,10 +475,13 @@ class AnthropicStream(StreamState):
                 return before
         elif kind == "message_delta":
             self.reply.stop = (payload.get("delta") or {}).get("stop_reason")
+            self.ended = self.ended or self.reply.stop is not None
             if self._due():
                 self._into = self._held[0] if self._held is not None else None
                 return [*before, *self._marker_events(), *self._release(), raw]
             return [*before, *self._release(), raw]
+        elif kind == "message_stop":
+            self.ended = True
         elif kind == "error":
             self.error = str(payload.get("error"))[:500]
         return [*before, raw]
@@ -518,7 +527,7 @@ class GeminiStream(StreamState):
     def _feed(self, name: str | None, data: str, payload: Any, raw: bytes) -> list[bytes]:
         if not isinstance(payload, dict):
             return [raw]
-        if "error" in payload:
+        if payload.get("error"):
             self.error = str(payload["error"])[:500]
         before = len(self.reply.text)
         for part in _gemini_parts(payload):
@@ -527,6 +536,7 @@ class GeminiStream(StreamState):
         finish = _gemini_candidate(payload).get("finishReason")
         if finish:
             self.reply.stop = finish
+            self.ended = True
             if self._due():
                 if len(self.reply.text) > before:
                     return [raw, self._marker_event()]
