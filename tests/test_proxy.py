@@ -480,6 +480,36 @@ def test_an_unreachable_upstream_is_a_502(engine: MemoryEngine) -> None:
     assert response.status_code == 502 and "unreachable" in response.json()["error"]["message"]
 
 
+def test_an_upstream_that_does_not_answer_in_time_is_a_504_naming_the_timeout(
+    engine: MemoryEngine,
+) -> None:
+    """Reachable but silent for ``proxy.timeout``: a gateway timeout, not "unreachable"."""
+    silent = socket.create_server(("127.0.0.1", 0))  # accepts (the backlog), never answers
+    try:
+        upstream = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        config = ServerConfig(port=0, proxy=ProxySettings(upstream=upstream, timeout=0.5))
+        with serve(config, engine) as served:
+            for path, shape in (("/v1/chat/completions", "openai"), ("/v1/messages", "anthropic")):
+                response = httpx.post(
+                    f"{served.url}{path}",
+                    json={
+                        "model": "m",
+                        "max_tokens": 5,
+                        "messages": [{"role": "user", "content": "hi"}],
+                    },
+                    timeout=30,
+                )
+                assert response.status_code == 504, (path, response.text)
+                body = response.json()
+                if shape == "anthropic":
+                    assert body["type"] == "error"
+                message = body["error"]["message"]
+                assert "timed out" in message and "0.5 s" in message and "proxy.timeout" in message
+                assert "unreachable" not in message
+    finally:
+        silent.close()
+
+
 class OneShotUpstream:
     """A raw HTTP/1.1 upstream on 127.0.0.1 that answers one request with fixed bytes and then
     closes the connection: for what a real provider does rarely (breaks off mid-stream,

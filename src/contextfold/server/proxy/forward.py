@@ -34,6 +34,7 @@ from yarl import URL
 from contextfold.server.proxy.session import SESSION_HEADER
 
 __all__ = [
+    "CONNECT_TIMEOUT",
     "UPSTREAM_ERRORS",
     "Upstream",
     "error_response",
@@ -76,6 +77,7 @@ def error_response(fmt: str, status: int, message: str, kind: str) -> Response:
             404: "NOT_FOUND",
             413: "INVALID_ARGUMENT",
             502: "UNAVAILABLE",
+            504: "DEADLINE_EXCEEDED",
         }
         body = {"error": {"code": status, "message": message, "status": names.get(status, kind)}}
     else:
@@ -135,6 +137,8 @@ _IN_ONE_WRITE = 1024 * 1024
 
 #: What the upstream client raises for a connection refused, reset or timed out.
 UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError)
+#: Seconds an upstream may take to accept a connection.
+CONNECT_TIMEOUT = 10.0
 
 
 def response_headers(response: aiohttp.ClientResponse, token: str | None) -> dict[str, str]:
@@ -170,7 +174,7 @@ class Upstream:
             client = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=1000, keepalive_timeout=60),
                 timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=10.0, sock_read=self.read_timeout
+                    total=None, sock_connect=CONNECT_TIMEOUT, sock_read=self.read_timeout
                 ),
                 # The client's own headers go upstream as they came; add none of ours.
                 skip_auto_headers=("User-Agent", "Content-Type"),

@@ -67,6 +67,7 @@ from contextfold.server.proxy import limits, outputs, recall, responses
 from contextfold.server.proxy.commit import commit_exchange
 from contextfold.server.proxy.encoding import BodyError, decode_body
 from contextfold.server.proxy.forward import (
+    CONNECT_TIMEOUT,
     UPSTREAM_ERRORS,
     Upstream,
     error_response,
@@ -521,11 +522,24 @@ class Proxy:
         event = state.render_marker(marker) if marker else b""
         return [event if piece is MARKER_SLOT else piece for piece in out if piece or event]
 
+    def _failure(self, url: str, exc: Exception) -> tuple[int, str]:
+        """The status and message for an upstream that could not be reached (502), or that
+        was reached but did not connect or answer in time (504, naming the limit)."""
+        host = upstream_host(url)
+        if isinstance(exc, aiohttp.ConnectionTimeoutError):
+            return 504, f"upstream {host} timed out: no connection within {CONNECT_TIMEOUT:g} s"
+        if isinstance(exc, TimeoutError):  # the read: nothing came for ``proxy.timeout``
+            return 504, (
+                f"upstream {host} timed out: nothing received for "
+                f"{self.upstream.read_timeout:g} s (proxy.timeout)"
+            )
+        return 502, f"upstream {host} unreachable: {type(exc).__name__}"
+
     def _unreachable(self, plan: Plan, url: str, exc: Exception) -> Response:
-        message = f"upstream {upstream_host(url)} unreachable: {type(exc).__name__}"
+        status, message = self._failure(url, exc)
         logger.warning("request %s: %s", plan.id, message)
-        self._finish(plan, 502, None, None, message)
-        return error_response(plan.format, 502, message, "api_error")
+        self._finish(plan, status, None, None, message)
+        return error_response(plan.format, status, message, "api_error")
 
     # -- the in-proxy tool loop ------------------------------------------------------------------
 
@@ -746,8 +760,8 @@ class Proxy:
         try:
             response = await self.upstream.send(request.method, url, headers, content)
         except UPSTREAM_ERRORS as exc:
-            message = f"upstream {upstream_host(url)} unreachable: {type(exc).__name__}"
-            return error_response(fmt, 502, message, "api_error")
+            status, message = self._failure(url, exc)
+            return error_response(fmt, status, message, "api_error")
 
         async def relay() -> AsyncIterator[bytes]:
             try:
