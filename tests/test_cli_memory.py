@@ -110,6 +110,16 @@ def test_recall_of_an_unknown_tag_lists_close_matches(compacted: Path) -> None:
     assert_error(invoke("memory", "recall", "kitchn", "-c", compacted), "close matches: kitchen")
 
 
+def test_recall_of_an_unknown_tag_without_close_matches_lists_the_most_used(
+    compacted: Path,
+) -> None:
+    rows = json.loads(invoke("memory", "tags", "-c", compacted, "--json").stdout)
+    most_used = ", ".join(r["tag"] for r in rows[:8])  # as `memory tags` orders them
+    result = invoke("memory", "recall", "zzqqxx", "-c", compacted)
+    assert_error(result, f"; most used tags: {most_used}")
+    assert result.stderr.splitlines()[0].endswith(most_used)
+
+
 def test_retrieve_json_has_the_matched_tags_and_signals(compacted: Path) -> None:
     question = "What did the vet say about Biscuit's ears?"
     result = invoke("memory", "retrieve", "-m", question, "-c", compacted)
@@ -191,6 +201,9 @@ def test_aliases_remove_a_store_wide_alias(fresh: Path) -> None:
         (["retrieve", "-m", " "], "--message is empty"),
         (["transform", "-m", "hi", "--budget", "10"], "--budget must be at least 64"),
         (["quote", "x", "-k", "0"], "-k must be a positive"),
+        (["tags", "--limit", "-3"], "--limit must be 0 or more, got -3"),
+        (["tags", "--limit", "-1", "--json"], "--limit must be 0 or more, got -1"),
+        (["retrieve", "-m", "hi", "--limit", "-1"], "--limit must be 0 or more, got -1"),
     ],
 )
 def test_memory_bad_input(compacted: Path, args: list[str], fragment: str) -> None:
@@ -454,6 +467,25 @@ def test_chat_replay_asks_the_configured_llm_and_logs_its_cost(tmp_path: Path, f
 )
 def test_chat_bad_input(fresh: Path, args: list[str], fragment: str) -> None:
     assert_error(invoke("chat", *args, "-c", fresh), fragment)
+
+
+@pytest.mark.parametrize("where", ["missing/s.json", "folder"])
+def test_chat_replay_checks_out_before_storing_anything(
+    fresh: Path, tmp_path: Path, where: str
+) -> None:
+    """An --out that cannot be written is refused before the replay: nothing is stored, so
+    running it again with a good --out does not store the conversation twice."""
+    (tmp_path / "folder").mkdir()
+    bad = tmp_path / where
+    result = invoke("chat", "--replay", CONVERSATION, "-c", fresh, "--out", bad)
+    assert_error(result, f"{bad}: cannot write")
+    assert not bad.is_file()
+    assert_error(invoke("memory", "status", "-c", fresh), "no session 'default'")
+    good = tmp_path / "s.json"
+    again = invoke("chat", "--replay", CONVERSATION, "-c", fresh, "--out", good, "--no-progress")
+    assert again.exit_code == 0, again.output
+    status = json.loads(invoke("memory", "status", "-c", fresh, "--json").stdout)
+    assert status["turns"] == 30
 
 
 def test_transform_says_what_expiry_held_back(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -26,7 +26,9 @@ from contextfold.store import open_memory_store
 from contextfold.store.markdown import _read, _write, export_markdown, import_markdown
 from contextfold.store.models import NewSegment, SessionDump
 from contextfold.store.protocols import MemoryStorage
+from contextfold.store.sqlite.connection import connect
 from contextfold.store.sqlite.memory import MemoryStore
+from contextfold.store.sqlite.memory_schema import MIGRATIONS as MEMORY_MIGRATIONS
 from contextfold.store.transfer import migrate, verify
 from contextfold.tokens import CharCounter
 from strategies import histories
@@ -352,6 +354,92 @@ def test_store_migrate_errors(tmp_path: Path) -> None:
     assert not (tmp_path / "x.db").exists()
 
 
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _older_store(path: Path) -> None:
+    """An SQLite memory store as an older contextfold left it: its last migrations not run."""
+    conn = connect(path)
+    MEMORY_MIGRATIONS.apply(conn, upto=MEMORY_MIGRATIONS.names[-2])
+    conn.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("make", "fragment"),
+    [
+        (
+            lambda p: (
+                sqlite3.connect(p).execute("create table invoices(id int)").connection.close()
+            ),
+            "not a contextfold memory store",
+        ),
+        (lambda p: p.write_bytes(b""), "not a contextfold memory store"),
+        (lambda p: p.write_text("id,total\n1,9.50\n"), "not an SQLite database"),
+        (_older_store, "written by an older contextfold"),
+    ],
+    ids=["foreign-sqlite", "empty-file", "csv", "older-store"],
+)
+def test_store_migrate_only_reads_a_source_that_is_a_memory_store(
+    tmp_path: Path, make: Callable[[Path], object], fragment: str
+) -> None:
+    """SRC is only read: a file that is not a memory store of this version is refused, left
+    byte for byte as it was (no tables added, no migration run), and DST is not made."""
+    source = tmp_path / "src.db"
+    make(source)
+    before = _digest(source)
+    result = invoke("store", "migrate", source, tmp_path / "dst.db", "--no-progress")
+    assert result.exit_code == 2, result.output
+    first = result.stderr.splitlines()[0]
+    assert first.startswith("error: ") and f"source {source}" in first and fragment in first
+    assert _digest(source) == before
+    assert not (tmp_path / "dst.db").exists()
+
+
+@pytest.mark.integration
+def test_store_migrate_leaves_a_memory_store_source_as_it_was(tmp_path: Path) -> None:
+    source = tmp_path / "src.db"
+    _filled(source).close()
+    before = _digest(source)
+    result = invoke("store", "migrate", source, tmp_path / "dst.db", "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert _digest(source) == before
+
+
+@pytest.mark.integration
+def test_store_migrate_from_postgres(tmp_path: Path, postgres_url: str) -> None:
+    """A PostgreSQL source is read the same way: an empty database is no memory store (and
+    gets no tables), a memory store copies to a file."""
+    import psycopg
+
+    def tables() -> list[str]:
+        with psycopg.connect(postgres_url) as conn:
+            rows = conn.execute(
+                "SELECT table_name FROM information_schema.tables"
+                " WHERE table_schema = 'public' ORDER BY table_name"
+            ).fetchall()
+        return [r[0] for r in rows]
+
+    empty = invoke("store", "migrate", postgres_url, tmp_path / "x.db", "--no-progress")
+    assert empty.exit_code == 2, empty.output
+    assert "not a contextfold memory store" in empty.stderr.splitlines()[0]
+    assert tables() == [] and not (tmp_path / "x.db").exists()
+
+    filled = _filled(tmp_path / "filled.db")
+    pg = open_memory_store(postgres_url, counter=CharCounter())
+    for sid in filled.sessions():
+        pg.transfer.load_session(filled.transfer.dump_session(sid))
+    pg.close()
+    there = tables()
+    result = invoke("store", "migrate", postgres_url, tmp_path / "copy.db", "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert "3 copied, 0 skipped" in result.stdout
+    assert _sessions_of(tmp_path / "copy.db") == filled.sessions()
+    assert tables() == there
+    filled.close()
+
+
 # -- markdown ----------------------------------------------------------------------------------
 
 
@@ -415,6 +503,65 @@ def test_markdown_import_refuses_a_tampered_turn(tmp_path: Path) -> None:
     tool.write_text(head + mark + body.replace("Ich schaue", "Du schaust"), "utf-8")
     result = invoke("memory", "import", out, "--store", target)
     assert result.exit_code == 2 and str(tool) in result.stderr and "edited" in result.stderr
+    assert _sessions_of(target) == []
+
+
+def _front_matter(path: Path, drop: str | None = None, body: str | None = None) -> None:
+    """Rewrite ``path`` without the front-matter key ``drop`` and/or with a new ``body``."""
+    data, text = _read(path)
+    data.pop(drop, None)
+    _write(path, data, text if body is None else body)
+
+
+@pytest.mark.integration
+def test_markdown_import_refuses_a_session_missing_its_last_turns(tmp_path: Path) -> None:
+    """The turns found must be those session.md records: a session that lost its last turn
+    file would load short, and its next turn would take a seq the store counts as derived."""
+    source = tmp_path / "src.db"
+    _filled(source).close()
+    out = tmp_path / "export"
+    assert invoke("memory", "export", out, "--store", source).exit_code == 0
+    record, _ = _read(out / "main" / "session.md")
+    assert record["last_seq"] == 8 and record["derived_seq"] == 6
+    (out / "main" / "turns" / "000008.md").unlink()  # not derived yet: only the count knows
+    target = tmp_path / "copy.db"
+    result = invoke("memory", "import", out, "--store", target)
+    assert result.exit_code == 2, result.output
+    first = result.stderr.splitlines()[0]
+    assert first.startswith("error: ") and "'main'" in first and "turn 8 is missing" in first
+    assert _sessions_of(target) == []
+
+    # An export written before session.md recorded ``last_seq``: its body lists the turns.
+    _front_matter(out / "main" / "session.md", drop="last_seq")
+    result = invoke("memory", "import", out, "--store", target)
+    assert result.exit_code == 2 and "turn 8 is missing" in result.stderr.splitlines()[0]
+    assert _sessions_of(target) == []
+
+    # Nothing lists them either: what the record says was derived and compacted still counts.
+    _front_matter(out / "main" / "session.md", body="# Session main")
+    for seq in (5, 6, 7):
+        (out / "main" / "turns" / f"00000{seq}.md").unlink()
+    result = invoke("memory", "import", out, "--store", target)
+    assert result.exit_code == 2, result.output
+    first = result.stderr.splitlines()[0]
+    assert "'main'" in first and "turns 5–6 are missing" in first, first
+    assert _sessions_of(target) == []
+
+
+@pytest.mark.integration
+def test_markdown_import_refuses_turns_session_md_does_not_record(tmp_path: Path) -> None:
+    source = tmp_path / "src.db"
+    _filled(source).close()
+    out = tmp_path / "export"
+    assert invoke("memory", "export", out, "--store", source).exit_code == 0
+    # A turn file added by hand (its content hash intact) is not part of the session.
+    data, body = _read(out / "plain" / "turns" / "000001.md")
+    _write(out / "plain" / "turns" / "000002.md", {**data, "seq": 2}, body)
+    target = tmp_path / "copy.db"
+    result = invoke("memory", "import", out, "--store", target)
+    assert result.exit_code == 2, result.output
+    first = result.stderr.splitlines()[0]
+    assert "'plain'" in first and "records 1 turn" in first, first
     assert _sessions_of(target) == []
 
 

@@ -16,6 +16,7 @@ shows what memory did; ``--out`` keeps every turn's data as JSON.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -180,6 +181,21 @@ def _replay_turn(
     return turn, _live(history, status.live_turns)
 
 
+def _check_out(out: Path) -> None:
+    """``InputError`` when ``--out`` could not be written: a folder, or in a folder that is
+    missing or not writable."""
+    folder = out.parent
+    if out.is_dir():
+        reason = "it is a directory"
+    elif not folder.is_dir():
+        reason = f"no folder {folder}"
+    elif not os.access(out if out.exists() else folder, os.W_OK):
+        reason = "permission denied"
+    else:
+        return
+    raise InputError(f"{out}: cannot write ({reason}); nothing was replayed")
+
+
 @contextmanager
 def _closing_client(engine: MemoryEngine) -> Iterator[None]:
     """Close the LLM client the engine built (``MemoryEngine.close`` only closes the store)."""
@@ -309,6 +325,8 @@ def chat_command(
             _interactive(config, session, budget, context_window, reset, export)
             return
         preamble, pairs = read_replay(replay)
+        if out is not None:
+            _check_out(out)  # before the replay stores anything: a rerun would store it twice
         turns: list[ReplayTurn] = []
         history = [m for m in preamble if m.role == "system"]
         opened = open_engine(config, session, llm=True, context_window=context_window)

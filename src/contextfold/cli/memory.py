@@ -50,6 +50,12 @@ MessageOption = Annotated[
 ]
 
 
+def _check_limit(limit: int) -> None:
+    """A ``--limit`` below 0 is an input error (0 means all where a command allows it)."""
+    if limit < 0:
+        raise InputError(f"--limit must be 0 or more, got {limit}")
+
+
 @memory_app.command("status")
 def status_command(
     config: ConfigOption = None, session: SessionOption = "default", json_out: JsonOption = False
@@ -100,9 +106,11 @@ def tags_command(
 
     Most used first. A summary is stale when newer turns with the tag arrived after it was
     built."""
-    with cli_errors(), open_engine(config, session, must_exist=True) as engine:
-        counts = engine.status().tags
-        summaries = engine.store.paging.tag_summaries(session)
+    with cli_errors():
+        _check_limit(limit)
+        with open_engine(config, session, must_exist=True) as engine:
+            counts = engine.status().tags
+            summaries = engine.store.paging.tag_summaries(session)
     rows = [
         {
             "tag": tag,
@@ -128,6 +136,11 @@ def tags_command(
     Console().print(table)
 
 
+def _most_used(vocabulary: dict[str, int]) -> list[str]:
+    """The tags by turn count, most used first (ties by name), as ``memory tags`` lists them."""
+    return [tag for tag, _ in sorted(vocabulary.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+
 def _resolve_tag(engine: MemoryEngine, tag: str, vocabulary: dict[str, int]) -> str:
     for candidate in (engine.canonicalizer.canonical(tag), engine.canonicalizer.fold(tag)):
         if candidate in vocabulary:
@@ -138,7 +151,7 @@ def _resolve_tag(engine: MemoryEngine, tag: str, vocabulary: dict[str, int]) -> 
     hint = (
         f"close matches: {', '.join(close)}"
         if close
-        else f"most used tags: {', '.join(list(vocabulary)[:8]) or 'none yet'}"
+        else f"most used tags: {', '.join(_most_used(vocabulary)[:8]) or 'none yet'}"
     )
     raise InputError(f"unknown tag {tag!r} in session {engine.session_id!r}; {hint}")
 
@@ -275,8 +288,7 @@ def retrieve_command(
     with its fused score and the rank every signal gave it, and where the memory budget went.
     Like a real request, it may page matched topics in."""
     with cli_errors():
-        if limit < 0:
-            raise InputError(f"--limit must be 0 or more, got {limit}")
+        _check_limit(limit)
         ctx, turns = _inbound(config, session, message, budget, show=limit)
     recalled = [
         {

@@ -198,6 +198,7 @@ def write_session(dump: SessionDump, folder: Path) -> None:
             "principal": record.principal,
             "parent_id": record.parent_id,
             "fork_seq": record.fork_seq,
+            "last_seq": dump.turns[-1].seq if dump.turns else 0,
             "compaction_watermark": record.compaction_watermark,
             "derived_seq": record.derived_seq,
             "metadata": record.metadata,
@@ -296,7 +297,7 @@ def read_session(folder: Path) -> SessionDump:
     """The session stored under ``folder`` (its ``session.md``, turns, segments and tag
     summaries); ``ConfigError`` naming the file at fault when one is not as written."""
     path = folder / SESSION_FILE
-    data, _ = _read(path)
+    data, body = _read(path)
     try:
         record = SessionRecord(
             id=_need(data, "id", path),
@@ -332,6 +333,7 @@ def read_session(folder: Path) -> SessionDump:
                 f"{folder / 'turns'}: turn {expected} is missing (found {turn.seq} next)"
             )
     segments = [_read_segment(p, sid, i) for i, p in enumerate(_numbered(folder / "segments"))]
+    _check_complete(folder, data, body, record, len(turns), segments)
     summaries = [_read_summary(p, sid) for p in sorted((folder / "tags").glob("*/summary.md"))]
     summaries.sort(key=lambda s: s.tag)
     return SessionDump(
@@ -343,6 +345,58 @@ def read_session(folder: Path) -> SessionDump:
         aliases=aliases,
         tag_splits=splits,
     )
+
+
+_LISTED = re.compile(r"^- \[(\d+)\]\(turns/", re.MULTILINE)
+
+
+def _turns(first: int, last: int, state: str) -> str:
+    """``turn 8 is missing`` / ``turns 5–8 are missing`` (with ``state`` ``missing``)."""
+    return f"turn {first} is {state}" if first == last else f"turns {first}–{last} are {state}"
+
+
+def _check_complete(
+    folder: Path,
+    data: dict[str, Any],
+    body: str,
+    record: SessionRecord,
+    found: int,
+    segments: Sequence[StoredSegment],
+) -> None:
+    """``ConfigError`` unless the turn files, ``1..found``, are the turns ``session.md``
+    records: its ``last_seq`` (in an export written before it had one, the last turn its body
+    lists), and at least every turn it counts as derived, compacted, forked from or in a
+    segment. A session that lost its last turns would load short, and the seqs of its next
+    turns would be taken as derived already (never tagged)."""
+    path, held = folder / SESSION_FILE, f"{folder / 'turns'} holds {found}"
+    sid = record.id
+    recorded = data.get("last_seq")
+    if recorded is None:
+        recorded = max((int(n) for n in _LISTED.findall(body)), default=None)
+    elif isinstance(recorded, bool) or not isinstance(recorded, int) or recorded < 0:
+        raise ConfigError(f"{path}: last_seq must be a whole number, got {recorded!r}")
+    if recorded is not None and recorded != found:
+        problem = (
+            _turns(found + 1, recorded, "missing")
+            if recorded > found
+            else _turns(recorded + 1, found, "not part of it")
+        )
+        raise ConfigError(f"{path}: session {sid!r} records {recorded} turn(s), {held}: {problem}")
+    reaches = [
+        (record.derived_seq, "as derived (derived_seq)"),
+        (record.compaction_watermark - 1, "as compacted (compaction_watermark)"),
+        (record.fork_seq or 0, "from its parent (fork_seq)"),
+        *(
+            (max(seg.last_seq, *seg.seqs), f"in segment {number:04d}")
+            for number, seg in enumerate(segments, start=1)
+        ),
+    ]
+    need, what = max(reaches, key=lambda r: r[0])
+    if need > found:
+        raise ConfigError(
+            f"{path}: session {sid!r} counts turns up to {need} {what}, {held}: "
+            f"{_turns(found + 1, need, 'missing')}"
+        )
 
 
 def _numbered(folder: Path) -> list[Path]:
