@@ -608,3 +608,64 @@ def test_the_context_api_over_a_real_socket(
         assert [e["title"] for e in answer.json()["entry_points"]] == ["Refund steps"]
         anonymous = httpx.post(f"{server.url}/api/context", json={"query": "refund"})
         assert anonymous.status_code == 401
+
+
+# -- content type ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/api/context", '{"query": "refund", "tenant_ids": ["support"]}'),
+        ("/api/nodes", '{"tenant_id": "support", "node_type": "faq", "title": "Refunds"}'),
+    ],
+)
+def test_a_json_body_sent_as_another_content_type_gets_415_naming_it(
+    tmp_path: Path, path: str, body: str
+) -> None:
+    """curl's ``-d`` sends ``application/x-www-form-urlencoded`` unless told otherwise: the
+    answer names the type and what to send, not a schema error about a dictionary."""
+    with (
+        LiveServer(_app(tmp_path)) as server,
+        httpx.Client(base_url=server.url) as http,
+    ):
+        for content_type, named in [
+            (
+                "application/x-www-form-urlencoded",
+                "Content-Type 'application/x-www-form-urlencoded'",
+            ),
+            ("text/plain; charset=utf-8", "Content-Type 'text/plain'"),
+            (None, "no Content-Type"),
+        ]:
+            headers = {"content-type": content_type} if content_type else {}
+            response = http.post(path, content=body, headers=headers)
+            assert response.status_code == 415, response.text
+            assert response.headers["content-type"] == "application/json"
+            error = response.json()["error"]
+            assert error["type"] == "unsupported_media_type"
+            assert error["message"].startswith(f"request body has {named}; ")
+            assert "send Content-Type: application/json" in error["message"]
+        assert http.get("/api/nodes").json()["total"] == 0  # nothing was stored
+        for content_type in ("application/json", "application/json; charset=utf-8"):
+            response = http.post(path, content=body, headers={"content-type": content_type})
+            assert response.status_code in (200, 201), (content_type, response.text)
+
+
+def test_the_key_is_checked_before_the_content_type_and_an_empty_body_is_a_schema_error(
+    keyed_client: TestClient,
+) -> None:
+    body = '{"query": "refund"}'
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    assert keyed_client.post("/api/context", content=body, headers=form).status_code == 401
+    response = keyed_client.post("/api/context", content=body, headers={**form, **SUPPORT})
+    assert response.status_code == 415
+    empty = keyed_client.post("/api/context", headers=SUPPORT)  # no body, no Content-Type
+    assert empty.status_code == 422
+    assert empty.json()["error"]["message"] == "body: Field required"
+
+
+def test_the_415_is_in_the_openapi_spec(open_client: TestClient) -> None:
+    spec = open_client.get("/openapi.json").json()
+    for path, method in [("/api/context", "post"), ("/api/nodes/{node_id}", "put")]:
+        error = spec["paths"][path][method]["responses"]["415"]["content"]
+        assert error["application/json"]["schema"]["$ref"] == "#/components/schemas/ErrorResponse"

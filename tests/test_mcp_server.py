@@ -249,6 +249,18 @@ def test_expand_then_collapse_pages_a_topic_in_and_out(server: Server) -> None:
     assert (gone["depth"], gone["tokens"], gone["content"]) == ("none", 0, "")
 
 
+def test_collapsing_an_unknown_topic_is_an_error_and_leaves_the_working_set(
+    server: Server,
+) -> None:
+    before = server.ok("domain_status")["working_set"]
+    for depth in ("summary", "none"):
+        message = server.error("collapse_topic", {"tag": "kitchn", "depth": depth})
+        assert "no stored topic 'kitchn'; stored topics: " in message
+        assert "none yet" not in message  # the stored topics, as expand_topic lists them
+    assert server.ok("domain_status")["working_set"] == before
+    assert "kitchn" not in before
+
+
 def test_find_quote_finds_a_raw_compacted_turn(server: Server) -> None:
     result = server.ok("find_quote", {"query": "40% deposit", "limit": 3})
     quotes = result["quotes"]
@@ -307,6 +319,7 @@ def test_get_context_composes_labelled_sources_within_max_tokens(server: Server)
         ("recall_context", {"message": "hi", "history": [{"role": "robot"}]}, "history.0.role"),
         ("expand_topic", {"tag": "nosuchtopic"}, "no stored topic 'nosuchtopic'; stored topics:"),
         ("collapse_topic", {"tag": "kitchen", "depth": "full"}, "'summary' or 'none'"),
+        ("collapse_topic", {"tag": "kitchn"}, "no stored topic 'kitchn'; stored topics:"),
         ("search_documents", {"query": "x", "mode": "dense"}, "runs with --no-embed"),
         ("search_documents", {"query": "x", "mode": "fuzzy"}, "'bm25', 'dense' or 'hybrid'"),
         ("no_such_tool", {}, "Unknown tool: no_such_tool"),

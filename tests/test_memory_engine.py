@@ -216,6 +216,35 @@ def test_collapse_cannot_go_deeper_and_unknown_topics_are_errors() -> None:
         eng.expand_topic("no-such-topic")
 
 
+def test_collapsing_an_unknown_topic_is_an_error_and_writes_nothing() -> None:
+    eng = engine(window=600)
+    with pytest.raises(ConfigError, match=r"no stored topic 'kitchn'; stored topics: none yet"):
+        eng.collapse_topic("kitchn", "none")
+    eng.on_turn_complete(conversation(6))
+    eng.compact()
+    for depth in ("summary", "none"):
+        with pytest.raises(ConfigError, match="no stored topic 'kitchn'; stored topics: "):
+            eng.collapse_topic("kitchn", depth)  # type: ignore[arg-type]
+    assert "kitchn" not in eng.store.paging.working_set("default")
+
+
+def test_a_loaded_topic_no_longer_stored_can_still_be_collapsed() -> None:
+    """A working-set entry whose segments are gone (here written directly, as a store holding
+    a topic under a name no stored segment carries any more) still costs budget: collapsing
+    it must work, and frees that budget."""
+    eng = engine(window=600)
+    eng.on_turn_complete(conversation(6))
+    eng.compact()
+    eng.store.paging.set_working_set("default", "gone-topic", "full", 300)
+    with pytest.raises(ConfigError, match="no stored topic 'gone-topic'"):
+        eng.expand_topic("gone-topic")  # nothing to load
+    result = eng.collapse_topic("gone-topic", "summary")
+    assert (result.depth, result.tokens) == ("summary", 0)
+    assert eng.collapse_topic("gone-topic", "none").depth == "none"
+    with pytest.raises(ConfigError, match="no stored topic 'gone-topic'"):
+        eng.collapse_topic("gone-topic", "none")  # unloaded now: unknown like any other
+
+
 def test_tool_calls_run_and_bad_calls_return_errors_for_the_model() -> None:
     eng = engine(window=600)
     eng.on_turn_complete(conversation(6))

@@ -540,7 +540,9 @@ def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-def test_a_stream_that_breaks_off_keeps_what_arrived(engine: MemoryEngine) -> None:
+def test_a_stream_that_breaks_off_keeps_what_arrived(
+    engine: MemoryEngine, caplog: pytest.LogCaptureFixture
+) -> None:
     event = {"id": "c1", "object": "chat.completion.chunk", "model": "m",
              "choices": [{"index": 0, "delta": {"content": "Partial answer"}}]}  # fmt: skip
     upstream = OneShotUpstream(
@@ -550,23 +552,38 @@ def test_a_stream_that_breaks_off_keeps_what_arrived(engine: MemoryEngine) -> No
         + b"5\r\nda"  # a chunk cut short, then the connection closes
     )
     config = ServerConfig(port=0, proxy=ProxySettings(upstream=upstream.url))
+    server_log = logging.getLogger("uvicorn.error")  # (uvicorn's own: it may not propagate)
     with serve(config, engine) as served:
-        with httpx.stream(
-            "POST",
-            f"{served.url}/v1/chat/completions",
-            json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
-        ) as response:
-            assert response.status_code == 200
-            received = b""
-            with pytest.raises(httpx.RemoteProtocolError):  # the client sees the cut too
-                for chunk in response.iter_raw():
-                    received += chunk
-        served.drain()
-        (record,) = served.events.recent()
+        server_log.addHandler(caplog.handler)  # (once it runs: its log config drops handlers)
+        try:
+            with httpx.stream(
+                "POST",
+                f"{served.url}/v1/chat/completions",
+                json={
+                    "model": "m",
+                    "stream": True,
+                    "messages": [{"role": "user", "content": "hi"}],
+                },
+            ) as response:
+                assert response.status_code == 200
+                received = b""
+                with pytest.raises(httpx.RemoteProtocolError):  # the client sees the cut too
+                    for chunk in response.iter_raw():
+                        received += chunk
+            served.drain()
+            (record,) = served.events.recent()
+        finally:
+            server_log.removeHandler(caplog.handler)
     assert b"Partial answer" in received
     assert record.error is not None and "broke off" in record.error
     stored = [t.message.text() for t in engine.store.turns(record.session_id)]
     assert stored == ["hi", "Partial answer"]
+    # An expected event, logged once as a warning: no error, no traceback (the cut is made
+    # by raising out of the body, which the server's handlers would each log again).
+    logged = [(r.levelname, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [m for level, m in logged if level == "WARNING" and "broke off" in m] != []
+    assert [(level, m) for level, m in logged if level in ("ERROR", "CRITICAL")] == []
+    assert not any(r.exc_info for r in caplog.records), [r.getMessage() for r in caplog.records]
 
 
 def _sse_reply(*events: bytes) -> bytes:

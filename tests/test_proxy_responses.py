@@ -543,6 +543,18 @@ def test_a_body_that_does_not_decode_is_refused(
     assert fake_llm.requests == []
 
 
+def test_a_compressed_body_too_large_once_decoded_is_anthropics_request_too_large(
+    proxy: Served, fake_llm: FakeLLMServer
+) -> None:
+    headers = {"content-encoding": "gzip", "content-type": "application/json"}
+    packed = gzip.compress(b" " * (9 << 20))
+    response = httpx.post(f"{proxy.url}/v1/messages", content=packed, headers=headers)
+    assert response.status_code == 413
+    body = response.json()
+    assert body["type"] == "error" and body["error"]["type"] == "request_too_large", body
+    assert fake_llm.requests == []
+
+
 def test_a_long_responses_tool_session_is_compacted_without_a_restore_tool(
     fake_llm: FakeLLMServer, upstream: ResponsesFake, engine: MemoryEngine
 ) -> None:

@@ -10,16 +10,20 @@ import socket
 from collections.abc import Iterator
 from typing import Any
 
+import anthropic
 import httpx
+import openai
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from contextfold.memory.engine import MemoryEngine
 from contextfold.server.app import create_app
-from contextfold.server.config import LimitSettings, ServerConfig
+from contextfold.server.config import LimitSettings, ProxySettings, ServerConfig
 from contextfold.server.guards import DRAIN_BYTES, BodyGuard
+from fake_llm import FakeLLMServer
 from live_app import LiveServer
+from proxy_support import Served, closed_after_test, serve
 
 MB = 1024 * 1024
 #: A loopback name: the open context API answers no other ``Host`` (DNS rebinding).
@@ -307,3 +311,122 @@ def test_docs_load_only_the_servers_own_swagger_files(client: TestClient) -> Non
     assert client.get("/docs/static/README.md").status_code == 404
     assert client.get("/docs/static/..%2Fdashboard.html").status_code == 404
     assert client.get("/redoc").status_code == 404  # ReDoc is CDN-only: off
+
+
+# -- the proxy's routes: the provider's error shape ------------------------------------------
+
+
+@pytest.fixture
+def guarded_proxy(fake_llm: FakeLLMServer, engine: MemoryEngine) -> Iterator[Served]:
+    """The proxy in front of the fake provider, with a 64 KiB body limit."""
+    config = ServerConfig(
+        port=0,
+        proxy=ProxySettings(upstream=fake_llm.url),
+        limits=LimitSettings(max_body_bytes=64 * 1024),
+    )
+    with serve(config, engine) as served:
+        yield served
+
+
+def _chunked(size: int) -> Iterator[bytes]:
+    yield b'{"model": "m", "messages": [{"role": "user", "content": "'
+    for _ in range(size // 4096):
+        yield b"x" * 4096
+    yield b'"}]}'
+
+
+def test_the_body_limit_answers_anthropic_clients_in_anthropics_shape(
+    guarded_proxy: Served, fake_llm: FakeLLMServer
+) -> None:
+    client = closed_after_test(
+        anthropic.Anthropic(base_url=guarded_proxy.url, api_key="k", max_retries=0)
+    )
+    with pytest.raises(anthropic.APIStatusError) as refused:
+        client.messages.create(
+            model="claude-x", max_tokens=5, messages=[{"role": "user", "content": "a" * 100_000}]
+        )
+    assert refused.value.status_code == 413
+    body: Any = refused.value.body
+    assert body["type"] == "error" and body["error"]["type"] == "request_too_large"
+    assert "limits.max_body_bytes" in body["error"]["message"]
+    assert "at most 65,536" in refused.value.message  # the SDK shows the message
+    chunked = httpx.post(
+        f"{guarded_proxy.url}/v1/messages",
+        content=_chunked(100_000),
+        headers={"content-type": "application/json"},
+    )
+    assert chunked.request.headers["transfer-encoding"] == "chunked"
+    assert chunked.status_code == 413
+    assert chunked.json() == {
+        "type": "error",
+        "error": {
+            "type": "request_too_large",
+            "message": "request body is more than 65,536 bytes; this server accepts at most "
+            "65,536 (limits.max_body_bytes)",
+        },
+    }
+    assert fake_llm.requests == []
+
+
+def test_the_body_limit_answers_openai_and_gemini_clients_in_their_shapes(
+    guarded_proxy: Served, fake_llm: FakeLLMServer
+) -> None:
+    client = closed_after_test(
+        openai.OpenAI(base_url=f"{guarded_proxy.url}/v1", api_key="k", max_retries=0)
+    )
+    with pytest.raises(openai.APIStatusError) as refused:
+        client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "a" * 100_000}]
+        )
+    assert refused.value.status_code == 413
+    assert refused.value.type == "invalid_request_error"
+    assert "limits.max_body_bytes" in refused.value.message
+    for path in ("/v1/chat/completions", "/openai/deployments/d/chat/completions"):
+        chunked = httpx.post(
+            f"{guarded_proxy.url}{path}",
+            content=_chunked(100_000),
+            headers={"content-type": "application/json"},
+        )
+        assert chunked.status_code == 413
+        assert chunked.json()["error"]["type"] == "invalid_request_error"
+        assert chunked.json()["error"]["code"] is None
+    for path in ("/v1beta/models/g:generateContent", "/v1/models/g:streamGenerateContent"):
+        gemini = httpx.post(
+            f"{guarded_proxy.url}{path}",
+            json={"contents": [{"role": "user", "parts": [{"text": "a" * 100_000}]}]},
+        )
+        assert gemini.status_code == 413
+        error = gemini.json()["error"]
+        assert (error["code"], error["status"]) == (413, "INVALID_ARGUMENT")
+        assert "limits.max_body_bytes" in error["message"]
+    assert fake_llm.requests == []
+
+
+def test_bad_bytes_and_paths_on_the_proxys_routes_get_the_providers_shape(
+    guarded_proxy: Served, fake_llm: FakeLLMServer
+) -> None:
+    bad = httpx.post(
+        f"{guarded_proxy.url}/v1/messages",
+        content=b'{"model": "m", "messages": [{"role": "user", "content": "caf\xff"}]}',
+        headers={"content-type": "application/json"},
+    )
+    assert bad.status_code == 400
+    assert bad.json()["type"] == "error"
+    assert bad.json()["error"]["type"] == "invalid_request_error"
+    assert "not valid UTF-8" in bad.json()["error"]["message"]
+    response = httpx.post(f"{guarded_proxy.url}/v1/chat/completions%00", json={})
+    assert response.request.url.raw_path == b"/v1/chat/completions%00"
+    error = response.json()["error"]
+    assert response.status_code == 400
+    assert (error["type"], error["code"]) == ("invalid_request_error", None)
+    assert "control character" in error["message"]
+    assert fake_llm.requests == []
+
+
+def test_the_servers_own_routes_keep_the_one_error_shape(guarded_proxy: Served) -> None:
+    response = httpx.post(
+        f"{guarded_proxy.url}/api/context",
+        content=_chunked(100_000),
+        headers={"content-type": "application/json"},
+    )
+    assert "more than 65,536 bytes" in _error(response, 413, "body_too_large")

@@ -101,8 +101,14 @@ class Pager:
         return self._set(session_id, tag, depth, reason="expand")
 
     def collapse(self, session_id: str, tag: str, depth: Depth = "summary") -> PagingResult:
-        """Load ``tag`` at a shallower ``depth`` (``summary`` or ``none``) to free budget."""
+        """Load ``tag`` at a shallower ``depth`` (``summary`` or ``none``) to free budget.
+
+        ``tag`` must be a stored topic (the same error as ``expand``), or one loaded in the
+        working set: an entry whose segments no stored segment carries any more still holds
+        budget, and collapsing it is how that budget is freed."""
         current = self.store.paging.working_set(session_id).get(tag)
+        if current is None or current.depth == "none":
+            self._known(session_id, tag)
         before = current.depth if current else "none"
         if DEPTHS.index(depth) > DEPTHS.index(before):
             raise ConfigError(

@@ -49,7 +49,7 @@ from contextfold.retrieval.graph import (
 from contextfold.server.auto_links import AutoLinkRequest, AutoLinkResult, auto_link
 from contextfold.server.config import ID_PATTERN
 from contextfold.server.events import BudgetRow, RequestRecord, preview
-from contextfold.server.guards import ERROR_RESPONSES, ApiError
+from contextfold.server.guards import ERROR_RESPONSES, ApiError, is_json
 from contextfold.server.knowledge import (
     Chunking,
     DocumentConflict,
@@ -312,11 +312,35 @@ def router(state: ServerState) -> APIRouter:
         auth.admit_host(request.headers.get("host"))
 
     Who = Annotated[Caller, Depends(caller)]
+
+    def json_body(request: Request, _: Who) -> None:
+        """A POST or PUT body is JSON: one declared as anything else (curl's ``-d`` sends
+        ``application/x-www-form-urlencoded``), or sent with no ``Content-Type``, is a 415
+        naming what it was sent as; checked after the key and before the body's schema."""
+        headers = request.headers
+        content_type = headers.get("content-type")
+        if request.method not in ("POST", "PUT") or is_json(content_type):
+            return
+        if content_type is None:
+            if headers.get("content-length", "0") == "0" and "transfer-encoding" not in headers:
+                return  # no body at all: the schema says what is missing
+            sent = "no Content-Type"
+        else:
+            sent = f"Content-Type {clip(content_type.split(';', 1)[0].strip())!r}"
+        raise ApiError(
+            415,
+            "unsupported_media_type",
+            f"request body has {sent}; this API reads JSON bodies: send Content-Type: "
+            "application/json (curl: -H 'content-type: application/json')",
+        )
+
     api = APIRouter(
         prefix="/api",
         responses=ERROR_RESPONSES,
         lifespan=lifespan,
-        dependencies=[Depends(admit_host)],  # checked before the key and the body schema
+        # The Host is checked before the key, the key before the content type, and all three
+        # before the body's schema.
+        dependencies=[Depends(admit_host), Depends(json_body)],
     )
 
     def visible_node(who: Caller, node_id: int) -> KnowledgeNode:

@@ -9,6 +9,13 @@ SDK clients pointed at the proxy show the message)::
 and what to do; validation errors add ``details`` (one ``{loc, msg, type}`` per problem).
 Errors an upstream LLM API returns through the proxy are passed on untouched.
 
+On the proxy's routes (``/v1/…``, ``/v1beta/…``, ``/openai/…``: the providers' own APIs) the
+guards' errors — body size, UTF-8, paths — take the shape of the provider the path belongs to
+instead (``proxy.forward.error_response``, as the proxy's own errors do), so an SDK client
+reads them as its provider's: Anthropic's ``{"type": "error", "error": {"type":
+"request_too_large", …}}`` for a 413, Gemini's ``{"error": {"code", "message", "status"}}``,
+OpenAI's ``{"error": {"message", "type": "invalid_request_error", "code": null}}``.
+
 The guards (``install`` adds them to an app):
 
 - **Body size.** A declared ``Content-Length`` above ``LimitSettings.max_body_bytes`` is
@@ -69,6 +76,7 @@ __all__ = [
     "ErrorResponse",
     "error_response",
     "install",
+    "is_json",
 ]
 
 logger = logging.getLogger(__name__)
@@ -125,6 +133,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: _described("No such resource (or not one of the caller's tenants)"),
     409: _described("The resource already exists"),
     413: _described("The request body is larger than limits.max_body_bytes"),
+    415: _described("A request body whose Content-Type is not JSON (send application/json)"),
     422: _described("The body or parameters do not match the schema"),
 }
 
@@ -169,7 +178,13 @@ def error_response(
 # -- the body guard ----------------------------------------------------------------------
 
 
-def _is_json(content_type: str | None) -> bool:
+def is_json(content_type: str | None) -> bool:
+    """Whether a ``Content-Type`` names JSON: ``application/json`` or ``application/*+json``,
+    any parameters aside.
+
+    >>> is_json("application/json; charset=utf-8"), is_json("application/x-www-form-urlencoded")
+    (True, False)
+    """
     if not content_type:
         return False
     media = content_type.split(";", 1)[0].strip().lower()
@@ -186,6 +201,25 @@ async def _drain(receive: Receive, limit: int) -> None:
         seen += len(message.get("body", b""))
         if not message.get("more_body", False):
             return
+
+
+#: The proxy's routes: the providers' APIs, whose clients read errors in their provider's shape.
+_PROVIDER_PREFIXES = ("/v1/", "/v1beta/", "/openai/")
+
+
+def _guard_error(
+    path: str, status: int, type_: str, message: str, *, headers: dict[str, str] | None = None
+) -> Response:
+    """A guard's error for a request to ``path``: in the provider's shape on the proxy's
+    routes (see the module docs), in the one error shape elsewhere."""
+    if not path.startswith(_PROVIDER_PREFIXES):
+        return error_response(status, type_, message, headers=headers)
+    from contextfold.server.proxy.forward import request_error
+    from contextfold.server.proxy.routes import format_of
+
+    response = request_error(format_of(path), status, message)
+    response.headers.update(headers or {})
+    return response
 
 
 def _too_large(size: str, limit: int) -> ApiError:
@@ -216,7 +250,8 @@ class BodyGuard:
                 f"the request path has a control character ({bad.group()!r} at offset "
                 f"{bad.start()}); no route takes one"
             )
-            await error_response(400, "invalid_path", message)(scope, receive, send)
+            response = _guard_error(scope.get("path", ""), 400, "invalid_path", message)
+            await response(scope, receive, send)
             return
         headers = Headers(scope=scope)
         limit = self.max_body_bytes
@@ -226,8 +261,13 @@ class BodyGuard:
             if not waiting and declared - limit <= DRAIN_BYTES:
                 await _drain(receive, DRAIN_BYTES + limit)
             error = _too_large(f"{declared:,}", limit)
-            response = error_response(413, error.type, error.detail)
-            response.headers["connection"] = "close"
+            response = _guard_error(
+                scope.get("path", ""),
+                413,
+                error.type,
+                error.detail,
+                headers={"connection": "close"},
+            )
             await response(scope, receive, send)
             return
 
@@ -236,7 +276,7 @@ class BodyGuard:
         coded = headers.get("content-encoding", "").strip().lower() not in ("", "identity")
         decoder = (
             codecs.getincrementaldecoder("utf-8")()
-            if _is_json(headers.get("content-type")) and not coded
+            if is_json(headers.get("content-type")) and not coded
             else None
         )
         received = 0
@@ -281,7 +321,8 @@ class BodyGuard:
         except ApiError as exc:  # raised where no route handles it (e.g. a background read)
             if started:
                 raise
-            await error_response(exc.status_code, exc.type, exc.detail)(scope, receive, send)
+            response = _guard_error(scope.get("path", ""), exc.status_code, exc.type, exc.detail)
+            await response(scope, receive, send)
 
 
 def _content_length(headers: Headers) -> int | None:
@@ -300,8 +341,9 @@ def _content_length(headers: Headers) -> int | None:
 def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     headers = dict(exc.headers or {})
-    if isinstance(exc, ApiError):
-        return error_response(exc.status_code, exc.type, exc.detail, headers=headers)
+    if isinstance(exc, ApiError):  # on the proxy's routes, only the guards raise these
+        path = request.url.path
+        return _guard_error(path, exc.status_code, exc.type, exc.detail, headers=headers)
     type_ = _TYPES.get(exc.status_code, f"http_{exc.status_code}")
     message = str(exc.detail)
     if message == "There was an error parsing the body" and exc.__cause__ is not None:
@@ -378,7 +420,26 @@ def _validation_error(request: Request, exc: Exception) -> Response:
     return error_response(422, "invalid_request", message, details=details)
 
 
+def _cut(exc: BaseException | None) -> bool:
+    from contextfold.server.proxy.forward import StreamCut
+
+    return isinstance(exc, StreamCut)
+
+
+class _QuietCuts(logging.Filter):
+    """Leaves out of the server's log the ``StreamCut`` a body raises to cut a client's
+    stream: an expected event, logged once as a warning where it happens."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and _cut(record.exc_info[1]))
+
+
+_QUIET_CUTS = _QuietCuts()
+
+
 def _internal_error(request: Request, exc: Exception) -> Response:
+    if _cut(exc):  # the response had started: this answer is never sent (see ``_QuietCuts``)
+        return JSONResponse(None, status_code=502)
     frames = "".join(traceback.format_tb(exc.__traceback__))
     logger.error(
         "unhandled error in %s %s: %s: %s\nTraceback (most recent call last):\n%s",
@@ -401,6 +462,7 @@ def install(app: FastAPI, limits: LimitSettings) -> None:
     from fastapi.exceptions import RequestValidationError
 
     app.add_middleware(BodyGuard, max_body_bytes=limits.max_body_bytes)
+    logging.getLogger("uvicorn.error").addFilter(_QUIET_CUTS)  # (once: the same filter)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(Exception, _internal_error)

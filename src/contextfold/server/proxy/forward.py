@@ -36,10 +36,12 @@ from contextfold.server.proxy.session import SESSION_HEADER
 __all__ = [
     "CONNECT_TIMEOUT",
     "UPSTREAM_ERRORS",
+    "StreamCut",
     "Upstream",
     "error_response",
     "forward_headers",
     "forward_path",
+    "request_error",
     "response_headers",
     "upstream_host",
     "upstream_url",
@@ -83,6 +85,13 @@ def error_response(fmt: str, status: int, message: str, kind: str) -> Response:
     else:
         body = {"error": {"message": message, "type": kind, "code": None}}
     return Response(json.dumps(body), status_code=status, media_type="application/json")
+
+
+def request_error(fmt: str, status: int, message: str) -> Response:
+    """An error in the client's request, found by the proxy itself, in the shape of the
+    provider ``fmt`` (Anthropic names a 413 ``request_too_large``)."""
+    kind = "request_too_large" if fmt == "anthropic" and status == 413 else "invalid_request_error"
+    return error_response(fmt, status, message, kind)
 
 
 _ENCODED_SEPARATOR = re.compile(rb"%(?:2f|5c)", re.IGNORECASE)
@@ -139,6 +148,13 @@ _IN_ONE_WRITE = 1024 * 1024
 UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError)
 #: Seconds an upstream may take to accept a connection.
 CONNECT_TIMEOUT = 10.0
+
+
+class StreamCut(Exception):
+    """Raised out of a response body whose upstream stream broke off: the server then closes
+    the client's connection without ending the body (a client never takes a truncated reply
+    for a whole one). Logged once, as a warning, where it happens; the error handlers and
+    the server's log leave it out (``guards``)."""
 
 
 def response_headers(response: aiohttp.ClientResponse, token: str | None) -> dict[str, str]:

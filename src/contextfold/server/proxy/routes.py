@@ -69,10 +69,12 @@ from contextfold.server.proxy.encoding import BodyError, decode_body
 from contextfold.server.proxy.forward import (
     CONNECT_TIMEOUT,
     UPSTREAM_ERRORS,
+    StreamCut,
     Upstream,
     error_response,
     forward_headers,
     forward_path,
+    request_error,
     response_headers,
     upstream_host,
     upstream_url,
@@ -105,7 +107,7 @@ from contextfold.server.state import ServerState
 if TYPE_CHECKING:
     from contextfold.memory.compactor import CompactionReport
 
-__all__ = ["Proxy", "ProxyRouter", "router"]
+__all__ = ["Proxy", "ProxyRouter", "format_of", "router"]
 
 logger = logging.getLogger("contextfold.server.proxy")
 _T = TypeVar("_T")
@@ -223,11 +225,11 @@ class Proxy:
         try:
             path = forward_path(request.scope.get("raw_path") or b"", request.url.path)
         except ValueError as exc:
-            return error_response(fmt, 400, f"{exc}; not forwarded", "invalid_request_error")
+            return request_error(fmt, 400, f"{exc}; not forwarded")
         try:
             raw = self._body(request, await request.body())
         except BodyError as exc:
-            return error_response(fmt, exc.status, exc.message, "invalid_request_error")
+            return request_error(fmt, exc.status, exc.message)
         return upstream, instance, path, raw
 
     def upstream_for(self, request: Request) -> tuple[str | None, str | None]:
@@ -282,12 +284,10 @@ class Proxy:
         upstream, instance, path, raw = target
         body, problem = _decode(raw)
         if body is None:
-            return error_response(fmt, 400, problem, "invalid_request_error")
+            return request_error(fmt, 400, problem)
         broken = limits.check(body, wire.key, self.state.config.limits)
         if broken is not None:
-            status, message = broken
-            kind = "request_too_large" if fmt == "anthropic" and status == 413 else None
-            return error_response(fmt, status, message, kind or "invalid_request_error")
+            return request_error(fmt, *broken)
         plan = Plan(
             id=uuid.uuid4().hex,
             format=fmt,
@@ -499,7 +499,7 @@ class Proxy:
         except UPSTREAM_ERRORS as exc:
             error = f"upstream stream broke off: {type(exc).__name__}"
             logger.warning("request %s: %s", plan.id, error)
-            raise
+            raise StreamCut(error) from exc
         finally:
             if not done:
                 state.collect()  # a stream cut short: keep what arrived, marked partial
@@ -745,7 +745,7 @@ class Proxy:
 
     async def passthrough(self, request: Request) -> Response:
         """Any other provider route, forwarded untouched and streamed back as it arrives."""
-        fmt = _format_of(request.url.path)
+        fmt = format_of(request.url.path)
         target = await self._target(request, fmt)
         if isinstance(target, Response):
             return target
@@ -769,7 +769,7 @@ class Proxy:
                     yield chunk
             except UPSTREAM_ERRORS as exc:  # cut the client's stream too (see ``_relay``)
                 logger.warning("pass-through stream broke off: %s", type(exc).__name__)
-                raise
+                raise StreamCut(f"pass-through stream broke off: {type(exc).__name__}") from exc
             finally:
                 response.release()
 
@@ -845,7 +845,8 @@ def _decode(raw: bytes) -> tuple[dict[str, Any] | None, str]:
     return body, ""
 
 
-def _format_of(path: str) -> str:
+def format_of(path: str) -> str:
+    """The provider format of a proxy route: ``gemini``, ``anthropic`` or ``openai``."""
     if path.startswith("/v1beta/") or _GEMINI.search(path):
         return "gemini"
     return "anthropic" if path.startswith("/v1/messages") else "openai"
