@@ -17,7 +17,7 @@ from rich.table import Table
 
 from contextfold.cli.build import budget_for
 from contextfold.cli.common import InputError, cli_errors
-from contextfold.cli.corpus import MODES, DbOption, open_index
+from contextfold.cli.corpus import MODES, DbOption, TenantsOption, check_tenants, open_index
 from contextfold.formats import formatter_for
 from contextfold.items import ContextItem, SourceType
 from contextfold.llm.base import ChatClient
@@ -188,10 +188,12 @@ def answer_question(
     llm: ChatClient | None = None,
     model: str | None = None,
     extra: Sequence[ContextItem] = (),
+    tenants: Sequence[str] | None = None,
 ) -> AskOutcome:
-    """Search ``index``, pack the five-section context, and ask ``llm`` (with ``model``) when
-    one is given: the path of ``contextfold ask`` and of the dashboard's Ask page."""
-    hits = index.search(query, k, mode=mode)
+    """Search ``index`` (only ``tenants`` when given; ``None`` is every tenant), pack the
+    five-section context, and ask ``llm`` (with ``model``) when one is given: the path of
+    ``contextfold ask`` (which always names its tenants) and of the dashboard's Ask page."""
+    hits = index.search(query, k, mode=mode, tenants=tenants)
     result = build_answer_context(
         query,
         hits,
@@ -275,6 +277,7 @@ def ask_command(
     k: Annotated[int, typer.Option("-k", metavar="N", help="Chunks to retrieve.")] = 8,
     mode: Annotated[str, typer.Option(metavar="MODE", help="bm25, dense or hybrid.")] = "hybrid",
     db: DbOption = None,
+    tenant: TenantsOption = None,
     system: Annotated[
         str | None, typer.Option(metavar="TEXT", help="Instructions (default: cite sources).")
     ] = None,
@@ -313,7 +316,10 @@ def ask_command(
     line and prints the best source's passage. Then one line sums up the context (tokens,
     sources kept, cut and dropped); --show context,budget,sources prints the packed prompt,
     the budget table (budget / used / % / ⚠ TRUNCATED, every cut or dropped chunk by name) and
-    the sources table.
+    the sources table, each source named by its file's path under the folder ingested.
+
+    Only the tenants given with --tenant are read, as by search; without it, the tenant
+    'default' (what ingest stores without --tenant), so an answer never mixes tenants unasked.
     """
     with cli_errors():
         shown = parse_show(show)
@@ -327,6 +333,7 @@ def ask_command(
             raise InputError("--llm and --model go together: name the endpoint and the model")
         index = open_index(db, embed=mode != "bm25", must_exist=True)
         options: dict[str, Any] = {
+            "tenants": check_tenants(index, tenant),
             "k": k,
             "mode": mode,
             "budget": budget,

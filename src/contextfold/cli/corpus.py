@@ -3,13 +3,21 @@
 The corpus lives in ``$CONTEXTFOLD_HOME/documents.db`` (``.contextfold/`` in the working
 directory by default) unless ``--db`` names another file, or a ``postgresql://`` URL shared by
 many processes and hosts.
+
+Every document belongs to one tenant (``--tenant``, ``default`` when not given), and ``search``
+and ``ask`` read the tenants they are given — ``default`` when none is, never every tenant at
+once. A document is named by its file's path under the folder that was ingested (the bare name
+for a file at its top or given by itself) and remembers the file's absolute path
+(``ingested_from``), so ingesting the file again replaces the version stored before.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -18,11 +26,24 @@ from rich.table import Table
 
 from contextfold.cli.common import InputError, cli_errors
 from contextfold.errors import DocumentError
+from contextfold.retrieval.base import content_hash
 from contextfold.retrieval.index import DocumentIndex, SearchMode
 from contextfold.store import is_database_url
 from contextfold.store.sqlite import home_dir
 
-__all__ = ["DbOption", "ingest_command", "open_index", "search_command"]
+if TYPE_CHECKING:
+    from contextfold.retrieval.base import Chunker
+    from contextfold.store.document_models import DocumentRecord
+
+__all__ = [
+    "DEFAULT_TENANT",
+    "DbOption",
+    "TenantsOption",
+    "check_tenants",
+    "ingest_command",
+    "open_index",
+    "search_command",
+]
 
 DbOption = Annotated[
     str | None,
@@ -33,8 +54,21 @@ DbOption = Annotated[
         "postgresql:// URL.",
     ),
 ]
+#: The tenant ``ingest`` stores into, and ``search`` / ``ask`` read, when ``--tenant`` is not given.
+DEFAULT_TENANT = "default"
+TenantsOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--tenant",
+        metavar="T",
+        help="Only these tenants (repeatable). Default: the tenant ingest uses without "
+        "--tenant, 'default' — never every tenant at once.",
+    ),
+]
 MODES = ("bm25", "dense", "hybrid")
 ON_ERROR = ("skip", "fail")
+#: The metadata key that holds the absolute path of the file a document was ingested from.
+FROM = "ingested_from"
 
 
 def open_index(db: str | None, *, embed: bool = True, must_exist: bool = False) -> DocumentIndex:
@@ -50,6 +84,110 @@ def open_index(db: str | None, *, embed: bool = True, must_exist: bool = False) 
     return DocumentIndex(path, embedder=None if embed else False)
 
 
+def check_tenants(index: DocumentIndex, tenants: list[str] | None) -> list[str]:
+    """The tenants ``search`` / ``ask`` read (``--tenant``, else ``default``); an error when
+    a name is empty, or when none of them holds a document (another tenant's never count)."""
+    chosen = list(dict.fromkeys(tenants or [DEFAULT_TENANT]))
+    if any(not t.strip() for t in chosen):
+        raise InputError("--tenant needs a tenant name, got an empty one")
+    if not index.store.matching_chunks(tenants=chosen):
+        names = ", ".join(repr(t) for t in chosen)
+        held = "holds" if len(chosen) == 1 else "hold"
+        raise InputError(
+            f"tenant {names} {held} no documents in {index.store.path}; pass --tenant T with "
+            "the tenant given to `contextfold ingest --tenant T` (without --tenant only "
+            f"{DEFAULT_TENANT!r} is read)"
+        )
+    return chosen
+
+
+def _named_files(paths: Sequence[str]) -> dict[Path, str]:
+    """Every file to ingest, with the name it is stored under: its path under the folder given
+    (POSIX separators), or its bare name when it is at the top of that folder or given by
+    itself. A file reached twice keeps the first name."""
+    from contextfold.retrieval.loaders import iter_files
+
+    named: dict[Path, str] = {}
+    for raw in paths:
+        root = Path(raw)
+        for file in iter_files([raw]):
+            name = file.relative_to(root).as_posix() if root.is_dir() else file.name
+            named.setdefault(file, name)
+    return named
+
+
+@dataclass
+class _Shared:
+    """A document skipped because the same text was already stored for another file: added
+    again under its own file if that other file's version goes."""
+
+    text: str
+    metadata: dict[str, Any]
+    name: str
+    chunker: Chunker
+
+
+class _Replacer:
+    """What each file stored before in one tenant (by its absolute path), so ingesting the file
+    again replaces it: documents whose text the file no longer holds are removed in the
+    transaction that stores the new ones."""
+
+    def __init__(self, index: DocumentIndex, tenant: str) -> None:
+        self.index, self.tenant = index, tenant
+        self.by_file: dict[str, list[DocumentRecord]] = {}
+        self.legacy: dict[str, list[DocumentRecord]] = {}  # stored before paths were kept
+        for record in index.store.documents(tenant):
+            origin = record.metadata.get(FROM)
+            if isinstance(origin, str):
+                self.by_file.setdefault(origin, []).append(record)
+            elif record.source:
+                self.legacy.setdefault(record.source, []).append(record)
+        self.shared: dict[str, _Shared] = {}  # content hash -> the other file's document
+        self.replaced = 0
+
+    def store(
+        self,
+        path: Path,
+        name: str,
+        docs: list[tuple[str, dict[str, Any]]],
+        chunker: Chunker,
+    ) -> list[tuple[bool, int]]:
+        """Store ``docs`` (one file's documents) and remove what the file held before and
+        holds no longer, in one transaction; ``(added, chunks)`` per document."""
+        origin = str(path.resolve())
+        before = self.by_file.pop(origin, [])
+        digests = [content_hash(text) for text, _ in docs]
+        with self.index.store.atomic():
+            results = self.index.add_documents(
+                [(text, {**meta, FROM: origin}) for text, meta in docs],
+                tenant=self.tenant,
+                source=name,
+                chunker=chunker,
+            )
+            if any(r.added for r in results):  # changed: a stored-before-paths version goes too
+                before += self.legacy.pop(name, [])
+            own = {r.id for r in before}
+            for (text, meta), digest, result in zip(docs, digests, results, strict=True):
+                if not result.added and result.doc_id not in own:
+                    self.shared.setdefault(
+                        digest, _Shared(text, {**meta, FROM: origin}, name, chunker)
+                    )
+            keep = set(digests)
+            for record in before:
+                if record.content_hash in keep:
+                    continue
+                self.replaced += self.index.remove_document(record.id)
+                other = self.shared.pop(record.content_hash, None)
+                if other is not None:  # another file of this run holds the same text
+                    self.index.add_documents(
+                        [(other.text, other.metadata)],
+                        tenant=self.tenant,
+                        source=other.name,
+                        chunker=other.chunker,
+                    )
+        return [(r.added, len(r.chunk_ids)) for r in results]
+
+
 def ingest_command(
     paths: Annotated[
         list[str],
@@ -60,7 +198,9 @@ def ingest_command(
         ),
     ],
     db: DbOption = None,
-    tenant: Annotated[str, typer.Option(help="Tenant the documents belong to.")] = "default",
+    tenant: Annotated[
+        str, typer.Option(metavar="T", help="Tenant the documents belong to.")
+    ] = DEFAULT_TENANT,
     chunk_size: Annotated[int, typer.Option(metavar="TOKENS", help="Chunk size in tokens.")] = 128,
     overlap: Annotated[int, typer.Option(metavar="TOKENS", help="Chunk overlap in tokens.")] = 16,
     embed: Annotated[
@@ -76,27 +216,38 @@ def ingest_command(
     ] = "skip",
 ) -> None:
     """Chunk, embed and index documents. Idempotent: a document already stored (same text,
-    same tenant) is skipped. Markdown is split at headings; the rest by paragraph and sentence.
+    same tenant) is skipped; a file ingested before (same tenant, same file) that changed
+    replaces its earlier version. Markdown is split at headings; the rest by paragraph and
+    sentence.
+
+    A document is named by its file's path under the folder given (x/policy.txt), or by its
+    bare name when the file is at the top of that folder or given by itself. Re-ingesting a
+    file stores what changed and removes the text it no longer holds (chunks and vectors),
+    in one transaction on SQLite.
 
     Text files may be in any encoding (detected; a byte-order mark is removed). PDF, HTML and
     DOCX need the formats extra: pip install "contextfold[formats]". A file that cannot be
     read is skipped and listed at the end with the reason (--on-error skip, the default), or
     stops the run (--on-error fail; the files before it stay stored)."""
     from contextfold.retrieval.chunking import MarkdownChunker, TextChunker
-    from contextfold.retrieval.loaders import SUFFIXES, iter_files, load_documents
+    from contextfold.retrieval.loaders import SUFFIXES, load_documents
 
     with cli_errors():
         if on_error not in ON_ERROR:
             raise InputError(f"--on-error must be skip or fail, got {on_error!r}")
+        if not tenant.strip():
+            raise InputError("--tenant needs a tenant name, got an empty one")
         if chunk_size <= 0 or not 0 <= overlap < chunk_size:
             raise InputError(
                 "need 0 <= --overlap < --chunk-size, "
                 f"got overlap {overlap}, chunk size {chunk_size}"
             )
-        files = iter_files(paths)
+        named = _named_files(paths)
+        files = list(named)
         if not files:
             raise InputError(f"no {' '.join(SUFFIXES)} files found under the given paths")
         index = open_index(db, embed=embed)
+        replacer = _Replacer(index, tenant)
         text_chunker = TextChunker(chunk_size=chunk_size, overlap=overlap)
         md_chunker = MarkdownChunker(chunk_size=chunk_size, overlap=overlap)
         added = skipped = chunks = stored_files = 0
@@ -129,22 +280,21 @@ def ingest_command(
                     progress.advance(task)
                     continue
                 chunker = md_chunker if path.suffix.lower() == ".md" else text_chunker
-                results = index.add_documents(
-                    [(d.text, d.metadata) for d in docs],
-                    tenant=tenant,
-                    source=path.name,
-                    chunker=chunker,
-                )
-                added += sum(r.added for r in results)
-                skipped += sum(not r.added for r in results)
-                chunks += sum(len(r.chunk_ids) for r in results)
+                name = named[path]
+                for was_added, n_chunks in replacer.store(
+                    path, name, [(d.text, _renamed(d.metadata, path, name)) for d in docs], chunker
+                ):
+                    added += was_added
+                    skipped += not was_added
+                    chunks += n_chunks
                 stored_files += 1
                 progress.advance(task)
         index.save()
         n_docs, n_chunks = index.store.count()
+    replaced = f", replaced {replacer.replaced} earlier version(s)" if replacer.replaced else ""
     typer.echo(
-        f"ingested {added} new document(s) ({chunks} chunks), skipped {skipped} already stored; "
-        f"corpus: {n_docs} documents, {n_chunks} chunks in {index.path}"
+        f"ingested {added} new document(s) ({chunks} chunks), skipped {skipped} already stored"
+        f"{replaced}; corpus: {n_docs} documents, {n_chunks} chunks in {index.path}"
     )
     if failed:
         typer.echo(
@@ -154,25 +304,35 @@ def ingest_command(
             typer.echo(f"  {reason}", err=True)
 
 
+def _renamed(metadata: dict[str, Any], path: Path, name: str) -> dict[str, Any]:
+    """A loaded document's metadata with the file's stored name as its ``source`` (unless the
+    document named its own)."""
+    if metadata.get("source") == path.name:
+        return {**metadata, "source": name}
+    return dict(metadata)
+
+
 def search_command(
     query: Annotated[str, typer.Argument(metavar="QUERY", help="What to search for.")],
     mode: Annotated[str, typer.Option(metavar="MODE", help="bm25, dense or hybrid.")] = "hybrid",
     k: Annotated[int, typer.Option("-k", metavar="N", help="Number of results.")] = 5,
     db: DbOption = None,
-    tenant: Annotated[
-        list[str] | None, typer.Option(metavar="T", help="Only these tenants (repeatable).")
-    ] = None,
+    tenant: TenantsOption = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print the hits as JSON.")] = False,
 ) -> None:
-    """Search the ingested corpus and show each hit with its score and which signals found it."""
+    """Search the ingested corpus and show each hit with its score and which signals found it.
+
+    Only the tenants given with --tenant are searched; without it, the tenant 'default' (what
+    ingest stores without --tenant), so one tenant's documents never show up unasked."""
     with cli_errors():
         if mode not in MODES:
             raise InputError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if k <= 0:
             raise InputError(f"-k must be a positive number of results, got {k}")
         index = open_index(db, embed=mode != "bm25", must_exist=True)
+        tenants = check_tenants(index, tenant)
         mode_: SearchMode = mode  # type: ignore[assignment]
-        hits = index.search(query, k, mode=mode_, tenants=tenant or None)
+        hits = index.search(query, k, mode=mode_, tenants=tenants)
     if json_out:
         typer.echo(json.dumps([h.model_dump() for h in hits], indent=2, ensure_ascii=False))
         return

@@ -466,7 +466,10 @@ class DocumentStorage(Protocol):
     - *Atomic writes.* ``add_many`` (documents, chunks, vectors and aliases), ``remove`` and
       ``add_vectors`` are each one transaction: all of it is stored, or none of it. A
       duplicate id fails the whole write with the backend's integrity error
-      (``sqlite3.IntegrityError``, ``psycopg.IntegrityError``).
+      (``sqlite3.IntegrityError``, ``psycopg.IntegrityError``). ``atomic()`` makes every
+      write inside it one transaction (re-ingesting a file: its new version and the removal
+      of the old commit together); nested, it joins the open one; reads inside see its
+      writes.
     - *Content addressing per tenant.* A tenant stores a text once (``find`` by content hash);
       every id it was stored or aliased under names it (``resolve``, ``ids_of``, oldest
       first) and an id names one document only. The document and its chunks and vectors go
@@ -492,6 +495,11 @@ class DocumentStorage(Protocol):
         ...
 
     def close(self) -> None: ...
+
+    def atomic(self) -> AbstractContextManager[None]:
+        """One transaction around every write made inside, on this thread: all commit at
+        the end, or none does if anything inside raises."""
+        ...
 
     def find(self, tenant: str, content_hash: str) -> str | None:
         """The storage id of the tenant's document with this content, if stored."""

@@ -140,6 +140,25 @@ def test_add_many_is_one_all_or_nothing_transaction(
     assert store.count() == (2, 2) and store.version == 1
 
 
+def test_atomic_commits_every_write_inside_together_or_none(
+    docs_opener: Opener, store: DocumentStorage
+) -> None:
+    old, new = doc("old text"), doc("new text")
+    store.add_many([(old, chunks(old, ["old text"]), None)])
+    with pytest.raises(RuntimeError), store.atomic():  # a re-ingest interrupted half-way
+        store.add_many([(new, chunks(new, ["new text"]), None)])
+        assert store.find("t1", new.content_hash) == new.id  # reads see the writes
+        store.remove(old.id)
+        raise RuntimeError("interrupted")
+    assert [d.id for d in store.documents()] == [old.id] and store.version == 1
+    other: DocumentStorage = docs_opener()  # another process sees the commit, not before
+    with store.atomic(), store.atomic():  # nested: joins the open transaction
+        store.add_many([(new, chunks(new, ["new text"]), None)])
+        store.remove(old.id)
+        assert [d.id for d in other.documents()] == [old.id]
+    assert [d.id for d in other.documents()] == [new.id] and other.version == 3
+
+
 def test_aliases_name_one_document_and_it_goes_with_its_last_id(
     docs_opener: Opener, store: DocumentStorage
 ) -> None:

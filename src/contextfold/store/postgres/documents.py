@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -92,6 +93,14 @@ class PostgresDocumentStore:
 
     def close(self) -> None:
         self._db.close()
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        """One transaction around every write made inside on this thread (``add_many``,
+        ``remove``, ``add_vectors``, …, and the reads, which see them): all commit at the
+        end, or none does if anything inside raises. Nested, it joins the open one."""
+        with self._db.transaction():
+            yield
 
     def _all(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> list[Any]:
         with self._db.connection() as conn:

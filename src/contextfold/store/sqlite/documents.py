@@ -4,7 +4,9 @@ It is the source of truth for a retrieval index (``contextfold.retrieval.index``
 vector indexes are derived from it and can always be rebuilt from it. Documents are
 content-addressed per tenant, so ingesting the same text twice stores it once; every id it was
 ingested under stays an id of it (``document_ids``: the first id and its aliases share the
-chunks), so each one can be searched, resolved and removed on its own.
+chunks), so each one can be searched, resolved and removed on its own. ``atomic()`` joins
+several writes into one transaction (``contextfold ingest`` replaces a re-ingested file's
+earlier version with it: the new documents and the old ones' removal commit together).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +97,14 @@ class DocumentStore:
         self._conn.execute(
             "UPDATE corpus_meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'version'"
         )
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        """One transaction around every write made inside (``add_many``, ``remove``,
+        ``add_vectors``, …): all of them commit together at the end, or none does if anything
+        inside raises. Nested, it joins the transaction already open."""
+        with transaction(self._conn):
+            yield
 
     def find(self, tenant: str, content_hash: str) -> str | None:
         """The storage id of the document with this content in this tenant, if stored (see
