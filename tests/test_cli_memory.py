@@ -504,3 +504,64 @@ def test_transform_says_what_expiry_held_back(tmp_path: Path) -> None:
     assert "expired (held back)" in result.stderr and "1 turn(s) of debugging" in result.stderr
     as_json = invoke("memory", "retrieve", "-m", "the websocket test?", "-c", config)
     assert json.loads(as_json.stdout)["expired"] == {"tags": ["debugging"], "turns_held_back": 1}
+
+
+READ_ONLY = [
+    ["status"],
+    ["status", "--json"],
+    ["tags"],
+    ["domains"],
+    ["recall", "kitchen"],
+    ["quote", "kitchen"],
+    ["retrieve", "-m", "the kitchen?"],
+    ["transform", "-m", "the kitchen?"],
+    ["compact"],  # nothing to ingest: nothing to compact either
+    ["export", "out"],
+]
+
+
+@pytest.mark.parametrize("args", READ_ONLY, ids=lambda a: " ".join(a))
+def test_a_command_that_reads_memory_does_not_create_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    """In a fresh home, a command that only reads memory says there is none yet and creates
+    nothing (no memory.db); the first conversation creates the store."""
+    home = tmp_path / "home"
+    monkeypatch.chdir(tmp_path)  # no ./contextfold.yaml: the default store
+    monkeypatch.setenv("CONTEXTFOLD_HOME", str(home))
+    monkeypatch.delenv("CONTEXTFOLD_STORE_URL", raising=False)
+    result = invoke("memory", *args)
+    assert_error(result, f"no memory store at {home / 'memory.db'} yet")
+    assert "memory compact" in result.stderr and "chat" in result.stderr
+    assert not home.exists() or list(home.iterdir()) == []
+    assert not (tmp_path / "out").exists()
+
+    stored = invoke("memory", "compact", "-i", CONVERSATION)
+    assert stored.exit_code == 0, stored.output
+    assert (home / "memory.db").is_file()
+
+
+def test_a_configured_store_that_is_not_there_is_named(tmp_path: Path) -> None:
+    config = tmp_path / "contextfold.yaml"
+    config.write_text(f"{SMALL}storage_path: {tmp_path / 'db' / 'memory.db'}\n", "utf-8")
+    assert_error(invoke("memory", "status", "-c", config), f"no memory store at {tmp_path / 'db'}")
+    assert not (tmp_path / "db").exists()
+
+
+def test_a_command_that_reads_memory_creates_no_postgres_schema(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, postgres_url: str
+) -> None:
+    import psycopg
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CONTEXTFOLD_STORE_URL", postgres_url)
+    for args in (["status"], ["tags"], ["export", "out"]):
+        result = invoke("memory", *args)
+        assert result.exit_code == 2, result.output
+        first = result.stderr.splitlines()[0]
+        assert first.startswith("error: ") and "no memory store at postgresql://" in first, first
+    with psycopg.connect(postgres_url) as conn:
+        rows = conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+        ).fetchall()
+    assert rows == []

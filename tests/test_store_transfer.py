@@ -8,6 +8,7 @@ SQLite file, and a PostgreSQL database of the test's own.
 from __future__ import annotations
 
 import hashlib
+import shutil
 import sqlite3
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -575,6 +576,152 @@ def test_markdown_import_errors(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "no such folder" in result.stderr
     result = invoke("memory", "export", tmp_path / "o", "--format", "json", "--store", "x.db")
     assert result.exit_code == 2 and "--format must be one of markdown" in result.stderr
+
+
+def _pg_tables(url: str) -> list[str]:
+    """The tables of the PostgreSQL database at ``url`` (none: no store was made there)."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT table_name FROM information_schema.tables"
+            " WHERE table_schema = 'public' ORDER BY table_name"
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+def _break_turn(out: Path) -> None:
+    (out / "main" / "turns" / "000008.md").unlink()
+
+
+def _edit_turn(out: Path) -> None:
+    plain = out / "main" / "turns" / "000006.md"
+    plain.write_text(plain.read_text(encoding="utf-8").replace("Friday", "Monday"), "utf-8")
+
+
+def _not_an_export(out: Path) -> None:
+    shutil.rmtree(out)
+    out.mkdir()
+
+
+def _other_format(out: Path) -> None:
+    data, body = _read(out / "store.md")
+    _write(out / "store.md", {**data, "format": "contextfold-markdown/9"}, body)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("spoil", "fragment"),
+    [
+        (_not_an_export, "not an export"),
+        (_break_turn, "turn 8 is missing"),
+        (_edit_turn, "content hash"),
+        (_other_format, "expected 'contextfold-markdown/1'"),
+    ],
+    ids=["not-an-export", "missing-turn", "edited-turn", "other-format"],
+)
+def test_a_refused_markdown_import_leaves_no_store_behind(
+    tmp_path: Path, dst_location: str, spoil: Callable[[Path], None], fragment: str
+) -> None:
+    """An export refused on reading it creates nothing: no SQLite file (nor the folder it
+    would go in), no tables in a PostgreSQL database."""
+    source = tmp_path / "src.db"
+    _filled(source).close()
+    out = tmp_path / "export"
+    assert invoke("memory", "export", out, "--store", source, "--no-progress").exit_code == 0
+    spoil(out)
+    postgres = dst_location.startswith("postgresql://")
+    target = dst_location if postgres else str(tmp_path / "new" / "other.db")
+    result = invoke("memory", "import", out, "--store", target, "--no-progress")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: ") and fragment in result.stderr.splitlines()[0]
+    if postgres:
+        assert _pg_tables(dst_location) == []
+    else:
+        assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.integration
+def test_a_markdown_import_that_fails_part_way_removes_the_store_it_made(tmp_path: Path) -> None:
+    """An import that fails while writing removes the SQLite file it made (the sessions it
+    loaded with it); a store that was there before is left where it was."""
+    source = tmp_path / "src.db"
+    _filled(source).close()
+    out = tmp_path / "export"
+    assert invoke("memory", "export", out, "--store", source, "--no-progress").exit_code == 0
+    # Two folders holding one session: each reads well, the second cannot be loaded.
+    shutil.copytree(out / "plain", out / "plain-again")
+    target = tmp_path / "new" / "other.db"
+    result = invoke("memory", "import", out, "--store", target, "--no-progress")
+    assert result.exit_code == 2, result.output
+    assert "'plain' already exists" in result.stderr.splitlines()[0], result.stderr
+    assert not (tmp_path / "new").exists()
+
+    there = tmp_path / "there.db"
+    open_memory_store(there, counter=CharCounter()).close()
+    result = invoke("memory", "import", out, "--store", there, "--no-progress")
+    assert result.exit_code == 2, result.output
+    assert there.is_file()
+
+
+def _foreign(path: Path) -> None:
+    sqlite3.connect(path).execute("create table invoices(id int)").connection.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("make", "fragment"),
+    [
+        (_foreign, "not a contextfold memory store"),
+        (lambda p: p.write_bytes(b""), "not a contextfold memory store"),
+        (_older_store, "written by an older contextfold"),
+    ],
+    ids=["foreign-sqlite", "empty-file", "older-store"],
+)
+def test_markdown_export_only_reads_its_store(
+    tmp_path: Path, make: Callable[[Path], object], fragment: str
+) -> None:
+    """``memory export`` never creates or upgrades the schema of the store it reads: a file
+    that is not a memory store of this version is refused and left byte for byte as it was."""
+    store = tmp_path / "store.db"
+    make(store)
+    before = _digest(store)
+    out = tmp_path / "export"
+    result = invoke("memory", "export", out, "--store", store, "--no-progress")
+    assert result.exit_code == 2, result.output
+    first = result.stderr.splitlines()[0]
+    assert first.startswith("error: ") and f"store {store}" in first and fragment in first
+    assert _digest(store) == before
+    assert not out.exists()
+
+
+@pytest.mark.integration
+def test_an_older_store_exports_after_the_upgrade_its_error_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The refusal of an older store says how to upgrade it; after that, it exports."""
+    store = tmp_path / "old.db"
+    _older_store(store)
+    out = tmp_path / "export"
+    refused = invoke("memory", "export", out, "--store", store, "--no-progress")
+    assert refused.exit_code == 2, refused.output
+    first = refused.stderr.splitlines()[0]
+    command = first[first.index("`") + 1 : first.rindex("`")]
+    assert command == f"CONTEXTFOLD_STORE_URL={store} contextfold memory aliases list", first
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CONTEXTFOLD_STORE_URL", str(store))
+    assert invoke(*command.split()[2:]).exit_code == 0  # after `contextfold`
+    monkeypatch.delenv("CONTEXTFOLD_STORE_URL")
+    result = invoke("memory", "export", out, "--store", store, "--no-progress")
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.integration
+def test_markdown_export_only_reads_a_postgres_store(tmp_path: Path, postgres_url: str) -> None:
+    result = invoke("memory", "export", tmp_path / "out", "--store", postgres_url)
+    assert result.exit_code == 2, result.output
+    assert "not a contextfold memory store" in result.stderr.splitlines()[0]
+    assert _pg_tables(postgres_url) == []
 
 
 _ids = st.text(

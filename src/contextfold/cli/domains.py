@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from contextfold.cli.common import cli_errors
+from contextfold.cli.memory_files import require_stored_memory
 from contextfold.cli.session import (
     ConfigOption,
     JsonOption,
@@ -40,13 +41,15 @@ def domains_command(
 
     The summary is the tag summary built at compaction; "stale" when turns with the tag
     arrived after it was built."""
-    with cli_errors(), open_engine(config, session, must_exist=True) as engine:
-        counts = engine.status().tags
-        summaries = engine.store.paging.tag_summaries(session)
-        segments: dict[str, int] = {}
-        for segment in engine.store.segments(session, full_text=False):
-            for tag in segment.tags:
-                segments[tag] = segments.get(tag, 0) + 1
+    with cli_errors():
+        require_stored_memory(config, session)
+        with open_engine(config, session, must_exist=True) as engine:
+            counts = engine.status().tags
+            summaries = engine.store.paging.tag_summaries(session)
+            segments: dict[str, int] = {}
+            for segment in engine.store.segments(session, full_text=False):
+                for tag in segment.tags:
+                    segments[tag] = segments.get(tag, 0) + 1
     rows: list[dict[str, Any]] = []
     for tag, turns in counts.items():
         summary = summaries.get(tag)

@@ -21,7 +21,7 @@ from rich.table import Table
 from contextfold.cli.aliases import aliases_command
 from contextfold.cli.common import InputError, cli_errors
 from contextfold.cli.domains import domains_command
-from contextfold.cli.memory_files import export_command, import_command
+from contextfold.cli.memory_files import export_command, import_command, require_stored_memory
 from contextfold.cli.session import (
     ConfigOption,
     JsonOption,
@@ -64,9 +64,11 @@ def status_command(
 
     The live turns are those not compacted yet; the level says whether they cross the soft or
     hard compaction threshold of the context window."""
-    with cli_errors(), open_engine(config, session, must_exist=True) as engine:
-        status = engine.status()
-        thresholds = engine.config.compaction
+    with cli_errors():
+        require_stored_memory(config, session)
+        with open_engine(config, session, must_exist=True) as engine:
+            status = engine.status()
+            thresholds = engine.config.compaction
     if json_out:
         echo_json(status.model_dump(mode="json"))
         return
@@ -108,6 +110,7 @@ def tags_command(
     built."""
     with cli_errors():
         _check_limit(limit)
+        require_stored_memory(config, session)
         with open_engine(config, session, must_exist=True) as engine:
             counts = engine.status().tags
             summaries = engine.store.paging.tag_summaries(session)
@@ -164,10 +167,12 @@ def recall_command(
     json_out: JsonOption = False,
 ) -> None:
     """The stored tag summary of TAG and the summaries of every segment tagged with it."""
-    with cli_errors(), open_engine(config, session, must_exist=True) as engine:
-        name = _resolve_tag(engine, tag, engine.vocabulary())
-        summary = engine.store.paging.tag_summaries(session).get(name)
-        segments = engine.store.segments(session, tag=name, full_text=False)
+    with cli_errors():
+        require_stored_memory(config, session)
+        with open_engine(config, session, must_exist=True) as engine:
+            name = _resolve_tag(engine, tag, engine.vocabulary())
+            summary = engine.store.paging.tag_summaries(session).get(name)
+            segments = engine.store.segments(session, tag=name, full_text=False)
     if json_out:
         echo_json(
             {
@@ -230,6 +235,8 @@ def compact_command(
     reports: dict[str, CompactionReport] = {}
     with cli_errors():
         messages = read_messages(input) if input is not None else None
+        if messages is None:  # nothing to store: the store must hold the session already
+            require_stored_memory(config, session)
         with open_engine(config, session, must_exist=messages is None, llm=True) as engine:
             before = engine.store.last_seq(session)
             if messages is not None and (report := engine.ingest_history(messages)):
@@ -258,6 +265,7 @@ def _inbound(
         raise InputError("--message is empty")
     if budget is not None and budget < 64:
         raise InputError(f"--budget must be at least 64 tokens, got {budget}")
+    require_stored_memory(config, session)
     with open_engine(config, session, must_exist=True) as engine:
         ctx = engine.on_message_inbound(message, budget=budget)
         turns: dict[int, tuple[str, str]] = {
@@ -385,6 +393,7 @@ def quote_command(
     with cli_errors():
         if limit <= 0:
             raise InputError(f"-k must be a positive number of results, got {limit}")
+        require_stored_memory(config, session)
         with open_engine(config, session, must_exist=True) as engine:
             quotes = engine.find_quote(query, limit=limit)
     if json_out:

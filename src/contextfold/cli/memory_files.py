@@ -3,20 +3,37 @@ memory as a folder of markdown files with YAML front-matter (one folder per sess
 per turn, segment and tag summary; ``contextfold.store.markdown`` has the layout), read back
 exactly. The store is the configured one (``store:`` / ``storage_path`` of contextfold.yaml,
 ``$CONTEXTFOLD_STORE_URL``) or ``--store``.
+
+Export only reads its store: one that is not there, not a memory store, or of an older version
+is an error, and never created or upgraded. Import reads and checks the whole export before it
+opens its store, so a refused export leaves nothing behind (no new SQLite file, no schema in a
+database); an SQLite file it made is removed again when it fails part-way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
 from contextfold.cli.common import InputError, cli_errors
 from contextfold.cli.session import ConfigOption, print_pairs, resolve_config
-from contextfold.cli.store import ProgressOption, open_store, shown, transfer_progress
+from contextfold.cli.store import (
+    ProgressOption,
+    check_location,
+    open_store,
+    require_memory_store,
+    shown,
+    transfer_progress,
+)
 
-__all__ = ["export_command", "import_command"]
+if TYPE_CHECKING:
+    from contextfold.store.protocols import MemoryStorage
+
+__all__ = ["export_command", "import_command", "require_stored_memory"]
 
 FORMATS = ("markdown",)
 
@@ -42,6 +59,56 @@ def store_location(config: Path | None, store: str | None) -> str:
         return store
     cfg, _ = resolve_config(config)
     return str(store_url(cfg.store or cfg.storage_path) or home_dir() / "memory.db")
+
+
+def require_stored_memory(config: Path | None, session: str) -> None:
+    """``InputError`` when the configured memory store does not exist yet: for a command that
+    only reads ``session``'s memory, which would otherwise create an empty store to find
+    nothing in."""
+    require_memory_store(store_location(config, None), session=session)
+
+
+class _OpenedOnUse:
+    """A store opened when it is first used: ``import_markdown`` reads and checks the whole
+    export before it asks its store anything, so an export it refuses never opens (creates,
+    migrates) the store."""
+
+    def __init__(self, opener: Callable[[], MemoryStorage]) -> None:
+        self._opener = opener
+        self._store: MemoryStorage | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._store is None:
+            self._store = self._opener()
+        return getattr(self._store, name)
+
+
+@contextmanager
+def _removed_on_failure(location: str) -> Iterator[None]:
+    """On an exception, remove the SQLite file at ``location`` (its journal files, and the
+    folders made for it) when it was not there before: what a failed command made, never
+    what it found."""
+    from contextfold.store import is_database_url
+
+    path = Path(location)
+    if is_database_url(location) or path.exists():
+        yield
+        return
+    made = [path.parent]  # the folders opening the store would make, innermost first
+    while not made[-1].exists() and made[-1] != made[-1].parent:
+        made.append(made[-1].parent)
+    made.pop()  # the nearest folder that is there
+    try:
+        yield
+    except BaseException:
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            path.with_name(path.name + suffix).unlink(missing_ok=True)
+        for folder in made:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (something else put a file there), or gone
+                break
+        raise
 
 
 def export_command(
@@ -86,7 +153,9 @@ def export_command(
         if folder.exists() and not folder.is_dir():
             raise InputError(f"{folder}: not a folder")
         where = store_location(config, store)
-        with open_store(where, must_exist=True) as memory:
+        if store is None:
+            require_memory_store(where)
+        with open_store(where, must_exist=True, only_read=True) as memory:
             known = memory.sessions()
             chosen = list(dict.fromkeys(sessions)) if sessions else known
             missing = [s for s in chosen if s not in set(known)]
@@ -138,16 +207,21 @@ def import_command(
         if not folder.is_dir():
             raise InputError(f"{folder}: no such folder")
         where = store_location(config, store)
-        with open_store(where, must_exist=False) as memory:
-            places = session_folders(folder)
-            total = sum(len(list((p / "turns").glob("*.md"))) for p in places)
-            with transfer_progress("import", len(places), total, enabled=progress) as bar:
+        check_location(where, must_exist=False)
+        places = session_folders(folder)
+        total = sum(len(list((p / "turns").glob("*.md"))) for p in places)
+        with (
+            ExitStack() as stack,
+            transfer_progress("import", len(places), total, enabled=progress) as bar,
+        ):
+            stack.enter_context(_removed_on_failure(where))
+            memory = _OpenedOnUse(lambda: stack.enter_context(open_store(where, must_exist=False)))
 
-                def advance(sid: str, turns: int) -> None:
-                    bar.update(bar.task_ids[0], advance=1, description=f"sessions {sid}")
-                    bar.update(bar.task_ids[1], advance=turns)
+            def advance(sid: str, turns: int) -> None:
+                bar.update(bar.task_ids[0], advance=1, description=f"sessions {sid}")
+                bar.update(bar.task_ids[1], advance=turns)
 
-                report = import_markdown(memory, folder, progress=advance)
+            report = import_markdown(cast("MemoryStorage", memory), folder, progress=advance)
     print_pairs(
         f"imported {folder} → {shown(where)}",
         [

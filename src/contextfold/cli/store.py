@@ -3,14 +3,18 @@ session, the tag aliases and the cost log from one store to another — an SQLit
 ``postgresql://`` database, back, or file to file — and checks the copy.
 
 ``open_store`` (also used by ``memory export`` / ``memory import``) opens a store named on the
-command line with one clear error line for a path or URL that cannot be one; a store that is
-only to be read (migrate's SRC) is checked first, by reading it only, to be a memory store of
-this version (``check_memory_store``): opening one creates or upgrades its schema.
+command line with one clear error line for a path or URL that cannot be one (``check_location``
+checks that alone, opening nothing); a store that is only to be read (migrate's SRC, export's
+store) is checked first, by reading it only, to be a memory store of this version
+(``check_memory_store``): opening one creates or upgrades its schema. ``require_memory_store``
+tells a command that only reads memory through the engine that its store is not there yet,
+before opening it would create it.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,7 +33,15 @@ from contextfold.errors import StoreError
 if TYPE_CHECKING:
     from contextfold.store.protocols import MemoryStorage
 
-__all__ = ["check_memory_store", "open_store", "shown", "store_app", "transfer_progress"]
+__all__ = [
+    "check_location",
+    "check_memory_store",
+    "open_store",
+    "require_memory_store",
+    "shown",
+    "store_app",
+    "transfer_progress",
+]
 
 store_app = typer.Typer(
     help="The memory store as a whole: migrate it to another store (SQLite or PostgreSQL).",
@@ -98,23 +110,33 @@ def _postgres_migrations(location: str, what: str, schema: str) -> set[str]:
         ) from None
 
 
-def check_memory_store(location: str, *, what: str = "store") -> None:
-    """``InputError`` unless ``location`` (an existing SQLite file or a ``postgresql://`` URL)
-    holds a contextfold memory store with this version's schema, found by reading it only:
-    opening a store creates and migrates its schema, which a store that is only to be read
-    must not have done to it."""
+def _memory_migrations(location: str, what: str) -> tuple[list[str], set[str]]:
+    """This version's memory migrations, and those applied in the store at ``location``
+    (an existing SQLite file or a ``postgresql://`` URL), read only."""
     from contextfold.store import is_database_url
 
     if is_database_url(location):
         from contextfold.store.postgres.schema import MIGRATIONS as PG_MIGRATIONS
 
-        names = PG_MIGRATIONS.names
         applied = _postgres_migrations(location, what, PG_MIGRATIONS.name)
-    else:
-        from contextfold.store.sqlite.memory_schema import MIGRATIONS
+        return list(PG_MIGRATIONS.names), applied
+    from contextfold.store.sqlite.memory_schema import MIGRATIONS
 
-        names = MIGRATIONS.names
-        applied = _sqlite_migrations(location, what, MIGRATIONS.name)
+    return list(MIGRATIONS.names), _sqlite_migrations(location, what, MIGRATIONS.name)
+
+
+def upgrade_hint(location: str) -> str:
+    """A command that opens the store at ``location`` once with this version, which creates
+    its missing tables and runs its pending migrations (a command that reads only does not)."""
+    return f"CONTEXTFOLD_STORE_URL={shlex.quote(shown(location))} contextfold memory aliases list"
+
+
+def check_memory_store(location: str, *, what: str = "store") -> None:
+    """``InputError`` unless ``location`` (an existing SQLite file or a ``postgresql://`` URL)
+    holds a contextfold memory store with this version's schema, found by reading it only:
+    opening a store creates and migrates its schema, which a store that is only to be read
+    must not have done to it."""
+    names, applied = _memory_migrations(location, what)
     if not applied:
         raise InputError(f"{what} {shown(location)}: not a contextfold memory store")
     pending = [n for n in names if n not in applied]
@@ -122,21 +144,54 @@ def check_memory_store(location: str, *, what: str = "store") -> None:
         raise InputError(
             f"{what} {shown(location)}: written by an older contextfold ({len(pending)} schema "
             f"migration(s) not run, from {pending[0]}); it is only read here, so upgrade it "
-            "first by opening it once with this version (`contextfold memory export --store "
-            "SRC DIR` does), then migrate it"
+            f"first by opening it once with this version (`{upgrade_hint(location)}` does), "
+            "then run this again"
         )
 
 
-@contextmanager
-def open_store(
+def _could_be_made(path: Path) -> bool:
+    """Whether opening the SQLite file ``path``, which is not there, would make it: its
+    nearest existing folder is a folder (a file there instead is an error opening it)."""
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    return parent.is_dir()
+
+
+def require_memory_store(location: str, *, session: str | None = None) -> None:
+    """``InputError`` when the memory store at ``location`` (a command's configured one) does
+    not exist yet, found without creating it: a command that only reads memory says so
+    (naming the ``session`` it wanted) instead of making an empty store. A store an older
+    version wrote passes (the engine that opens it upgrades it, as the deployment does)."""
+    from contextfold.store import is_database_url
+
+    if location == ":memory:":
+        return
+    wanted = f", so no session {session!r}" if session is not None else ""
+    missing = (
+        f"no memory store at {shown(location)} yet{wanted}; it is created by the first "
+        "conversation (memory compact -i FILE, chat, the proxy, or memory import)"
+    )
+    if not is_database_url(location):
+        path = Path(location)
+        if not path.exists() and _could_be_made(path):
+            raise InputError(missing)
+        if not path.is_file():
+            return  # not a file that can be read: opening it says why
+    _, applied = _memory_migrations(location, "memory store")
+    if not applied:
+        if is_database_url(location):
+            raise InputError(missing)
+        raise InputError(f"memory store {location}: not a contextfold memory store")
+
+
+def check_location(
     location: str, *, must_exist: bool, what: str = "store", only_read: bool = False
-) -> Iterator[MemoryStorage]:
-    """The memory store at ``location`` (an SQLite file or a ``postgresql://`` URL), closed on
-    exit. ``must_exist``: an SQLite file that is not there is an input error instead of a new,
-    empty store. ``only_read``: the store is read, never created or migrated: ``location``
-    must hold a memory store of this version already (``check_memory_store``)."""
-    from contextfold.store import is_database_url, open_memory_store
-    from contextfold.tokens import CharCounter
+) -> None:
+    """``InputError`` when ``location`` cannot be the store ``open_store`` is asked for: an
+    empty name, another URL scheme, ``:memory:``, a directory; with ``must_exist`` or
+    ``only_read``, an SQLite file that is not there. Nothing is opened or created."""
+    from contextfold.store import is_database_url
 
     if not location.strip():
         raise InputError(f"the {what} is empty; name an SQLite file or a postgresql:// URL")
@@ -154,6 +209,20 @@ def open_store(
             raise InputError(f"{what} {location}: is a directory, not an SQLite file")
         if (must_exist or only_read) and not path.is_file():
             raise InputError(f"{what} {location}: no such file")
+
+
+@contextmanager
+def open_store(
+    location: str, *, must_exist: bool, what: str = "store", only_read: bool = False
+) -> Iterator[MemoryStorage]:
+    """The memory store at ``location`` (an SQLite file or a ``postgresql://`` URL), closed on
+    exit. ``must_exist``: an SQLite file that is not there is an input error instead of a new,
+    empty store. ``only_read``: the store is read, never created or migrated: ``location``
+    must hold a memory store of this version already (``check_memory_store``)."""
+    from contextfold.store import open_memory_store
+    from contextfold.tokens import CharCounter
+
+    check_location(location, must_exist=must_exist, what=what, only_read=only_read)
     if only_read:
         check_memory_store(location, what=what)
     # Turns, segments and summaries keep the token counts they were stored with, so this
