@@ -2,19 +2,20 @@
 choosing a token counter.
 
 Errors are converted here, at the CLI edge, and nowhere else: bad input (a missing file, invalid
-JSON, an unknown name, a budget that cannot hold the pinned items) exits 2; any other
-``ContextfoldError`` raised while running exits 1. Each prints one line to stderr, never a
-traceback.
+JSON, an unknown name, a value out of range, a budget that cannot hold the pinned items) exits 2;
+any other ``ContextfoldError`` raised while running exits 1. Each prints one line to stderr,
+never a traceback.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import typer
+from pydantic import ValidationError
 
 from contextfold.errors import ConfigError, ContextfoldError
 from contextfold.tokens import TiktokenCounter, counter_for_model
@@ -26,12 +27,16 @@ __all__ = [
     "cli_errors",
     "counter_from",
     "fail",
+    "invalid_fields",
+    "one_of",
     "read_text",
 ]
 
 EXIT_RUNTIME = 1
 EXIT_INPUT = 2
 ENCODINGS = ("cl100k_base", "o200k_base")
+
+_Choice = TypeVar("_Choice", bound=str)
 
 
 class InputError(Exception):
@@ -51,10 +56,33 @@ def cli_errors() -> Iterator[None]:
         yield
     except InputError as exc:
         fail(str(exc))
+    except ValidationError as exc:  # settings built from options and files
+        fail(invalid_fields(exc))
     except ConfigError as exc:  # BudgetError included: the input asks for the impossible
         fail(f"{type(exc).__name__}: {exc}")
     except ContextfoldError as exc:
         fail(f"{type(exc).__name__}: {exc}", EXIT_RUNTIME)
+
+
+def invalid_fields(exc: ValidationError, names: Mapping[str, str] | None = None) -> str:
+    """One line for a pydantic ``ValidationError``: each bad field, by the option that set it
+    where ``names`` maps its dotted path to one, and what is wrong with it. Never the value,
+    which may be a key."""
+    problems = []
+    for err in exc.errors():
+        field = ".".join(str(part) for part in err["loc"])
+        message = err["msg"].removeprefix("Value error, ")
+        problems.append(f"{(names or {}).get(field, field)}: {message}" if field else message)
+    return "; ".join(problems)
+
+
+def one_of(option: str, value: str, choices: Sequence[_Choice]) -> _Choice:
+    """The choice ``value`` names (any case), as ``choices`` spell it; ``InputError`` naming
+    ``option`` and every choice otherwise."""
+    for choice in choices:
+        if choice.lower() == value.lower():
+            return choice
+    raise InputError(f"{option} must be one of {', '.join(choices)}, got {value!r}")
 
 
 def read_text(source: str) -> tuple[str, str]:

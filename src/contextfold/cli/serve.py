@@ -14,6 +14,7 @@ go back to the store, and the process exits 0. A second Ctrl-C while stopping ex
 from __future__ import annotations
 
 import asyncio
+import importlib
 import os
 import signal
 import socket
@@ -24,8 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
+from pydantic import ValidationError
 
-from contextfold.cli.common import InputError, cli_errors
+from contextfold.cli.common import InputError, cli_errors, invalid_fields, one_of
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -33,7 +35,12 @@ if TYPE_CHECKING:
     from contextfold.server.config import ServerConfig
     from contextfold.server.runner import Runner
 
-__all__ = ["proxy_command", "serve_app", "serve_command"]
+__all__ = ["LOG_LEVELS", "proxy_command", "serve_app", "serve_command"]
+
+#: uvicorn's log levels, from the most said to the least.
+LOG_LEVELS = ("trace", "debug", "info", "warning", "error", "critical")
+#: The option that sets each setting a command line can give (for errors naming it).
+_OPTIONS = {"host": "--host", "port": "--port", "proxy.upstream": "--upstream"}
 
 ServerConfigOption = Annotated[
     Path | None,
@@ -112,9 +119,11 @@ def _run(
     log_content: bool = False,
     capture: bool = False,
 ) -> None:
+    log_level = one_of("--log-level", log_level, LOG_LEVELS)
     try:
-        from contextfold.server.config import ProxySettings, ServerConfig, load_server_config
-        from contextfold.server.runner import bindings
+        from contextfold.server.config import ServerConfig, load_server_config
+
+        importlib.import_module("contextfold.server.runner")  # uvicorn: the extra is there
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").split(".")[0]
         if missing not in _SERVER_PACKAGES:
@@ -125,6 +134,39 @@ def _run(
         ) from None
 
     config = load_server_config(config_path) if config_path else ServerConfig()
+    try:
+        config = _with_options(config, host, port, upstream, memory_config)
+    except ValidationError as exc:
+        raise InputError(invalid_fields(exc, _OPTIONS)) from None
+    settings = config.event_log.model_dump()
+    if event_log is not None:
+        settings["enabled"] = event_log
+    elif settings["enabled"] is None:  # the command line's default: on
+        settings["enabled"] = True
+    if log_content:
+        settings["content"] = True
+    update: dict[str, object] = {"event_log": settings}
+    if capture:
+        update["dashboard"] = {**config.dashboard.model_dump(), "capture": True}
+    config = ServerConfig.model_validate({**config.model_dump(), **update})
+    if workers > 1:
+        from contextfold.server.workers import supervise
+
+        for sock in _listen(config):  # a port in use: one error line naming it
+            sock.close()
+        raise typer.Exit(supervise(config, workers, log_level))
+    serve_app(config, log_level)
+
+
+def _with_options(
+    config: ServerConfig,
+    host: str | None,
+    port: int | None,
+    upstream: str | None,
+    memory_config: Path | None,
+) -> ServerConfig:
+    """``config`` with the command line's ``--host``, ``--port``, ``--upstream`` and
+    ``--memory-config``; a bad value raises pydantic's ``ValidationError``."""
     update: dict[str, object] = {}
     if host is not None:
         update["host"] = host
@@ -135,30 +177,39 @@ def _run(
             raise InputError(f"{memory_config}: no such file")
         update["memory_config"] = str(memory_config)
     if upstream is not None:
-        if not upstream.startswith(("http://", "https://")):
-            raise InputError(f"--upstream {upstream!r} is not an http(s) URL")
-        update["proxy"] = ProxySettings.model_validate(
-            {**config.proxy.model_dump(), "upstream": upstream}
-        )
-    settings = config.event_log.model_dump()
-    if event_log is not None:
-        settings["enabled"] = event_log
-    elif settings["enabled"] is None:  # the command line's default: on
-        settings["enabled"] = True
-    if log_content:
-        settings["content"] = True
-    update["event_log"] = settings
-    if capture:
-        update["dashboard"] = {**config.dashboard.model_dump(), "capture": True}
-    if update:
-        config = ServerConfig.model_validate({**config.model_dump(), **update})
-    if workers > 1:
-        from contextfold.server.workers import supervise
+        update["proxy"] = {**config.proxy.model_dump(), "upstream": upstream}
+    if not update:
+        return config
+    return type(config).model_validate({**config.model_dump(), **update})
 
-        raise typer.Exit(supervise(config, workers, log_level))
-    for bound_host, bound_port in bindings(config):
-        typer.echo(f"contextfold listening on http://{bound_host}:{bound_port}", err=True)
-    serve_app(config, log_level)
+
+def _listen(config: ServerConfig) -> list[socket.socket]:
+    """A listening socket on every binding of ``config``, in ``bindings`` order: bound here,
+    before the app is built, so a port in use (or an address that is not this machine's) is
+    one ``InputError`` naming it rather than uvicorn's error after a start."""
+    from contextfold.server.runner import bindings
+    from contextfold.server.workers import bind
+
+    sockets: list[socket.socket] = []
+    try:
+        for host, port in bindings(config):
+            try:
+                sock = bind(host, port)
+            except OSError as exc:
+                reason = (exc.strerror or str(exc)).lower()
+                raise InputError(f"cannot listen on {_address(host, port)}: {reason}") from None
+            sock.set_inheritable(False)  # one process: nothing to share it with
+            sockets.append(sock)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def _address(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets (as in a URL)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def serve_app(
@@ -169,21 +220,30 @@ def serve_app(
     signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM),
 ) -> None:
     """Build the app of ``config`` and serve it until one of ``signals`` (a second one quits
-    at once): the whole server of one process, or one worker of ``serve --workers`` (then on
-    the supervisor's ``sockets``, stopped by its SIGTERM)."""
+    at once): one worker of ``serve --workers`` on the supervisor's ``sockets`` (stopped by
+    its SIGTERM), or without them the whole server of one process. That binds every port
+    first (one in use is an ``InputError`` naming it) and says "listening" once it serves."""
     from contextfold.server.app import create_app
-    from contextfold.server.runner import Runner
+    from contextfold.server.runner import Runner, bindings
 
-    app = create_app(config)
+    worker = sockets is not None
+    listeners = sockets if sockets is not None else _listen(config)
+    try:
+        app = create_app(config)
+    except BaseException:
+        if not worker:
+            for sock in listeners:
+                sock.close()
+        raise
     app.state.contextfold.freeze_gc = True  # this process is the server's alone
-    runner = Runner(app, config, log_level=log_level, sockets=sockets)
+    runner = Runner(app, config, log_level=log_level, sockets=listeners)
 
     # Memory writes run on a thread beside the event loop; a short GIL switch interval keeps
     # them from holding the loop up for the default 5 ms each time it does I/O.
     sys.setswitchinterval(0.0005)
 
     stop_began: list[float] = []
-    who = f"worker {os.getpid()}: " if sockets is not None else ""
+    who = f"worker {os.getpid()}: " if worker else ""
 
     def on_signal(sig: signal.Signals) -> None:
         if runner.stopping:
@@ -196,7 +256,15 @@ def serve_app(
         loop = asyncio.get_running_loop()
         for sig in signals:
             loop.add_signal_handler(sig, on_signal, sig)
-        await runner.serve()
+        serving = asyncio.ensure_future(runner.serve())
+        if not worker:  # the supervisor says it for the workers
+            while not (runner.started or serving.done()):
+                await asyncio.sleep(0.01)
+            if runner.started:
+                for (host, _), sock in zip(bindings(config), listeners, strict=True):
+                    where = _address(host, sock.getsockname()[1])
+                    typer.echo(f"contextfold listening on http://{where}", err=True)
+        await serving
 
     with asyncio.Runner(loop_factory=_loop_factory()) as loop_runner:
         loop_runner.run(main())

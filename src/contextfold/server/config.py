@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -48,13 +49,24 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
 
 
-def _no_credentials(url: str | None) -> str | None:
-    """Refuse an upstream URL that carries credentials (``user:password@host``): the proxy
-    would send them with every request and show them in every error that names the
-    upstream. The message never repeats the URL."""
+#: Characters no upstream URL may hold: they would be sent as they are in the request line.
+_URL_BAD_CHARACTER = re.compile(r"[\x00-\x20\x7f]")
+
+
+def _upstream_url(url: str | None) -> str | None:
+    """Check an upstream base URL the way the proxy uses it: request paths are appended to it
+    (``forward.upstream_url``) and the result is sent as it is. So it is ``http://`` or
+    ``https://``, names a host, has a port from 1 to 65535 if any, holds no space or control
+    character, no ``?query`` or ``#fragment`` (the path would land after them) and no
+    credentials (``user:password@host``: the proxy would send them with every request and
+    show them in every error that names the upstream). Messages never repeat the URL."""
     if url is None:
         return None
-    authority = url.split("://", 1)[-1].split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
+    if not url.startswith(("http://", "https://")):
+        raise ValueError("the upstream must be an http:// or https:// URL")
+    if _URL_BAD_CHARACTER.search(url):
+        raise ValueError("the upstream URL holds a space or control character")
+    authority = url.split("://", 1)[1].split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
     if "@" in authority:
         raise ValueError(
             "the upstream URL carries credentials (user:password@host), which the proxy "
@@ -62,6 +74,22 @@ def _no_credentials(url: str | None) -> str | None:
             "URL without them; clients send their own credentials (the Authorization, "
             "x-api-key or x-goog-api-key header), which the proxy forwards untouched"
         )
+    if "?" in url or "#" in url:
+        raise ValueError(
+            "the upstream URL has a ?query or #fragment; give a base URL such as "
+            "https://api.openai.com or https://api.openai.com/v1 (request paths are appended)"
+        )
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        if "port" in str(exc).lower():
+            raise ValueError("the upstream URL's port is not a number from 1 to 65535") from None
+        raise ValueError("the upstream is not a valid URL") from None
+    if not parts.hostname:
+        raise ValueError("the upstream URL has no host (such as https://api.openai.com)")
+    if port == 0:
+        raise ValueError("the upstream URL's port is not a number from 1 to 65535")
     return url
 
 
@@ -72,12 +100,12 @@ class InstanceSettings(_Section):
 
     name: str
     port: int = Field(ge=1, le=65535)
-    upstream: str = Field(pattern=r"^https?://")
+    upstream: str
 
     @field_validator("upstream")
     @classmethod
-    def _no_userinfo(cls, value: str | None) -> str | None:
-        return _no_credentials(value)
+    def _an_upstream(cls, value: str | None) -> str | None:
+        return _upstream_url(value)
 
 
 class OutputSettings(_Section):
@@ -122,7 +150,7 @@ class ProxySettings(_Section):
     can send no header (off, the default: no reply carries one; a conversation is found again
     by the history the client resends, and by the ``x-contextfold-session`` header)."""
 
-    upstream: str | None = Field(None, pattern=r"^https?://")
+    upstream: str | None = None
     instances: list[InstanceSettings] = Field(default_factory=list)
     timeout: float = Field(600.0, gt=0)
     max_tool_continuations: int = Field(5, ge=0, le=20)
@@ -141,8 +169,8 @@ class ProxySettings(_Section):
 
     @field_validator("upstream")
     @classmethod
-    def _no_userinfo(cls, value: str | None) -> str | None:
-        return _no_credentials(value)
+    def _an_upstream(cls, value: str | None) -> str | None:
+        return _upstream_url(value)
 
 
 #: Tenant (and document) ids: letters, digits and ``. _ : @ -``, starting with a letter or digit.
@@ -332,7 +360,8 @@ def load_server_config(path: str | Path) -> ServerConfig:
         return ServerConfig.model_validate(data)
     except ValidationError as exc:
         lines = [
-            f"  {'.'.join(str(p) for p in err['loc']) or '(top level)'}: {err['msg']}"
+            f"  {'.'.join(str(p) for p in err['loc']) or '(top level)'}: "
+            + err["msg"].removeprefix("Value error, ")
             for err in exc.errors()
         ]
         raise ConfigError(f"{file}: invalid server config:\n" + "\n".join(lines)) from None
