@@ -86,7 +86,8 @@ def one_of(option: str, value: str, choices: Sequence[_Choice]) -> _Choice:
 
 
 def read_text(source: str) -> tuple[str, str]:
-    """``(display name, text)`` of a UTF-8 file, or of stdin when ``source`` is ``-``."""
+    """``(display name, text)`` of a UTF-8 file (a byte-order mark dropped), or of stdin when
+    ``source`` is ``-``."""
     if source == "-":
         name, data = "<stdin>", typer.get_binary_stream("stdin").read()
     else:
@@ -100,8 +101,8 @@ def read_text(source: str) -> tuple[str, str]:
             data = path.read_bytes()
         except OSError as exc:
             raise InputError(f"{source}: cannot read ({exc.strerror or exc})") from None
-    try:
-        return name, data.decode("utf-8")
+    try:  # a byte-order mark (as Notepad saves UTF-8) is not content
+        return name, data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise InputError(f"{name}: not UTF-8 text (invalid byte at offset {exc.start:,})") from None
 
