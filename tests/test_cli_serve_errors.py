@@ -225,3 +225,29 @@ def test_listening_is_said_once_the_server_answers(tmp_path: Path) -> None:
         process.terminate()
         process.communicate(timeout=30)
     assert process.returncode == 0
+
+
+def test_a_stop_still_stops_when_stderr_is_gone(tmp_path: Path) -> None:
+    """``contextfold serve 2>&1 | head -2``, then Ctrl-C: the reader of stderr is gone when
+    the stop wants to say so. The stop goes on (it hung: the message raised BrokenPipeError)."""
+    memory = tmp_path / "contextfold.yaml"
+    memory.write_text(f"storage_path: {tmp_path / 'memory.db'}\nrecall:\n  embedder: none\n")
+    port = free_port()
+    command = [sys.executable, "-m", "contextfold", "serve", "--port", str(port)]
+    command += ["--memory-config", str(memory)]
+    env = {**os.environ, "CONTEXTFOLD_HOME": str(tmp_path)}
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stderr is not None
+        deadline = time.monotonic() + 60
+        while "listening" not in process.stderr.readline():
+            assert time.monotonic() < deadline and process.poll() is None, "no listening line"
+        process.stderr.close()  # the reader went away
+        process.terminate()
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)

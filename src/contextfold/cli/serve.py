@@ -14,6 +14,7 @@ go back to the store, and the process exits 0. A second Ctrl-C while stopping ex
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import os
 import signal
@@ -249,7 +250,7 @@ def serve_app(
         if runner.stopping:
             _force_exit(sig)
         stop_began.append(time.monotonic())
-        typer.echo(f"{who}stopping: {_stopping_line(runner)}", err=True)
+        _say(f"{who}stopping: {_stopping_line(runner)}")
         runner.stop()
 
     async def main() -> None:
@@ -263,7 +264,7 @@ def serve_app(
             if runner.started:
                 for (host, _), sock in zip(bindings(config), listeners, strict=True):
                     where = _address(host, sock.getsockname()[1])
-                    typer.echo(f"contextfold listening on http://{where}", err=True)
+                    _say(f"contextfold listening on http://{where}")
         await serving
 
     with asyncio.Runner(loop_factory=_loop_factory()) as loop_runner:
@@ -272,7 +273,7 @@ def serve_app(
     app.state.contextfold.log.flush(1.0)  # the last event lines
     app.state.contextfold.memory.close()
     if stop_began:
-        typer.echo(f"{who}stopped in {time.monotonic() - stop_began[0]:.1f} s; {left}", err=True)
+        _say(f"{who}stopped in {time.monotonic() - stop_began[0]:.1f} s; {left}")
 
 
 def _configured_upstream(path: Path | None) -> bool:
@@ -310,14 +311,24 @@ def _written(app: FastAPI) -> str:
 def _force_exit(sig: signal.Signals) -> NoReturn:
     """A second Ctrl-C (or SIGTERM) while stopping: exit now, without waiting for requests in
     flight or the pending memory writes (SQLite keeps what it has committed)."""
-    typer.echo(
+    _say(
         f"forced stop ({sig.name} while stopping): exiting now; requests in flight are cut off "
-        "(their exchanges are not stored); derived work stays in the store",
-        err=True,
+        "(their exchanges are not stored); derived work stays in the store"
     )
-    sys.stdout.flush()
-    sys.stderr.flush()
+    with contextlib.suppress(OSError, ValueError):
+        sys.stdout.flush()
+        sys.stderr.flush()
     os._exit(128 + sig)
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr; when nothing reads it any more (``serve 2>&1 | head``, the reader
+    gone), the rest of the run writes to nowhere instead of failing: a stop whose message
+    raised would never stop."""
+    try:
+        typer.echo(line, err=True)
+    except (OSError, ValueError):  # BrokenPipeError, or a stream closed under us
+        sys.stderr = Path(os.devnull).open("w", encoding="utf-8")  # noqa: SIM115 - kept
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
