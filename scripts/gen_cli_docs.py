@@ -39,10 +39,12 @@ After changing a command, run `.venv/bin/python scripts/gen_cli_docs.py` (the te
 while this file is stale).
 
 Exit codes: `0` success; `2` bad input (a missing or unreadable file, invalid JSON, a field of
-the wrong type, an unknown budget / format / model / encoding / mode / dataset, a budget that
-cannot hold the pinned instructions and query, searching a corpus that was never ingested, an
-unknown option); `1` any other contextfold error at run time (e.g. an LLM endpoint that fails
-after its retries).
+the wrong type, an unknown budget / format / encoding / mode / dataset, a budget that cannot
+hold the pinned instructions and query, searching a corpus that was never ingested, a port out
+of range or already in use, an unknown option); `1` any other contextfold error at run time
+(e.g. an LLM endpoint that fails after its retries). A model with no known tokenizer is not an
+error: it is counted with `--encoding` (default `o200k_base`), marked estimated, and a note on
+stderr says so.
 Every error is one line on stderr that starts with `error:`, never a traceback (option-parsing
 errors are reported by typer with the command's usage line).
 """

@@ -197,6 +197,9 @@ BAD_INPUTS = [
     (("build", "--query", "q", "--budget", "fixed5", "--system", "word " * 400), None, 2, "255"),
     (("tokens", "{missing}"), None, 2, "no such file"),
     (("tokens", "-", "--encoding", "p50k"), "x", 2, "unknown encoding 'p50k'"),
+    # a model whose tokenizer is known counts with it: another --encoding is not dropped quietly
+    (("tokens", "-", "--model", "gpt-4o", "--encoding", "cl100k_base"), "x", 2, "o200k_base"),
+    (("tokens", "-", "--model", "claude-sonnet-4", "--encoding", "cl100k_base"), "x", 2, "claude"),
 ]
 
 

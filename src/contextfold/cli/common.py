@@ -111,8 +111,9 @@ def counter_from(model: str | None, encoding: str | None) -> TiktokenCounter:
     """The counter for ``--model`` and/or ``--encoding`` (default ``o200k_base``).
 
     Known models get their exact encoding; Claude and Gemini get ``o200k_base`` with a safety
-    margin. A model with no known tokenizer is counted with ``--encoding`` (default
-    ``o200k_base``), marked estimated, and a note says so on stderr.
+    margin; ``--encoding`` naming another encoding for them is an input error. A model with no
+    known tokenizer is counted with ``--encoding`` (default ``o200k_base``), marked
+    estimated, and a note says so on stderr.
     """
     if encoding is not None and encoding not in ENCODINGS:
         raise InputError(f"unknown encoding {encoding!r}; choose one of {', '.join(ENCODINGS)}")
@@ -121,7 +122,13 @@ def counter_from(model: str | None, encoding: str | None) -> TiktokenCounter:
     if not model.strip():
         raise InputError("--model is empty; name a model such as gpt-4o or claude-sonnet-4")
     counter = counter_for_model(model, default_encoding=encoding or "o200k_base")
-    if counter.estimated and not counter.safety_margin:  # no tokenizer known for this model
+    known = not counter.estimated or counter.safety_margin > 0  # the model's own encoding
+    if encoding is not None and known and counter.encoding_name != encoding:
+        raise InputError(
+            f"--encoding {encoding} does not apply to {model!r}, which is counted with "
+            f"{counter.encoding_name}; drop --encoding (or --model)"
+        )
+    if not known:  # no tokenizer known for this model
         typer.echo(
             f"note: no tokenizer is known for {model!r}; counting with {counter.encoding_name} "
             "(estimated)",
