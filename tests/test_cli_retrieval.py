@@ -206,6 +206,9 @@ def test_ask_with_an_llm_prints_the_answer_first(corpus: Path, fake_llm) -> None
     [
         (["search", "x", "--mode", "fuzzy"], "unknown mode"),
         (["search", "x", "-k", "0"], "-k must be a positive"),
+        (["search", "  "], "empty"),
+        (["ask", ""], "empty"),
+        (["ask", " \n "], "empty"),
         (["ask", "x", "--budget", "huge"], "--budget must be fixed5 or rag"),
         (["ask", "x", "--llm", "http://127.0.0.1:9"], "--llm and --model go together"),
         (["ask", "x", "--show", "budget,prompt"], "--show takes context, budget, sources or all"),

@@ -327,6 +327,8 @@ def ask_command(
             raise InputError(f"--budget must be fixed5 or rag, got {budget!r}")
         if mode not in MODES:
             raise InputError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+        if not query.strip():
+            raise InputError("the question is empty; ask something")
         if k <= 0:
             raise InputError(f"-k must be a positive number of chunks, got {k}")
         if (llm is None) != (model is None):

@@ -327,6 +327,8 @@ def search_command(
     with cli_errors():
         if mode not in MODES:
             raise InputError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+        if not query.strip():
+            raise InputError("the query is empty; search for something")
         if k <= 0:
             raise InputError(f"-k must be a positive number of results, got {k}")
         index = open_index(db, embed=mode != "bm25", must_exist=True)
