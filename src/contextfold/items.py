@@ -3,6 +3,10 @@
 Everything here is a frozen pydantic model. A ``Message`` holds typed content blocks, so tool
 traffic from every provider (OpenAI ``tool_calls`` / ``tool`` messages, Anthropic ``tool_use`` /
 ``tool_result`` blocks, Gemini ``functionCall`` / ``functionResponse`` parts) has one shape.
+
+Text entering these models is made valid Unicode (``valid_text``): a lone UTF-16 surrogate (an
+emoji cut in half, JSON ``"\\ud83d"``, an undecodable command-line byte) becomes U+FFFD, so
+nothing downstream fails to encode it.
 """
 
 from __future__ import annotations
@@ -14,7 +18,15 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
 
 if TYPE_CHECKING:
     from contextfold.tokens import TokenCounter
@@ -29,9 +41,46 @@ __all__ = [
     "TextBlock",
     "ToolResultBlock",
     "ToolUseBlock",
+    "ValidText",
+    "valid_text",
 ]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+def valid_text(text: str) -> str:
+    """``text`` as valid Unicode: each lone UTF-16 surrogate becomes U+FFFD, and a high and a
+    low surrogate in a row become the one character they encode. Valid text is returned as is.
+
+    >>> valid_text("cut \\ud83d here") == "cut \\ufffd here"
+    True
+    >>> valid_text("\\ud83d\\ude00") == "\\U0001f600"
+    True
+    """
+    if text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    return text
+
+
+def _valid_json(value: Any) -> Any:
+    """``value`` (decoded JSON) with every string in it, keys included, made ``valid_text``."""
+    if isinstance(value, str):
+        return valid_text(value)
+    if isinstance(value, dict):
+        return {
+            valid_text(k) if isinstance(k, str) else k: _valid_json(v) for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return type(value)(_valid_json(v) for v in value)
+    return value
+
+
+#: A ``str`` field whose value is made ``valid_text``.
+ValidText = Annotated[str, AfterValidator(valid_text)]
 
 
 class SourceType(StrEnum):
@@ -53,7 +102,7 @@ class TextBlock(BaseModel):
 
     model_config = _FROZEN
     type: Literal["text"] = "text"
-    text: str
+    text: ValidText
 
 
 class ToolUseBlock(BaseModel):
@@ -62,9 +111,9 @@ class ToolUseBlock(BaseModel):
 
     model_config = _FROZEN
     type: Literal["tool_use"] = "tool_use"
-    id: str
-    name: str
-    input: dict[str, Any] = Field(default_factory=dict)
+    id: ValidText
+    name: ValidText
+    input: Annotated[dict[str, Any], AfterValidator(_valid_json)] = Field(default_factory=dict)
 
     def arguments_json(self) -> str:
         """The arguments as compact JSON with sorted keys (stable bytes for caching)."""
@@ -77,9 +126,9 @@ class ToolResultBlock(BaseModel):
 
     model_config = _FROZEN
     type: Literal["tool_result"] = "tool_result"
-    tool_use_id: str
-    content: str
-    name: str | None = None  # Gemini matches responses by function name
+    tool_use_id: ValidText
+    content: ValidText
+    name: ValidText | None = None  # Gemini matches responses by function name
     is_error: bool = False
 
 
@@ -96,7 +145,7 @@ class Message(BaseModel):
     model_config = _FROZEN
     role: Role
     content: tuple[ContentBlock, ...]
-    name: str | None = None
+    name: ValidText | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -162,7 +211,7 @@ class ContextItem(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     id: str = Field(default_factory=_new_id)
-    content: str = ""
+    content: ValidText = ""
     source: SourceType = SourceType.RETRIEVAL
     section: str | None = None
     priority: int = Field(default=5, ge=1, le=10)
@@ -233,7 +282,7 @@ class QueryBundle(BaseModel):
     """The query a build answers; ``build()`` wraps a plain ``str`` in one."""
 
     model_config = _FROZEN
-    query_str: str
+    query_str: ValidText
     embedding: list[float] | None = None
     filters: dict[str, Any] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
 from contextfold.cli.common import InputError, read_text
-from contextfold.errors import ConfigError, StoreError
+from contextfold.errors import ConfigError, FormatError, StoreError
+from contextfold.formats.openai import message_from_dict
 from contextfold.items import Message
 from contextfold.store import describe_store
 
@@ -41,6 +41,8 @@ __all__ = [
 ]
 
 DEFAULT_CONFIG = Path("contextfold.yaml")
+#: The keys of a message file's message that are read (any other is ignored).
+_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id", "function_call")
 
 ConfigOption = Annotated[
     Path | None,
@@ -126,8 +128,10 @@ def _shape(value: Any) -> str:
 
 def read_messages(source: str) -> list[Message]:
     """The messages of a JSON file: a list of ``{"role", "content"}`` objects, or an object
-    with such a list under ``"messages"`` (a ``contextfold chat --out`` export). Other keys of
-    a message are ignored; a ``null`` content (an OpenAI tool-call turn) reads as ``""``."""
+    with such a list under ``"messages"`` (a ``contextfold chat --out`` export). A content may
+    be text or content blocks; OpenAI's tool traffic reads as tool blocks too (an assistant's
+    ``tool_calls``, with ``null`` or no content; a ``tool`` message's ``tool_call_id``). Other
+    keys of a message are ignored; a ``null`` content reads as ``""``."""
     name, text = read_text(source)
     try:
         data = json.loads(text)
@@ -149,19 +153,22 @@ def read_messages(source: str) -> list[Message]:
         raise InputError(f"{name}: the message list is empty")
     messages = []
     for number, item in enumerate(data, start=1):
-        if not isinstance(item, dict) or "role" not in item or "content" not in item:
+        if (
+            not isinstance(item, dict)
+            or "role" not in item
+            or ("content" not in item and "tool_calls" not in item)
+        ):
             raise InputError(
                 f'{name}: message {number} must be an object with "role" and "content", '
                 f"got {excerpt(json.dumps(item, ensure_ascii=False), 60)}"
             )
-        fields = {k: item[k] for k in ("role", "content", "name") if item.get(k) is not None}
-        fields.setdefault("content", "")
+        fields = {k: v for k, v in item.items() if k in _FIELDS and v is not None}
+        if "tool_calls" not in fields:
+            fields.setdefault("content", "")
         try:
-            messages.append(Message.model_validate(fields))
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"])
-            raise InputError(f"{name}: message {number}: {where}: {err['msg']}") from None
+            messages.append(message_from_dict(fields))
+        except FormatError as exc:
+            raise InputError(f"{name}: message {number}: {exc}") from None
     return messages
 
 

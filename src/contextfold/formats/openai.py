@@ -4,15 +4,19 @@ Instructions form one system message; memory and retrieved context one user mess
 before the history; tool calls become ``tool_calls`` and each tool result a ``tool`` message.
 Consecutive same-role messages (other than ``tool``) are merged.
 
-``parse_openai_messages`` reads a request's ``messages`` back into ``Message`` values.
+``parse_openai_messages`` reads a request's ``messages`` back into ``Message`` values;
+``message_from_dict`` reads one message given in either OpenAI's shape or contextfold's own.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from pydantic import ValidationError
+
+from contextfold.errors import FormatError
 from contextfold.formats._parsing import (
     expect_dict,
     expect_list,
@@ -38,7 +42,9 @@ __all__ = [
     "IMAGE_TOKENS",
     "OpenAIFormatter",
     "count_openai_message",
+    "message_from_dict",
     "message_to_openai",
+    "parse_openai_message",
     "parse_openai_messages",
 ]
 
@@ -249,33 +255,83 @@ def parse_openai_messages(messages: list[dict[str, Any]]) -> list[Message]:
     """
     out: list[Message] = []
     for i, raw in enumerate(expect_list(messages, "messages")):
-        path = f"messages[{i}]"
-        msg = expect_dict(raw, path)
-        role = _role(msg.get("role"), f"{path}.role")
-        if role == "tool":
-            result = _tool_result(msg, path)
-            if out and out[-1].role == "tool":
-                out[-1] = Message(role="tool", content=(*out[-1].content, result))
-            else:
-                out.append(Message(role="tool", content=(result,)))
-            continue
-        if msg.get("function_call") is not None:
-            fail(f"{path}.function_call", "(the legacy form) is not supported yet; use tool_calls")
-        texts = _content(msg, path, role)
-        blocks: list[ContentBlock] = list(texts)
-        calls = msg.get("tool_calls")
-        if calls is not None:
-            if role != "assistant":
-                fail(
-                    f"{path}.tool_calls",
-                    f"appears in a {role!r} message; only assistant messages call tools",
-                )
-            calls = expect_list(calls, f"{path}.tool_calls")
-            blocks = [b for b in texts if b.text]  # some clients send "" instead of null
-            blocks.extend(_tool_call(c, f"{path}.tool_calls[{j}]") for j, c in enumerate(calls))
-        name = optional_str(msg.get("name"), f"{path}.name")
-        out.append(Message(role=role, content=tuple(blocks), name=name))
+        message = parse_openai_message(raw, f"messages[{i}]")
+        if message.role == "tool" and out and out[-1].role == "tool":
+            out[-1] = Message(role="tool", content=(*out[-1].content, *message.content))
+        else:
+            out.append(message)
     return out
+
+
+def parse_openai_message(message: Any, path: str = "") -> Message:
+    """One Chat Completions message as a ``Message`` (a ``tool`` message: one result block).
+
+    ``path`` says where the message sits (``messages[2]``): a ``FormatError`` names the
+    malformed value under it, or by its own path in the message when ``path`` is empty
+    (``tool_calls[0].id is null; expected a string``).
+
+    >>> parse_openai_message({"role": "tool", "tool_call_id": "c1", "content": "18C"}).text()
+    '[tool result c1] 18C'
+    """
+    msg = expect_dict(message, path or "the message")
+    role = _role(msg.get("role"), _at(path, "role"))
+    if role == "tool":
+        return Message(role="tool", content=(_tool_result(msg, path),))
+    if msg.get("function_call") is not None:
+        fail(_at(path, "function_call"), "(the legacy form) is not supported yet; use tool_calls")
+    texts = _content(msg, path, role)
+    blocks: list[ContentBlock] = list(texts)
+    calls = msg.get("tool_calls")
+    if calls is not None:
+        if role != "assistant":
+            fail(
+                _at(path, "tool_calls"),
+                f"appears in a {role!r} message; only assistant messages call tools",
+            )
+        calls = expect_list(calls, _at(path, "tool_calls"))
+        blocks = [b for b in texts if b.text]  # some clients send "" instead of null
+        blocks.extend(_tool_call(c, _at(path, f"tool_calls[{j}]")) for j, c in enumerate(calls))
+    name = optional_str(msg.get("name"), _at(path, "name"))
+    return Message(role=role, content=tuple(blocks), name=name)
+
+
+#: Fields only an OpenAI Chat Completions message has (a ``Message`` has none of them).
+_OPENAI_FIELDS = ("tool_calls", "tool_call_id", "function_call")
+
+
+def message_from_dict(message: Mapping[str, Any]) -> Message:
+    """A chat message given as a mapping, in either shape a caller may hold:
+
+    - contextfold's own (``Message.model_dump()``): ``role``, ``content`` as text or blocks
+      (an Anthropic assistant's ``tool_use`` blocks read the same), ``name``;
+    - OpenAI Chat Completions: an assistant's ``tool_calls``, a ``tool`` message's
+      ``tool_call_id`` and text, the ``developer`` role; read by ``parse_openai_message``.
+
+    A plain ``{"role", "content"}`` reads the same either way. Raises ``FormatError``, one
+    line naming the malformed field.
+
+    >>> message_from_dict({"role": "tool", "tool_call_id": "c1", "content": "18C"}).role
+    'tool'
+    """
+    role, content = message.get("role"), message.get("content")
+    if (
+        any(key in message for key in _OPENAI_FIELDS)
+        or role in ("developer", "function")
+        or (role == "tool" and not isinstance(content, list | tuple))
+    ):
+        return parse_openai_message(dict(message))
+    try:
+        return Message.model_validate(dict(message))
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"])
+        problem = error["msg"].removeprefix("Value error, ")
+        raise FormatError(f"{where}: {problem}" if where else problem) from None
+
+
+def _at(path: str, key: str) -> str:
+    """The path of ``key`` in the message at ``path`` (``path`` empty: ``key`` alone)."""
+    return f"{path}.{key}" if path else key
 
 
 def _role(value: Any, path: str) -> Role:
@@ -296,13 +352,13 @@ def _content(msg: dict[str, Any], path: str, role: Role) -> list[TextBlock]:
     if content is None:
         if role == "assistant":
             return []  # content may be null when the assistant only calls tools
-        fail(f"{path}.content", f"is missing or null; a {role} message needs text")
+        fail(_at(path, "content"), f"is missing or null; a {role} message needs text")
     if isinstance(content, str):
         return [TextBlock(text=content)]
     if isinstance(content, list):
-        return text_of_parts(content, f"{path}.content")
+        return text_of_parts(content, _at(path, "content"))
     fail(
-        f"{path}.content",
+        _at(path, "content"),
         f"is {type_name(content)}; expected a string, an array of text parts or null",
     )
 
@@ -330,16 +386,16 @@ def _tool_call(raw: Any, path: str) -> ToolUseBlock:
 def _tool_result(msg: dict[str, Any], path: str) -> ToolResultBlock:
     content = msg.get("content")
     if isinstance(content, list):
-        text = "\n".join(b.text for b in text_of_parts(content, f"{path}.content"))
+        text = "\n".join(b.text for b in text_of_parts(content, _at(path, "content")))
     elif isinstance(content, str):
         text = content
     else:
         fail(
-            f"{path}.content",
+            _at(path, "content"),
             f"is {type_name(content)}; a tool message needs a string or an array of text parts",
         )
     return ToolResultBlock(
-        tool_use_id=expect_str(msg.get("tool_call_id"), f"{path}.tool_call_id"),
+        tool_use_id=expect_str(msg.get("tool_call_id"), _at(path, "tool_call_id")),
         content=text,
-        name=optional_str(msg.get("name"), f"{path}.name"),
+        name=optional_str(msg.get("name"), _at(path, "name")),
     )

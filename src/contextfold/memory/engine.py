@@ -30,7 +30,8 @@ from pydantic import BaseModel, ConfigDict
 
 from contextfold import telemetry
 from contextfold._bounded import SessionLRU
-from contextfold.errors import ConfigError
+from contextfold.errors import ConfigError, FormatError
+from contextfold.formats.openai import message_from_dict
 from contextfold.items import ContextItem, Message, QueryBundle
 from contextfold.memory.assemble import Assembler, Held, MemoryBlock, MemoryBudget
 from contextfold.memory.background import Background
@@ -114,12 +115,19 @@ class MemoryStatus(BaseModel):
 
 
 def as_message(value: MessageLike) -> Message:
+    """``value`` as a ``Message``: a mapping in contextfold's own shape or OpenAI's (with
+    ``tool_calls`` / ``tool_call_id``; see ``message_from_dict``)."""
     if isinstance(value, Message):
         return value
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"not a chat message: expected a message object, got {type(value).__name__} "
+            f"{str(value)[:120]!r}"
+        )
     try:
-        return Message.model_validate(dict(value))
-    except Exception as exc:  # pydantic's ValidationError, a non-mapping …
-        raise ConfigError(f"not a chat message: {str(value)[:120]!r} ({exc})") from None
+        return message_from_dict(value)
+    except FormatError as exc:
+        raise ConfigError(f"not a chat message: {exc} (in {str(dict(value))[:120]!r})") from None
 
 
 _STRIPES = 256

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from contextfold.errors import ConfigError
-from contextfold.items import ContextItem, QueryBundle, SourceType
+from contextfold.items import ContextItem, QueryBundle, SourceType, valid_text
 from contextfold.retrieval.base import Chunk, Chunker, Embedder, SearchHit, chunk_id, content_hash
 from contextfold.retrieval.dense import NumpyVectorIndex, USearchVectorIndex, VectorIndex
 from contextfold.retrieval.floor import RelevanceFloor, resolve_floor
@@ -327,6 +327,7 @@ class DocumentIndex:
         for n, (text, metadata) in enumerate(documents):
             if not isinstance(text, str) or not text.strip():
                 raise ConfigError(f"document {n} is empty; nothing to index")
+            text = valid_text(text)  # (a lone surrogate cannot be hashed or stored)
             digest = content_hash(text)
             given = doc_ids[n] if doc_ids is not None and n < len(doc_ids) else None
             if digest not in seen:

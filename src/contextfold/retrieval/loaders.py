@@ -31,6 +31,7 @@ from types import ModuleType
 from typing import Any
 
 from contextfold.errors import ConfigError, DocumentError
+from contextfold.items import valid_text
 
 __all__ = [
     "SUFFIXES",
@@ -59,11 +60,21 @@ _TEXT_FIELDS = ("text", "content", "body")
 
 @dataclass(frozen=True)
 class LoadedDocument:
-    """One document read from a file: its text, where it came from, its metadata."""
+    """One document read from a file: its text, where it came from, its metadata. Its text
+    and string metadata are made ``valid_text`` (a lone surrogate from a JSON ``"\\ud83d"``
+    becomes U+FFFD), so storing and embedding it never fails to encode."""
 
     text: str
     source: str
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "text", valid_text(self.text))
+        metadata = {
+            valid_text(k): valid_text(v) if isinstance(v, str) else v
+            for k, v in self.metadata.items()
+        }
+        object.__setattr__(self, "metadata", metadata)
 
 
 def iter_files(paths: Sequence[str | Path]) -> list[Path]:
