@@ -373,22 +373,6 @@ class MemoryConfig(_Section):
             raise ValueError(f"{' and '.join(wants)} need an `llm:` section (provider, model)")
         return self
 
-    @model_validator(mode="after")
-    def _budgets_fit_the_window(self) -> MemoryConfig:
-        # Only budgets set in the config: a default larger than a small window set alone
-        # (``chat --context-window 512``) is the caller's to pass per request.
-        for name, section, field in (
-            ("assembly.memory_budget", self.assembly, "memory_budget"),
-            ("paging.budget", self.paging, "budget"),
-        ):
-            value = getattr(section, field)
-            if field in section.model_fields_set and value > self.context_window:
-                raise ValueError(
-                    f"{name} ({value:,} tokens) is larger than context_window "
-                    f"({self.context_window:,}): memory would not fit the model's window"
-                )
-        return self
-
 
 def _describe(error: ValidationError) -> str:
     lines = []
