@@ -664,6 +664,34 @@ def test_a_markdown_import_that_fails_part_way_removes_the_store_it_made(tmp_pat
     assert there.is_file()
 
 
+@pytest.mark.integration
+def test_a_segment_without_seqs_imports(tmp_path: Path) -> None:
+    """A segment whose front-matter lists no source turns (``seqs: []``, which the reader
+    takes) is checked by its last turn alone: no TypeError traceback."""
+    source = tmp_path / "src.db"
+    _filled(source).close()
+    out = tmp_path / "export"
+    assert invoke("memory", "export", out, "--store", source, "--no-progress").exit_code == 0
+    segments = sorted(out.glob("*/segments/*.md"))
+    assert segments, "the filled store has a compacted session"
+    data, body = _read(segments[0])
+    _write(segments[0], {**data, "seqs": []}, body)
+    result = invoke("memory", "import", out, "--store", tmp_path / "copy.db", "--no-progress")
+    assert result.exit_code == 0, result.output
+
+
+def test_a_failed_import_leaves_a_link_at_the_store_path_alone(tmp_path: Path) -> None:
+    """A dangling symlink at ``--store`` is the user's: an import that fails part-way removes
+    only what it made itself, never the link."""
+    from contextfold.cli.memory_files import _removed_on_failure
+
+    link = tmp_path / "link.db"
+    link.symlink_to(tmp_path / "target" / "real.db")
+    with pytest.raises(RuntimeError), _removed_on_failure(str(link)):
+        raise RuntimeError("failed part-way")
+    assert link.is_symlink()
+
+
 def _foreign(path: Path) -> None:
     sqlite3.connect(path).execute("create table invoices(id int)").connection.close()
 

@@ -12,6 +12,7 @@ database); an SQLite file it made is removed again when it fails part-way.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -91,7 +92,7 @@ def _removed_on_failure(location: str) -> Iterator[None]:
     from contextfold.store import is_database_url
 
     path = Path(location)
-    if is_database_url(location) or path.exists():
+    if is_database_url(location) or os.path.lexists(path):  # (a link, even dangling, is theirs)
         yield
         return
     made = [path.parent]  # the folders opening the store would make, innermost first

@@ -387,7 +387,7 @@ def _check_complete(
         (record.compaction_watermark - 1, "as compacted (compaction_watermark)"),
         (record.fork_seq or 0, "from its parent (fork_seq)"),
         *(
-            (max(seg.last_seq, *seg.seqs), f"in segment {number:04d}")
+            (max([seg.last_seq, *seg.seqs]), f"in segment {number:04d}")
             for number, seg in enumerate(segments, start=1)
         ),
     ]
