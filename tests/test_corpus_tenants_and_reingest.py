@@ -175,8 +175,8 @@ def test_a_file_with_many_documents_keeps_the_unchanged_ones(tmp_path: Path) -> 
 
 
 def test_text_another_file_shares_survives_the_first_file_changing(tmp_path: Path) -> None:
-    """The same text in two files is stored once, under the first; when that file changes,
-    the text stays, now under the file that still holds it."""
+    """The same text in two files is stored once; when the first file changes, in the same
+    run or a later one given only that file, the text stays: the other file still holds it."""
     folder = tmp_path / "dup"
     folder.mkdir()
     (folder / "b.txt").write_text("Shared text about visas.\n")
@@ -185,12 +185,27 @@ def test_text_another_file_shares_survives_the_first_file_changing(tmp_path: Pat
     ingest(db, str(folder))
     (folder / "b.txt").write_text("Visa fees are reimbursed.\n")
     ingest(db, str(folder))
-    hits = search(db, "shared visas text", "-k", "10")
-    by_text = {h["text"]: h["metadata"]["source"] for h in hits}
-    assert by_text == {
-        "Shared text about visas.": "c.txt",
-        "Visa fees are reimbursed.": "b.txt",
-    }
+    texts = sorted(h["text"] for h in search(db, "shared visas text fees", "-k", "10"))
+    assert texts == ["Shared text about visas.", "Visa fees are reimbursed."]
+    (folder / "c.txt").write_text("Visas take ten days.\n")  # now no file holds it
+    ingest(db, str(folder))
+    texts = sorted(h["text"] for h in search(db, "shared visas text fees days", "-k", "10"))
+    assert texts == ["Visa fees are reimbursed.", "Visas take ten days."]
+
+
+def test_a_file_changed_alone_keeps_the_text_another_file_holds(tmp_path: Path) -> None:
+    """A cold review's case: a.txt and b.txt hold one text; a.txt is edited and ingested by
+    itself in a later run. b.txt's text (never a document of its own) must stay."""
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "a.txt").write_text("The refund window is thirty days.\n")
+    (folder / "b.txt").write_text("The refund window is thirty days.\n")
+    db = tmp_path / "docs.db"
+    ingest(db, str(folder))
+    (folder / "a.txt").write_text("The refund window is sixty days now.\n")
+    ingest(db, str(folder / "a.txt"))
+    texts = sorted(h["text"] for h in search(db, "refund window days", "-k", "10"))
+    assert texts == ["The refund window is sixty days now.", "The refund window is thirty days."]
 
 
 def test_replacement_is_one_transaction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -229,21 +244,19 @@ def test_the_same_file_given_another_way_is_still_the_same_file(tmp_path: Path) 
     assert hit["metadata"]["ingested_from"] == str(paris.resolve())
 
 
-def test_a_document_stored_before_paths_were_kept_is_replaced_by_name(tmp_path: Path) -> None:
-    """A corpus written before this change has the bare name as source and no path: a changed
-    top-level file replaces it, an unchanged one leaves it alone."""
+def test_documents_stored_before_paths_were_kept_are_left_alone(tmp_path: Path) -> None:
+    """A corpus written before paths were kept names a source by its bare name only, which
+    several folders' files may share (x/policy.txt, y/policy.txt): nothing tells which file
+    stored it, so a changed file adds its new version and removes none of them."""
     db = tmp_path / "docs.db"
     old = DocumentIndex(db, embedder=False)
-    for name, text in [("paris.txt", "Paris cap EUR 180."), ("rome.txt", "Rome cap EUR 150.")]:
-        old.add_documents([(text, {"source": name, "format": "txt"})], source=name)
+    for text in ("Parking at X is EUR 5.", "Parking at Y is free."):
+        old.add_documents([(text, {"source": "policy.txt", "format": "txt"})], source="policy.txt")
     old.save()
     old.store.close()
-    folder = tmp_path / "legacy"
-    folder.mkdir()
-    (folder / "paris.txt").write_text("Paris cap EUR 250.")
-    (folder / "rome.txt").write_text("Rome cap EUR 150.")
-    result = ingest(db, str(folder))
-    assert "ingested 1 new document(s)" in result.stdout
-    assert "skipped 1 already stored, replaced 1 earlier version(s)" in result.stdout
-    texts = sorted(h["text"] for h in search(db, "cap EUR Paris Rome", "-k", "10"))
-    assert texts == ["Paris cap EUR 250.", "Rome cap EUR 150."]
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "policy.txt").write_text("Parking at X is EUR 7.")
+    result = ingest(db, str(tmp_path / "x" / "policy.txt"))
+    assert "replaced" not in result.stdout
+    texts = sorted(h["text"] for h in search(db, "parking free EUR", "-k", "10"))
+    assert texts == ["Parking at X is EUR 5.", "Parking at X is EUR 7.", "Parking at Y is free."]

@@ -13,9 +13,9 @@ for a file at its top or given by itself) and remembers the file's absolute path
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -116,33 +116,38 @@ def _named_files(paths: Sequence[str]) -> dict[Path, str]:
     return named
 
 
-@dataclass
-class _Shared:
-    """A document skipped because the same text was already stored for another file: added
-    again under its own file if that other file's version goes."""
+def _claim(origin: str, digest: str) -> str:
+    """The id under which the file ``origin`` names a text stored first for another file
+    (``f``, 15 hex digits of the path, 16 of the text): a document goes only with its last id,
+    so the text stays while any file still names it."""
+    return f"f{hashlib.sha256(origin.encode()).hexdigest()[:15]}{digest[:16]}"
 
-    text: str
-    metadata: dict[str, Any]
-    name: str
-    chunker: Chunker
+
+def _primary(tenant: str, record: DocumentRecord) -> bool:
+    """Whether ``record`` is listed under the id its text was first stored with (the index's
+    content-derived id), not under a file's claim on it (``_claim``)."""
+    return record.id == content_hash(f"{tenant}\x1f{record.content_hash}")[:20]
 
 
 class _Replacer:
     """What each file stored before in one tenant (by its absolute path), so ingesting the file
-    again replaces it: documents whose text the file no longer holds are removed in the
-    transaction that stores the new ones."""
+    again replaces it: in the transaction that stores the new documents, the ids the file held
+    and no longer needs are removed. A text stored once for two files is named by both (the
+    first's id and the other's claim), and a document goes only with its last id: one file
+    changing never removes text another still holds. Documents stored before paths were kept
+    have no path and are left as they are."""
 
     def __init__(self, index: DocumentIndex, tenant: str) -> None:
         self.index, self.tenant = index, tenant
-        self.by_file: dict[str, list[DocumentRecord]] = {}
-        self.legacy: dict[str, list[DocumentRecord]] = {}  # stored before paths were kept
+        self.by_file: dict[str, list[DocumentRecord]] = {}  # path -> its documents' ids
+        self.claims: dict[str, list[DocumentRecord]] = {}  # path digest -> its claims
         for record in index.store.documents(tenant):
             origin = record.metadata.get(FROM)
-            if isinstance(origin, str):
-                self.by_file.setdefault(origin, []).append(record)
-            elif record.source:
-                self.legacy.setdefault(record.source, []).append(record)
-        self.shared: dict[str, _Shared] = {}  # content hash -> the other file's document
+            if _primary(tenant, record):
+                if isinstance(origin, str):
+                    self.by_file.setdefault(origin, []).append(record)
+            elif record.id.startswith("f") and len(record.id) == 32:
+                self.claims.setdefault(record.id[1:16], []).append(record)
         self.replaced = 0
 
     def store(
@@ -152,10 +157,12 @@ class _Replacer:
         docs: list[tuple[str, dict[str, Any]]],
         chunker: Chunker,
     ) -> list[tuple[bool, int]]:
-        """Store ``docs`` (one file's documents) and remove what the file held before and
-        holds no longer, in one transaction; ``(added, chunks)`` per document."""
+        """Store ``docs`` (one file's documents) and remove the ids the file held before and
+        needs no longer, in one transaction; ``(added, chunks)`` per document."""
         origin = str(path.resolve())
         before = self.by_file.pop(origin, [])
+        before += self.claims.pop(_claim(origin, "")[1:16], [])
+        own = {r.id for r in before}
         digests = [content_hash(text) for text, _ in docs]
         with self.index.store.atomic():
             results = self.index.add_documents(
@@ -164,27 +171,24 @@ class _Replacer:
                 source=name,
                 chunker=chunker,
             )
-            if any(r.added for r in results):  # changed: a stored-before-paths version goes too
-                before += self.legacy.pop(name, [])
-            own = {r.id for r in before}
+            needed: set[str] = set()
             for (text, meta), digest, result in zip(docs, digests, results, strict=True):
-                if not result.added and result.doc_id not in own:
-                    self.shared.setdefault(
-                        digest, _Shared(text, {**meta, FROM: origin}, name, chunker)
-                    )
-            keep = set(digests)
-            for record in before:
-                if record.content_hash in keep:
+                if result.added or result.doc_id in own:
+                    needed.add(result.doc_id)
                     continue
-                self.replaced += self.index.remove_document(record.id)
-                other = self.shared.pop(record.content_hash, None)
-                if other is not None:  # another file of this run holds the same text
+                claim = _claim(origin, digest)  # stored for another file: this one names it too
+                needed.add(claim)
+                if claim not in own:
                     self.index.add_documents(
-                        [(other.text, other.metadata)],
+                        [(text, {**meta, FROM: origin})],
                         tenant=self.tenant,
-                        source=other.name,
-                        chunker=other.chunker,
+                        doc_ids=[claim],
+                        source=name,
+                        chunker=chunker,
                     )
+            for record in before:
+                if record.id not in needed:
+                    self.replaced += self.index.remove_document(record.id)
         return [(r.added, len(r.chunk_ids)) for r in results]
 
 
