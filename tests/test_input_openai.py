@@ -181,6 +181,30 @@ def test_compact_reads_a_tool_call_turn_without_content(config: Path, tmp_path: 
 
 
 @pytest.mark.parametrize(
+    "call",
+    [
+        {"function_call": {"name": "w", "arguments": "{}"}},  # OpenAI's legacy form
+        {"tool_calls": [{"id": "c9", "type": "custom", "custom": {"name": "w", "input": "x"}}]},
+        {"tool_calls": [{**CALL, "function": {"name": "w", "arguments": '{"city": "Par'}}]},
+    ],
+    ids=["function_call", "custom", "arguments cut off"],
+)
+def test_compact_reads_a_tool_call_it_cannot_parse_as_the_text_beside_it(
+    config: Path, tmp_path: Path, call: dict[str, Any]
+) -> None:
+    """Files such messages loaded from before tool calls were read (the text kept, the call
+    left out) still load the same way."""
+    turn = {"role": "assistant", "content": "Let me check.", **call}
+    path = write(tmp_path, [OPENAI[0], turn])
+    result = invoke("memory", "compact", "-i", path, "-c", config)
+    assert result.exit_code == 0, result.output
+    assert [(m.role, m.text()) for m in stored_in(config)] == [
+        ("user", "Weather in Paris?"),
+        ("assistant", "Let me check."),
+    ]
+
+
+@pytest.mark.parametrize(
     ("message", "error"),
     [
         ({"role": "tool", "content": "18C"}, "tool_call_id is null; expected a string"),

@@ -168,8 +168,25 @@ def read_messages(source: str) -> list[Message]:
         try:
             messages.append(message_from_dict(fields))
         except FormatError as exc:
-            raise InputError(f"{name}: message {number}: {exc}") from None
+            plain = _as_text(fields)
+            if plain is None:
+                raise InputError(f"{name}: message {number}: {exc}") from None
+            messages.append(plain)
     return messages
+
+
+def _as_text(fields: dict[str, Any]) -> Message | None:
+    """A message with a text content whose tool call the parser does not read (OpenAI's
+    legacy ``function_call``, a ``custom`` tool call, arguments cut off mid-JSON), read as its
+    text alone, as such a file always was; ``None`` for any other message."""
+    if fields.get("role") == "tool" or not isinstance(fields.get("content"), str):
+        return None
+    if not {"tool_calls", "function_call"} & set(fields):
+        return None
+    try:
+        return message_from_dict({k: fields[k] for k in ("role", "content", "name") if k in fields})
+    except FormatError:
+        return None
 
 
 def echo_json(data: object) -> None:
