@@ -752,6 +752,23 @@ def test_markdown_export_only_reads_a_postgres_store(tmp_path: Path, postgres_ur
     assert _pg_tables(postgres_url) == []
 
 
+def test_a_postgres_store_in_its_own_schema_is_found_by_the_read_only_check(
+    tmp_path: Path, postgres_url: str
+) -> None:
+    """The store URL's own ``options`` (a ``search_path``) are kept by the read-only check,
+    which adds its own beside them: the store in that schema is found."""
+    import psycopg
+
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA mine")
+    sep = "&" if "?" in postgres_url else "?"
+    url = f"{postgres_url}{sep}options=-csearch_path%3Dmine"
+    open_memory_store(url, counter=CharCounter()).close()  # the store's tables, in "mine"
+    assert _pg_tables(postgres_url) == []  # (none in public)
+    result = invoke("memory", "export", tmp_path / "out", "--store", url)
+    assert result.exit_code == 0, result.output
+
+
 _ids = st.text(
     st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=8
 )

@@ -90,12 +90,16 @@ def _postgres_migrations(location: str, what: str, schema: str) -> set[str]:
         raise InputError(
             "a postgresql:// store needs psycopg: pip install 'contextfold[postgres]'"
         ) from None
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
     try:
+        # Read-only beside the URL's own options (a search_path), which a keyword would replace.
+        given = conninfo_to_dict(location).get("options") or ""
+        read_only = f"{given} -c default_transaction_read_only=on".strip()
         with psycopg.connect(
-            location,
+            make_conninfo(location, options=read_only),
             autocommit=True,
             connect_timeout=30,
-            options="-c default_transaction_read_only=on",
         ) as conn:
             row = conn.execute("SELECT to_regclass('schema_migrations')").fetchone()
             if row is None or row[0] is None:
