@@ -407,3 +407,34 @@ def test_many_searches_score_each_query_from_one_snapshot(
     assert many in (before, after)
     a.close()
     b.close()
+
+
+@pytest.mark.parametrize("where", [":memory:", "file"])
+def test_close_waits_for_a_write_in_flight_on_another_thread(where: str, tmp_path: Path) -> None:
+    """Closing the store while another thread is inside a write transaction (a dashboard
+    record flush beside a server or a test that closes its store) waits for the write: a
+    connection closed under a thread inside SQLite is freed under it (CI saw a segfault)."""
+    import threading
+    import time
+
+    from contextfold.store.sqlite.memory_db import MemoryDb
+
+    db = MemoryDb(where if where == ":memory:" else str(tmp_path / "m.db"))
+    inside, errors = threading.Event(), []
+
+    def write() -> None:
+        try:
+            with db.tx() as conn:
+                conn.execute("CREATE TABLE t (x INTEGER)")
+                inside.set()
+                time.sleep(0.3)  # the close comes now
+                conn.execute("INSERT INTO t VALUES (1)")
+        except Exception as exc:
+            errors.append(exc)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    assert inside.wait(10)
+    db.close()
+    writer.join(10)
+    assert errors == []

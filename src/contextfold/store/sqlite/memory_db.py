@@ -69,7 +69,10 @@ class MemoryDb:
             yield conn
 
     def close(self) -> None:
-        with self._guard:
+        """Close every connection, once no write of another thread is in flight: a connection
+        closed while a thread is inside SQLite on it is freed under that thread (CI saw a
+        segfault: a dashboard record flush beside a test closing its in-memory store)."""
+        with self._writer, self._guard:
             for conn in self._connections:
                 conn.close()
             self._connections.clear()
