@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+import numpy.typing as npt
 import pytest
 from typer.testing import CliRunner, Result
 
@@ -260,3 +263,53 @@ def test_documents_stored_before_paths_were_kept_are_left_alone(tmp_path: Path) 
     assert "replaced" not in result.stdout
     texts = sorted(h["text"] for h in search(db, "parking free EUR", "-k", "10"))
     assert texts == ["Parking at X is EUR 5.", "Parking at X is EUR 7.", "Parking at Y is free."]
+
+
+def test_ingest_embeds_outside_the_write_transaction(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file's chunks are embedded before its transaction opens: another writer of the same
+    corpus (a second ingest, a server) is not locked out while a large file embeds (with the
+    write lock held, one of a few thousand chunks kept it for minutes, past SQLite's 5 s busy
+    timeout: "database is locked")."""
+    from contextfold.cli import corpus
+
+    db = tmp_path / "docs.db"
+    DocumentIndex(db, embedder=False).store.close()  # the schema, before the probe looks
+    locked: list[bool] = []
+
+    class ProbingEmbedder:
+        """Tries to take the database's write lock (not waiting) while it embeds."""
+
+        name = "probe"
+        dim = 4
+
+        def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+            other = sqlite3.connect(db, timeout=0, isolation_level=None)
+            try:
+                other.execute("BEGIN IMMEDIATE")
+                other.execute("ROLLBACK")
+                locked.append(False)
+            except sqlite3.OperationalError:
+                locked.append(True)
+            finally:
+                other.close()
+            return np.ones((len(texts), self.dim), dtype=np.float32) / 2
+
+    monkeypatch.setattr(
+        corpus, "open_index", lambda db, **_: DocumentIndex(db, embedder=ProbingEmbedder())
+    )
+    folder = tmp_path / "big"
+    folder.mkdir()
+    (folder / "a.txt").write_text("Hotels in Paris cost EUR 180. " * 300)
+    (folder / "b.txt").write_text("Taxis in Rome need receipts. " * 20)
+    result = invoke("ingest", str(folder), "--db", str(db))
+    assert result.exit_code == 0, result.output
+    assert locked and not any(locked), f"write lock held while embedding: {locked}"
+    (folder / "b.txt").write_text("Taxis in Rome need receipts now. " * 20)
+    result = invoke("ingest", str(folder), "--db", str(db))  # a replacement too
+    assert result.exit_code == 0, result.output
+    assert not any(locked), f"write lock held while embedding: {locked}"
+    assert [h["text"][:30] for h in search(db, "taxis Rome receipts", "-k", "1")] == [
+        "Taxis in Rome need receipts no"
+    ]

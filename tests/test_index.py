@@ -231,3 +231,29 @@ def test_chunks_stored_without_vectors_are_embedded_when_dense_search_needs_them
     hit = dense.search("London hotel", k=1, mode="dense")[0]
     assert hit.match_source == "vector" and "London" in hit.text
     assert dense.store.chunks_without_vectors(HashEmbedder().name) == []
+
+
+def test_embedded_ahead_stores_the_vectors_the_plain_path_stores() -> None:
+    """``embedded_ahead`` embeds a text's chunks before the block, and ``add_documents``
+    inside it embeds none of them again; the vectors stored are those embedded inline."""
+    texts = [DOCS["hotels"], DOCS["flights"] + "\n\n" + DOCS["hotels"]]
+    plain = DocumentIndex(embedder=HashEmbedder(), chunker=ParagraphChunker())
+    plain.add_documents([(t, None) for t in texts])
+    calls: list[list[str]] = []
+
+    class Counting(HashEmbedder):
+        def embed(self, texts: Any) -> Any:
+            calls.append(list(texts))
+            return super().embed(texts)
+
+    ahead = DocumentIndex(embedder=Counting(), chunker=ParagraphChunker())
+    with ahead.embedded_ahead(texts):
+        before = len(calls)
+        ahead.add_documents([(t, None) for t in texts])
+        assert len(calls) == before, "embedded again inside the block"
+    assert not ahead._ahead, "vectors kept after the block"
+    query = DOCS["flights"]
+    assert [(h.id, round(h.score, 6)) for h in plain.search(query, mode="dense")] == [
+        (h.id, round(h.score, 6)) for h in ahead.search(query, mode="dense")
+    ]
+    assert calls[0] == [DOCS["hotels"], DOCS["flights"]]  # each chunk text once

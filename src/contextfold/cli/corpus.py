@@ -27,7 +27,7 @@ from rich.table import Table
 from contextfold.cli.common import InputError, cli_errors
 from contextfold.errors import DocumentError
 from contextfold.retrieval.base import content_hash
-from contextfold.retrieval.index import DocumentIndex, SearchMode
+from contextfold.retrieval.index import DocumentIndex, SearchMode, document_id
 from contextfold.store import is_database_url
 from contextfold.store.sqlite import home_dir
 
@@ -126,7 +126,7 @@ def _claim(origin: str, digest: str) -> str:
 def _primary(tenant: str, record: DocumentRecord) -> bool:
     """Whether ``record`` is listed under the id its text was first stored with (the index's
     content-derived id), not under a file's claim on it (``_claim``)."""
-    return record.id == content_hash(f"{tenant}\x1f{record.content_hash}")[:20]
+    return record.id == document_id(tenant, record.content_hash)
 
 
 class _Replacer:
@@ -164,7 +164,9 @@ class _Replacer:
         before += self.claims.pop(_claim(origin, "")[1:16], [])
         own = {r.id for r in before}
         digests = [content_hash(text) for text, _ in docs]
-        with self.index.store.atomic():
+        # embedded first: the transaction holds the database's write lock, for short
+        ahead = self.index.embedded_ahead([t for t, _ in docs], tenant=self.tenant, chunker=chunker)
+        with ahead, self.index.store.atomic():
             results = self.index.add_documents(
                 [(text, {**meta, FROM: origin}) for text, meta in docs],
                 tenant=self.tenant,

@@ -22,7 +22,8 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -41,13 +42,20 @@ from contextfold.store.document_models import DocumentRecord
 from contextfold.store.document_models import now as _now
 
 if TYPE_CHECKING:
+    import numpy.typing as npt
+
     from contextfold.store.protocols import DocumentStorage
     from contextfold.tokens import TokenCounter
 
-__all__ = ["AddResult", "DocumentIndex", "SearchMode", "hits_to_items"]
+__all__ = ["AddResult", "DocumentIndex", "SearchMode", "document_id", "hits_to_items"]
 
 SearchMode = Literal["bm25", "dense", "hybrid"]
 _MODES = ("bm25", "dense", "hybrid")
+
+
+def document_id(tenant: str, digest: str) -> str:
+    """The id a document gets when none is given: from its tenant and its text's hash."""
+    return content_hash(f"{tenant}\x1f{digest}")[:20]
 
 
 @dataclass(frozen=True)
@@ -163,6 +171,7 @@ class DocumentIndex:
         self.rrf_k, self.weights, self.fetch_k = rrf_k, dict(weights or {}), fetch_k
         self._vector_kind = vector_index
         self._lock = threading.RLock()
+        self._ahead: dict[str, npt.NDArray[np.float32]] = {}  # chunk text -> its vector
         self._bm25 = bm25 if bm25 is not None else BM25Index()
         self._bm25_params = {
             "k1": self._bm25.k1,
@@ -352,7 +361,7 @@ class DocumentIndex:
                 names.append(given)
                 continue
             record = DocumentRecord(
-                id=given or content_hash(f"{tenant}\x1f{digest}")[:20],
+                id=given or document_id(tenant, digest),
                 tenant=tenant,
                 content_hash=digest,
                 source=source if source is not None else (metadata or {}).get("source"),
@@ -370,6 +379,60 @@ class DocumentIndex:
                 pending, aliases, pending_chunks = [], [], 0
         self._flush(pending, progress, aliases)
         return results
+
+    @contextmanager
+    def embedded_ahead(
+        self,
+        texts: Sequence[str],
+        *,
+        tenant: str = "default",
+        chunker: Chunker | None = None,
+        batch_size: int = 256,
+    ) -> Iterator[None]:
+        """Embed the chunks of those ``texts`` not stored yet in ``tenant`` now, so that
+        ``add_documents`` inside the block takes their vectors instead of embedding: the
+        block can then hold a write transaction (``store.atomic()``) without holding the
+        database's write lock while a large document embeds (minutes for a few thousand
+        chunks, where another writer waits 5 s at most). Split with the ``chunker`` the block
+        passes to ``add_documents``."""
+        embedder = self.embedder
+        if embedder is None:
+            yield
+            return
+        self._ensure_loaded()
+        chunks: list[str] = []
+        for text in texts:
+            text = valid_text(text)
+            digest = content_hash(text)
+            if not text.strip() or self.store.find(tenant, digest) is not None:
+                continue
+            record = DocumentRecord(
+                id=document_id(tenant, digest),
+                tenant=tenant,
+                content_hash=digest,
+                source=None,
+                text=text,
+                metadata={},
+                created_at=_now(),
+            )
+            chunks += [c.text for c in self._chunks(record, chunker, split=True)]
+        wanted = [c for c in dict.fromkeys(chunks) if c not in self._ahead]
+        for start in range(0, len(wanted), batch_size):
+            batch = wanted[start : start + batch_size]
+            self._ahead.update(zip(batch, embedder.embed(batch), strict=True))
+        try:
+            yield
+        finally:
+            for chunk in wanted:
+                self._ahead.pop(chunk, None)
+
+    def _embed(self, embedder: Embedder, texts: list[str]) -> npt.NDArray[np.float32]:
+        """The vectors of ``texts``: those ``embedded_ahead`` holds, the rest embedded now."""
+        if not self._ahead:
+            return embedder.embed(texts)
+        missing = [t for t in dict.fromkeys(texts) if t not in self._ahead]
+        fresh = dict(zip(missing, embedder.embed(missing), strict=True)) if missing else {}
+        return np.stack([fresh[t] if t in fresh else self._ahead[t] for t in texts])
 
     def _chunks(
         self, record: DocumentRecord, chunker: Chunker | None, *, split: bool
@@ -408,7 +471,7 @@ class DocumentIndex:
             return
         embedder = self.embedder
         texts = [c.text for p in pending for c in p.chunks]
-        vectors = embedder.embed(texts) if embedder is not None else None
+        vectors = self._embed(embedder, texts) if embedder is not None else None
         with self._lock:
             self._attach_texts()
             batch = []
