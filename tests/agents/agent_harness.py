@@ -42,6 +42,8 @@ PINS = Path(__file__).with_name("versions.txt")
 MARKER = "contextfold:session"
 FIXED_DATE = "2026-01-01T00:00:00+00:00"
 RUN_TIMEOUT_S = 120
+#: how long a run waits after its client exits for the proxy to write the last records
+RECORD_WAIT_S = 10
 
 
 # -- installed clients ---------------------------------------------------------------------
@@ -379,6 +381,7 @@ class Client:
         records: list[list[dict[str, Any]]] = []
         rcs, outs, errs, seconds = [], [], [], []
         for inv in invocations:
+            inv_first_request = len(upstream.requests)
             start = time.monotonic()
             done = subprocess.run(
                 self.command(ws, inv, base_url),
@@ -395,7 +398,17 @@ class Client:
             outs.append(done.stdout)
             errs.append(done.stderr)
             if proxy is not None:
+                # The proxy writes a request's record after the reply has gone out, so the
+                # client can exit before the last one exists: wait (a while) for as many
+                # records as the invocation made conversation requests.
+                made = sum(
+                    r.answer.startswith("step") for r in upstream.requests[inv_first_request:]
+                )
                 new = [r for r in proxy.records() if r.get("id") not in seen]
+                deadline = time.monotonic() + RECORD_WAIT_S
+                while len(new) < made and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    new = [r for r in proxy.records() if r.get("id") not in seen]
                 seen |= {r.get("id") for r in new}
                 records.append(new)
         files, commits, texts = snapshot(ws)
