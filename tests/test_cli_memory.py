@@ -363,6 +363,7 @@ def test_cost_report_of_an_empty_session(fresh: Path) -> None:
         "by_kind": {},
     }
     assert_error(invoke("cost-report", "--all", "-s", "x", "-c", fresh), "not both")
+    assert not (fresh.parent / "memory.db").exists(), "a report created the store it read"
 
 
 def test_only_commands_that_call_the_llm_need_its_key(

@@ -294,12 +294,23 @@ def cost_report_command(
     Calls, tokens and dollars of tagging, summaries and chat replies, from the store's cost
     log. Prices come from the `llm:` section (prompt_price_per_million,
     completion_price_per_million)."""
+    from contextfold.cli.memory_files import store_location
+    from contextfold.store import is_database_url
+    from contextfold.store.models import CostReport
+
     with cli_errors():
         if all_sessions and session is not None:
             raise InputError("pass --session ID or --all, not both")
         sid = session or "default"
-        with open_engine(config, sid) as engine:
-            report = engine.cost_report(session_id=sid, all_sessions=all_sessions)
+        location = store_location(config, None)
+        if not is_database_url(location) and not Path(location).exists() and location != ":memory:":
+            # no store yet: nothing was logged (and a report creates none)
+            report = CostReport(
+                calls=0, prompt_tokens=0, completion_tokens=0, cost_usd=0.0, by_kind={}
+            )
+        else:
+            with open_engine(config, sid) as engine:
+                report = engine.cost_report(session_id=sid, all_sessions=all_sessions)
     if json_out:
         echo_json(report.model_dump())
         return
