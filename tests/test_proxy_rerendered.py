@@ -26,10 +26,11 @@ import pytest
 from contextfold.memory.engine import MemoryEngine
 from contextfold.server.config import ProxySettings, ServerConfig
 from contextfold.server.proxy.session import SESSION_HEADER
-from fake_llm import FakeLLMServer
+from fake_llm import FakeLLMServer, ModelTurn, ToolCall
 from proxy_support import Served, serve
 
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {}}}]
+TOOLS_ANT = [{"name": "Edit", "input_schema": {"type": "object"}}]
 SYSTEM = {"role": "system", "content": "Act as an expert software developer."}
 OPENING = [  # what the client sends before the first request of every conversation
     SYSTEM,
@@ -190,3 +191,68 @@ def test_a_client_that_rewrites_each_reply_stores_only_what_is_new(
         assert engine.store.session(latest).parent_id == sessions[-1]
         texts = [t.message.text() for t in engine.store.turns(latest)]
         assert texts[:-1] == [m["content"] for m in history[1:]]  # each message once, in order
+
+
+def test_a_tool_call_resent_with_its_defaults_filled_in_continues_in_place(
+    fake_llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    """Claude Code resends its Edit calls with the tool's defaults filled in
+    (``"replace_all": false`` added to the input the model sent): the same call (its id and
+    name), re-rendered. The conversation continues in place; it was forked from the reply
+    before, copying the whole history into a new session at every edit."""
+    edit = {"file_path": "hello.py", "old_string": 'print("hello")', "new_string": "hi"}
+
+    def reply(body: dict[str, Any]) -> str | ModelTurn:
+        last = body["messages"][-1]["content"]
+        if isinstance(last, str) and "edit" in last:
+            return ModelTurn(tool_calls=(ToolCall("Edit", edit, id="toolu_01"),))
+        return "Done."
+
+    fake_llm.reply = reply
+    settings = ProxySettings(upstream=fake_llm.url, markers=False)
+    headers = {"x-api-key": "sk-ant", "anthropic-version": "2023-06-01"}
+    with (
+        MemoryEngine(store=tmp_path / "m.db", embedder=None) as engine,
+        serve(ServerConfig(port=0, proxy=settings), engine) as served,
+    ):
+
+        def post(messages: list[dict[str, Any]]) -> str:
+            response = httpx.post(
+                f"{served.url}/v1/messages",
+                json={"model": "m", "max_tokens": 64, "messages": messages, "tools": TOOLS_ANT},
+                headers=headers,
+                timeout=30,
+            )
+            response.raise_for_status()
+            served.drain()
+            return str(response.headers[SESSION_HEADER]).split(".")[0]
+
+        history: list[dict[str, Any]] = [user("Please edit hello.py.")]
+        first = post(history)
+        call = {"type": "tool_use", "id": "toolu_01", "name": "Edit"}
+        history += [
+            {"role": "assistant", "content": [{**call, "input": {**edit, "replace_all": False}}]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": "ok"}],
+            },
+        ]
+        assert post(history) == first
+        assert served.events.recent()[-1].extra["session_source"] == "history"
+        assert len(engine.store.sessions()) == 1
+        assert engine.store.last_seq(first) == 4  # the request, the call, its result, "Done."
+        # a call resent with an option set (true) is another call: a new branch from the
+        # reply before it
+        history += [{"role": "assistant", "content": "Done."}, user("Now edit it again.")]
+        assert post(history) == first
+        assert engine.store.last_seq(first) == 6
+        history += [
+            {"role": "assistant", "content": [{**call, "input": {**edit, "replace_all": True}}]},
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": "toolu_01", "content": "ok"}],
+            },
+        ]
+        forked = post(history)
+        assert forked != first
+        assert engine.store.session(forked).parent_id == first

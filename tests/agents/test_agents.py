@@ -165,7 +165,7 @@ def test_proxy_understood_every_request(agent_runs: AgentRuns, client_id: str) -
 def test_resumed_session_continues(agent_runs: AgentRuns, client_id: str) -> None:
     """The task's second invocation resumes the first session (``claude --continue``,
     ``codex exec resume --last``, ``aider --restore-chat-history``): the proxy continues the
-    stored conversation instead of starting a new one."""
+    stored conversation instead of starting a new one, in place: one session for both."""
     proxied = agent_runs.pair(client_id).proxied
     assert len(proxied.records) == 2 and all(proxied.records), (
         f"records per invocation: {[len(b) for b in proxied.records]} (no memory route?)"
@@ -190,6 +190,13 @@ def test_resumed_session_continues(agent_runs: AgentRuns, client_id: str) -> Non
     ]
     assert first.get("session_id") and second.get("session_id") == first.get("session_id"), (
         f"the resumed session was stored as another conversation: records (session, turn, "
+        f"source) per invocation: {summary}"
+    )
+    # and no request of it was taken for an edit that forks it (Claude Code resends each
+    # Edit call with the tool's defaults filled in: that forked the session at every edit)
+    sessions = {r["session_id"] for batch in proxied.records for r in batch if r.get("session_id")}
+    assert len(sessions) == 1, (
+        f"the conversation was split over {len(sessions)} sessions: records (session, turn, "
         f"source) per invocation: {summary}"
     )
 

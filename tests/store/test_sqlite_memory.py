@@ -52,6 +52,7 @@ def test_migrations_are_recorded_once() -> None:
             "m012_turn_token_counts",
             "m013_tag_stats_segment_last_seq",
             "m014_covering_indexes",
+            "m015_tool_call_keys",
         ]
     )
     assert MIGRATIONS.apply(store._conn) == []

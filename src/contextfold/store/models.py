@@ -23,7 +23,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
 from contextfold.errors import ConfigError
-from contextfold.items import Message
+from contextfold.items import Message, TextBlock, ToolUseBlock
 
 __all__ = [
     "MAX_ATTEMPTS",
@@ -47,6 +47,7 @@ __all__ = [
     "check_appended",
     "check_compaction",
     "match_key",
+    "message_key",
     "owner_id",
     "pid_alive",
     "retention_cut",
@@ -276,6 +277,33 @@ def match_key(role: str, text: str) -> str:
     """
     normal = " ".join(text.split())
     return hashlib.sha256(f"{role}\x00{normal}".encode()).hexdigest()[:32]
+
+
+def message_key(message: Message) -> str:
+    """``match_key`` of a message, its tool calls read without the arguments set to false or
+    null: a client may resend a call with the tool's unset options filled in (Claude Code adds
+    ``"replace_all": false`` to every Edit call it resends), and that is the same call.
+
+    >>> from contextfold.items import ToolUseBlock
+    >>> call = ToolUseBlock(id="t1", name="Edit", input={"path": "a.py", "new": "x"})
+    >>> resent = call.model_copy(update={"input": {**call.input, "replace_all": False}})
+    >>> one, two = (Message(role="assistant", content=[c]) for c in (call, resent))
+    >>> message_key(one) == message_key(two) != match_key("assistant", two.text())
+    True
+    """
+    if not any(isinstance(b, ToolUseBlock) for b in message.content):
+        return match_key(message.role, message.text())
+    parts: list[str] = []
+    for block in message.content:
+        if isinstance(block, ToolUseBlock):
+            given = {k: v for k, v in block.input.items() if v is not None and v is not False}
+            block = block.model_copy(update={"input": given})
+            parts.append(f"[tool call {block.name}({block.arguments_json()})]")
+        elif isinstance(block, TextBlock):
+            parts.append(block.text)
+        else:  # (a tool result: never beside a call, see ``Message``)
+            parts.append(f"[tool result {block.tool_use_id}] {block.content}")
+    return match_key(message.role, "\n".join(parts))
 
 
 def owner_id() -> str:

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING
 
 from contextfold._bounded import BoundedMemo, text_size
 from contextfold.memory.assemble import Held
-from contextfold.store.models import match_key
+from contextfold.store.models import message_key
 
 if TYPE_CHECKING:
     from contextfold.items import Message
@@ -163,13 +163,18 @@ class Position:
 
 
 # The match keys of recently seen messages: a chat resends its whole history every request.
-_MATCH_KEYS: BoundedMemo[tuple[str, str], str] = BoundedMemo(entries=100_000, max_bytes=32 << 20)
+_MATCH_KEYS: BoundedMemo[tuple[str, str, bool], str] = BoundedMemo(
+    entries=100_000, max_bytes=32 << 20
+)
 
 
-def _match_key(role: str, text: str) -> str:
-    """``match_key``, remembered for the texts seen lately (looking a text up costs a hash
-    and a compare; its key costs a normalisation and a SHA-256)."""
-    return _MATCH_KEYS.get((role, text), lambda: match_key(role, text), size=text_size(text))
+def _match_key(message: Message) -> str:
+    """``message_key``, remembered for the texts seen lately (looking a text up costs a hash
+    and a compare; its key costs a normalisation and a SHA-256). A message's text, and
+    whether it calls tools, hold all its key reads (a call's arguments included)."""
+    text = message.text()
+    memo = (message.role, text, bool(message.tool_use_ids))
+    return _MATCH_KEYS.get(memo, lambda: message_key(message), size=text_size(text))
 
 
 def resolve(
@@ -184,7 +189,7 @@ def resolve(
     are the marker tokens found in them (the latest message's first), ``header`` the session
     header. Reads the store; writes nothing."""
     turns = [i for i, m in enumerate(messages) if m.role != "system"]
-    keys = [_match_key(messages[i].role, messages[i].text()) for i in turns]
+    keys = [_match_key(messages[i]) for i in turns]
     last = next(
         (k for k in range(len(turns) - 1, -1, -1) if messages[turns[k]].role == "assistant"), None
     )

@@ -68,7 +68,7 @@ from contextfold.store.models import (
     _message_json,
     _now,
     check_appended,
-    match_key,
+    message_key,
 )
 from contextfold.store.postgres.connection import Database, from_text, to_text, utc
 from contextfold.store.postgres.fts import Indexed, Tokenizer
@@ -307,7 +307,7 @@ class PostgresMemoryStore:
                         hashlib.sha256(body.encode("utf-8")).hexdigest(),
                         utc(timestamps[i]) if timestamps is not None else now,
                         self.counter.count(text),
-                        match_key(message.role, text),
+                        message_key(message),
                         bool(partial[i]) if partial is not None else False,
                         indexed[i].text_tokens,
                     ),

@@ -22,7 +22,7 @@ from contextfold.store.models import (
     StoredTurn,
     _message_json,
     _now,
-    match_key,
+    message_key,
 )
 from contextfold.store.postgres.connection import Database, to_text, utc
 from contextfold.store.postgres.fts import Indexed, Tokenizer
@@ -177,7 +177,7 @@ class PostgresTransfer:
                     turn.content_hash or hashlib.sha256(body.encode("utf-8")).hexdigest(),
                     utc(turn.created_at),
                     turn.token_count,
-                    match_key(turn.message.role, text),
+                    message_key(turn.message),
                     turn.partial,
                     index.text_tokens,
                 )

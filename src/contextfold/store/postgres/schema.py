@@ -39,6 +39,8 @@ on: never rename one, never reorder them, and add changes only as a new ``m00N_â
   ``m013``): per session and tag, the newest ``last_seq`` of the segments carrying it, kept by
   the segment trigger and filled from the segments a database holds; and the index
   ``segments_by_last_seq``.
+- ``m011_tool_call_keys`` â€” stored tool calls' match keys made again with ``message_key``
+  (the SQLite store's ``m015``): the arguments set to false or null are not read.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ __all__ = [
     "m008_scoped_aliases_and_splits",
     "m009_related_tag_stats",
     "m010_tag_stats_segment_last_seq",
+    "m011_tool_call_keys",
 ]
 
 MIGRATIONS = PgMigrationRegistry("memory")
@@ -751,3 +754,24 @@ def m010_tag_stats_segment_last_seq(conn: psycopg.Connection[Any]) -> None:
     ]
     for statement in statements:
         conn.execute(statement)
+
+
+@MIGRATIONS.migration
+def m011_tool_call_keys(conn: psycopg.Connection[Any]) -> None:
+    # A tool call's match key no longer reads the arguments set to false or null
+    # (``message_key``: a client resends a call with the tool's unset options filled in, and
+    # each such call forked its conversation); the stored calls' keys are made again that
+    # way, with the append-only trigger off for this transaction's updates.
+    from contextfold.items import Message
+    from contextfold.store.models import message_key
+
+    rows = conn.execute(
+        "SELECT id, message_json FROM turns"
+        " WHERE role = 'assistant' AND message_json LIKE '%\"tool_use\"%'"
+    ).fetchall()
+    keys = [(message_key(Message.model_validate_json(r[1])), r[0]) for r in rows]
+    if keys:
+        conn.execute("ALTER TABLE turns DISABLE TRIGGER turns_append_only")
+        with conn.cursor() as cursor:
+            cursor.executemany("UPDATE turns SET match_key = %s WHERE id = %s", keys)
+        conn.execute("ALTER TABLE turns ENABLE TRIGGER turns_append_only")

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from contextfold.items import Message
-from contextfold.store.models import _iso, _message_json, _now, match_key
+from contextfold.store.models import _iso, _message_json, _now, message_key
 from contextfold.store.sqlite.connection import FairLock, connect, transaction
 from contextfold.tokens import TokenCounter
 
@@ -108,7 +108,7 @@ def turn_rows(
                 hashlib.sha256(body.encode("utf-8")).hexdigest(),
                 _iso(timestamps[i] if timestamps is not None else now),
                 counter.count(text),
-                match_key(message.role, text),
+                message_key(message),
                 int(bool(partial[i])) if partial is not None else 0,
             )
         )

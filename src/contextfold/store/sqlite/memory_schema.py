@@ -41,13 +41,19 @@ on: never rename one, never reorder them, and add changes only as a new ``m00N_�
 - ``m013_tag_stats_segment_last_seq`` — ``tag_stats.segment_last_seq``: each tag's newest
   segment (its ``last_seq``), kept by the segment trigger, and an index of segments by
   ``last_seq``, so "is any tag summary behind?" reads one row per tag, not every segment.
+- ``m014_covering_indexes`` — narrow indexes that answer recall's reads without the turns'
+  rows (full-text hits' seqs, a tag row's ``related`` flag, a candidate's time).
+- ``m015_tool_call_keys`` — stored tool calls' match keys made again with ``message_key``
+  (arguments set to false or null not read), so a call resent with a tool's unset options
+  filled in is known as the stored one.
 """
 
 from __future__ import annotations
 
 import sqlite3
 
-from contextfold.store.models import match_key
+from contextfold.items import Message
+from contextfold.store.models import match_key, message_key
 from contextfold.store.sqlite import MigrationRegistry
 
 __all__ = [
@@ -65,6 +71,8 @@ __all__ = [
     "m011_related_tag_stats",
     "m012_turn_token_counts",
     "m013_tag_stats_segment_last_seq",
+    "m014_covering_indexes",
+    "m015_tool_call_keys",
 ]
 
 MIGRATIONS = MigrationRegistry("memory")
@@ -599,4 +607,26 @@ def m014_covering_indexes(conn: sqlite3.Connection) -> None:
     conn.execute("DROP INDEX turns_token_counts")
     conn.execute(
         "CREATE INDEX turns_token_counts ON turns (session_id, seq, token_count, created_at)"
+    )
+
+
+def _stored_message_key(message_json: str) -> str:
+    return message_key(Message.model_validate_json(message_json))
+
+
+@MIGRATIONS.migration
+def m015_tool_call_keys(conn: sqlite3.Connection) -> None:
+    # A tool call's match key no longer reads the arguments set to false or null
+    # (``message_key``: a client resends a call with the tool's unset options filled in, and
+    # each such call forked its conversation). The keys of stored calls are made again that
+    # way, with the guard on raw turns lifted for this transaction only.
+    conn.execute("DROP TRIGGER turns_no_update")
+    conn.create_function("message_key", 1, _stored_message_key, deterministic=True)
+    conn.execute(
+        "UPDATE turns SET match_key = message_key(message_json)"
+        " WHERE role = 'assistant' AND message_json LIKE '%\"tool_use\"%'"
+    )
+    conn.execute(
+        "CREATE TRIGGER turns_no_update BEFORE UPDATE ON turns"
+        f" BEGIN SELECT RAISE(ABORT, '{_IMMUTABLE_TURNS}'); END"
     )

@@ -39,7 +39,7 @@ from contextfold.store.models import (
     _iso,
     _message_json,
     _now,
-    match_key,
+    message_key,
 )
 from contextfold.store.sqlite.memory_db import MemoryDb
 from contextfold.store.sqlite.memory_jobs import enqueue
@@ -161,7 +161,7 @@ class SqliteTransfer:
                     turn.content_hash,
                     _iso(turn.created_at),
                     turn.token_count,
-                    match_key(turn.message.role, text),
+                    message_key(turn.message),
                     int(turn.partial),
                 )
             )
