@@ -348,6 +348,51 @@ def test_a_resent_history_is_stored_once_and_new_only_stores_a_repeat() -> None:
     assert [t.message.text() for t in eng.store.turns("default")] == ["ok", "sure"] * 2
 
 
+def test_only_new_turns_that_end_like_the_stored_tail_are_all_stored() -> None:
+    """Given only the new turns, one that says what the last stored turn said (an assistant
+    answering "OK" again) is no sign of a resend: the turns before it were dropped (found by
+    a reviewer through MCP's compact_context and `memory compact`)."""
+    eng = engine()
+    said = ["the vault code is 5521", "the door code is 1234", "the gate code is 9"]
+    for text in said[:2]:
+        eng.on_turn_complete(
+            [{"role": "user", "content": text}, {"role": "assistant", "content": "OK"}]
+        )
+    eng.on_turn_complete(
+        [
+            {"role": "user", "content": said[2]},
+            {"role": "assistant", "content": "OK"},
+            {"role": "user", "content": "and the shed?"},
+            {"role": "assistant", "content": "OK"},
+        ]
+    )
+    texts = [t.message.text() for t in eng.store.turns("default")]
+    assert texts == [said[0], "OK", said[1], "OK", said[2], "OK", "and the shed?", "OK"]
+    # a history trimmed at the front still continues where it overlaps the stored tail
+    eng.on_turn_complete(
+        [{"role": "assistant", "content": "OK"}, {"role": "user", "content": "one more"}]
+    )
+    assert eng.status().turns == 9
+    # and a whole history resent stores only what is new
+    roles = ["user", "assistant"] * 4 + ["user"]
+    history = [
+        {"role": role, "content": t} for role, t in zip(roles, [*texts, "one more"], strict=True)
+    ]
+    eng.on_turn_complete([*history, {"role": "user", "content": "last"}])
+    assert [t.message.text() for t in eng.store.turns("default")][-3:] == ["OK", "one more", "last"]
+
+
+@pytest.mark.parametrize("bad", ["", "  ", 7])
+def test_an_empty_session_id_is_an_error_not_the_default_session(bad: object) -> None:
+    eng = engine()
+    message = [{"role": "user", "content": "my locker code is 4411"}]
+    with pytest.raises(ConfigError, match="session_id must be a non-empty string"):
+        eng.on_turn_complete(message, session_id=bad)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="session_id must be a non-empty string"):
+        eng.on_message_inbound("locker code?", session_id=bad)  # type: ignore[arg-type]
+    assert eng.store.sessions() == [] or eng.status().turns == 0
+
+
 def test_score_and_rrf_fusion_both_rank_the_matching_turn_first() -> None:
     for fusion in ("score", "rrf"):
         eng = engine(recall={"fusion": fusion, "embedder": "none"})

@@ -257,7 +257,7 @@ class ContextfoldChatHistory(BaseChatMessageHistory):
         if max_tokens is not None and max_tokens <= 0:
             raise ConfigError(f"max_tokens must be positive, got {max_tokens}")
         self.engine = engine
-        self.session_id = session_id or engine.session_id
+        self.session_id = engine._sid(session_id)  # (an empty id is an error)
         self.max_tokens = max_tokens
         self.counter = counter if counter is not None else engine.counter
         self.format = format

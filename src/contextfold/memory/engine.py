@@ -381,10 +381,23 @@ class MemoryEngine:
     def lock(self, session_id: str | None = None) -> threading.RLock:
         """The lock that keeps one session's reads and writes in order (sessions never wait
         on each other, bar the rare two that share a stripe)."""
-        return self._locks[hash(session_id or self.session_id) % _STRIPES]
+        return self._locks[hash(self._sid(session_id)) % _STRIPES]
+
+    def _sid(self, session_id: str | None) -> str:
+        """``session_id``, or the engine's default session for ``None``; ``ConfigError`` for
+        an empty one or one that is no string (it wrote to the default session, so two
+        users whose ids came out empty shared one memory)."""
+        if session_id is None:
+            return self.session_id
+        if not isinstance(session_id, str) or not session_id.strip():
+            raise ConfigError(
+                f"session_id must be a non-empty string (None for the default session "
+                f"{self.session_id!r}), got {session_id!r}"
+            )
+        return session_id
 
     def _session(self, session_id: str | None) -> str:
-        sid = session_id or self.session_id
+        sid = self._sid(session_id)
         # Cached: known to exist, unless another process has deleted it since.
         if sid not in self._vocab or self.store.session_version(sid) is None:
             with self.lock(sid):
@@ -529,7 +542,10 @@ class MemoryEngine:
     def _new_messages(self, sid: str, messages: Sequence[Message], new_only: bool) -> list[Message]:
         """The messages after the last stored turns (matched by role and text, as a block of up
         to 8); all of them when none matches (only new turns given, or a re-cut history) or
-        when ``new_only``."""
+        when ``new_only``. One message alike is no match inside the messages, only at their
+        start (a history trimmed at the front) or when it is the session's only turn: only new
+        turns may say what the last stored turn said (an assistant's "OK" again), and taking
+        that for a resend lost the turns before it. ``messages`` hold no system message."""
         if new_only or not messages:
             return list(messages)
         last = self.store.last_seq(sid)
@@ -540,8 +556,9 @@ class MemoryEngine:
         keys = [_hash_key(m) for m in messages]
         for size in range(min(len(stored), len(keys)), 0, -1):
             block = stored[-size:]
+            whole = size == last  # every stored turn
             for start in range(len(keys) - size, -1, -1):
-                if keys[start : start + size] == block:
+                if keys[start : start + size] == block and (size > 1 or start == 0 or whole):
                     return list(messages[start + size :])
         return list(messages)
 
@@ -795,13 +812,13 @@ class MemoryEngine:
             raise ConfigError(
                 f"{len(parsed)} messages need as many timestamps, got {len(timestamps)}"
             )
-        sid = session_id or self.session_id
+        sid = self._sid(session_id)
         # The derive lock, then the session's (the order ``_tag_pending`` takes them): the new
         # turns are stored and their derive begun in one store call.
         with self._derive_locks[hash(sid) % _STRIPES]:
             with self.lock(sid):
                 stamps = dict(zip(map(id, parsed), timestamps, strict=True)) if timestamps else None
-                turns = [m for m in self._new_messages(sid, parsed, new_only) if m.role != "system"]
+                turns = self._new_messages(sid, [m for m in parsed if m.role != "system"], new_only)
                 when = [stamps[id(m)] for m in turns] if stamps else None
                 pending = self._store_and_begin(sid, turns, when)
             upto = self._derive_begun(sid, pending)
@@ -1112,7 +1129,7 @@ class MemoryEngine:
     def cost_report(
         self, *, session_id: str | None = None, all_sessions: bool = False
     ) -> CostReport:
-        return self.store.costs.cost_report(None if all_sessions else session_id or self.session_id)
+        return self.store.costs.cost_report(None if all_sessions else self._sid(session_id))
 
     def add_alias(self, alias: str, canonical: str, *, session_id: str | None = None) -> None:
         """Register ``alias`` → ``canonical`` (stored; used by every later tagging and lookup)
@@ -1149,7 +1166,7 @@ class MemoryEngine:
         (``MemoryStorage.delete_session``), its cached vectors and, beside a SQLite store, its
         vector files, now rather than when an engine next closes; whether it existed. The CLI,
         the LangChain and LlamaIndex adapters and the LoCoMo runner delete through here."""
-        sid = session_id or self.session_id
+        sid = self._sid(session_id)
         with self.lock(sid):
             existed = self.store.delete_session(sid)
             self.recaller.forget(sid)
