@@ -257,3 +257,15 @@ def test_embedded_ahead_stores_the_vectors_the_plain_path_stores() -> None:
         (h.id, round(h.score, 6)) for h in ahead.search(query, mode="dense")
     ]
     assert calls[0] == [DOCS["hotels"], DOCS["flights"]]  # each chunk text once
+
+
+def test_a_tenant_given_as_a_string_is_that_one_tenant() -> None:
+    """``tenants="acme"`` means the tenant ``acme``, not the tenants a, c, m and e."""
+    index = DocumentIndex(embedder=False, chunker=ParagraphChunker(), relevance_floor=False)
+    index.add_document("Acme refunds take fourteen days.", tenant="acme")
+    index.add_document("Tenant a refunds take one day.", tenant="a")
+    index.add_document("Tenant c refunds take two days.", tenant="c")
+    texts = [h.text for h in index.search("refunds", mode="bm25", tenants="acme")]
+    assert texts == ["Acme refunds take fourteen days."]
+    by_doc = index.search_documents("refunds", mode="bm25", tenants="acme")
+    assert [d for d, _ in by_doc] == [index.search("fourteen", mode="bm25")[0].metadata["doc_id"]]

@@ -8,6 +8,15 @@ For a file-backed index the BM25 index is saved next to the database (``<db>.bm2
 with the corpus version and loaded memory-mapped when the stamp matches, so opening a large
 corpus does not re-index it.
 
+One index may be shared between threads (the HTTP server does): writes hold the index's lock,
+searches read an immutable BM25 snapshot and never wait for a rebuild another thread started,
+and a hit whose document another writer removed meanwhile is left out. The saved BM25 index is
+versioned: ``<db>.bm25/`` holds one folder per save and a ``CURRENT`` file naming the one to
+load, replaced atomically (``os.replace``) under a file lock, so neither another process nor a
+second ``DocumentIndex`` on the same file sees a half-written or half-swapped index; a saved
+index that cannot be read or does not match the store is rebuilt from the store, which is the
+source of truth.
+
 >>> from contextfold.testing import HashEmbedder
 >>> index = DocumentIndex(embedder=HashEmbedder())
 >>> doc = index.add_document("Refunds are processed within 14 days of the request.")
@@ -22,6 +31,7 @@ import json
 import os
 import shutil
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,13 +40,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from contextfold.errors import ConfigError
+from contextfold.errors import ConfigError, StoreError
 from contextfold.items import ContextItem, QueryBundle, SourceType, valid_text
 from contextfold.retrieval.base import Chunk, Chunker, Embedder, SearchHit, chunk_id, content_hash
 from contextfold.retrieval.dense import NumpyVectorIndex, USearchVectorIndex, VectorIndex
 from contextfold.retrieval.floor import RelevanceFloor, resolve_floor
 from contextfold.retrieval.fusion import FusedHit, convex, mmr, rrf
-from contextfold.retrieval.sparse import BM25Index
+from contextfold.retrieval.sparse import BM25Index, BM25Snapshot
 from contextfold.store import is_database_url, open_document_store
 from contextfold.store.document_models import DocumentRecord
 from contextfold.store.document_models import now as _now
@@ -83,6 +93,45 @@ FloorSetting = RelevanceFloor | Mapping[str, float] | bool | None
 
 # Theoretical minimum score of each signal, for min-max normalisation (TM2C2).
 _MINIMUMS = {"bm25": 0.0, "vector": -1.0}
+
+# The saved BM25 index: ``<db>.bm25/CURRENT`` names the folder (``v-…``) of the current save.
+_CURRENT = "CURRENT"
+_SAVE_LOCK = ".lock"
+_STAMP = "corpus_version.json"  # (also the whole stamp of the layout before versioned folders)
+_LOAD_TRIES = 3
+
+
+def _unique() -> str:
+    """A name no other save (another process, thread or instance) uses at the same time."""
+    return f"{os.getpid()}-{threading.get_ident()}-{uuid.uuid4().hex}"
+
+
+@contextmanager
+def _save_lock(folder: Path) -> Iterator[None]:
+    """Hold the BM25 folder's save lock: one save or clear at a time across processes
+    (``fcntl``) and across ``DocumentIndex`` instances and threads of one process (each
+    takes the lock through its own open file)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / _SAVE_LOCK).open("a+b") as handle:
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not on POSIX: one process per index file
+            with _PROCESS_SAVE_LOCK:
+                yield
+            return
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+_PROCESS_SAVE_LOCK = threading.Lock()
+
+
+def _tenant_list(tenants: str | Sequence[str] | None) -> Sequence[str] | None:
+    """A tenant given as one string is that tenant, not its letters."""
+    return [tenants] if isinstance(tenants, str) else tenants
 
 
 @dataclass
@@ -170,7 +219,8 @@ class DocumentIndex:
         self._chunker = chunker
         self.rrf_k, self.weights, self.fetch_k = rrf_k, dict(weights or {}), fetch_k
         self._vector_kind = vector_index
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # writes and rebuilds; searches read snapshots
+        self._vectors_lock = threading.Lock()  # the vector index changes in place
         self._ahead: dict[str, npt.NDArray[np.float32]] = {}  # chunk text -> its vector
         self._bm25 = bm25 if bm25 is not None else BM25Index()
         self._bm25_params = {
@@ -244,28 +294,57 @@ class DocumentIndex:
                     self.store.add_vectors([i for i, _ in part], vectors, embedder.name)
             # The version first, the rows after: a write landing in between makes the next
             # check rebuild again, never leaves the indexes behind a version they claim.
+            # Built aside and swapped in at the end: a search on another thread meanwhile
+            # reads the previous indexes whole, never an empty or half-built one.
             version = self.store.version
-            self._bm25 = self._bm25.empty_copy()
-            self._vectors = None
-            folder = self._bm25_dir()
-            stamp = folder / "corpus_version.json" if folder else None
-            if stamp is not None and stamp.exists():
-                saved = json.loads(stamp.read_text())
-                if saved.get("version") == version and saved.get("params") == (self._bm25_params):
-                    assert folder is not None
-                    self._bm25 = BM25Index.load(folder, mmap=True)
-            if len(self._bm25) == 0:
+            bm25 = self._load_saved(version)
+            if bm25 is None or len(bm25) == 0:
+                bm25 = self._bm25.empty_copy()
                 pairs = list(self.store.chunk_texts())
                 if pairs:
                     ids, texts = zip(*pairs, strict=True)
-                    self._bm25.add(list(ids), list(texts))
+                    bm25.add(list(ids), list(texts))
+            index: VectorIndex | None = None
             if embedder is not None:
                 ids_v, matrix = self.store.vectors(embedder.name)
                 if ids_v:
-                    self._vectors = self._new_vector_index(matrix.shape[1])
-                    self._vectors.add(ids_v, matrix)
+                    index = self._new_vector_index(matrix.shape[1])
+                    index.add(ids_v, matrix)
+            with self._vectors_lock:
+                self._bm25, self._vectors = bm25, index
             self._synced = version
             self._loaded = True
+
+    def _saved_pointer(self, folder: Path) -> dict[str, Any] | None:
+        """What ``CURRENT`` says (the saved version, its params and folder), or None."""
+        try:
+            pointer = json.loads((folder / _CURRENT).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return pointer if isinstance(pointer, dict) else None
+
+    def _load_saved(self, version: int) -> BM25Index | None:
+        """The saved BM25 index when it was saved at ``version`` with this index's params;
+        None when there is none, it is another version, or it cannot be read (a save swapped
+        it and removed the old folder meanwhile, a crash): the caller rebuilds from the
+        store."""
+        folder = self._bm25_dir()
+        if folder is None or not folder.is_dir():
+            return None
+        for _ in range(_LOAD_TRIES):  # a save may swap CURRENT between reading it and loading
+            pointer = self._saved_pointer(folder)
+            if pointer is None:
+                return None
+            if pointer.get("version") != version or pointer.get("params") != self._bm25_params:
+                return None
+            saved = folder / str(pointer.get("folder", ""))
+            if saved == folder or saved.parent != folder:
+                return None
+            try:
+                return BM25Index.load(saved, mmap=True)
+            except (StoreError, OSError, ValueError, KeyError):
+                continue
+        return None
 
     def _wrote(self, before: int) -> None:
         """After our own write (which bumps the version once): still in sync only when the
@@ -275,8 +354,20 @@ class DocumentIndex:
             self._synced = before + 1
 
     def _attach_texts(self) -> None:
-        if not self._bm25.has_texts:  # a memory-mapped index loaded from disk
-            self._bm25.set_texts(dict(self.store.chunk_texts()))
+        """Make the BM25 index extendable (a memory-mapped index loaded from disk has no
+        texts). When the store moved on since it was loaded (another process wrote), its
+        ids no longer match: rebuild it from the store's texts instead. ``_synced`` stays
+        where it was, so the next search brings the vectors in line too."""
+        if self._bm25.has_texts:
+            return
+        texts = dict(self.store.chunk_texts())
+        try:
+            self._bm25.set_texts(texts)
+        except StoreError:
+            fresh = self._bm25.empty_copy()
+            if texts:
+                fresh.add(list(texts), list(texts.values()))
+            self._bm25 = fresh
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -487,9 +578,10 @@ class DocumentIndex:
             for _, chunks, part in batch:
                 self._bm25.add([c.id for c in chunks], [c.text for c in chunks])
                 if part is not None:
-                    if self._vectors is None:
-                        self._vectors = self._new_vector_index(part.shape[1])
-                    self._vectors.add([c.id for c in chunks], part)
+                    with self._vectors_lock:
+                        if self._vectors is None:
+                            self._vectors = self._new_vector_index(part.shape[1])
+                        self._vectors.add([c.id for c in chunks], part)
         if progress is not None:
             progress(len(pending))
 
@@ -505,8 +597,9 @@ class DocumentIndex:
             chunk_ids = self.store.remove(doc_id)
             self._wrote(before)
             self._bm25.remove(chunk_ids)
-            if self._vectors is not None:
-                self._vectors.remove(chunk_ids)
+            with self._vectors_lock:
+                if self._vectors is not None:
+                    self._vectors.remove(chunk_ids)
         return existed
 
     def clear(self) -> None:
@@ -515,40 +608,67 @@ class DocumentIndex:
             before = self.store.version
             self.store.clear()
             self._bm25.clear()
-            self._vectors = None
+            with self._vectors_lock:
+                self._vectors = None
             self._synced = before
             self._loaded = True
             self._wrote(before)
             folder = self._bm25_dir()
             if folder is not None and folder.exists():
-                shutil.rmtree(folder)
+                with _save_lock(folder):
+                    (folder / _CURRENT).unlink(missing_ok=True)
+                    self._remove_saved(folder, keep=None)
 
     def save(self) -> None:
         """Persist the BM25 index next to the database (file-backed indexes only).
 
-        Written to a fresh folder and swapped in, so a reader (or this index, which may have
-        the old files memory-mapped) never sees half-written files; a no-op when the saved
-        index is already current."""
+        Each save writes a new folder inside ``<db>.bm25/`` and then replaces the
+        ``CURRENT`` file that names it (``os.replace``, atomic), under a lock that one save
+        at a time holds across processes and instances; older folders are removed then. A
+        reader (or this index, which may have the old files memory-mapped) never sees
+        half-written or half-swapped files, and one that loses a race with the clean-up
+        rebuilds from the store. A no-op when the saved index is already current or newer."""
         folder = self._bm25_dir()
         if folder is None:
             return
         self._ensure_loaded()
-        stamp = {"version": self._synced, "params": self._bm25_params}
-        current = folder / "corpus_version.json"
-        if current.exists() and json.loads(current.read_text()) == stamp:
+        with self._lock:  # the BM25 build and the version it reflects, taken together
+            snapshot: BM25Snapshot = self._bm25.snapshot()
+            version = self._synced
+        if not self._saved_behind(self._saved_pointer(folder), version):
             return
-        with self._lock:
-            fresh = folder.with_name(f"{folder.name}.new-{os.getpid()}")
-            if fresh.exists():
-                shutil.rmtree(fresh)
-            self._bm25.save(fresh)
-            (fresh / "corpus_version.json").write_text(json.dumps(stamp))
-            stale = folder.with_name(f"{folder.name}.old-{os.getpid()}")
-            if folder.exists():
-                folder.rename(stale)
-            fresh.rename(folder)
-            if stale.exists():
-                shutil.rmtree(stale)
+        with _save_lock(folder):
+            if not self._saved_behind(self._saved_pointer(folder), version):
+                return  # another save wrote this version, or a newer one, meanwhile
+            stamp = {"version": version, "params": self._bm25_params}
+            name = f"v-{_unique()}"
+            snapshot.save(folder / name)
+            (folder / name / _STAMP).write_text(json.dumps(stamp), encoding="utf-8")
+            pointer = folder / f"{_CURRENT}.{_unique()}.tmp"
+            pointer.write_text(json.dumps({**stamp, "folder": name}), encoding="utf-8")
+            pointer.replace(folder / _CURRENT)  # atomic (os.replace)
+            self._remove_saved(folder, keep=name)
+
+    def _saved_behind(self, pointer: dict[str, Any] | None, version: int) -> bool:
+        """Whether a save at ``version`` would move the saved index forward."""
+        if pointer is None or pointer.get("params") != self._bm25_params:
+            return True
+        saved = pointer.get("version")
+        return not isinstance(saved, int) or saved < version
+
+    @staticmethod
+    def _remove_saved(folder: Path, *, keep: str | None) -> None:
+        """Remove every saved version but ``keep`` (and files of the layout before versioned
+        folders, and what a crashed save left); the caller holds the save lock. A reader
+        that has a removed version memory-mapped keeps reading it (POSIX keeps the files
+        until it unmaps them); one that was about to open it rebuilds from the store."""
+        for entry in folder.iterdir():
+            if entry.name in (_CURRENT, _SAVE_LOCK, keep):
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -558,7 +678,7 @@ class DocumentIndex:
         k: int = 10,
         *,
         mode: SearchMode = "hybrid",
-        tenants: Sequence[str] | None = None,
+        tenants: str | Sequence[str] | None = None,
         filters: Mapping[str, Any] | None = None,
         weights: Mapping[str, float] | None = None,
         mmr_lambda: float | None = None,
@@ -570,7 +690,9 @@ class DocumentIndex:
         index's ``fusion`` (see the class docstring); a chunk both signals found is
         ``match_source="hybrid"``. ``weights`` (RRF fusion, e.g. ``{"bm25": 1.0, "vector":
         0.7}``) override the index's defaults; ``mmr_lambda`` re-ranks the fused list for
-        diversity. A ``QueryBundle`` with an ``embedding`` skips embedding the query. Hits
+        diversity. ``tenants`` limits the search to those tenants' documents (a list of names,
+        or one name as a string: ``tenants="acme"`` is the tenant ``acme``; None: every
+        tenant). A ``QueryBundle`` with an ``embedding`` skips embedding the query. Hits
         below the relevance floor are left out (``relevance_floor`` overrides the index's for
         this call), so a query the corpus does not cover returns nothing.
         """
@@ -585,7 +707,9 @@ class DocumentIndex:
         rows = self.store.chunks(hit.id for hit in fused)
         hits = []
         for hit in fused:
-            row = rows[hit.id]
+            row = rows.get(hit.id)
+            if row is None:  # removed by another writer since the ranking: not an answer now
+                continue
             signals = set(hit.ranks)
             source = "hybrid" if len(signals) > 1 else ("bm25" if "bm25" in signals else "vector")
             per_signal = {s: v[hit.id] for s, v in found.scores.items() if hit.id in v}
@@ -618,7 +742,7 @@ class DocumentIndex:
         query: str | QueryBundle,
         mode: SearchMode,
         depth: int,
-        tenants: Sequence[str] | None,
+        tenants: str | Sequence[str] | None,
         filters: Mapping[str, Any] | None,
     ) -> _Signals:
         """Each signal's ranking ``depth`` deep, plus every pooled chunk's score under each
@@ -627,6 +751,7 @@ class DocumentIndex:
             raise ConfigError(f"search mode must be one of {_MODES}, got {mode!r}")
         bundle = query if isinstance(query, QueryBundle) else QueryBundle(query_str=query)
         self._ensure_loaded()
+        tenants = _tenant_list(tenants)
         filters = {**bundle.filters, **(filters or {})}
         allowed = (
             self.store.matching_chunks(tenants=tenants, filters=filters)
@@ -634,25 +759,29 @@ class DocumentIndex:
             else None
         )
         found = _Signals()
+        bm25: BM25Snapshot | None = None
         bm25_scores = None
         if mode in ("bm25", "hybrid"):
-            bm25_scores = self._bm25.scores(bundle.query_str)
-            found.rankings["bm25"] = self._bm25.search(
+            # One snapshot for every BM25 step: a rebuild on another thread cannot mix rows.
+            bm25 = self._bm25.snapshot()
+            bm25_scores = bm25.scores(bundle.query_str)
+            found.rankings["bm25"] = bm25.search(
                 bundle.query_str, depth, allowed=allowed, scores=bm25_scores
             )
         vector = None
+        vectors = self._vectors  # (a rebuild may swap in another; this search keeps this one)
         if mode in ("dense", "hybrid"):
             vector = self._query_vector(bundle, required=mode == "dense")
-            if vector is not None and self._vectors is not None:
-                found.rankings["vector"] = self._vectors.search(vector, depth, allowed=allowed)
+            if vector is not None and vectors is not None:
+                with self._vectors_lock:  # a write changes the vector index in place
+                    found.rankings["vector"] = vectors.search(vector, depth, allowed=allowed)
         pool = list(dict.fromkeys(i for ranked in found.rankings.values() for i, _ in ranked))
-        if bm25_scores is not None and "bm25" in found.rankings:
-            found.scores["bm25"] = dict(
-                zip(pool, self._bm25.score_of(bm25_scores, pool), strict=True)
-            )
-            found.shares = self._bm25.shares(bundle.query_str, pool, scores=bm25_scores)
-        if vector is not None and "vector" in found.rankings and self._vectors is not None:
-            sims = self._vectors.similarities(vector, pool)
+        if bm25 is not None and bm25_scores is not None and "bm25" in found.rankings:
+            found.scores["bm25"] = dict(zip(pool, bm25.score_of(bm25_scores, pool), strict=True))
+            found.shares = bm25.shares(bundle.query_str, pool, scores=bm25_scores)
+        if vector is not None and vectors is not None and "vector" in found.rankings:
+            with self._vectors_lock:
+                sims = vectors.similarities(vector, pool)
             found.scores["vector"] = {
                 i: s for i, s in zip(pool, sims, strict=True) if s is not None
             }
@@ -705,7 +834,7 @@ class DocumentIndex:
         *,
         mode: SearchMode = "hybrid",
         depth: int | None = None,
-        tenants: Sequence[str] | None = None,
+        tenants: str | Sequence[str] | None = None,
         filters: Mapping[str, Any] | None = None,
         weights: Mapping[str, float] | None = None,
         relevance_floor: FloorSetting = None,
@@ -714,13 +843,16 @@ class DocumentIndex:
         chunk (MaxP). Score fusion fuses chunks, then takes each document's best; RRF ranks
         documents per signal by their best chunk, then fuses the document rankings. This is
         the form document-level evaluation (SciFact, Cranfield) needs. Chunks below the
-        relevance floor do not count (as in ``search``)."""
+        relevance floor do not count, and ``tenants`` is a list or one name (as in
+        ``search``)."""
         if k <= 0:
             return []
         found = self._signals(query, mode, depth or max(4 * k, self.fetch_k), tenants, filters)
         chunk_ids = {cid for ranked in found.rankings.values() for cid, _ in ranked}
         # Every id of a chunk's document: one text stored under several ids answers as each.
-        doc_of = {cid: row["doc_ids"] for cid, row in self.store.chunks(chunk_ids).items()}
+        # A chunk another writer removed since the ranking has no row, and answers as nothing.
+        stored = self.store.chunks(chunk_ids)
+        doc_of = {cid: stored[cid]["doc_ids"] if cid in stored else [] for cid in chunk_ids}
         if len(found.rankings) > 1 and self.fusion == "rrf":
             floor = self._floor(relevance_floor)
             cosine = found.scores.get("vector", {})
@@ -757,14 +889,16 @@ class DocumentIndex:
         return vector
 
     def _diversify(self, fused: list[Any], k: int, lambda_: float) -> list[Any]:
-        if not isinstance(self._vectors, NumpyVectorIndex) or not fused:
+        vectors = self._vectors
+        if not isinstance(vectors, NumpyVectorIndex) or not fused:
             return fused
         cache = {}
-        for hit in fused:
-            try:
-                cache[hit.id] = self._vectors.vector(hit.id)
-            except KeyError:
-                continue
+        with self._vectors_lock:
+            for hit in fused:
+                try:
+                    cache[hit.id] = vectors.vector(hit.id)
+                except KeyError:
+                    continue
         relevance = {h.id: h.score / fused[0].score for h in fused}
         order = mmr(
             [h.id for h in fused],

@@ -6,6 +6,11 @@ module adds what an application needs around it: string ids instead of row numbe
 stemming and stop words by default, filters (only these ids may match), and incremental adds
 (bm25s has no in-place add, so the index is rebuilt lazily on the next search).
 
+An index may be shared between threads: adds and removes take a lock, and every search reads
+one immutable ``BM25Snapshot`` (ids, rows and bm25s model built together), so a rebuild on
+another thread never mixes one build's rows with another's scores, and an add or remove that
+lands during a build is picked up by the next one, never lost.
+
 >>> index = BM25Index()
 >>> index.add(["a", "b"], ["The cat sat on the mat.", "Dogs chase cats in the park."])
 >>> [doc_id for doc_id, _ in index.search("dogs in a park", k=5)]
@@ -15,6 +20,7 @@ stemming and stop words by default, filters (only these ids may match), and incr
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,9 +30,115 @@ import numpy as np
 from contextfold.analysis import analyze, content_words, function_words
 from contextfold.errors import ConfigError, StoreError
 
-__all__ = ["BM25Index", "analyze", "content_words", "function_words"]
+__all__ = ["BM25Index", "BM25Snapshot", "analyze", "content_words", "function_words"]
 
 _META = "contextfold.bm25.json"
+
+
+class BM25Snapshot:
+    """One build of a ``BM25Index``: its ids, their rows and the bm25s model, never changed
+    after it is made, so any number of threads may search it while the index moves on.
+
+    ``scores`` vectors are in this snapshot's row order: pass them only to this snapshot's
+    ``search``, ``score_of`` and ``shares``.
+    """
+
+    def __init__(
+        self, settings: dict[str, Any], ids: Sequence[str], model: Any, generation: int = 0
+    ) -> None:
+        self.settings = settings
+        self.ids: tuple[str, ...] = tuple(ids)
+        self.row: dict[str, int] = {doc_id: row for row, doc_id in enumerate(self.ids)}
+        self.model = model if self.ids else None
+        self.generation = generation  # the index's count of changes this build reflects
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def _analyze(self, text: str) -> list[str]:
+        return analyze(text, stemmer=self.settings["stemmer"], stopwords=self.settings["stopwords"])
+
+    def scores(self, query: str) -> np.ndarray:
+        """The BM25 score of every document of this snapshot for ``query``, in row order."""
+        if self.model is None:
+            return np.zeros(0, dtype=np.float32)
+        vocab = self.model.vocab_dict
+        term_ids = [vocab[t] for t in self._analyze(query) if t in vocab]
+        if not term_ids:
+            return np.zeros(len(self.ids), dtype=np.float32)
+        return np.asarray(self.model.get_scores_from_ids(term_ids), dtype=np.float32)
+
+    def ceiling(self, query: str) -> float:
+        """See ``BM25Index.ceiling``."""
+        if self.model is None:
+            return 0.0
+        matrix = self.model.scores
+        data, indptr = matrix["data"], matrix["indptr"]
+        vocab = self.model.vocab_dict
+        unseen = float(data.max()) if len(data) else 0.0
+        total = 0.0
+        for term in self._analyze(query):
+            column = vocab.get(term)
+            if column is None or indptr[column + 1] == indptr[column]:
+                total += unseen
+            else:
+                total += float(data[indptr[column] : indptr[column + 1]].max())
+        return total
+
+    def shares(
+        self, query: str, ids: Sequence[str], *, scores: np.ndarray | None = None
+    ) -> dict[str, float]:
+        """See ``BM25Index.shares``."""
+        content = content_words(query)
+        terms = self._analyze(content)
+        if not terms:
+            return {}
+        ceiling = self.ceiling(content)
+        if ceiling <= 0:
+            return {}
+        if scores is None or terms != self._analyze(query):
+            scores = self.scores(content)
+        return {i: v / ceiling for i, v in zip(ids, self.score_of(scores, ids), strict=True)}
+
+    def score_of(self, scores: np.ndarray, ids: Sequence[str]) -> list[float]:
+        """Look up ``ids`` in a ``scores(query)`` vector (0.0 for unknown ids)."""
+        return [float(scores[self.row[i]]) if i in self.row else 0.0 for i in ids]
+
+    def search(
+        self,
+        query: str,
+        k: int = 10,
+        *,
+        allowed: Collection[str] | None = None,
+        scores: np.ndarray | None = None,
+    ) -> list[tuple[str, float]]:
+        """See ``BM25Index.search``."""
+        if k <= 0:
+            return []
+        if scores is None:
+            scores = self.scores(query)
+        if scores.size == 0:
+            return []
+        if allowed is not None:
+            mask = np.zeros(scores.size, dtype=bool)
+            rows = [self.row[i] for i in allowed if i in self.row]
+            mask[rows] = True
+            scores = np.where(mask, scores, 0.0)
+        positive = np.flatnonzero(scores > 0)
+        if positive.size > k:
+            part = np.argpartition(-scores[positive], k - 1)[:k]
+            positive = positive[part]
+        order = positive[np.lexsort((positive, -scores[positive]))]
+        return [(self.ids[row], float(scores[row])) for row in order]
+
+    def save(self, folder: str | Path) -> None:
+        """Write this build (scores, vocabulary, ids, settings) to ``folder``."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        if self.model is not None:
+            self.model.save(str(folder), show_progress=False)
+        meta = {**self.settings, "ids": list(self.ids)}
+        (folder / _META).write_text(json.dumps(meta), encoding="utf-8")
 
 
 class BM25Index:
@@ -34,6 +146,9 @@ class BM25Index:
 
     ``search`` returns ``(id, score)`` pairs, best first, only for documents that share at
     least one term with the query. Ids are unique: adding an id again replaces its text.
+    Safe to share between threads (see the module docstring); a caller that chains
+    ``scores`` into ``search`` or ``score_of`` while another thread writes takes one
+    ``snapshot()`` and calls them on it.
     """
 
     def __init__(
@@ -49,23 +164,36 @@ class BM25Index:
             raise ConfigError(f"BM25 needs k1 >= 0 and 0 <= b <= 1, got k1={k1}, b={b}")
         self.k1, self.b, self.method = k1, b, method
         self.stemmer, self.stopwords = stemmer, stopwords
+        self._lock = threading.Lock()  # guards _texts, _generation, _built, _texts_attached
+        self._build_lock = threading.Lock()  # one build at a time; searches meanwhile read _built
         self._texts: dict[str, str] = {}
-        self._ids: list[str] = []
-        self._row: dict[str, int] = {}
-        self._model: Any = None
-        self._dirty = False
+        self._generation = 0  # counts changes to _texts
+        self._built = BM25Snapshot(self._settings(), (), None, 0)
         self._texts_attached = True  # False for an index loaded from disk without its texts
 
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "k1": self.k1,
+            "b": self.b,
+            "method": self.method,
+            "stemmer": self.stemmer,
+            "stopwords": self.stopwords,
+        }
+
     def __len__(self) -> int:
-        return len(self._texts) if self._texts_attached else len(self._ids)
+        return len(self._texts) if self._texts_attached else len(self._built)
 
     @property
     def has_texts(self) -> bool:
         """False for an index loaded from disk until ``set_texts`` attaches its texts."""
         return self._texts_attached
 
+    @property
+    def _dirty(self) -> bool:
+        return self._built.generation != self._generation
+
     def __contains__(self, doc_id: object) -> bool:
-        return doc_id in (self._texts if self._texts_attached else self._row)
+        return doc_id in (self._texts if self._texts_attached else self._built.row)
 
     def _analyze(self, text: str) -> list[str]:
         return analyze(text, stemmer=self.stemmer, stopwords=self.stopwords)
@@ -76,17 +204,20 @@ class BM25Index:
             raise ConfigError(f"add() got {len(ids)} ids but {len(texts)} texts")
         if not ids:
             return
-        self._require_texts()
-        self._texts.update(zip(ids, texts, strict=True))
-        self._dirty = True
+        with self._lock:
+            self._require_texts()
+            self._texts.update(zip(ids, texts, strict=True))
+            self._generation += 1
 
     def remove(self, ids: Collection[str]) -> None:
         """Remove documents by id (unknown ids are ignored)."""
-        self._require_texts()
-        before = len(self._texts)
-        for doc_id in ids:
-            self._texts.pop(doc_id, None)
-        self._dirty = self._dirty or len(self._texts) != before
+        with self._lock:
+            self._require_texts()
+            before = len(self._texts)
+            for doc_id in ids:
+                self._texts.pop(doc_id, None)
+            if len(self._texts) != before:
+                self._generation += 1
 
     def empty_copy(self) -> BM25Index:
         """A new, empty index with the same settings."""
@@ -95,8 +226,11 @@ class BM25Index:
         )
 
     def clear(self) -> None:
-        self._texts, self._ids, self._row, self._model, self._dirty = {}, [], {}, None, False
-        self._texts_attached = True
+        with self._lock:
+            self._texts = {}
+            self._generation += 1
+            self._built = BM25Snapshot(self._settings(), (), None, self._generation)
+            self._texts_attached = True
 
     def _require_texts(self) -> None:
         if not self._texts_attached:
@@ -105,30 +239,41 @@ class BM25Index:
                 "rebuild it from the document store"
             )
 
-    def build(self) -> None:
-        """Index the current texts now (``search`` does this on demand)."""
+    def snapshot(self) -> BM25Snapshot:
+        """The index as of now, built if an add or remove came since the last build: every
+        change made before this call is in it. Searches on other threads keep reading the
+        previous snapshot while this one builds."""
+        wanted = self._generation
+        built = self._built
+        if built.generation >= wanted:
+            return built
+        with self._build_lock:
+            with self._lock:
+                if self._built.generation >= wanted:  # another thread built it meanwhile
+                    return self._built
+                generation, texts = self._generation, dict(self._texts)
+            fresh = self._index(texts, generation)  # (the lock is free: writers go on)
+            with self._lock:
+                if fresh.generation > self._built.generation:  # not behind a clear()
+                    self._built = fresh
+                return self._built
+
+    def _index(self, texts: dict[str, str], generation: int) -> BM25Snapshot:
         import bm25s
 
-        self._ids = list(self._texts)
-        self._row = {doc_id: row for row, doc_id in enumerate(self._ids)}
+        ids = list(texts)
         model = bm25s.BM25(k1=self.k1, b=self.b, method=self.method)
-        if self._ids:
-            corpus = [self._analyze(self._texts[doc_id]) for doc_id in self._ids]
-            model.index(corpus, show_progress=False)
-        self._model = model if self._ids else None
-        self._dirty = False
+        if ids:
+            model.index([self._analyze(texts[doc_id]) for doc_id in ids], show_progress=False)
+        return BM25Snapshot(self._settings(), ids, model if ids else None, generation)
+
+    def build(self) -> None:
+        """Index the current texts now (``search`` does this on demand)."""
+        self.snapshot()
 
     def scores(self, query: str) -> np.ndarray:
         """The BM25 score of every indexed document for ``query``, in index order."""
-        if self._dirty:
-            self.build()
-        if self._model is None:
-            return np.zeros(0, dtype=np.float32)
-        vocab = self._model.vocab_dict
-        term_ids = [vocab[t] for t in self._analyze(query) if t in vocab]
-        if not term_ids:
-            return np.zeros(len(self._ids), dtype=np.float32)
-        return np.asarray(self._model.get_scores_from_ids(term_ids), dtype=np.float32)
+        return self.snapshot().scores(query)
 
     def ceiling(self, query: str) -> float:
         """The most a document of this index could score for ``query``: for each of its terms
@@ -136,22 +281,7 @@ class BM25Index:
         as much as the index's rarest term (it is evidence no document matches). Dividing a
         score by it gives a share in [0, 1] that does not grow with the query's length or the
         corpus's size, which is what a relevance floor compares."""
-        if self._dirty:
-            self.build()
-        if self._model is None:
-            return 0.0
-        matrix = self._model.scores
-        data, indptr = matrix["data"], matrix["indptr"]
-        vocab = self._model.vocab_dict
-        unseen = float(data.max()) if len(data) else 0.0
-        total = 0.0
-        for term in self._analyze(query):
-            column = vocab.get(term)
-            if column is None or indptr[column + 1] == indptr[column]:
-                total += unseen
-            else:
-                total += float(data[indptr[column] : indptr[column + 1]].max())
-        return total
+        return self.snapshot().ceiling(query)
 
     def shares(
         self, query: str, ids: Sequence[str], *, scores: np.ndarray | None = None
@@ -162,20 +292,11 @@ class BM25Index:
         query made of them alone ("what is it") has no evidence (an empty dict) however small
         the corpus. ``scores`` may pass ``scores(query)`` when already computed; it is reused
         when the query has no function word to leave out."""
-        content = content_words(query)
-        terms = self._analyze(content)
-        if not terms:
-            return {}
-        ceiling = self.ceiling(content)
-        if ceiling <= 0:
-            return {}
-        if scores is None or terms != self._analyze(query):
-            scores = self.scores(content)
-        return {i: v / ceiling for i, v in zip(ids, self.score_of(scores, ids), strict=True)}
+        return self.snapshot().shares(query, ids, scores=scores)
 
     def score_of(self, scores: np.ndarray, ids: Sequence[str]) -> list[float]:
         """Look up ``ids`` in a ``scores(query)`` vector (0.0 for unknown ids)."""
-        return [float(scores[self._row[i]]) if i in self._row else 0.0 for i in ids]
+        return self.snapshot().score_of(scores, ids)
 
     def search(
         self,
@@ -190,41 +311,11 @@ class BM25Index:
         ``allowed`` restricts the match to those ids (a filter applied before ranking);
         ``scores`` reuses a ``scores(query)`` vector already computed.
         """
-        if k <= 0:
-            return []
-        if scores is None:
-            scores = self.scores(query)
-        if scores.size == 0:
-            return []
-        if allowed is not None:
-            mask = np.zeros(scores.size, dtype=bool)
-            rows = [self._row[i] for i in allowed if i in self._row]
-            mask[rows] = True
-            scores = np.where(mask, scores, 0.0)
-        positive = np.flatnonzero(scores > 0)
-        if positive.size > k:
-            part = np.argpartition(-scores[positive], k - 1)[:k]
-            positive = positive[part]
-        order = positive[np.lexsort((positive, -scores[positive]))]
-        return [(self._ids[row], float(scores[row])) for row in order]
+        return self.snapshot().search(query, k, allowed=allowed, scores=scores)
 
     def save(self, folder: str | Path) -> None:
         """Write the index (scores, vocabulary, ids, settings) to ``folder``."""
-        if self._dirty:
-            self.build()
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        meta = {
-            "k1": self.k1,
-            "b": self.b,
-            "method": self.method,
-            "stemmer": self.stemmer,
-            "stopwords": self.stopwords,
-            "ids": self._ids,
-        }
-        if self._model is not None:
-            self._model.save(str(folder), show_progress=False)
-        (folder / _META).write_text(json.dumps(meta), encoding="utf-8")
+        self.snapshot().save(folder)
 
     @classmethod
     def load(cls, folder: str | Path, *, mmap: bool = True) -> BM25Index:
@@ -244,16 +335,22 @@ class BM25Index:
             stemmer=meta["stemmer"],
             stopwords=meta["stopwords"],
         )
-        index._ids = list(meta["ids"])
-        index._row = {doc_id: row for row, doc_id in enumerate(index._ids)}
+        ids = list(meta["ids"])
+        model = None
+        if ids:
+            try:
+                model = bm25s.BM25.load(str(folder), mmap=mmap, show_progress=False)
+            except (OSError, ValueError, KeyError) as exc:
+                raise StoreError(f"no readable BM25 index in {folder}: {exc}") from exc
+        index._built = BM25Snapshot(index._settings(), ids, model, 0)
         index._texts_attached = False
-        if index._ids:
-            index._model = bm25s.BM25.load(str(folder), mmap=mmap, show_progress=False)
         return index
 
     def set_texts(self, texts: dict[str, str]) -> None:
         """Attach the texts of a loaded index (ids must match) so it can take adds again."""
-        if set(texts) != set(self._ids):
-            raise StoreError("the texts given do not match the ids of the loaded index")
-        self._texts = {doc_id: texts[doc_id] for doc_id in self._ids}
-        self._texts_attached = True
+        with self._lock:
+            ids = self._built.ids
+            if set(texts) != set(ids):
+                raise StoreError("the texts given do not match the ids of the loaded index")
+            self._texts = {doc_id: texts[doc_id] for doc_id in ids}
+            self._texts_attached = True
