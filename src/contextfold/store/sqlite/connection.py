@@ -106,15 +106,25 @@ def home_dir() -> Path:
     return home
 
 
-def connect(path: str | Path, *, check_same_thread: bool = False) -> sqlite3.Connection:
+def connect(
+    path: str | Path,
+    *,
+    check_same_thread: bool = False,
+    factory: type[sqlite3.Connection] = sqlite3.Connection,
+) -> sqlite3.Connection:
     """Open ``path`` (or ``":memory:"``) with WAL journaling, foreign keys on, a 5 s busy
-    timeout and autocommit mode (transactions are explicit, see ``transaction``)."""
+    timeout and autocommit mode (transactions are explicit, see ``transaction``); the
+    connection is made by ``factory`` (a ``sqlite3.Connection`` subclass)."""
     target = str(path)
     if target != ":memory:":
         Path(target).parent.mkdir(parents=True, exist_ok=True)
     try:
         conn = sqlite3.connect(
-            target, timeout=5.0, isolation_level=None, check_same_thread=check_same_thread
+            target,
+            timeout=5.0,
+            isolation_level=None,
+            check_same_thread=check_same_thread,
+            factory=factory,
         )
         conn.row_factory = sqlite3.Row
         conn.execute("PRAGMA foreign_keys = ON")

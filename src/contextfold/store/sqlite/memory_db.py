@@ -7,7 +7,9 @@ holds.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import itertools
 import sqlite3
 import threading
 from collections.abc import Iterator, Sequence
@@ -15,6 +17,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Any
 
+from contextfold.errors import StoreError
 from contextfold.items import Message
 from contextfold.store.models import _iso, _message_json, _now, message_key
 from contextfold.store.sqlite.connection import FairLock, connect, transaction
@@ -23,37 +26,138 @@ from contextfold.tokens import TokenCounter
 __all__ = ["MemoryDb", "insert_turns", "last_seq", "turn_rows"]
 
 
+CLOSED = "the memory store is closed; open a new store (or engine) to use it again"
+
+
+class _StoreCursor(sqlite3.Cursor):
+    """A cursor of a ``_StoreConnection``: its statements after the store's ``close()``
+    raise ``StoreError``, not sqlite3's ``ProgrammingError``."""
+
+    def execute(self, sql: str, parameters: Any = (), /) -> _StoreCursor:
+        try:
+            return super().execute(sql, parameters)
+        except sqlite3.ProgrammingError as exc:
+            _raise_if_closed(self.connection, exc)
+            raise
+
+    def executemany(self, sql: str, seq_of_parameters: Any, /) -> _StoreCursor:
+        try:
+            return super().executemany(sql, seq_of_parameters)
+        except sqlite3.ProgrammingError as exc:
+            _raise_if_closed(self.connection, exc)
+            raise
+
+
+class _StoreConnection(sqlite3.Connection):
+    """A connection of a ``MemoryDb``. A thread can hold its connection when another thread
+    closes the store (it took it just before): its next statement raises ``StoreError``
+    ("the memory store is closed"), not sqlite3's ``ProgrammingError``."""
+
+    closed_by_store = False
+
+    def cursor(self, factory: Any = _StoreCursor) -> Any:
+        try:
+            return super().cursor(factory)
+        except sqlite3.ProgrammingError as exc:
+            _raise_if_closed(self, exc)
+            raise
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        try:
+            return super().execute(sql, parameters)
+        except sqlite3.ProgrammingError as exc:
+            _raise_if_closed(self, exc)
+            raise
+
+    def executemany(self, sql: str, parameters: Any, /) -> sqlite3.Cursor:
+        try:
+            return super().executemany(sql, parameters)
+        except sqlite3.ProgrammingError as exc:
+            _raise_if_closed(self, exc)
+            raise
+
+    def executescript(self, sql_script: str, /) -> sqlite3.Cursor:
+        try:
+            return super().executescript(sql_script)
+        except sqlite3.ProgrammingError as exc:
+            _raise_if_closed(self, exc)
+            raise
+
+
+def _raise_if_closed(conn: sqlite3.Connection, exc: BaseException) -> None:
+    if getattr(conn, "closed_by_store", False):
+        raise StoreError(CLOSED) from exc
+
+
+class _ThreadConnection:
+    """One thread's connection, held in the thread's ``threading.local`` data: CPython drops
+    that data when the thread ends, and this holder's finaliser then closes the connection
+    and takes it off its store's list (a thread per request must not leave a connection per
+    request open). No other thread uses it, so nothing is inside SQLite on it then."""
+
+    __slots__ = ("conn", "key", "registry")
+
+    def __init__(
+        self, conn: sqlite3.Connection, key: int, registry: dict[int, sqlite3.Connection]
+    ) -> None:
+        self.conn = conn
+        self.key = key
+        self.registry = registry
+
+    def __del__(self) -> None:
+        # ``dict.pop`` is atomic: the connection is closed once, here or by ``close()``.
+        conn = self.registry.pop(self.key, None)
+        if conn is not None:
+            with contextlib.suppress(Exception):  # a finaliser must not raise (at shutdown)
+                conn.close()
+
+
 class MemoryDb:
     """This process's connections to the memory store at ``path`` (a file or ``":memory:"``).
 
     A file store gives each thread its own connection: WAL lets readers run beside the one
-    writer, and a transaction never takes in another thread's writes. An in-memory database
-    exists only on its one connection, so threads share it (``shared``) and take turns at its
-    transactions (``tx``)."""
+    writer, and a transaction never takes in another thread's writes; a thread's connection
+    is closed when the thread ends. An in-memory database exists only on its one connection,
+    so threads share it (``shared``) and take turns at its transactions (``tx``).
+
+    After ``close()`` every use raises ``StoreError``; nothing reopens the store."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.shared = path == ":memory:"
+        self.closed = False
         self._local = threading.local()
-        self._connections: list[sqlite3.Connection] = []
+        # The open connections by key: a thread's leaves when the thread ends.
+        self._connections: dict[int, sqlite3.Connection] = {}
+        self._keys = itertools.count()
         self._guard = threading.RLock()
         self._writer = FairLock()  # this process's writers, one at a time, in order (``tx``)
-        first = connect(path)
-        self._local.conn = first
-        self._connections.append(first)
+        first = self._open()
+        self._shared: sqlite3.Connection | None = first if self.shared else None
+
+    def _open(self) -> sqlite3.Connection:
+        """A new connection, this thread's from now on (the shared one for ``:memory:``)."""
+        with self._guard:
+            if self.closed:
+                raise StoreError(CLOSED)
+            conn = connect(self.path, factory=_StoreConnection)
+            key = next(self._keys)
+            self._connections[key] = conn
+            if not self.shared:
+                self._local.holder = _ThreadConnection(conn, key, self._connections)
+            return conn
 
     @property
     def conn(self) -> sqlite3.Connection:
         """This thread's connection."""
-        if self.shared:
-            return self._connections[0]
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = connect(self.path)
-            self._local.conn = conn
-            with self._guard:
-                self._connections.append(conn)
-        return conn
+        if self.closed:
+            raise StoreError(CLOSED)
+        if self._shared is not None:
+            return self._shared
+        holder: _ThreadConnection | None = getattr(self._local, "holder", None)
+        if holder is None:
+            return self._open()
+        return holder.conn
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
@@ -71,11 +175,16 @@ class MemoryDb:
     def close(self) -> None:
         """Close every connection, once no write of another thread is in flight: a connection
         closed while a thread is inside SQLite on it is freed under that thread (CI saw a
-        segfault: a dashboard record flush beside a test closing its in-memory store)."""
+        segfault: a dashboard record flush beside a test closing its in-memory store). Then
+        every use raises ``StoreError``; closing again does nothing."""
         with self._writer, self._guard:
-            for conn in self._connections:
-                conn.close()
-            self._connections.clear()
+            self.closed = True
+            for key in list(self._connections):
+                conn = self._connections.pop(key, None)
+                if conn is not None:
+                    conn.closed_by_store = True  # type: ignore[attr-defined]
+                    conn.close()
+            self._shared = None
             self._local = threading.local()
 
 
