@@ -10,6 +10,7 @@ import pytest
 
 from contextfold import (
     AnthropicFormatter,
+    BudgetError,
     CharCounter,
     ConfigError,
     ContextItem,
@@ -357,3 +358,20 @@ def test_diagnostics_fields() -> None:
     assert (d.counter, d.estimated, d.format) == ("o200k_base", False, "text")
     assert d.truncated_sections == ["retrieval"]
     assert result.text == result.formatted_output
+
+
+@pytest.mark.parametrize("max_tokens", [0, -1, -8192])
+def test_a_max_tokens_that_is_not_positive_is_refused_like_token_budgets(max_tokens: int) -> None:
+    """``max_tokens=0`` is not "no limit" (it used to become an 8,192-token budget): the
+    pipeline refuses it with the ``BudgetError`` ``TokenBudget`` gives, when it is made."""
+    with pytest.raises(BudgetError, match="max_tokens must be > 0") as expected:
+        TokenBudget(max_tokens=max_tokens)
+    with pytest.raises(BudgetError) as got:
+        ContextPipeline(max_tokens=max_tokens)
+    assert str(got.value) == str(expected.value)
+
+
+def test_max_tokens_none_keeps_the_default_budget_and_a_positive_one_is_kept() -> None:
+    assert ContextPipeline().budget.max_tokens == 8192
+    assert ContextPipeline(max_tokens=None).budget.max_tokens == 8192
+    assert ContextPipeline(max_tokens=1).budget.max_tokens == 1

@@ -124,6 +124,9 @@ class ContextPipeline:
     ) -> None:
         if counter is not None and model is not None:
             raise ConfigError("give either counter or model, not both")
+        if max_tokens is not None:
+            # Refused now, with the budget's own error: 0 is not "no limit" (None is).
+            TokenBudget(max_tokens=max_tokens)
         self._max_tokens = max_tokens
         self._budget: TokenBudget | None = None
         self.formatter: Formatter = formatter if formatter is not None else GenericTextFormatter()
@@ -151,7 +154,7 @@ class ContextPipeline:
     def budget(self) -> TokenBudget:
         if self._budget is not None:
             return self._budget
-        return TokenBudget(max_tokens=self._max_tokens or 8192)
+        return TokenBudget(max_tokens=8192 if self._max_tokens is None else self._max_tokens)
 
     @property
     def steps(self) -> tuple[PipelineStep, ...]:

@@ -15,7 +15,7 @@ Query: Who created Python?
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from contextfold.errors import ConfigError
@@ -51,9 +51,20 @@ class _TokenLimited:
         self.max_context_length = max_context_length
         self.counter = counter if counter is not None else TiktokenCounter("cl100k_base")
 
-    def _fill(self, head: str, chunks: Sequence[ContextItem], tail: str = "") -> str:
-        """``head`` + as many labelled chunks as fit + ``tail``; the first chunk that does not
-        fit is cut at a sentence boundary (marked), the rest are left out."""
+    def _fill(
+        self,
+        head: str,
+        chunks: Sequence[ContextItem],
+        tail: str = "",
+        finish: Callable[[str], str] = lambda text: text,
+    ) -> str:
+        """``finish(head + as many labelled chunks as fit + tail)``; the first chunk that does
+        not fit is cut at a sentence boundary (marked), the rest are left out.
+
+        The pieces are counted one by one, but text can tokenise to more once joined or
+        ``finish``-ed (``"«x»\n"`` is a token more than ``"«x»\n\n"`` counted alone), so the
+        finished string is counted exactly and, while it is over the limit, packed again in
+        less room: the composed text never exceeds ``max_context_length``."""
         count = self.counter.count
         room = self.max_context_length - count(head) - count(tail)
         if room < 0:
@@ -61,6 +72,22 @@ class _TokenLimited:
                 f"the composer's fixed text needs {count(head) + count(tail)} tokens but "
                 f"max_context_length is {self.max_context_length}"
             )
+        while True:
+            parts = self._pack(chunks, room)
+            text = finish(head + "".join(parts) + tail)
+            over = count(text) - self.max_context_length
+            if over <= 0:
+                return text
+            if not parts:
+                raise ConfigError(
+                    f"the composer's fixed text needs {count(text)} tokens but "
+                    f"max_context_length is {self.max_context_length}"
+                )
+            room -= over  # each pass packs at least a token less, so this ends
+
+    def _pack(self, chunks: Sequence[ContextItem], room: int) -> list[str]:
+        """The labelled chunk blocks that fit in ``room`` tokens, counted one by one."""
+        count = self.counter.count
         parts = []
         for n, item in enumerate(chunks, start=1):
             block = f"{_label(n, item)}\n{item.content}\n\n"
@@ -74,7 +101,7 @@ class _TokenLimited:
             if cut:
                 parts.append(f"{label}{cut}\n\n")
             break
-        return head + "".join(parts) + tail
+        return parts
 
 
 class ContextComposer(_TokenLimited):
@@ -88,7 +115,8 @@ class ContextComposer(_TokenLimited):
         super().__init__(max_context_length, counter)
 
     def compose(self, query: str, chunks: Sequence[ContextItem]) -> str:
-        return self._fill(f"Query: {query}\n\nRelevant Context:\n\n", chunks).rstrip() + "\n"
+        head = f"Query: {query}\n\nRelevant Context:\n\n"
+        return self._fill(head, chunks, finish=lambda text: text.rstrip() + "\n")
 
 
 class PromptComposer(_TokenLimited):
