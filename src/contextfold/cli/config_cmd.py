@@ -111,10 +111,11 @@ def validate_command(
     """Validate a contextfold.yaml or a server config (contextfold serve --config FILE).
 
     The kind is told by the top-level keys: a file of only server keys (host, port, proxy,
-    context_api, dashboard, limits, ...) is a server config. Prints `ok` and a summary of the
-    main settings, or each problem (YAML syntax errors with their line, unknown keys, values
-    out of range, an API key pasted where a variable name belongs — never echoed) and exits 2.
-    With --json the answer is JSON either way."""
+    context_api, dashboard, limits, ...) is a server config; the memory config it names
+    (memory_config, relative to the server config's folder) is checked too. Prints `ok` and a
+    summary of the main settings, or each problem (YAML syntax errors with their line, unknown
+    keys, values out of range, an API key pasted where a variable name belongs — never echoed)
+    and exits 2. With --json the answer is JSON either way."""
     from contextfold.memory.config import load_config
     from contextfold.server.config import load_server_config
 
@@ -122,6 +123,8 @@ def validate_command(
     kind = config_kind(path) if path.is_file() else "memory"
     try:
         cfg: Any = load_server_config(path) if kind == "server" else load_config(path)
+        if kind == "server" and cfg.memory_config:
+            _check_memory_config(path, cfg.memory_config)
     except ConfigError as exc:
         if not json_out:
             with cli_errors():
@@ -149,6 +152,20 @@ def validate_command(
         return
     typer.echo(f"ok: {path}")
     print_pairs("", summary_rows(cfg))
+
+
+def _check_memory_config(path: Path, memory_config: str) -> None:
+    """``ConfigError`` naming ``memory_config`` when the memory config a server config names
+    cannot be loaded (missing, unreadable or invalid): `serve` would refuse to start."""
+    from contextfold.memory.config import load_config
+
+    try:
+        load_config(memory_config)
+    except ConfigError as exc:
+        first, _, rest = str(exc).partition("\n")
+        raise ConfigError(
+            f"{path}: memory_config {memory_config!r}: {first}" + (f"\n{rest}" if rest else "")
+        ) from None
 
 
 def init_command(

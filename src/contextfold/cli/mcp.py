@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import sqlite3
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -18,7 +17,7 @@ from contextfold.cli.common import InputError, cli_errors
 from contextfold.cli.corpus import DbOption
 from contextfold.cli.session import ConfigOption, SessionOption, resolve_config
 from contextfold.errors import StoreError
-from contextfold.store import describe_store
+from contextfold.store import describe_store, masked_location
 
 if TYPE_CHECKING:
     from contextfold.mcp_server import LogLevel
@@ -32,11 +31,12 @@ def mcp_command(
     config: ConfigOption = None,
     session: SessionOption = "default",
     store: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
-            metavar="FILE",
-            help="Memory store (SQLite file); overrides storage_path of the config "
-            "(default: $CONTEXTFOLD_HOME/memory.db).",
+            metavar="LOCATION",
+            help="The memory store: an SQLite file or a postgresql:// URL; overrides "
+            "$CONTEXTFOLD_STORE_URL and store: of the config (default: "
+            "$CONTEXTFOLD_HOME/memory.db).",
         ),
     ] = None,
     db: DbOption = None,
@@ -74,11 +74,15 @@ def mcp_command(
             raise InputError(f"--log-level must be one of {', '.join(LEVELS)}, got {log_level!r}")
         if not session.strip():
             raise InputError("--session is empty; name a session (the default is 'default')")
+        if store is not None and not store.strip():
+            raise InputError("--store is empty; name an SQLite file or a postgresql:// URL")
         cfg, _ = resolve_config(config)
         try:
             engine = MemoryEngine(cfg, store=store, session_id=session)
         except (OSError, sqlite3.Error, StoreError) as exc:
-            where = describe_store(store or cfg.store or cfg.storage_path)
+            where = (
+                masked_location(store) if store else describe_store(cfg.store or cfg.storage_path)
+            )
             raise InputError(f"cannot open the memory store {where}: {exc}") from None
     with engine:
         server = create_server(engine, corpus=db, embed=embed, log_level=level)

@@ -358,6 +358,20 @@ class MemoryConfig(_Section):
     token_cache: int = Field(16_384, ge=0)
     token_cache_chars: int = Field(1_024, ge=0)
 
+    @field_validator("store", "storage_path")
+    @classmethod
+    def _a_store(cls, value: str | None) -> str | None:
+        """An SQLite file or a PostgreSQL URL in the spelling psycopg reads; any other URL is
+        an error (never a file named after it)."""
+        if value is None:
+            return None
+        from contextfold.store import configured_location
+
+        try:
+            return configured_location(value)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
     @model_validator(mode="after")
     def _llm_when_needed(self) -> MemoryConfig:
         wants = [

@@ -20,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -47,6 +48,20 @@ class _Section(BaseModel):
     # Errors never echo the input: a key pasted where a variable name belongs must not be
     # printed back (pydantic takes this setting from the outermost model validated).
     model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+
+def _location(value: str | None, info: ValidationInfo) -> str | None:
+    """A store (an SQLite file or a PostgreSQL URL) or file named in the config: relative to
+    the config file's folder when read from one (``load_server_config``), not to the current
+    directory; any URL but PostgreSQL's is an error."""
+    if value is None:
+        return None
+    from contextfold.store import configured_location
+
+    try:
+        return configured_location(value, (info.context or {}).get("folder"))
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
 
 
 #: Characters no upstream URL may hold: they would be sent as they are in the request line.
@@ -185,8 +200,8 @@ class ContextApiSettings(_Section):
     that key owns (reads and writes); keys themselves never appear in a config file. With no
     keys the API is open to every caller while the server binds to loopback, and answers 401
     to everyone when it binds anywhere else. ``graph_path``: the SQLite file of nodes, edges and
-    documents (default ``<home>/graph.db``), or a ``postgresql://`` URL to share them among
-    servers. ``hybrid``: rank entry points with the memory engine's embedder as well as BM25
+    documents, or a ``postgresql://`` URL to share them among servers (default: the memory
+    store's database when memory is on PostgreSQL, else ``<home>/graph.db``). ``hybrid``: rank entry points with the memory engine's embedder as well as BM25
     (when the engine has one). ``relevance_floor``: entry
     points must clear the calibrated relevance floor (``true``, the default), none (``false``),
     or the floors given per mode (``{bm25: 0.1, dense: 0.3, hybrid: 0.35}``, and
@@ -200,6 +215,11 @@ class ContextApiSettings(_Section):
     graph_path: str | None = None
     hybrid: bool = True
     relevance_floor: bool | dict[str, float] = True
+
+    @field_validator("graph_path")
+    @classmethod
+    def _a_store(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _location(value, info)
 
     @field_validator("relevance_floor")
     @classmethod
@@ -269,6 +289,11 @@ class DashboardSettings(_Section):
     #: the memory's exact earlier lines for the question; ``None``: no tool).
     chat_tool: Literal["find_quote"] | None = "find_quote"
 
+    @field_validator("corpus")
+    @classmethod
+    def _a_store(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return _location(value, info)
+
     @field_validator("token_env")
     @classmethod
     def _a_name_not_a_token(cls, value: str | None) -> str | None:
@@ -292,7 +317,8 @@ class LimitSettings(_Section):
     generateContent) also refuse, in the provider's error shape and before anything goes
     upstream, a body with more than ``max_messages`` messages (413), a message (or system
     prompt) larger than ``max_message_bytes`` of text (413), and JSON nested deeper than
-    ``max_json_depth`` (400)."""
+    ``max_json_depth`` (400); the ``/api`` routes refuse a body nested deeper than
+    ``max_json_depth`` too, at most 200 levels there (what a response can return)."""
 
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_messages: int = Field(10_000, ge=1)
@@ -320,6 +346,14 @@ class ServerConfig(_Section):
     def _a_name_not_a_secret(cls, value: str) -> str:
         return check_env_name(value)
 
+    @field_validator("memory_config")
+    @classmethod
+    def _beside_the_file(cls, value: str | None, info: ValidationInfo) -> str | None:
+        folder = (info.context or {}).get("folder")
+        if value is None or folder is None or not value.strip():
+            return value
+        return str(Path(folder) / value)  # an absolute path stays as it is
+
     @model_validator(mode="after")
     def _distinct_ports(self) -> ServerConfig:
         ports = [self.port, *(i.port for i in self.proxy.instances)]
@@ -334,7 +368,9 @@ class ServerConfig(_Section):
 
 def load_server_config(path: str | Path) -> ServerConfig:
     """Read and validate a server config file (YAML; the ``ServerConfig`` fields at the top
-    level). Any problem raises ``ConfigError`` naming the file and the bad fields."""
+    level). Any problem raises ``ConfigError`` naming the file and the bad fields. A relative
+    path in it (``memory_config``, ``context_api.graph_path``, ``dashboard.corpus``) is
+    relative to the file's folder, whatever the current directory."""
     file = Path(path)
     try:
         data: Any = yaml.safe_load(file.read_text(encoding="utf-8"))
@@ -357,7 +393,7 @@ def load_server_config(path: str | Path) -> ServerConfig:
             "unindent the rest"
         )
     try:
-        return ServerConfig.model_validate(data)
+        return ServerConfig.model_validate(data, context={"folder": file.parent})
     except ValidationError as exc:
         lines = [
             f"  {'.'.join(str(p) for p in err['loc']) or '(top level)'}: "

@@ -17,10 +17,13 @@ name answers 403. Open (no keys, bound to loopback), the API answers only reques
 
 # No ``from __future__ import annotations`` here: FastAPI must see the route annotations,
 # some of which (``Who``) are local to ``router``, as objects.
+import logging
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request, Response, Security
@@ -40,6 +43,8 @@ from pydantic import (
 
 from contextfold._bounded import clip
 from contextfold.budget import graph_budget
+from contextfold.errors import ConfigError, StoreError
+from contextfold.memory.config import load_config
 from contextfold.retrieval.graph import (
     GraphContextRequest,
     GraphContextResponse,
@@ -57,9 +62,12 @@ from contextfold.server.knowledge import (
     DocumentSpec,
     KnowledgeStore,
 )
+from contextfold.server.proxy.limits import depth, too_deep
 from contextfold.server.state import ServerState
 from contextfold.server.tenants import Caller, TenantAuth
+from contextfold.store import is_database_url, masked_location, store_url
 from contextfold.store.graph_models import EdgeType, KnowledgeEdge, KnowledgeNode, NodeType
+from contextfold.store.protocols import GraphStorage
 from contextfold.store.sqlite import home_dir
 
 __all__ = [
@@ -81,6 +89,10 @@ __all__ = [
 MAX_ID = 2**53 - 1
 #: At most this many nodes or edges in one bulk request.
 MAX_BULK = 1000
+#: The deepest JSON body the API takes, whatever ``limits.max_json_depth`` says: pydantic
+#: serialises at most 255 levels, and a response wraps a node's content in a few more, so a
+#: node stored deeper could never be listed again.
+MAX_API_DEPTH = 200
 
 
 def _unicode(value: Any, where: str = "value") -> Any:
@@ -284,16 +296,169 @@ _bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <API k
 _api_key = APIKeyHeader(name="X-API-Key", auto_error=False, description="X-API-Key: <API key>")
 
 
+def _shallow(content: dict[str, Any]) -> dict[str, Any]:
+    """``content``, or a note in its place when it nests deeper than the API can return (a
+    node stored that deep by a library user, or before the API checked bodies' depth)."""
+    if depth(content, MAX_API_DEPTH) <= MAX_API_DEPTH:
+        return content
+    return {
+        "omitted": f"this content is JSON nested deeper than {MAX_API_DEPTH} levels, more than"
+        " the API returns; replace it (PUT /api/nodes/{id}) or delete the node"
+    }
+
+
+def _safe_node(node: KnowledgeNode) -> KnowledgeNode:
+    shallow = _shallow(node.content)
+    return node if shallow is node.content else node.model_copy(update={"content": shallow})
+
+
+def _safe_document(document: DocumentInfo) -> DocumentInfo:
+    shallow = _shallow(document.metadata)
+    if shallow is document.metadata:
+        return document
+    return document.model_copy(update={"metadata": shallow})
+
+
+def _safe_context(result: GraphContextResponse) -> GraphContextResponse:
+    entry_points = [
+        e.model_copy(update={"content": _shallow(e.content)}) for e in result.entry_points
+    ]
+    context = [c.model_copy(update={"content": _shallow(c.content)}) for c in result.context]
+    return result.model_copy(update={"entry_points": entry_points, "context": context})
+
+
 def _not_found(kind: str, ident: object) -> ApiError:
     return ApiError(404, "not_found", f"no {kind} {ident} among the tenants this caller can see")
 
 
-def router(state: ServerState) -> APIRouter:
+def graph_location(state: ServerState) -> str | Path:
+    """Where the knowledge graph lives: ``context_api.graph_path`` when set; else, when memory
+    is on PostgreSQL (``$CONTEXTFOLD_STORE_URL``, or ``store:`` in the memory config), that
+    same database, so every server sharing the memory shares the graph too; else
+    ``<home>/graph.db``."""
+    if state.config.context_api.graph_path:
+        return state.config.context_api.graph_path
+    cfg = state.memory.config
+    if state.memory_error and state.config.memory_config:  # memory is a stand-in: its file
+        with suppress(ConfigError):
+            cfg = load_config(state.config.memory_config)
+    configured = store_url(cfg.store or cfg.storage_path)
+    if configured is not None and is_database_url(configured):
+        return str(configured)
+    opened = str(getattr(state.memory.store, "path", ""))  # an engine given its own store
+    if is_database_url(opened) and "***" not in opened:  # (no password to unmask)
+        return opened
+    return home_dir() / "graph.db"
+
+
+logger = logging.getLogger(__name__)
+
+#: How often a knowledge store whose PostgreSQL server was down at start is tried again (at
+#: most once per this many seconds; the uses between answer 503 at once).
+REOPEN_EVERY_S = 2.0
+
+
+def _unreachable(url: str) -> str | None:
+    """Why the PostgreSQL server at ``url`` refuses a connection now (a quick one, 3 s at
+    most), else ``None``: checked before a store's pool, which waits 30 s to open."""
+    try:
+        import psycopg
+    except ImportError:  # the store's own open says what to install
+        return None
+
+    try:
+        psycopg.connect(url, connect_timeout=3).close()
+    except psycopg.Error as exc:
+        text = str(exc).strip()
+        return text.splitlines()[-1] if text else type(exc).__name__
+    return None
+
+
+class _KnowledgeOnDemand:
+    """The knowledge store of a server whose PostgreSQL server could not be reached at start:
+    the server starts without it (the proxy serves whatever this store does), each use tries
+    to open it (at most every ``REOPEN_EVERY_S``; a quick connection first) and raises
+    ``StoreUnavailable`` — a 503 — until it opens; then it is the store."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        self._url, self._reason = url, reason
+        self._store: KnowledgeStore | None = None
+        self._lock = threading.Lock()
+        self._tried = time.monotonic()
+        self.graph = _GraphOnDemand(self)
+
+    def opened(self) -> KnowledgeStore:
+        from contextfold.store.postgres.pool import StoreUnavailable
+
+        with self._lock:
+            if self._store is None:
+                now = time.monotonic()
+                if now - self._tried >= REOPEN_EVERY_S:
+                    self._tried = now
+                    reason = _unreachable(self._url)
+                    if reason is None:
+                        try:
+                            self._store = KnowledgeStore(self._url)
+                        except StoreError as exc:
+                            reason = str(exc)
+                    if reason is not None:
+                        self._reason = reason
+                if self._store is None:
+                    raise StoreUnavailable(masked_location(self._url), self._reason)
+                logger.info("the knowledge store at %s is open", masked_location(self._url))
+            return self._store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.opened(), name)
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+
+class _GraphOnDemand:
+    """``_KnowledgeOnDemand``'s graph: each use is the opened store's graph's."""
+
+    def __init__(self, owner: _KnowledgeOnDemand) -> None:
+        self._owner = owner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._owner.opened().graph, name)
+
+
+def _open_knowledge(location: str | Path) -> Any:
+    """The knowledge store at ``location``; on PostgreSQL, a ``_KnowledgeOnDemand`` when its
+    server cannot be reached now (a server must start while its database is down)."""
+    if not is_database_url(str(location)):
+        return KnowledgeStore(location)
+    reason = _unreachable(str(location))
+    if reason is None:
+        try:
+            return KnowledgeStore(location)
+        except StoreError as exc:
+            reason = str(exc)
+    logger.warning(
+        "the knowledge store at %s is unavailable (%s): the context API answers 503 until"
+        " it is back",
+        masked_location(location),
+        reason,
+    )
+    return _KnowledgeOnDemand(str(location), reason)
+
+
+class KnowledgeRouter(APIRouter):
+    """The context API's routes; ``store`` is the knowledge store they use (or, while its
+    PostgreSQL server is down since the start, what opens it once it is back)."""
+
+    store: Any
+
+
+def router(state: ServerState) -> KnowledgeRouter:
     """The context API's routes, over the store at ``context_api.graph_path``."""
     settings = state.config.context_api
     auth = TenantAuth(settings.api_keys, host=state.config.host)
-    store = KnowledgeStore(settings.graph_path or home_dir() / "graph.db")
-    graph = store.graph
+    store = _open_knowledge(graph_location(state))
+    graph: GraphStorage = store.graph
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -313,13 +478,33 @@ def router(state: ServerState) -> APIRouter:
 
     Who = Annotated[Caller, Depends(caller)]
 
-    def json_body(request: Request, _: Who) -> None:
+    configured_depth = state.config.limits.max_json_depth
+    depth_limit = min(configured_depth, MAX_API_DEPTH)
+    depth_setting = "limits.max_json_depth" + (
+        f" {configured_depth}, capped at {MAX_API_DEPTH} on /api"
+        if depth_limit < configured_depth
+        else ""
+    )
+
+    async def json_body(request: Request, _: Who) -> None:
         """A POST or PUT body is JSON: one declared as anything else (curl's ``-d`` sends
         ``application/x-www-form-urlencoded``), or sent with no ``Content-Type``, is a 415
-        naming what it was sent as; checked after the key and before the body's schema."""
+        naming what it was sent as; one nested deeper than ``limits.max_json_depth`` (at most
+        ``MAX_API_DEPTH``) is a 400. Checked after the key and before the body's schema."""
         headers = request.headers
         content_type = headers.get("content-type")
-        if request.method not in ("POST", "PUT") or is_json(content_type):
+        if request.method not in ("POST", "PUT"):
+            return
+        if is_json(content_type):
+            if not await request.body():
+                return
+            try:
+                parsed = await request.json()  # parsed already: FastAPI keeps it
+            except (ValueError, RecursionError):
+                return  # the route's own parsing reports it
+            deep = too_deep(parsed, depth_limit, "this API", setting=depth_setting)
+            if deep is not None:
+                raise ApiError(400, "json_too_deep", deep)
             return
         if content_type is None:
             if headers.get("content-length", "0") == "0" and "transfer-encoding" not in headers:
@@ -334,7 +519,7 @@ def router(state: ServerState) -> APIRouter:
             "application/json (curl: -H 'content-type: application/json')",
         )
 
-    api = APIRouter(
+    api = KnowledgeRouter(
         prefix="/api",
         responses=ERROR_RESPONSES,
         lifespan=lifespan,
@@ -342,6 +527,7 @@ def router(state: ServerState) -> APIRouter:
         # before the body's schema.
         dependencies=[Depends(admit_host), Depends(json_body)],
     )
+    api.store = store
 
     def visible_node(who: Caller, node_id: int) -> KnowledgeNode:
         node = graph.get_node(node_id)
@@ -374,7 +560,7 @@ def router(state: ServerState) -> APIRouter:
         )
         response.headers["X-Contextfold-Tenants"] = ",".join(tenants)
         _publish(state, who, request, result, (time.perf_counter() - started) * 1000)
-        return result
+        return _safe_context(result)
 
     @api.get("/tenants", response_model=TenantList, tags=["tenants"])
     def tenants(who: Who) -> TenantList:
@@ -394,7 +580,7 @@ def router(state: ServerState) -> APIRouter:
     def add_node(body: NodeIn, who: Who) -> KnowledgeNode:
         """Store a node; its id is assigned by the server."""
         who.require(body.tenant_id)
-        return graph.add_nodes([body.model_dump()])[0]
+        return _safe_node(graph.add_nodes([body.model_dump()])[0])
 
     @api.post("/nodes/bulk", status_code=201, response_model=NodeList, tags=["nodes"])
     def add_nodes(body: BulkNodes, who: Who) -> NodeList:
@@ -402,7 +588,7 @@ def router(state: ServerState) -> APIRouter:
         for node in body.nodes:
             who.require(node.tenant_id)
         stored = graph.add_nodes([n.model_dump() for n in body.nodes])
-        return NodeList(nodes=stored, total=len(stored))
+        return NodeList(nodes=[_safe_node(n) for n in stored], total=len(stored))
 
     @api.get("/nodes", response_model=NodeList, tags=["nodes"])
     def list_nodes(
@@ -414,11 +600,12 @@ def router(state: ServerState) -> APIRouter:
     ) -> NodeList:
         """The caller's nodes by id, optionally of some tenants and types, a page at a time."""
         found = graph.nodes(tenant_ids=scope(who, tenant_id), node_types=node_type)
-        return NodeList(nodes=found[offset : offset + limit], total=len(found))
+        page = [_safe_node(n) for n in found[offset : offset + limit]]
+        return NodeList(nodes=page, total=len(found))
 
     @api.get("/nodes/{node_id:int}", response_model=KnowledgeNode, tags=["nodes"])
     def get_node(node_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], who: Who) -> KnowledgeNode:
-        return visible_node(who, node_id)
+        return _safe_node(visible_node(who, node_id))
 
     @api.put("/nodes/{node_id:int}", response_model=KnowledgeNode, tags=["nodes"])
     def replace_node(
@@ -427,7 +614,7 @@ def router(state: ServerState) -> APIRouter:
         """Replace a node's fields (its edges stay); it may move to another owned tenant."""
         visible_node(who, node_id)
         who.require(body.tenant_id)
-        return graph.add_nodes([{**body.model_dump(), "id": node_id}])[0]
+        return _safe_node(graph.add_nodes([{**body.model_dump(), "id": node_id}])[0])
 
     @api.delete("/nodes/{node_id:int}", status_code=204, tags=["nodes"])
     def delete_node(node_id: Annotated[int, PathParam(ge=1, le=MAX_ID)], who: Who) -> Response:
@@ -496,13 +683,14 @@ def router(state: ServerState) -> APIRouter:
         """Chunk a document into nodes (consecutive chunks linked by ``related`` edges)."""
         who.require(body.tenant_id)
         try:
-            return store.add_document(DocumentSpec(**body.model_dump()))
+            return _safe_document(store.add_document(DocumentSpec(**body.model_dump())))
         except DocumentConflict as exc:
             raise ApiError(409, "conflict", str(exc)) from None
 
     @api.get("/documents", response_model=DocumentList, tags=["documents"])
     def list_documents(who: Who, tenant_id: TenantFilter) -> DocumentList:
-        return DocumentList(documents=store.documents(scope(who, tenant_id)))
+        found = store.documents(scope(who, tenant_id))
+        return DocumentList(documents=[_safe_document(d) for d in found])
 
     DocPath = Annotated[str, PathParam(pattern=ID_PATTERN)]
 
@@ -516,7 +704,7 @@ def router(state: ServerState) -> APIRouter:
             raise ApiError(
                 404, "not_found", f"tenant {tenant_id!r} has no document {document_id!r}"
             )
-        return found
+        return _safe_document(found)
 
     @api.delete("/documents/{tenant_id}/{document_id}", status_code=204, tags=["documents"])
     def delete_document(tenant_id: DocPath, document_id: DocPath, who: Who) -> Response:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from contextfold.server.config import LimitSettings
 
-__all__ = ["check"]
+__all__ = ["check", "depth", "too_deep"]
 
 #: Top-level fields that hold a system prompt (checked like a message).
 _SYSTEM_KEYS = ("system", "system_instruction", "systemInstruction", "instructions")
@@ -37,12 +37,9 @@ def check(body: dict[str, Any], key: str, limits: LimitSettings) -> tuple[int, s
             f"request has {len(items):,} messages in {key}; this proxy accepts at most "
             f"{limits.max_messages:,} per request (limits.max_messages)"
         )
-    depth = _depth(body, limits.max_json_depth)
-    if depth > limits.max_json_depth:
-        return 400, (
-            f"request body is JSON nested deeper than {limits.max_json_depth} levels;"
-            f" this proxy accepts at most {limits.max_json_depth} (limits.max_json_depth)"
-        )
+    deep = too_deep(body, limits.max_json_depth, "this proxy")
+    if deep is not None:
+        return 400, deep
     parts: list[tuple[str, Any]] = [(k, body[k]) for k in _SYSTEM_KEYS if k in body]
     if isinstance(items, list):
         parts += [(f"{key}[{i}]", item) for i, item in enumerate(items)]
@@ -58,8 +55,28 @@ def check(body: dict[str, Any], key: str, limits: LimitSettings) -> tuple[int, s
     return None
 
 
-def _depth(value: Any, limit: int) -> int:
-    """The nesting depth of ``value`` (a scalar is 0), counted up to ``limit + 1``."""
+def too_deep(
+    body: Any, limit: int, who: str, *, setting: str = "limits.max_json_depth"
+) -> str | None:
+    """The error message for a JSON ``body`` nested deeper than ``limit`` levels (``who``
+    accepts at most ``limit``, ``setting`` sets it), else ``None``.
+
+    >>> too_deep({"a": {"b": [1]}}, 3, "this API") is None
+    True
+    >>> too_deep({"a": {"b": [1]}}, 2, "this API").split("; ")[1]
+    'this API accepts at most 2 (limits.max_json_depth)'
+    """
+    if depth(body, limit) <= limit:
+        return None
+    return (
+        f"request body is JSON nested deeper than {limit} levels;"
+        f" {who} accepts at most {limit} ({setting})"
+    )
+
+
+def depth(value: Any, limit: int) -> int:
+    """The nesting depth of ``value`` (a scalar is 0, ``{"a": [1]}`` is 2), counted up to
+    ``limit + 1``: iterative, so any depth Python's ``json`` parsed is measured safely."""
     deepest = 0
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:

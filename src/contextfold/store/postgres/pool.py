@@ -7,6 +7,15 @@ registry of functions named ``m001_…``, each applied in its own transaction an
 them under one ``pg_advisory_lock``, so two processes starting at once never race to create
 the same table.
 
+The PostgreSQL server may restart or go away for a while. Each connection is checked as it
+leaves the pool (``ConnectionPool.check_connection``, one empty query), so one the server
+dropped is replaced instead of failing the request. A request waits at most
+``CHECKOUT_TIMEOUT`` seconds for a connection; then it tries one direct connection (the pool
+backs off between its own reconnection attempts, and may not yet know the server is back):
+used when it works, else ``StoreUnavailable`` with the server's reason, which the HTTP server
+answers 503. Until a direct connection works again, requests try that first and fail at once
+instead of waiting on the pool.
+
 ``psycopg`` and ``psycopg_pool`` come with ``contextfold[postgres]``; they are imported when a
 store is opened, never by ``import contextfold``.
 """
@@ -25,12 +34,43 @@ if TYPE_CHECKING:
     import psycopg
     from psycopg_pool import ConnectionPool
 
-__all__ = ["PgMigration", "PgMigrationRegistry", "Pooled", "masked"]
+__all__ = [
+    "CHECKOUT_TIMEOUT",
+    "PgMigration",
+    "PgMigrationRegistry",
+    "Pooled",
+    "StoreUnavailable",
+    "masked",
+    "unavailable",
+]
 
 PgMigration = Callable[["psycopg.Connection[Any]"], None]
 
 #: One lock for every contextfold schema in a database (``hashtext`` of this name).
 _LOCK_NAME = "contextfold.schema_migrations"
+#: Seconds a request waits for a pooled connection before trying a direct one.
+CHECKOUT_TIMEOUT = 5.0
+#: ``connect_timeout`` (seconds) of a direct connection.
+CONNECT_TIMEOUT = 5
+#: Seconds a failed reconnection keeps being retried in the background before the pool gives
+#: up on it (the next request that finds no connection starts a new attempt at once): short,
+#: so a pool never waits long in a back-off once the server is back.
+RECONNECT_TIMEOUT = 10.0
+
+
+class StoreUnavailable(StoreError):
+    """The PostgreSQL server of a store cannot be reached (stopped, restarting, refusing
+    connections); ``location`` is its URL, password masked, and ``reason`` the server's."""
+
+    def __init__(self, location: str, reason: str) -> None:
+        super().__init__(f"the PostgreSQL store at {location} is unavailable: {reason}")
+        self.location = location
+        self.reason = reason
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[-1].strip() if text else type(exc).__name__
 
 
 def masked(url: str) -> str:
@@ -50,7 +90,14 @@ def _open_pool(url: str, max_size: int) -> ConnectionPool:
             "a postgresql:// store needs psycopg: pip install 'contextfold[postgres]'"
         ) from exc
     pool = ConnectionPool(
-        url, min_size=1, max_size=max_size, kwargs={"autocommit": True}, open=False
+        url,
+        min_size=1,
+        max_size=max_size,
+        kwargs={"autocommit": True},
+        open=False,
+        check=ConnectionPool.check_connection,  # a connection the server dropped is replaced
+        timeout=CHECKOUT_TIMEOUT,
+        reconnect_timeout=RECONNECT_TIMEOUT,
     )
     try:
         pool.open(wait=True, timeout=30.0)
@@ -66,11 +113,65 @@ class Pooled:
 
     def __init__(self, url: str, *, max_size: int = 4) -> None:
         self.url = url
+        self.masked = masked(url)
         self.pool = _open_pool(url, max_size)
         self._local = threading.local()
+        self._down: str | None = None  # why the server could not be reached, until it can
 
     def close(self) -> None:
         self.pool.close()
+
+    def unavailable(self, timeout: float = 2.0) -> str | None:
+        """Why the server cannot be reached now (a connection checked out within ``timeout``
+        seconds, or a direct one), else ``None``."""
+        try:
+            with self._checkout(timeout):
+                pass
+        except StoreUnavailable as exc:
+            return exc.reason
+        return None
+
+    def _direct(self) -> psycopg.Connection[Any]:
+        """A connection of its own, not the pool's; ``StoreUnavailable`` when that fails."""
+        import psycopg
+
+        try:
+            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
+        except psycopg.Error as exc:
+            self._down = _reason(exc)
+            raise StoreUnavailable(self.masked, self._down) from exc
+        self._down = None
+        return conn
+
+    @contextmanager
+    def _checkout(self, timeout: float = CHECKOUT_TIMEOUT) -> Iterator[psycopg.Connection[Any]]:
+        """A checked connection from the pool, or a direct one (see the module docs); an
+        error that leaves the connection broken (the server went away) is raised as
+        ``StoreUnavailable``."""
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        conn: psycopg.Connection[Any] | None = None
+        try:  # (while the server is known to be down, only a connection the pool has ready)
+            conn = self.pool.getconn(timeout=timeout if self._down is None else 0.1)
+        except PoolTimeout:
+            conn = None
+        else:
+            self._down = None
+        pooled = conn is not None
+        if conn is None:
+            conn = self._direct()
+        try:
+            yield conn
+        except psycopg.OperationalError as exc:
+            if conn.broken or conn.closed:
+                raise StoreUnavailable(self.masked, _reason(exc)) from exc
+            raise
+        finally:
+            if pooled:
+                self.pool.putconn(conn)
+            else:
+                conn.close()
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
@@ -80,7 +181,7 @@ class Pooled:
         if held is not None:
             yield held
             return
-        with self.pool.connection() as conn:
+        with self._checkout() as conn:
             yield conn
 
     @contextmanager
@@ -91,13 +192,45 @@ class Pooled:
         if held is not None:
             yield held
             return
-        with self.pool.connection() as conn:
+        with self._checkout() as conn:
             self._local.conn = conn
             try:
                 with conn.transaction():
                     yield conn
             finally:
                 self._local.conn = None
+
+
+def unavailable(store: object, timeout: float = 2.0) -> str | None:
+    """Why the PostgreSQL server behind ``store`` cannot be reached now, else ``None`` (also
+    for a store that is not on PostgreSQL): a graph or document store (``Pooled``) or the
+    memory store (``connection.Database``: its pool's connection, checked)."""
+    db = getattr(store, "_db", None)
+    if isinstance(db, Pooled):
+        return db.unavailable(timeout)
+    pool = getattr(db, "pool", None)
+    if pool is None or not hasattr(pool, "getconn"):
+        return None
+    import psycopg
+    from psycopg_pool import PoolTimeout
+
+    try:
+        conn = pool.getconn(timeout=timeout)
+    except PoolTimeout:
+        pass
+    else:
+        try:
+            pool.check_connection(conn)
+            return None
+        except psycopg.Error:
+            pass  # dropped by the server (the pool replaces it): is the server there now?
+        finally:
+            pool.putconn(conn)
+    try:
+        psycopg.connect(pool.conninfo, connect_timeout=CONNECT_TIMEOUT).close()
+    except psycopg.Error as exc:
+        return _reason(exc)
+    return None
 
 
 class PgMigrationRegistry:

@@ -1,0 +1,157 @@
+"""The server on a PostgreSQL store that stops and comes back (a server of this test's own,
+never the session's shared one): while it is down, the knowledge API answers 503 naming the
+store and ``/healthz`` says the store is unavailable; the first request once it is back
+succeeds, after a restart (stale pooled connections) as after an outage."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from contextfold.memory.engine import MemoryEngine
+from contextfold.server.app import create_app
+from contextfold.server.config import ContextApiSettings, ServerConfig
+from postgres_support import URL_ENV, PostgresServer
+
+LOCAL = "http://127.0.0.1:5757"
+
+pytestmark = pytest.mark.skipif(
+    bool(os.environ.get(URL_ENV)), reason="needs a PostgreSQL server this test can stop"
+)
+
+
+class StoppablePostgres(PostgresServer):
+    """A ``PostgresServer`` that can be stopped and started again on the same port, its data
+    kept."""
+
+    def _pg_ctl(self, *args: str) -> None:
+        assert self._root is not None
+        self._run("pg_ctl", "-D", str(self._root / "data"), *args)
+
+    def pause(self) -> None:
+        self._pg_ctl("-m", "fast", "-w", "stop")  # open connections are terminated
+
+    def resume(self) -> None:
+        assert self._root is not None
+        port = self.url.rsplit(":", 1)[1].split("/")[0]
+        options = (
+            f"-c listen_addresses=127.0.0.1 -c port={port}"
+            f" -c unix_socket_directories={self._root / 'run'} -c fsync=off"
+        )
+        self._pg_ctl("-o", options, "-l", str(self._root / "log"), "-w", "-t", "60", "start")
+
+
+@pytest.fixture
+def pg() -> Iterator[StoppablePostgres]:
+    with StoppablePostgres() as server:
+        yield server
+
+
+@pytest.fixture
+def client(pg: StoppablePostgres) -> Iterator[TestClient]:
+    url = pg.new_database()
+    config = ServerConfig(context_api=ContextApiSettings(graph_path=url))
+    app = create_app(config, memory=MemoryEngine(store=url, embedder=None))
+    with TestClient(app, base_url=LOCAL) as test_client:
+        yield test_client
+
+
+NODE = {"tenant_id": "acme", "node_type": "faq", "title": "Refunds", "summary": "refund guide"}
+
+
+def _document(i: int) -> dict[str, Any]:
+    return {"tenant_id": "acme", "id": f"doc-{i}", "title": f"Policy {i}", "text": "Refunds."}
+
+
+def _unavailable(response: Any) -> str:
+    assert response.status_code == 503, response.text
+    error = response.json()["error"]
+    assert error["type"] == "store_unavailable"
+    return str(error["message"])
+
+
+def test_an_outage_answers_503_and_the_first_request_after_it_succeeds(
+    pg: StoppablePostgres, client: TestClient
+) -> None:
+    assert client.post("/api/nodes", json=NODE).status_code == 201
+    assert client.get("/healthz").json() == {"status": "ok", "memory": "ok", "knowledge": "ok"}
+
+    pg.pause()
+    message = _unavailable(client.get("/api/nodes"))
+    assert "PostgreSQL" in message and "127.0.0.1" in message
+    _unavailable(client.post("/api/context", json={"query": "refund", "tenant_ids": ["acme"]}))
+    _unavailable(client.post("/api/nodes", json=NODE))
+    health = client.get("/healthz")
+    assert health.status_code == 503, health.text
+    body = health.json()
+    assert body["status"] == "unavailable"
+    assert body["memory"].startswith("unavailable: ")
+    assert body["knowledge"].startswith("unavailable: ")
+
+    pg.resume()
+    listing = client.get("/api/nodes")  # the first request once it is back
+    assert listing.status_code == 200, listing.text
+    assert listing.json()["total"] == 1
+    assert client.post("/api/nodes", json=NODE).status_code == 201
+    health = client.get("/healthz")
+    assert health.status_code == 200, health.text
+    assert health.json()["status"] == "ok"
+
+
+def test_every_request_after_a_restart_succeeds(pg: StoppablePostgres, client: TestClient) -> None:
+    for i in range(4):  # connections in the pools
+        assert client.post("/api/documents", json=_document(i)).status_code == 201
+    assert client.get("/healthz").status_code == 200
+
+    pg.pause()
+    pg.resume()  # every pooled connection is now stale
+    for i in range(4, 14):
+        response = client.post("/api/documents", json=_document(i))
+        assert response.status_code == 201, response.text
+    assert client.get("/api/tenants").status_code == 200
+    assert len(client.get("/api/documents").json()["documents"]) == 14
+    assert client.get("/healthz").json()["status"] == "ok"
+
+
+def test_startup_degraded_memory_still_answers_200(tmp_path: Path) -> None:
+    """``/healthz`` keeps answering 200 "degraded" when memory could not be opened at start
+    (the proxy forwards unmodified): supervisors wait for a 200 to call the server up."""
+    (tmp_path / "memory.db").write_bytes(b"this is not a database " * 512)
+    (tmp_path / "memory.yaml").write_text(f"storage_path: {tmp_path / 'memory.db'}\n")
+    config = ServerConfig(
+        memory_config=str(tmp_path / "memory.yaml"),
+        context_api=ContextApiSettings(graph_path=str(tmp_path / "graph.db")),
+    )
+    with TestClient(create_app(config), base_url=LOCAL) as client:
+        health = client.get("/healthz")
+    assert health.status_code == 200
+    assert health.json()["status"] == "degraded"
+
+
+def test_a_graph_store_down_at_start_leaves_the_server_serving_until_it_is_back(
+    pg: StoppablePostgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server starts while the graph's PostgreSQL server is down (the proxy must serve
+    whatever the knowledge API's store does): the API answers 503 until the server is back,
+    then opens the store and serves."""
+    from contextfold.server import context_api
+
+    monkeypatch.setattr(context_api, "REOPEN_EVERY_S", 0.0)
+    url = pg.new_database()
+    pg.pause()
+    config = ServerConfig(context_api=ContextApiSettings(graph_path=url))
+    app = create_app(config, memory=MemoryEngine(store=":memory:", embedder=None))
+    with TestClient(app, base_url=LOCAL) as test_client:
+        assert "unavailable" in _unavailable(test_client.get("/api/nodes"))
+        health = test_client.get("/healthz")
+        assert health.status_code == 503 and health.json()["knowledge"].startswith("unavailable")
+        pg.resume()
+        created = test_client.post("/api/nodes", json=NODE)
+        assert created.status_code == 201, created.text
+        assert test_client.get("/api/nodes").json()["total"] == 1
+        assert test_client.get("/healthz").json()["status"] == "ok"
