@@ -272,3 +272,40 @@ def test_mcp_refuses_a_bad_store_before_serving(
     assert result.exit_code == 2, result.output
     assert result.stdout == "" and message in result.stderr and "s3cret" not in result.stderr
     assert _files(tmp_path) == {"m.yaml"}
+
+
+def test_store_commands_read_every_spelling_and_refuse_another_scheme(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, postgres_url: str
+) -> None:
+    """`store migrate`, `memory export --store` and `ingest --db` take a URL in any of its
+    spellings, and refuse another scheme in one line that never shows the password (they
+    checked the bare `postgresql://` prefix, and `ingest` printed a mysql URL whole)."""
+    monkeypatch.chdir(tmp_path)
+    args = _compact(tmp_path)
+    monkeypatch.setenv(STORE_URL_ENV, postgres_url)
+    assert CliRunner().invoke(app, [*args, "--session", "s"]).exit_code == 0
+    monkeypatch.delenv(STORE_URL_ENV)
+    shouted = _spellings(postgres_url)[1]  # POSTGRESQL://
+    copied = CliRunner().invoke(
+        app, ["store", "migrate", shouted, str(tmp_path / "copy.db"), "--no-progress"]
+    )
+    assert copied.exit_code == 0, copied.output
+    exported = CliRunner().invoke(
+        app, ["memory", "export", str(tmp_path / "out"), "--store", shouted, "-s", "s"]
+    )
+    assert exported.exit_code == 0, exported.output
+    assert (tmp_path / "out").is_dir()
+    (tmp_path / "a.txt").write_text("Refunds take fourteen days.\n", encoding="utf-8")
+    before = _files(tmp_path)
+    for command in (
+        ["store", "migrate", "mysql://app:s3cret@x/y", str(tmp_path / "x.db")],
+        ["memory", "export", str(tmp_path / "o2"), "--store", "mysql://app:s3cret@x/y"],
+        ["ingest", "a.txt", "--db", "mysql://app:s3cret@x/y", "--no-embed"],
+        ["search", "refunds", "--db", "mysql://app:s3cret@x/y"],
+    ):
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code == 2, (command, result.output)
+        assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, command
+        assert "unsupported URL scheme 'mysql'" in result.stderr, command
+        assert "s3cret" not in result.output, command
+    assert _files(tmp_path) == before

@@ -74,6 +74,10 @@ FROM = "ingested_from"
 def open_index(db: str | None, *, embed: bool = True, must_exist: bool = False) -> DocumentIndex:
     """The document index at ``db`` (a file or a ``postgresql://`` URL; default the home's
     file); BM25-only when ``embed`` is off."""
+    from contextfold.cli.store import normal_location
+
+    if db is not None:
+        db = normal_location(db, "--db")  # (another URL scheme: an error, never a file)
     if db is not None and is_database_url(db):
         return DocumentIndex(db, embedder=None if embed else False)
     path = Path(db) if db is not None else home_dir() / "documents.db"

@@ -25,6 +25,7 @@ from contextfold.cli.session import ConfigOption, print_pairs, resolve_config
 from contextfold.cli.store import (
     ProgressOption,
     check_location,
+    normal_location,
     open_store,
     require_memory_store,
     shown,
@@ -207,7 +208,7 @@ def import_command(
     with cli_errors():
         if not folder.is_dir():
             raise InputError(f"{folder}: no such folder")
-        where = store_location(config, store)
+        where = normal_location(store_location(config, store))
         check_location(where, must_exist=False)
         places = session_folders(folder)
         total = sum(len(list((p / "turns").glob("*.md"))) for p in places)

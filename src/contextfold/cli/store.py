@@ -169,6 +169,7 @@ def require_memory_store(location: str, *, session: str | None = None) -> None:
     version wrote passes (the engine that opens it upgrades it, as the deployment does)."""
     from contextfold.store import is_database_url
 
+    location = normal_location(location, "memory store")
     if location == ":memory:":
         return
     wanted = f", so no session {session!r}" if session is not None else ""
@@ -187,6 +188,22 @@ def require_memory_store(location: str, *, session: str | None = None) -> None:
         if is_database_url(location):
             raise InputError(missing)
         raise InputError(f"memory store {location}: not a contextfold memory store")
+
+
+def normal_location(location: str, what: str = "store") -> str:
+    """``location`` as the stores read it (``store.database_location``): a PostgreSQL URL in
+    any of its spellings (``postgres://``, ``postgresql+psycopg://``, any case, white space
+    around it) as ``postgresql://…``; another URL scheme is an ``InputError`` that masks its
+    password; anything else as given."""
+    from contextfold.errors import ConfigError
+    from contextfold.store import database_location
+
+    if not location.strip():
+        return location
+    try:
+        return str(database_location(location))
+    except ConfigError as exc:
+        raise InputError(str(exc).replace("store ", f"{what} ", 1)) from None
 
 
 def check_location(
@@ -226,6 +243,7 @@ def open_store(
     from contextfold.store import open_memory_store
     from contextfold.tokens import CharCounter
 
+    location = normal_location(location, what)
     check_location(location, must_exist=must_exist, what=what, only_read=only_read)
     if only_read:
         check_memory_store(location, what=what)
@@ -312,6 +330,7 @@ def migrate_command(
     from contextfold.store.transfer import migrate
 
     with cli_errors():
+        src, dst = normal_location(src, "source"), normal_location(dst, "destination")
         if src == dst or ("://" not in src + dst and Path(src).resolve() == Path(dst).resolve()):
             raise InputError("SRC and DST are the same store")
         with (

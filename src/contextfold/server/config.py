@@ -201,8 +201,9 @@ class ContextApiSettings(_Section):
     keys the API is open to every caller while the server binds to loopback, and answers 401
     to everyone when it binds anywhere else. ``graph_path``: the SQLite file of nodes, edges and
     documents, or a ``postgresql://`` URL to share them among servers (default: the memory
-    store's database when memory is on PostgreSQL, else ``<home>/graph.db``). ``hybrid``: rank entry points with the memory engine's embedder as well as BM25
-    (when the engine has one). ``relevance_floor``: entry
+    store's database when memory is on PostgreSQL, else ``<home>/graph.db``). ``hybrid``:
+    rank entry points with the memory engine's embedder as well as BM25 (when the engine has
+    one). ``relevance_floor``: entry
     points must clear the calibrated relevance floor (``true``, the default), none (``false``),
     or the floors given per mode (``{bm25: 0.1, dense: 0.3, hybrid: 0.35}``, and
     ``dense_margin``; keys left out keep their default); see docs/retrieval.md.
