@@ -155,3 +155,28 @@ def test_a_graph_store_down_at_start_leaves_the_server_serving_until_it_is_back(
         assert created.status_code == 201, created.text
         assert test_client.get("/api/nodes").json()["total"] == 1
         assert test_client.get("/healthz").json()["status"] == "ok"
+
+
+def test_the_memory_store_after_a_restart_replaces_its_dropped_connections(
+    pg: StoppablePostgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every pooled connection of the memory store is dropped by a restart: the first calls
+    after it succeed (a connection idle a while is checked before use and replaced), where
+    each of them failed once, an exchange the proxy then could not store among them."""
+    from contextfold.items import Message
+    from contextfold.store import open_memory_store
+    from contextfold.store.postgres import connection
+
+    monkeypatch.setattr(connection, "CHECK_IDLE_S", 0.0)
+    store = open_memory_store(pg.new_database())
+    try:
+        sid = store.create_session()
+        for i in range(3):  # several connections in the pool
+            store.append_turns(sid, [Message(role="user", content=f"turn {i}")])
+        pg.pause()
+        pg.resume()
+        for i in range(3, 8):
+            store.append_turns(sid, [Message(role="user", content=f"turn {i}")])
+            assert store.last_seq(sid) == i + 1
+    finally:
+        store.close()

@@ -1,8 +1,10 @@
 """PostgreSQL plumbing of the memory store: the connection pool and per-thread transactions.
 
-``Database`` holds a ``psycopg_pool.ConnectionPool`` of autocommit connections, not checked
-at each checkout (that would be one more round trip per call): a connection the server
-dropped fails its call, and the pool replaces it when it comes back broken. A write takes
+``Database`` holds a ``psycopg_pool.ConnectionPool`` of autocommit connections. One that has
+been idle in the pool for ``CHECK_IDLE_S`` or more is checked (one empty query) as it is taken
+out, and replaced if the server dropped it (a restart drops them all: each failed its next
+call, an exchange the proxy could not store among them); a connection in steady use skips
+that round trip. A write takes
 one connection for its transaction (``tx``); while a thread is inside one, every other write
 and read of that thread joins it, so ``store.batch()`` makes several writes one transaction,
 like the SQLite store's ``_tx``. One-statement writes run in autocommit (``statement``).
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import json
 import threading
+import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -27,7 +31,31 @@ from contextfold.store import masked_location
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["Database", "from_text", "to_text", "utc"]
+__all__ = ["CHECK_IDLE_S", "Database", "from_text", "to_text", "utc"]
+
+#: A pooled connection idle this many seconds is checked before it is used.
+CHECK_IDLE_S = 2.0
+#: How long a call waits for a pooled connection before it fails (``PoolTimeout``).
+CHECKOUT_TIMEOUT_S = 10.0
+
+
+class _IdleCheck:
+    """The pool's ``reset`` (stamps a connection as it is returned) and ``check`` (an empty
+    query on a connection idle ``CHECK_IDLE_S`` or more, or never stamped) callbacks."""
+
+    def __init__(self) -> None:
+        self._returned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def reset(self, conn: psycopg.Connection[Any]) -> None:
+        with self._lock:
+            self._returned[conn] = time.monotonic()
+
+    def check(self, conn: psycopg.Connection[Any]) -> None:
+        with self._lock:
+            returned = self._returned.get(conn)
+        if returned is None or time.monotonic() - returned >= CHECK_IDLE_S:
+            conn.execute("")  # raises on a dropped connection: the pool replaces it
 
 
 def utc(moment: datetime) -> datetime:
@@ -88,6 +116,7 @@ class Database:
                 f"cannot connect to the PostgreSQL store at {self.masked}: {reason};"
                 " check that the server runs and the URL's host, port, user and database"
             ) from exc
+        idle = _IdleCheck()
         self.pool: ConnectionPool[Any] = ConnectionPool(
             url,
             min_size=min_size,
@@ -95,6 +124,9 @@ class Database:
             kwargs={"autocommit": True},
             open=False,
             name="contextfold-memory",
+            check=idle.check,
+            reset=idle.reset,
+            timeout=CHECKOUT_TIMEOUT_S,
         )
         try:
             self.pool.open(wait=True, timeout=30.0)
