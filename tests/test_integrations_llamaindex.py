@@ -12,6 +12,7 @@ from llama_index.core import Settings
 from llama_index.core.base.llms.types import ChatMessage, MessageRole, ToolCallBlock
 from llama_index.core.chat_engine import SimpleChatEngine
 from llama_index.core.llms import MockLLM
+from llama_index.core.memory import ChatMemoryBuffer
 from llama_index.core.query_engine import RetrieverQueryEngine
 
 from contextfold.errors import ConfigError
@@ -125,3 +126,56 @@ def test_memory_stores_a_tool_call_with_its_result() -> None:
     assert back[2].additional_kwargs["tool_call_id"] == "c1"
     with pytest.raises(ConfigError, match="tool_call_id"):
         memory.put(ChatMessage(role=MessageRole.TOOL, content="orphan"))
+
+
+QUESTION = (
+    "I am preparing the court bundle and need to plan the week around it, so tell me: "
+    "when is the Henninger filing deadline, and at which court do we file it?"
+)
+
+
+def test_a_question_longer_than_max_tokens_is_kept_and_recalls_memory() -> None:
+    """The newest user message alone is over ``max_tokens``: it is still sent (as LlamaIndex's
+    own ``ChatMemoryBuffer`` sends it) and it is the recall query."""
+    engine = MemoryEngine(store=MemoryStore(), embedder=None)
+    memory = ContextfoldMemory(engine=engine, session_id="long", max_tokens=30)
+    assert len(offline_tokenizer()(QUESTION)) > 30
+    chat = SimpleChatEngine.from_defaults(llm=MockLLM(), memory=memory)  # echoes its prompt
+    chat.chat("The Henninger filing deadline is March 3 at the county court.")
+
+    prompt = str(chat.chat(QUESTION))
+    assert f"user: {QUESTION}" in prompt  # the question reached the model …
+    assert "March 3" in prompt  # … with the memory recalled for it
+
+    got = memory.get()  # the exchange just stored (question and answer) is over max_tokens
+    assert [m.role for m in got] == [MessageRole.SYSTEM, MessageRole.USER, MessageRole.ASSISTANT]
+    assert "March 3" in str(got[0].content)
+    assert got[1].content == QUESTION
+
+    buffer = ChatMemoryBuffer.from_defaults(token_limit=30)
+    buffer_chat = SimpleChatEngine.from_defaults(llm=MockLLM(), memory=buffer)
+    buffer_chat.chat("The Henninger filing deadline is March 3 at the county court.")
+    assert f"user: {QUESTION}" in str(buffer_chat.chat(QUESTION))  # what LlamaIndex does
+
+
+def test_the_newest_exchange_over_max_tokens_keeps_its_tool_traffic() -> None:
+    engine = MemoryEngine(store=MemoryStore(), embedder=None)
+    memory = ContextfoldMemory(engine=engine, session_id="loop", max_tokens=20)
+    memory.put(ChatMessage(role=MessageRole.USER, content="Hi there."))
+    memory.put(ChatMessage(role=MessageRole.ASSISTANT, content="Hello."))
+    memory.put(ChatMessage(role=MessageRole.USER, content=QUESTION))
+    memory.put(
+        ChatMessage(
+            role=MessageRole.ASSISTANT,
+            blocks=[ToolCallBlock(tool_call_id="c1", tool_name="docket", tool_kwargs={})],
+        )
+    )
+    memory.put(
+        ChatMessage(
+            role=MessageRole.TOOL, content="March 3", additional_kwargs={"tool_call_id": "c1"}
+        )
+    )
+    got = [m for m in memory.get() if m.role is not MessageRole.SYSTEM]
+    assert [m.role for m in got] == [MessageRole.USER, MessageRole.ASSISTANT, MessageRole.TOOL]
+    assert got[0].content == QUESTION
+    assert got[2].additional_kwargs["tool_call_id"] == "c1"

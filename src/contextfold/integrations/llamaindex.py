@@ -5,7 +5,8 @@
   through contextfold.
 - ``ContextfoldMemory``: a LlamaIndex ``BaseMemory`` backed by a ``MemoryEngine`` session:
   ``put`` stores turns (tool calls and results kept together), ``get`` returns the memory
-  recalled for the newest user message as a system message, then the live history.
+  recalled for the newest user message as a system message, then the live history (the
+  newest exchange always, even past ``max_tokens``).
 
 LlamaIndex counts tokens with tiktoken's ``cl100k_base``, which tiktoken downloads on first
 use; ``offline_tokenizer()`` is the same encoding from the file contextfold ships
@@ -15,6 +16,7 @@ use; ``offline_tokenizer()`` is the same encoding from the file contextfold ship
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,7 +36,7 @@ from llama_index.core.schema import NodeWithScore, TextNode  # noqa: E402
 from llama_index.core.schema import QueryBundle as LlamaQuery  # noqa: E402
 from pydantic import ConfigDict, Field, PrivateAttr  # noqa: E402
 
-from contextfold.conversation import trim_history  # noqa: E402
+from contextfold.conversation import exchanges, trim_history  # noqa: E402
 from contextfold.errors import ConfigError  # noqa: E402
 from contextfold.items import (  # noqa: E402
     Message,
@@ -196,8 +198,11 @@ class ContextfoldMemory(BaseMemory):
     call waits for its results, so the call and results are stored together); ``get(input)``
     is the memory recalled for ``input`` (default: the newest stored user message) as one
     system message, then the live history: the turns compaction has not folded away, cut to
-    the newest whole exchanges within ``max_tokens`` when given. ``get_all`` is every stored
-    turn; ``reset`` deletes the session."""
+    the newest whole exchanges within ``max_tokens`` when given. The newest exchange (the
+    newest user message with the replies and tool traffic after it) is always kept, even when
+    it alone is over ``max_tokens``, so the model is never sent a history without the message
+    it answers (LlamaIndex's ``ChatMemoryBuffer`` likewise returns its newest message past
+    ``token_limit``). ``get_all`` is every stored turn; ``reset`` deletes the session."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -222,21 +227,29 @@ class ContextfoldMemory(BaseMemory):
         memory.put_messages(history)
         return memory
 
-    def _live(self) -> list[Message]:
+    def _live(self) -> tuple[list[Message], str]:
+        """The live history (within ``max_tokens``) and the newest user message's text."""
         store = self.engine.store
         sid = self.engine._session(self.session_id)
         start = max(store.session(sid).compaction_watermark, 1)
         turns = [t.message for t in store.turns(sid, start=start)]
-        if self.max_tokens is not None:
-            turns = trim_history(turns, self.max_tokens, self.engine.counter)
-        return turns
+        users = [m for m in turns if m.role == "user"]
+        newest = users[-1].text() if users else ""
+        if self.max_tokens is None:
+            return turns, newest
+        kept = trim_history(turns, self.max_tokens, self.engine.counter)
+        if users and not any(m.role == "user" for m in kept):
+            # The newest exchange alone is over max_tokens: keep it anyway, so the model gets
+            # the message it answers (ChatMemoryBuffer keeps its newest message the same way).
+            last = exchanges(turns)[-1]
+            tail = [turns[i] for i in last]
+            whole = trim_history(tail, sys.maxsize, self.engine.counter, keep_system=False)
+            kept.extend(whole if any(m.role == "user" for m in whole) else users[-1:])
+        return kept, newest
 
     def get(self, input: str | None = None, **kwargs: Any) -> list[ChatMessage]:
-        live = self._live()
-        query = input
-        if query is None:
-            users = [m for m in live if m.role == "user"]
-            query = users[-1].text() if users else ""
+        live, newest = self._live()
+        query = newest if input is None else input
         out: list[ChatMessage] = []
         if query:
             assembled = self.engine.on_message_inbound(query, live, session_id=self.session_id)

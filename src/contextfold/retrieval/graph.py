@@ -531,12 +531,22 @@ def graph_context(
 def to_context_items(response: GraphContextResponse) -> list[ContextItem]:
     """The response as retrieval ``ContextItem``s for the window packer, in the sections
     ``graph_budget`` defines (``entry_points``, ``expanded``, ``entities``); the content is
-    the text the tokens were counted on, the metadata carries node id, type, score and path.
+    the text the tokens were counted on, the metadata carries node id, type, the graph's
+    score and path.
+
+    An item's ``score`` (what the packer ranks by) is on the entry points' scale: an entry
+    point's is its RRF score, an expanded node's its graph score (``1 / (d + 1) × weight``,
+    at most 0.5) times the lowest entry point's. So every entry point ranks above every
+    expanded node (a plain pipeline under pressure keeps the node that matched the query
+    before its neighbours, as ``graph_budget``'s section priorities do), and the expanded
+    nodes keep the graph's own order among themselves.
 
     >>> response = GraphContextResponse(entities=[EntityResult(id=7, title="Refund Request")])
     >>> [(i.id, i.section, i.content) for i in to_context_items(response)]
     [('graph-entity:7', 'entities', 'Refund Request')]
     """
+    # With no entry point (a budget that fit none), the best a single signal scores.
+    scale = min((e.score for e in response.entry_points), default=1.0 / (RRF_K + 1))
     items = [
         ContextItem(
             id=f"graph-node:{e.id}",
@@ -562,7 +572,7 @@ def to_context_items(response: GraphContextResponse) -> list[ContextItem]:
             content=node_text(c.title, c.summary, c.content),
             source=SourceType.RETRIEVAL,
             section="expanded",
-            score=c.score,
+            score=c.score * scale,
             metadata={
                 "node_id": c.id,
                 "node_type": c.node_type.value,

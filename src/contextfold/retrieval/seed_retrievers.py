@@ -62,7 +62,9 @@ class GraphRetriever:
     Of ``top_k`` items, up to ``entry_share`` (half, rounded up) are entry points, and the
     rest are filled with expanded nodes, then entities, each in rank order; entry points
     fill any room the others leave. Items carry ``section`` (``entry_points``, ``expanded``,
-    ``entities``) and ``node_id``, ``node_type``, ``path`` in their metadata."""
+    ``entities``) and ``node_id``, ``node_type``, ``path`` in their metadata; their scores
+    rank every entry point above every expanded node (``to_context_items``), so a packer
+    under pressure keeps the nodes that matched the query first."""
 
     def __init__(
         self,
