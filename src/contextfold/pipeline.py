@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -129,7 +129,9 @@ class ContextPipeline:
             TokenBudget(max_tokens=max_tokens)
         self._max_tokens = max_tokens
         self._budget: TokenBudget | None = None
-        self.formatter: Formatter = formatter if formatter is not None else GenericTextFormatter()
+        self.formatter: Formatter = GenericTextFormatter()
+        if formatter is not None:
+            self.with_formatter(formatter)  # refused now, not at build time
         self.counter: TokenCounter = (
             counter
             if counter is not None
@@ -172,7 +174,10 @@ class ContextPipeline:
 
     def with_formatter(self, formatter: Formatter) -> ContextPipeline:
         if not isinstance(formatter, BaseFormatter | Formatter):
-            raise ConfigError(f"{formatter!r} does not implement the Formatter protocol")
+            raise ConfigError(
+                f"formatter must implement the Formatter protocol (e.g. OpenAIFormatter()), "
+                f"got {type(formatter).__name__} {formatter!r}"
+            )
         self.formatter = formatter
         return self
 
@@ -202,8 +207,23 @@ class ContextPipeline:
         return self
 
     def add_items(self, items: Sequence[ContextItem]) -> ContextPipeline:
-        """Adds fixed candidates (facts, tool outputs, documents) to every build."""
-        self._items.extend(items)
+        """Adds fixed candidates (facts, tool outputs, documents) to every build. Anything
+        else than a list of ``ContextItem`` raises ``ConfigError`` and adds nothing."""
+        if isinstance(items, ContextItem | str | bytes | Mapping) or not isinstance(
+            items, Iterable
+        ):
+            raise ConfigError(
+                f"items must be a list of ContextItem (wrap one item in a list), got "
+                f"{type(items).__name__} {str(items)[:80]!r}"
+            )
+        added = list(items)
+        for n, item in enumerate(added):
+            if not isinstance(item, ContextItem):
+                raise ConfigError(
+                    f"items must be ContextItem objects, got {type(item).__name__} "
+                    f"{str(item)[:80]!r} at items[{n}]"
+                )
+        self._items.extend(added)
         return self
 
     def add_step(self, step: PipelineStep) -> ContextPipeline:

@@ -280,6 +280,10 @@ def counter_for_model(model: str, *, default_encoding: str = "o200k_base") -> Ti
     """
     from tiktoken.model import encoding_name_for_model
 
+    if not isinstance(model, str):
+        raise ConfigError(
+            f"model must be a model name (str, e.g. 'gpt-4o'), got {type(model).__name__} {model!r}"
+        )
     lowered = model.lower()
     if lowered.startswith(("claude", "gemini")):
         return TiktokenCounter("o200k_base", safety_margin=CLAUDE_SAFETY_MARGIN)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -128,6 +128,28 @@ def as_message(value: MessageLike) -> Message:
         return message_from_dict(value)
     except FormatError as exc:
         raise ConfigError(f"not a chat message: {exc} (in {str(dict(value))[:120]!r})") from None
+
+
+def _messages_arg(name: str, value: object) -> None:
+    """``ConfigError`` unless ``value`` is a list of messages (one message, a str, None or a
+    number is not: they would be iterated as fields or characters, or fail deep inside)."""
+    if type(value) is list or type(value) is tuple:  # the common case, checked first
+        return
+    if isinstance(value, str | bytes | Mapping | Message) or not isinstance(value, Iterable):
+        raise ConfigError(
+            f"{name} must be a list of chat messages (Message objects or dicts; an empty "
+            f"list for none), got {type(value).__name__} {str(value)[:80]!r}"
+        )
+
+
+def _count_arg(name: str, value: object, what: str) -> None:
+    """``ConfigError`` unless ``value`` is a whole number >= 0 (a bool is not a number here)."""
+    if type(value) is not int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(
+            f"{name} must be a whole number of {what} (>= 0), got {type(value).__name__} {value!r}"
+        )
+    if value < 0:
+        raise ConfigError(f"{name} must be a whole number of {what} (>= 0), got {value!r}")
 
 
 _STRIPES = 256
@@ -807,6 +829,19 @@ class MemoryEngine:
         The turns are committed raw first; the tagging and compaction run here, after the
         commit (``derive``), so a tagger that fails leaves them stored and queued for the
         next ``derive``."""
+        _messages_arg("messages", messages)
+        if timestamps is not None:
+            if isinstance(timestamps, str | bytes) or not isinstance(timestamps, Sequence):
+                raise ConfigError(
+                    f"timestamps must be a list of datetimes (one per message) or None, got "
+                    f"{type(timestamps).__name__} {timestamps!r}"
+                )
+            for n, stamp in enumerate(timestamps):
+                if not isinstance(stamp, datetime):
+                    raise ConfigError(
+                        f"timestamps must be datetimes (one per message), got "
+                        f"{type(stamp).__name__} {stamp!r} at timestamps[{n}]"
+                    )
         parsed = [as_message(m) for m in messages]
         if timestamps is not None and len(timestamps) != len(parsed):
             raise ConfigError(
@@ -891,6 +926,20 @@ class MemoryEngine:
         of the history whatever it decides (beside ``compaction.protected_recent_turns``): a
         caller that sends the message being answered inside the history, with a tool loop
         after it, keeps them all."""
+        # Cheap checks (this is the hot path): a wrong type fails here, naming the argument.
+        if not isinstance(message, str | Message | Mapping):
+            raise ConfigError(
+                f"message must be a str or a chat message (Message or dict), got "
+                f"{type(message).__name__} {str(message)[:80]!r}"
+            )
+        _messages_arg("conversation_history", conversation_history)
+        if budget is not None:
+            _count_arg("budget", budget, "tokens")
+        _count_arg("protected", protected, "messages")
+        if model is not None and not isinstance(model, str):
+            raise ConfigError(
+                f"model must be a model name (str) or None, got {type(model).__name__} {model!r}"
+            )
         try:
             return self._inbound(
                 message, conversation_history, session_id, budget, protected, model

@@ -32,7 +32,7 @@ import os
 import shutil
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,6 +100,11 @@ _SAVE_LOCK = ".lock"
 _STAMP = "corpus_version.json"  # (also the whole stamp of the layout before versioned folders)
 _LOAD_TRIES = 3
 
+CLOSED = "the document index is closed; open a new DocumentIndex to use it again"
+
+# What a metadata filter compares with: JSON scalars, or a list of them (matches any).
+_FILTER_SCALARS = (str, int, float, bool, type(None))
+
 
 def _unique() -> str:
     """A name no other save (another process, thread or instance) uses at the same time."""
@@ -127,6 +132,79 @@ def _save_lock(folder: Path) -> Iterator[None]:
 
 
 _PROCESS_SAVE_LOCK = threading.Lock()
+
+
+def _int_arg(name: str, value: object, what: str) -> None:
+    """``ConfigError`` unless ``value`` is an int (a bool is not one here)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be {what}, got {type(value).__name__} {value!r}")
+
+
+def _metadata_arg(name: str, metadata: object) -> None:
+    """``ConfigError`` unless ``metadata`` is None or a dict of str keys that JSON can store
+    (the message names the key that is not)."""
+    if metadata is None:
+        return
+    if not isinstance(metadata, Mapping):
+        raise ConfigError(
+            f"{name} must be a dict (or None), got {type(metadata).__name__} {str(metadata)[:80]!r}"
+        )
+    for key in metadata:
+        if not isinstance(key, str):
+            raise ConfigError(f"{name} keys must be str, got {type(key).__name__} {key!r}")
+    try:
+        json.dumps(metadata)
+    except (TypeError, ValueError) as exc:
+        for key, value in metadata.items():
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError):
+                raise ConfigError(
+                    f"{name} must hold JSON values (str, int, float, bool, None, lists and "
+                    f"dicts of them): key {key!r} holds {type(value).__name__} "
+                    f"{str(value)[:80]!r}; store it as a str or a number"
+                ) from None
+        raise ConfigError(f"{name} must hold JSON values: {exc}") from None
+
+
+def _query_args(query: object, k: object, tenants: object, filters: object) -> None:
+    """The argument checks ``search`` and ``search_documents`` share (types only: cheap)."""
+    if not isinstance(query, str | QueryBundle):
+        raise ConfigError(
+            f"query must be a str or a QueryBundle, got {type(query).__name__} {str(query)[:80]!r}"
+        )
+    _int_arg("k", k, "an int (how many results)")
+    if (
+        tenants is not None
+        and not isinstance(tenants, str)
+        and (not isinstance(tenants, Collection) or not all(isinstance(t, str) for t in tenants))
+    ):
+        raise ConfigError(
+            f"tenants must be a tenant name (str), a list of them or None (every tenant), "
+            f"got {type(tenants).__name__} {str(tenants)[:80]!r}"
+        )
+    if filters is not None and not isinstance(filters, Mapping):
+        raise ConfigError(
+            f"filters must be a dict of metadata name -> value (or None), got "
+            f"{type(filters).__name__} {str(filters)[:80]!r}"
+        )
+
+
+def _filters_arg(filters: Mapping[str, Any]) -> None:
+    """``ConfigError`` unless every filter is a str key with a JSON scalar value, or a list
+    (tuple, set) of them."""
+    for key, value in filters.items():
+        if not isinstance(key, str):
+            raise ConfigError(
+                f"filters keys must be metadata names (str), got {type(key).__name__} {key!r}"
+            )
+        values = value if isinstance(value, list | tuple | set | frozenset) else (value,)
+        for v in values:
+            if not isinstance(v, _FILTER_SCALARS):
+                raise ConfigError(
+                    f"filters[{key!r}] must be a str, int, float, bool or None, or a list of "
+                    f"them, got {type(v).__name__} {str(v)[:80]!r}"
+                )
 
 
 def _tenant_list(tenants: str | Sequence[str] | None) -> Sequence[str] | None:
@@ -233,10 +311,27 @@ class DocumentIndex:
         self._vectors: VectorIndex | None = None
         self._loaded = False
         self._synced = -1  # the store version the derived indexes reflect
+        self._closed = False
 
     def close(self) -> None:
-        """Close the document store (a PostgreSQL store gives its connections back)."""
-        self.store.close()
+        """Close the document store (a PostgreSQL store gives its connections back). Every
+        call after it raises ``StoreError`` ("the document index is closed"); closing again
+        does nothing."""
+        with self._lock:  # not under a write in flight
+            if self._closed:
+                return
+            self._closed = True
+            self.store.close()
+
+    def __enter__(self) -> DocumentIndex:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(CLOSED)
 
     # -- components ------------------------------------------------------------------------
 
@@ -264,9 +359,11 @@ class DocumentIndex:
     @property
     def version(self) -> int:
         """Increases on every write; caches keyed by it are never stale."""
+        self._check_open()
         return self.store.version
 
     def __len__(self) -> int:
+        self._check_open()
         return self.store.count()[1]
 
     def _new_vector_index(self, dim: int) -> VectorIndex:
@@ -391,6 +488,7 @@ class DocumentIndex:
         once: adding it again returns ``added=False``, under the existing id, or under
         ``doc_id`` when that is a new id, which then becomes an alias of the stored document:
         search reports both ids and removing one keeps the other."""
+        _metadata_arg("metadata", metadata)
         return self.add_documents(
             [(text, metadata)],
             tenant=tenant,
@@ -417,19 +515,64 @@ class DocumentIndex:
         ``progress(n)`` is called with the number of documents finished after each batch.
         Each batch (about ``batch_size`` chunks) is stored in one transaction, so an
         interruption keeps every batch finished before it and nothing of the one in flight.
+        A document that is no ``(text, metadata)`` pair, or whose metadata JSON cannot hold,
+        raises ``ConfigError`` before its batch is stored.
         """
+        self._check_open()
+        if isinstance(documents, str | bytes | Mapping) or not isinstance(documents, Iterable):
+            raise ConfigError(
+                f"documents must be a list of (text, metadata) pairs, got "
+                f"{type(documents).__name__} {str(documents)[:80]!r}"
+            )
+        if not isinstance(tenant, str):
+            raise ConfigError(f"tenant must be a str, got {type(tenant).__name__} {tenant!r}")
+        if source is not None and not isinstance(source, str):
+            raise ConfigError(
+                f"source must be a str or None, got {type(source).__name__} {source!r}"
+            )
+        if doc_ids is not None and (
+            isinstance(doc_ids, str | bytes) or not isinstance(doc_ids, Sequence)
+        ):
+            raise ConfigError(
+                f"doc_ids must be a list of ids (str or None, one per document) or None, got "
+                f"{type(doc_ids).__name__} {doc_ids!r}"
+            )
+        _int_arg("batch_size", batch_size, "an int >= 1 (chunks per transaction)")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be an int >= 1, got {batch_size}")
         self._ensure_loaded()
         results: list[AddResult] = []
         pending: list[_Pending] = []
         aliases: list[tuple[str, str]] = []
         pending_chunks = 0
         seen: dict[str, tuple[str, list[str]]] = {}  # digest -> (storage id, its ids)
-        for n, (text, metadata) in enumerate(documents):
-            if not isinstance(text, str) or not text.strip():
+        for n, entry in enumerate(documents):
+            if not isinstance(entry, tuple | list) or len(entry) != 2:
+                raise ConfigError(
+                    f"documents[{n}] must be a (text, metadata) pair, got "
+                    f"{type(entry).__name__} {str(entry)[:80]!r}"
+                )
+            text, metadata = entry
+            if not isinstance(text, str):
+                raise ConfigError(
+                    f"the text of documents[{n}] must be a str, got {type(text).__name__}"
+                )
+            if not text.strip():
                 raise ConfigError(f"document {n} is empty; nothing to index")
+            _metadata_arg(f"the metadata of documents[{n}]", metadata)
+            given = doc_ids[n] if doc_ids is not None and n < len(doc_ids) else None
+            if given is not None and not isinstance(given, str):
+                raise ConfigError(
+                    f"doc_ids[{n}] must be a str or None, got {type(given).__name__} {given!r}"
+                )
+            named = source if source is not None else (metadata or {}).get("source")
+            if named is not None and not isinstance(named, str):
+                raise ConfigError(
+                    f"the metadata 'source' of documents[{n}] must be a str (it is the "
+                    f"document's source), got {type(named).__name__} {named!r}"
+                )
             text = valid_text(text)  # (a lone surrogate cannot be hashed or stored)
             digest = content_hash(text)
-            given = doc_ids[n] if doc_ids is not None and n < len(doc_ids) else None
             if digest not in seen:
                 stored = self.store.find(tenant, digest)
                 if stored is not None:
@@ -455,7 +598,7 @@ class DocumentIndex:
                 id=given or document_id(tenant, digest),
                 tenant=tenant,
                 content_hash=digest,
-                source=source if source is not None else (metadata or {}).get("source"),
+                source=named,
                 text=text,
                 metadata=dict(metadata or {}),
                 created_at=_now(),
@@ -486,6 +629,7 @@ class DocumentIndex:
         database's write lock while a large document embeds (minutes for a few thousand
         chunks, where another writer waits 5 s at most). Split with the ``chunker`` the block
         passes to ``add_documents``."""
+        self._check_open()
         embedder = self.embedder
         if embedder is None:
             yield
@@ -589,6 +733,7 @@ class DocumentIndex:
         """Delete the document id ``doc_id``; returns whether it existed. The chunks go with
         the document's last id: removing one of several ids of the same text keeps the rest
         searchable."""
+        self._check_open()
         self._ensure_loaded()
         with self._lock:
             self._attach_texts()
@@ -604,6 +749,7 @@ class DocumentIndex:
 
     def clear(self) -> None:
         """Remove every document (the seed's ``clear()``)."""
+        self._check_open()
         with self._lock:
             before = self.store.version
             self.store.clear()
@@ -628,6 +774,7 @@ class DocumentIndex:
         reader (or this index, which may have the old files memory-mapped) never sees
         half-written or half-swapped files, and one that loses a race with the clean-up
         rebuilds from the store. A no-op when the saved index is already current or newer."""
+        self._check_open()
         folder = self._bm25_dir()
         if folder is None:
             return
@@ -696,6 +843,8 @@ class DocumentIndex:
         below the relevance floor are left out (``relevance_floor`` overrides the index's for
         this call), so a query the corpus does not cover returns nothing.
         """
+        self._check_open()
+        _query_args(query, k, tenants, filters)
         if k <= 0:
             return []
         depth = max(k, self.fetch_k) if mode == "hybrid" or mmr_lambda is not None else k
@@ -753,6 +902,7 @@ class DocumentIndex:
         self._ensure_loaded()
         tenants = _tenant_list(tenants)
         filters = {**bundle.filters, **(filters or {})}
+        _filters_arg(filters)
         allowed = (
             self.store.matching_chunks(tenants=tenants, filters=filters)
             if tenants is not None or filters
@@ -845,6 +995,10 @@ class DocumentIndex:
         the form document-level evaluation (SciFact, Cranfield) needs. Chunks below the
         relevance floor do not count, and ``tenants`` is a list or one name (as in
         ``search``)."""
+        self._check_open()
+        _query_args(query, k, tenants, filters)
+        if depth is not None:
+            _int_arg("depth", depth, "an int or None")
         if k <= 0:
             return []
         found = self._signals(query, mode, depth or max(4 * k, self.fetch_k), tenants, filters)
