@@ -174,6 +174,7 @@ def test_lists_every_tool_with_a_description_and_typed_schemas(server: Server) -
         assert tool.description and len(tool.description) > 60, tool.name
         assert "\n" not in tool.description and "  " not in tool.description
         assert tool.input_schema["type"] == "object"
+        assert tool.input_schema["additionalProperties"] is False, tool.name  # extras refused
         assert tool.output_schema is not None and tool.output_schema["type"] == "object"
     recall = tools["recall_context"].input_schema
     assert recall["required"] == ["message"]
@@ -311,8 +312,8 @@ def test_get_context_composes_labelled_sources_within_max_tokens(server: Server)
 @pytest.mark.parametrize(
     ("tool", "arguments", "message"),
     [
-        ("find_quote", {"query": 5}, "Input should be a valid string"),
-        ("find_quote", {}, "query\n  Field required"),
+        ("find_quote", {"query": 5}, "Input should be a valid string, got a number"),
+        ("find_quote", {}, "argument 'query' is missing; it takes a string of 1 to 100000"),
         ("find_quote", {"query": "x", "limit": 0}, "greater than or equal to 1"),
         ("recall_context", {"message": ""}, "at least 1 character"),
         ("recall_context", {"message": "hi", "budget": 10}, "greater than or equal to 64"),
@@ -323,6 +324,18 @@ def test_get_context_composes_labelled_sources_within_max_tokens(server: Server)
         ("search_documents", {"query": "x", "mode": "dense"}, "runs with --no-embed"),
         ("search_documents", {"query": "x", "mode": "fuzzy"}, "'bm25', 'dense' or 'hybrid'"),
         ("no_such_tool", {}, "Unknown tool: no_such_tool"),
+        # strings and booleans are not numbers, nor numbers booleans
+        ("recall_context", {"message": "hi", "budget": "100"}, "'budget': Input should be a"),
+        ("recall_context", {"message": "hi", "budget": True}, "got a boolean"),
+        ("find_quote", {"query": "x", "limit": 2.5}, "'limit': Input should be a valid integer"),
+        ("compact_context", {"force": "yes"}, "'force': Input should be a valid boolean"),
+        # unknown arguments are refused, naming them and the ones the tool takes
+        (
+            "recall_context",
+            {"message": "x", "extra": 1},
+            "recall_context: unknown argument 'extra'; it takes message, history, budget",
+        ),
+        ("domain_status", {"x": 1, "y": 2}, "unknown arguments 'x', 'y'; it takes no arguments"),
     ],
 )
 def test_a_bad_call_is_a_tool_error_and_the_server_keeps_serving(
@@ -330,6 +343,52 @@ def test_a_bad_call_is_a_tool_error_and_the_server_keeps_serving(
 ) -> None:
     assert message in server.error(tool, arguments)
     assert server.ok("domain_status")["turns"] == len(CONVERSATION)
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "message"),
+    [
+        (
+            "recall_context",
+            {"message": "x", "budget": "100"},
+            "recall_context: argument 'budget': Input should be a valid integer, got a string; "
+            "it takes an integer from 64 to 200000, or null",
+        ),
+        (
+            "get_context",
+            {"query": "x", "max_tokens": 10},
+            "get_context: argument 'max_tokens': Input should be greater than or equal to 64; "
+            "it takes an integer from 64 to 200000",
+        ),
+        (
+            "expand_topic",
+            {"tag": "kitchen", "depth": "all"},
+            "expand_topic: argument 'depth': Input should be 'summary', 'segments' or 'full'; "
+            "it takes one of 'summary', 'segments', 'full'",
+        ),
+        (
+            "search_documents",
+            {"query": "x", "tenants": "acme"},
+            "search_documents: argument 'tenants': Input should be a valid list, got a string; "
+            "it takes a list of strings, or null",
+        ),
+        (
+            "compact_context",
+            {"messages": [{"role": "user"}]},
+            "compact_context: argument 'messages.0.content' is missing",
+        ),
+        ("expand_topic", {"tag": "nosuchtopic"}, "no stored topic 'nosuchtopic'"),
+    ],
+)
+def test_a_bad_argument_is_one_short_message_without_the_sdk_wrapping(
+    server: Server, tool: str, arguments: dict[str, Any], message: str
+) -> None:
+    """docs/mcp.md: a bad call says what was wrong and what to do; `Error executing tool` is
+    for unexpected failures only, and pydantic's report (its URL, the input echoed) is not it."""
+    text = server.error(tool, arguments)
+    assert text.startswith(message)
+    for noise in ("Error executing tool", "validation error", "pydantic", "Arguments", "input_"):
+        assert noise not in text
 
 
 # -- resources and prompts ----------------------------------------------------------------------

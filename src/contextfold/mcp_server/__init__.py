@@ -38,9 +38,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.shared.exceptions import MCPError
-from mcp_types import INVALID_PARAMS, GetPromptResult, InputRequiredResult
+from mcp_types import (
+    INVALID_PARAMS,
+    CallToolResult,
+    GetPromptResult,
+    InputRequiredResult,
+)
+from mcp_types import Tool as MCPTool
+from pydantic import ValidationError
 
+from contextfold.mcp_server.arguments import explain, unknown_arguments
 from contextfold.mcp_server.backend import Backend
 from contextfold.mcp_server.models import (
     ChatMessage,
@@ -79,7 +88,35 @@ INSTRUCTIONS = (
 
 class _Server(MCPServer[Any]):
     """``MCPServer`` with an unknown prompt name as ``invalid params`` naming the prompts there
-    are (the SDK reports it as a generic internal error)."""
+    are (the SDK reports it as a generic internal error), and tool calls as docs/mcp.md gives
+    them: an argument the tool does not take is refused by name (every input schema says
+    ``additionalProperties: false``), a bad argument is one short line naming it and what it
+    takes (``arguments.explain``), and a tool's own error is its text alone; the SDK's
+    ``Error executing tool <name>`` stays for unexpected failures."""
+
+    async def list_tools(self) -> list[MCPTool]:
+        tools = await super().list_tools()
+        for tool in tools:
+            tool.input_schema.setdefault("additionalProperties", False)
+        return tools
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], context: Context[Any, Any] | None = None
+    ) -> CallToolResult | InputRequiredResult:
+        schema = {tool.name: tool.input_schema for tool in await self.list_tools()}.get(name)
+        if schema is not None and (refused := unknown_arguments(name, arguments, schema)):
+            raise ToolError(refused)
+        try:
+            return await super().call_tool(name, arguments, context)
+        except UnexpectedToolError:
+            raise
+        except ToolError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ValidationError) and schema is not None:
+                raise ToolError(explain(name, cause, schema)) from cause
+            if isinstance(cause, ToolError) and not isinstance(cause, UnexpectedToolError):
+                raise ToolError(str(cause)) from cause
+            raise
 
     async def get_prompt(
         self,

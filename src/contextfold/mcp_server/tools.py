@@ -1,7 +1,8 @@
 """The MCP tools: six over conversation memory, two over the document corpus.
 
 Each tool's input schema comes from its typed, annotated parameters (the SDK validates every
-call against it before the body runs); its output schema from its return model. Descriptions
+call against it before the body runs; numbers and booleans are strict, so a JSON string or a
+boolean never passes for a number); its output schema from its return model. Descriptions
 are written for the model that decides when to call the tool.
 """
 
@@ -13,7 +14,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
-from pydantic import Field
+from pydantic import Field, StrictBool, StrictInt
 
 from contextfold.mcp_server.backend import Backend
 from contextfold.mcp_server.models import (
@@ -67,7 +68,7 @@ def add_memory_tools(app: MCPServer, backend: Backend) -> None:
             ),
         ] = [],  # noqa: B006 (validated into a fresh list per call, never mutated)
         budget: Annotated[
-            int | None,
+            StrictInt | None,
             Field(ge=64, le=200_000, description="Memory budget in tokens (default: config)."),
         ] = None,
     ) -> RecallResult:
@@ -104,7 +105,7 @@ def add_memory_tools(app: MCPServer, backend: Backend) -> None:
             ),
         ] = [],  # noqa: B006
         force: Annotated[
-            bool,
+            StrictBool,
             Field(
                 description="true: compact now, whatever the thresholds say; false: only when "
                 "the live turns cross the soft (70%) or hard (85%) threshold of the window."
@@ -189,7 +190,7 @@ def add_memory_tools(app: MCPServer, backend: Backend) -> None:
     @_tool(app, READ_ONLY)
     def find_quote(
         query: Annotated[Text, Field(description="Words to find verbatim: a name, number, date.")],
-        limit: Annotated[int, Field(ge=1, le=50, description="Most hits to return.")] = 5,
+        limit: Annotated[StrictInt, Field(ge=1, le=50, description="Most hits to return.")] = 5,
     ) -> QuoteResult:
         """Full-text search of every stored turn of the conversation, compacted or not,
         bypassing topic tags: the escape hatch when recall misses a detail. Each hit has an
@@ -205,7 +206,7 @@ def add_corpus_tools(app: MCPServer, backend: Backend) -> None:
     @_tool(app, READ_ONLY)
     def search_documents(
         query: Annotated[Text, Field(description="What to search for.")],
-        k: Annotated[int, Field(ge=1, le=100, description="Number of chunks to return.")] = 5,
+        k: Annotated[StrictInt, Field(ge=1, le=100, description="Number of chunks to return.")] = 5,
         mode: Annotated[
             Literal["bm25", "dense", "hybrid"],
             Field(description="bm25 (keywords), dense (embeddings) or hybrid (both, fused)."),
@@ -228,9 +229,9 @@ def add_corpus_tools(app: MCPServer, backend: Backend) -> None:
     @_tool(app, READ_ONLY)
     def get_context(
         query: Annotated[Text, Field(description="The question the context is for.")],
-        k: Annotated[int, Field(ge=1, le=50, description="Chunks to retrieve.")] = 5,
+        k: Annotated[StrictInt, Field(ge=1, le=50, description="Chunks to retrieve.")] = 5,
         max_tokens: Annotated[
-            int, Field(ge=64, le=200_000, description="Most tokens the context may take.")
+            StrictInt, Field(ge=64, le=200_000, description="Most tokens the context may take.")
         ] = 4096,
     ) -> ContextResult:
         """Composed context for a question from the document corpus, ready to put in a prompt:

@@ -15,7 +15,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -27,6 +26,7 @@ from pydantic import (
 )
 
 from contextfold._envnames import check_env_name
+from contextfold.config_loading import Float, Int, load_yaml
 from contextfold.errors import ConfigError
 from contextfold.memory.delegation import DEFAULT_TIERS
 from contextfold.memory.rules import TagRule
@@ -64,10 +64,10 @@ class LLMSettings(_Section):
     model: str
     base_url: str | None = None
     api_key_env: str | None = None
-    context_window: int = Field(8192, gt=1088)
-    timeout: float = Field(60.0, gt=0)
-    prompt_price_per_million: float = Field(0.0, ge=0)
-    completion_price_per_million: float = Field(0.0, ge=0)
+    context_window: Int = Field(8192, gt=1088)
+    timeout: Float = Field(60.0, gt=0)
+    prompt_price_per_million: Float = Field(0.0, ge=0)
+    completion_price_per_million: Float = Field(0.0, ge=0)
 
     @field_validator("api_key_env")
     @classmethod
@@ -81,9 +81,9 @@ class SplittingSettings(_Section):
     at most ``max_splits_per_turn`` tags per ``on_turn_complete``."""
 
     enabled: bool = False
-    frequency_threshold: int = Field(15, ge=2)
-    frequency_pct_threshold: float = Field(0.15, gt=0, le=1)
-    max_splits_per_turn: int = Field(1, ge=1)
+    frequency_threshold: Int = Field(15, ge=2)
+    frequency_pct_threshold: Float = Field(0.15, gt=0, le=1)
+    max_splits_per_turn: Int = Field(1, ge=1)
 
 
 class AliasSettings(_Section):
@@ -93,8 +93,8 @@ class AliasSettings(_Section):
     (``kubernetez`` → ``kubernetes``). ``auto: false`` turns it off."""
 
     auto: bool = True
-    min_similarity: float = Field(0.9, gt=0, le=1)
-    min_length: int = Field(5, ge=2)
+    min_similarity: Float = Field(0.9, gt=0, le=1)
+    min_length: Int = Field(5, ge=2)
 
 
 class TaggerSettings(_Section):
@@ -105,28 +105,28 @@ class TaggerSettings(_Section):
     type: Literal["keyword", "llm"] = "keyword"
     inbound: Literal["keyword", "embedding", "llm"] = "keyword"
     keywords: dict[str, list[str]] = Field(default_factory=dict)
-    max_tags: int = Field(5, ge=1, le=20)
-    embedding_threshold: float = Field(0.25, ge=-1, le=1)
-    lookback_words: int = Field(8, ge=0)
+    max_tags: Int = Field(5, ge=1, le=20)
+    embedding_threshold: Float = Field(0.25, ge=-1, le=1)
+    lookback_words: Int = Field(8, ge=0)
     # Known-tag entries (a tag's canonical form and stems) the keyword tagger keeps, made as
     # messages need them; all are dropped when the limit is reached or an alias changes.
-    known_tag_cache: int = Field(200_000, ge=1)
+    known_tag_cache: Int = Field(200_000, ge=1)
     splitting: SplittingSettings = SplittingSettings()
     aliases: AliasSettings = AliasSettings()
 
 
 class CompactionSettings(_Section):
-    soft_threshold: float = Field(0.70, gt=0, le=1)
-    hard_threshold: float = Field(0.85, gt=0, le=1)
-    protected_recent_turns: int = Field(6, ge=0)
-    max_concurrent_summaries: int = Field(4, ge=1)
+    soft_threshold: Float = Field(0.70, gt=0, le=1)
+    hard_threshold: Float = Field(0.85, gt=0, le=1)
+    protected_recent_turns: Int = Field(6, ge=0)
+    max_concurrent_summaries: Int = Field(4, ge=1)
     summarizer: Literal["extractive", "llm"] = "extractive"
-    summary_ratio: float = Field(0.3, gt=0, le=1)
-    tag_summary_tokens: int = Field(200, ge=16)
-    max_segment_tokens: int = Field(2000, ge=64)
+    summary_ratio: Float = Field(0.3, gt=0, le=1)
+    tag_summary_tokens: Int = Field(200, ge=16)
+    max_segment_tokens: Int = Field(2000, ge=64)
     # The extractive summarizer's memo of scored sentences (segment summaries come back at
     # every tag summary's roll-forward), in MB as really held (keys, sentences, words).
-    summary_cache_mb: float = Field(16, ge=0)
+    summary_cache_mb: Float = Field(16, ge=0)
     # A compaction ``on_turn_complete`` trips: ``inline`` (the default: the library's two
     # hooks are synchronous, and the call returns its report) runs it inside the call;
     # ``background`` keeps it as a store-kept job that the engine's background thread runs
@@ -161,13 +161,13 @@ class AssemblySettings(_Section):
     question echoes what is asked, so recall finds it, while the answer is in the turns
     around it (chosen on LoCoMo's tune split, docs/memory.md)."""
 
-    memory_budget: int = Field(2048, ge=64)
+    memory_budget: Int = Field(2048, ge=64)
     context_hint_enabled: bool = True
-    context_hint_max_tokens: int = Field(200, ge=16, le=1000)
-    context_hint_share: float = Field(0.05, ge=0, le=1)
-    context_hint_topics: int = Field(12, ge=1, le=200)
-    summary_share: float = Field(0.6, ge=0, le=1)
-    question_demotion: float = Field(QUESTION_DEMOTION, ge=1)
+    context_hint_max_tokens: Int = Field(200, ge=16, le=1000)
+    context_hint_share: Float = Field(0.05, ge=0, le=1)
+    context_hint_topics: Int = Field(12, ge=1, le=200)
+    summary_share: Float = Field(0.6, ge=0, le=1)
+    question_demotion: Float = Field(QUESTION_DEMOTION, ge=1)
 
 
 RELEVANCE_FLOOR = 0.41
@@ -267,29 +267,29 @@ class RecallSettings(_Section):
 
     embedder: Literal["minilm", "none"] = "minilm"
     fusion: Literal["score", "rrf"] = "score"
-    rrf_k: int = Field(20, ge=1)
-    tag_weight: float = Field(0.1, ge=0)
-    fts_weight: float = Field(1.0, ge=0)
-    dense_weight: float = Field(1.2, ge=0)
-    neighbor_weight: float = Field(0.5, ge=0, le=1)
-    length_prior: float = Field(0.3, ge=0, le=2)
-    date_weight: float = Field(0.5, ge=0)
-    date_slack_days: int = Field(14, ge=0)
-    related_weight: float = Field(0.5, ge=0, le=1)
-    fts_limit: int = Field(300, ge=10)
-    vector_cache_mb: float = Field(512, gt=0)
-    tag_limit: int | None = Field(1000, ge=10)
-    common_limit: int | None = Field(COMMON_LIMIT, ge=10)
-    common_min_turns: int = Field(COMMON_MIN_TURNS, ge=0)
-    ann_min_turns: int | None = Field(ANN_MIN_TURNS, ge=1000)
-    ann_expansion: int = Field(1600, ge=16)
-    scan_threads: int = Field(2, ge=1, le=64)
+    rrf_k: Int = Field(20, ge=1)
+    tag_weight: Float = Field(0.1, ge=0)
+    fts_weight: Float = Field(1.0, ge=0)
+    dense_weight: Float = Field(1.2, ge=0)
+    neighbor_weight: Float = Field(0.5, ge=0, le=1)
+    length_prior: Float = Field(0.3, ge=0, le=2)
+    date_weight: Float = Field(0.5, ge=0)
+    date_slack_days: Int = Field(14, ge=0)
+    related_weight: Float = Field(0.5, ge=0, le=1)
+    fts_limit: Int = Field(300, ge=10)
+    vector_cache_mb: Float = Field(512, gt=0)
+    tag_limit: Int | None = Field(1000, ge=10)
+    common_limit: Int | None = Field(COMMON_LIMIT, ge=10)
+    common_min_turns: Int = Field(COMMON_MIN_TURNS, ge=0)
+    ann_min_turns: Int | None = Field(ANN_MIN_TURNS, ge=1000)
+    ann_expansion: Int = Field(1600, ge=16)
+    scan_threads: Int = Field(2, ge=1, le=64)
     vector_files: bool = True
     state_files: bool = True
-    relevance_floor: float | None = Field(RELEVANCE_FLOOR, ge=-1, le=1)
-    unknown_name_floor: float | None = Field(UNKNOWN_NAME_FLOOR, ge=-1, le=1)
+    relevance_floor: Float | None = Field(RELEVANCE_FLOOR, ge=-1, le=1)
+    unknown_name_floor: Float | None = Field(UNKNOWN_NAME_FLOOR, ge=-1, le=1)
     decompose: bool = True
-    author_weight: float = Field(1.0, ge=0)
+    author_weight: Float = Field(1.0, ge=0)
 
     @field_validator("relevance_floor", "unknown_name_floor", mode="before")
     @classmethod
@@ -309,7 +309,7 @@ class PagingSettings(_Section):
 
     enabled: bool = True
     mode: Literal["auto", "tools"] = "auto"
-    budget: int = Field(4096, ge=0)
+    budget: Int = Field(4096, ge=0)
     tiers: dict[str, list[str]] = Field(
         default_factory=lambda: {k: list(v) for k, v in DEFAULT_TIERS.items()}
     )
@@ -336,10 +336,10 @@ class MemoryConfig(_Section):
     ``$CONTEXTFOLD_HOME/memory.db``) or a ``postgresql://`` URL shared by many processes;
     ``$CONTEXTFOLD_STORE_URL`` overrides it. ``storage_path`` is its older name."""
 
-    version: str = "1"
+    version: Literal["1"] = "1"
     storage_path: str | None = None
     store: str | None = None
-    context_window: int = Field(120_000, ge=512)
+    context_window: Int = Field(120_000, ge=512)
     encoding: Literal["cl100k_base", "o200k_base"] = "cl100k_base"
     tagger: TaggerSettings = TaggerSettings()
     tag_rules: list[TagRule] = Field(default_factory=list)
@@ -352,11 +352,38 @@ class MemoryConfig(_Section):
     # Per-session state kept in memory (tag vocabulary, topic hint and tag summaries, turn
     # vectors, turn keys) for at most this many sessions, least recently used out first; a
     # session that falls out is read back from the store when it is next asked for.
-    cached_sessions: int = Field(1000, ge=1)
+    cached_sessions: Int = Field(1000, ge=1)
     # The engine's token counter remembers the counts of at most ``token_cache`` texts of at
     # most ``token_cache_chars`` characters (0: none); longer texts are counted every time.
-    token_cache: int = Field(16_384, ge=0)
-    token_cache_chars: int = Field(1_024, ge=0)
+    token_cache: Int = Field(16_384, ge=0)
+    token_cache_chars: Int = Field(1_024, ge=0)
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _supported_version(cls, value: object) -> object:
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = str(value)  # ``version: 1`` unquoted
+        if value != "1":
+            shown = repr(value) if isinstance(value, str) else "true or false"
+            if not isinstance(value, str | bool):
+                shown = f"a {type(value).__name__}"
+            raise ValueError(
+                f"{shown} is not supported: this contextfold reads version "
+                '"1" (write version: "1", or leave the key out)'
+            )
+        return value
+
+    @field_validator("tag_rules", mode="before")
+    @classmethod
+    def _rule_numbers(cls, value: object) -> object:
+        if isinstance(value, list):
+            for i, rule in enumerate(value):
+                for key in ("priority", "ttl_days"):
+                    if isinstance(rule, dict) and isinstance(rule.get(key), bool):
+                        raise ValueError(
+                            f"tag_rules[{i}].{key}: expected a number, got true or false"
+                        )
+        return value
 
     @field_validator("store", "storage_path")
     @classmethod
@@ -371,6 +398,15 @@ class MemoryConfig(_Section):
             return configured_location(value)
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
+
+    @model_validator(mode="after")
+    def _one_store(self) -> MemoryConfig:
+        if self.store is not None and self.storage_path is not None:
+            raise ValueError(
+                "store and storage_path are both given (storage_path is store's older name); "
+                "give only one of them"
+            )
+        return self
 
     @model_validator(mode="after")
     def _llm_when_needed(self) -> MemoryConfig:
@@ -392,7 +428,7 @@ def _describe(error: ValidationError) -> str:
     lines = []
     for err in error.errors():
         where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        lines.append(f"  {where}: {err['msg']}")
+        lines.append(f"  {where}: {err['msg'].removeprefix('Value error, ')}")
     return "\n".join(lines)
 
 
@@ -404,6 +440,7 @@ def parse_config(data: Any, *, source: str = "configuration") -> MemoryConfig:
         raise ConfigError(
             f"{source}: expected a mapping at the top level, got {type(data).__name__}"
         )
+    _server_keys_here(source, data)
     try:
         return MemoryConfig.model_validate(data)
     except ValidationError as exc:
@@ -411,6 +448,29 @@ def parse_config(data: Any, *, source: str = "configuration") -> MemoryConfig:
         raise ConfigError(
             f"{source}: {count} invalid setting{'s' if count > 1 else ''}:\n{_describe(exc)}"
         ) from None
+
+
+def _server_keys_here(source: str, data: dict[Any, Any]) -> None:
+    """``ConfigError`` when a memory config holds server-config keys (``host``, ``port``,
+    ``proxy``, ...): saying which file each kind belongs in, rather than "extra inputs are not
+    permitted" for each of them."""
+    from contextfold.server.config import ServerConfig
+
+    server = [str(k) for k in data if k in ServerConfig.model_fields]
+    if not server:
+        return
+    memory = [str(k) for k in data if k in MemoryConfig.model_fields]
+    if not memory:
+        raise ConfigError(
+            f"{source}: this looks like a server config ({', '.join(server)}), not a memory "
+            f"config: start the server with `contextfold serve -c {source}`; memory settings "
+            "go in a separate contextfold.yaml that it names with `memory_config: FILE`"
+        )
+    raise ConfigError(
+        f"{source}: mixes server keys ({', '.join(server)}) and memory keys "
+        f"({', '.join(memory)}); they go in two files: a server config (`contextfold serve "
+        "-c FILE`) that names the memory config (contextfold.yaml) with `memory_config: FILE`"
+    )
 
 
 def load_config(path: str | Path) -> MemoryConfig:
@@ -425,14 +485,7 @@ def load_config(path: str | Path) -> MemoryConfig:
         ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read config file {str(file)!r}: {exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{file}: invalid YAML{where}: {problem}") from None
-    return parse_config(data, source=str(file))
+    return parse_config(load_yaml(text, str(file)), source=str(file))
 
 
 def template(kind: str) -> str:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -26,6 +25,7 @@ from pydantic import (
 )
 
 from contextfold._envnames import ENV_NAME, check_env_name, looks_like_a_key
+from contextfold.config_loading import Float, Int, load_yaml
 from contextfold.errors import ConfigError
 from contextfold.retrieval.floor import FLOOR_KEYS, RelevanceFloor, default_floor
 
@@ -114,7 +114,7 @@ class InstanceSettings(_Section):
     engine and store."""
 
     name: str
-    port: int = Field(ge=1, le=65535)
+    port: Int = Field(ge=1, le=65535)
     upstream: str
 
     @field_validator("upstream")
@@ -132,10 +132,10 @@ class OutputSettings(_Section):
     outputs that are never stubbed; ``min_tokens``: smaller outputs are never stubbed."""
 
     compact: bool = True
-    compact_above: int | None = Field(None, ge=1000)
-    target: float = Field(0.5, gt=0.0, lt=1.0)
-    keep_recent: int = Field(4, ge=0)
-    min_tokens: int = Field(256, ge=1)
+    compact_above: Int | None = Field(None, ge=1000)
+    target: Float = Field(0.5, gt=0.0, lt=1.0)
+    keep_recent: Int = Field(4, ge=0)
+    min_tokens: Int = Field(256, ge=1)
 
 
 class EnvelopeSettings(_Section):
@@ -167,13 +167,13 @@ class ProxySettings(_Section):
 
     upstream: str | None = None
     instances: list[InstanceSettings] = Field(default_factory=list)
-    timeout: float = Field(600.0, gt=0)
-    max_tool_continuations: int = Field(5, ge=0, le=20)
+    timeout: Float = Field(600.0, gt=0)
+    max_tool_continuations: Int = Field(5, ge=0, le=20)
     # The request path's budget for memory (resolve, recall, inject): past it the request is
     # forwarded without memory and its record says why.
-    memory_deadline_ms: float = Field(50.0, gt=0)
+    memory_deadline_ms: Float = Field(50.0, gt=0)
     # Background threads deriving tags, vectors and summaries from committed turns.
-    job_threads: int = Field(1, ge=1, le=16)
+    job_threads: Int = Field(1, ge=1, le=16)
     markers: bool = False
     # What a new conversation may recall: only its own (``conversation``), or, continuing as a
     # new branch, the latest conversation of the same credential (``principal``: a coding
@@ -190,6 +190,16 @@ class ProxySettings(_Section):
 
 #: Tenant (and document) ids: letters, digits and ``. _ : @ -``, starting with a letter or digit.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$"
+
+
+#: The range of each relevance floor (``retrieval/floor.py``): BM25 a share of the most the
+#: query's words could score, dense and hybrid a cosine (-1: off), the margin a cosine distance.
+_FLOOR_RANGES: dict[str, tuple[float, float, str]] = {
+    "bm25": (0.0, 1.0, "a share of the best possible BM25 score, from 0 to 1"),
+    "dense": (-1.0, 1.0, "a cosine similarity, from -1 (off) to 1"),
+    "hybrid": (-1.0, 1.0, "a cosine similarity, from -1 (off) to 1"),
+    "dense_margin": (0.0, 2.0, "a cosine distance below the best hit, from 0 to 2"),
+}
 
 
 class ContextApiSettings(_Section):
@@ -215,7 +225,7 @@ class ContextApiSettings(_Section):
     api_keys: dict[str, list[str]] = Field(default_factory=dict)
     graph_path: str | None = None
     hybrid: bool = True
-    relevance_floor: bool | dict[str, float] = True
+    relevance_floor: bool | dict[str, Float] = True
 
     @field_validator("graph_path")
     @classmethod
@@ -232,6 +242,10 @@ class ContextApiSettings(_Section):
                 f"got {unknown}"
             )
         if isinstance(value, dict):
+            for key, number in value.items():
+                low, high, what = _FLOOR_RANGES[key]
+                if not low <= number <= high:
+                    raise ValueError(f"{key} is {what}; got {number:g}")
             try:
                 RelevanceFloor(**{**default_floor(None).as_dict(), **value})
             except ConfigError as exc:
@@ -279,7 +293,7 @@ class DashboardSettings(_Section):
     token_env: str | None = "CONTEXTFOLD_DASHBOARD_TOKEN"
     corpus: str | None = None
     capture: bool = False
-    capture_keep: int = Field(50, ge=1, le=1000)
+    capture_keep: Int = Field(50, ge=1, le=1000)
     examples: tuple[str, ...] = (
         "Can I expense Uber rides during business travel?",
         "What is the hotel cap in London?",
@@ -321,10 +335,10 @@ class LimitSettings(_Section):
     ``max_json_depth`` (400); the ``/api`` routes refuse a body nested deeper than
     ``max_json_depth`` too, at most 200 levels there (what a response can return)."""
 
-    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
-    max_messages: int = Field(10_000, ge=1)
-    max_message_bytes: int = Field(2 * 1024 * 1024, ge=1024)
-    max_json_depth: int = Field(100, ge=8, le=900)
+    max_body_bytes: Int = Field(8 * 1024 * 1024, ge=1024)
+    max_messages: Int = Field(10_000, ge=1)
+    max_message_bytes: Int = Field(2 * 1024 * 1024, ge=1024)
+    max_json_depth: Int = Field(100, ge=8, le=900)
 
 
 class ServerConfig(_Section):
@@ -332,8 +346,8 @@ class ServerConfig(_Section):
     take to finish before they are cut off (the dashboard's event streams end at once)."""
 
     host: str = "127.0.0.1"
-    port: int = Field(5757, ge=0, le=65535)
-    shutdown_timeout: int = Field(5, ge=0)
+    port: Int = Field(5757, ge=0, le=65535)
+    shutdown_timeout: Int = Field(5, ge=0)
     secret_env: str = "CONTEXTFOLD_SECRET"  # HMAC key of session markers (random if unset)
     memory_config: str | None = None  # a contextfold.yaml for the memory engine
     proxy: ProxySettings = ProxySettings()
@@ -374,19 +388,17 @@ def load_server_config(path: str | Path) -> ServerConfig:
     relative to the file's folder, whatever the current directory."""
     file = Path(path)
     try:
-        data: Any = yaml.safe_load(file.read_text(encoding="utf-8"))
+        text = file.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"server config {str(file)!r} not found") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read server config {str(file)!r}: {exc}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{file}: invalid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    data: Any = load_yaml(text, str(file))
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{file}: expected a mapping at the top level, got {type(data).__name__}")
+    _memory_keys_here(file, data)
     if list(data) == ["server"]:
         raise ConfigError(
             f"{file}: a server config has its keys at the top level (host, port, proxy, "
@@ -402,3 +414,26 @@ def load_server_config(path: str | Path) -> ServerConfig:
             for err in exc.errors()
         ]
         raise ConfigError(f"{file}: invalid server config:\n" + "\n".join(lines)) from None
+
+
+def _memory_keys_here(file: Path, data: dict[Any, Any]) -> None:
+    """``ConfigError`` when a server config holds memory-config keys (``recall``, ``store``,
+    ...): saying which file each kind belongs in, rather than "extra inputs are not permitted"
+    for each of them."""
+    from contextfold.memory.config import MemoryConfig
+
+    memory = [str(k) for k in data if k in MemoryConfig.model_fields]
+    if not memory:
+        return
+    server = [str(k) for k in data if k in ServerConfig.model_fields]
+    keys = f"({', '.join(memory)})"
+    if len(memory) > len(server):
+        raise ConfigError(
+            f"{file}: this looks like a memory config {keys}, not a server config: pass it "
+            f"as `contextfold serve --memory-config {file}`, or name it in a server config with "
+            "`memory_config: FILE`"
+        )
+    raise ConfigError(
+        f"{file}: a server config with memory keys {keys}: they go in a separate memory "
+        "config (contextfold.yaml) that the server config names with `memory_config: FILE`"
+    )
