@@ -76,3 +76,24 @@ def test_an_explicit_graph_path_wins(
     with _host(tmp_path / "a", config, monkeypatch) as a:
         assert a.post("/api/nodes", json=NODE).status_code == 201
     assert (tmp_path / "mine.db").exists()
+
+
+def test_a_graph_kept_in_the_home_folder_stays_there_with_a_warning(
+    postgres_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A host upgraded with its nodes in ``<home>/graph.db`` keeps serving them (an empty
+    graph in PostgreSQL would hide every one), and the log says how to share the graph."""
+    monkeypatch.delenv("CONTEXTFOLD_STORE_URL", raising=False)
+    (tmp_path / "memory.yaml").write_text("recall:\n  embedder: none\n")
+    with _host(
+        tmp_path / "a", ServerConfig(memory_config=str(tmp_path / "memory.yaml")), monkeypatch
+    ) as before:
+        assert before.post("/api/nodes", json=NODE).status_code == 201  # the local graph
+    monkeypatch.setenv("CONTEXTFOLD_STORE_URL", postgres_url)  # memory moved to PostgreSQL
+    config = ServerConfig(memory_config=str(tmp_path / "memory.yaml"))
+    with _host(tmp_path / "a", config, monkeypatch) as after:
+        assert after.get("/api/nodes").json()["total"] == 1
+    assert "stays in" in caplog.text and "context_api.graph_path" in caplog.text

@@ -46,6 +46,14 @@ class StoppablePostgres(PostgresServer):
         self._pg_ctl("-o", options, "-l", str(self._root / "log"), "-w", "-t", "60", "start")
 
 
+@pytest.fixture(autouse=True)
+def _health_asked_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every ``/healthz`` asks the stores (the server asks at most every 2 s)."""
+    from contextfold.server import app
+
+    monkeypatch.setattr(app._StoreProbe, "EVERY_S", 0.0)
+
+
 @pytest.fixture
 def pg() -> Iterator[StoppablePostgres]:
     with StoppablePostgres() as server:
@@ -86,12 +94,16 @@ def test_an_outage_answers_503_and_the_first_request_after_it_succeeds(
     assert "PostgreSQL" in message and "127.0.0.1" in message
     _unavailable(client.post("/api/context", json={"query": "refund", "tenant_ids": ["acme"]}))
     _unavailable(client.post("/api/nodes", json=NODE))
+    # the host still forwards (memory skipped): 200 "degraded", 503 only when asked strictly
     health = client.get("/healthz")
-    assert health.status_code == 503, health.text
-    body = health.json()
-    assert body["status"] == "unavailable"
-    assert body["memory"].startswith("unavailable: ")
-    assert body["knowledge"].startswith("unavailable: ")
+    assert health.status_code == 200, health.text
+    assert health.json() == {
+        "status": "degraded",
+        "memory": "unavailable",
+        "knowledge": "unavailable",
+    }
+    strict = client.get("/healthz", params={"strict": "true"})
+    assert strict.status_code == 503 and strict.json()["status"] == "degraded"
 
     pg.resume()
     listing = client.get("/api/nodes")  # the first request once it is back
@@ -103,7 +115,14 @@ def test_an_outage_answers_503_and_the_first_request_after_it_succeeds(
     assert health.json()["status"] == "ok"
 
 
-def test_every_request_after_a_restart_succeeds(pg: StoppablePostgres, client: TestClient) -> None:
+def test_every_request_after_a_restart_succeeds(
+    pg: StoppablePostgres, client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Pooled connections are checked once idle 2 s (``CHECK_IDLE_S``; a connection in steady
+    # use skips the round trip): here the restart is quicker than that, so every one is.
+    from contextfold.store.postgres import connection
+
+    monkeypatch.setattr(connection, "CHECK_IDLE_S", 0.0)
     for i in range(4):  # connections in the pools
         assert client.post("/api/documents", json=_document(i)).status_code == 201
     assert client.get("/healthz").status_code == 200
@@ -149,7 +168,7 @@ def test_a_graph_store_down_at_start_leaves_the_server_serving_until_it_is_back(
     with TestClient(app, base_url=LOCAL) as test_client:
         assert "unavailable" in _unavailable(test_client.get("/api/nodes"))
         health = test_client.get("/healthz")
-        assert health.status_code == 503 and health.json()["knowledge"].startswith("unavailable")
+        assert health.status_code == 200 and health.json()["knowledge"] == "unavailable"
         pg.resume()
         created = test_client.post("/api/nodes", json=NODE)
         assert created.status_code == 201, created.text
@@ -180,3 +199,35 @@ def test_the_memory_store_after_a_restart_replaces_its_dropped_connections(
             assert store.last_seq(sid) == i + 1
     finally:
         store.close()
+
+
+def test_a_password_in_a_driver_error_reaches_no_response_or_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """libpq repeats a password it cannot read (``invalid percent-encoded token:
+    "<password>"``): that error reaches neither the (unauthenticated) ``/healthz``, nor a 503,
+    nor the log. Found by a review: it was shown on ``/healthz``."""
+    url = "postgresql://app:Tr0ub%dor@127.0.0.1:1/ctx"
+    config = ServerConfig(context_api=ContextApiSettings(graph_path=url))
+    with pytest.raises(Exception) as raised:  # a malformed URL is no outage: refused at start
+        create_app(config, memory=MemoryEngine(store=":memory:", embedder=None))
+    assert "Tr0ub" not in str(raised.value) and "***" in str(raised.value)
+    assert "Tr0ub" not in caplog.text
+    # a reachable-looking URL that fails to connect: degraded, reason only in the log
+    down = "postgresql://app:Sw0rdfish@127.0.0.1:1/ctx"
+    config = ServerConfig(context_api=ContextApiSettings(graph_path=down))
+    app = create_app(config, memory=MemoryEngine(store=":memory:", embedder=None))
+    with TestClient(app, base_url=LOCAL) as client:
+        health = client.get("/healthz")
+        assert health.json()["knowledge"] == "unavailable"
+        failed = client.get("/api/nodes")
+        assert failed.status_code == 503
+    assert "Sw0rdfish" not in health.text + failed.text + caplog.text
+
+
+def test_scrub_removes_every_opened_stores_password() -> None:
+    from contextfold.store.postgres.pool import remember, scrub
+
+    remember("postgresql://u:h%40rd-pass@db/x")
+    text = 'bad token "h@rd-pass" and "h%40rd-pass"; password=h@rd-pass; dsn password = \'x y\''
+    assert scrub(text) == 'bad token "***" and "***"; password=***; dsn password = ***'

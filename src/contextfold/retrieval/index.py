@@ -5,8 +5,9 @@ A document store (``contextfold.store.protocols.DocumentStorage``: SQLite, or Po
 vector index are derived from it, in memory, and rebuilt whenever the store's corpus version
 moves — so an index notices documents another process added or removed before it searches.
 For a file-backed index the BM25 index is saved next to the database (``<db>.bm25/``) stamped
-with the corpus version and loaded memory-mapped when the stamp matches, so opening a large
-corpus does not re-index it.
+with the store's corpus id and version and loaded memory-mapped when the stamp matches, so
+opening a large corpus does not re-index it (a database deleted and created again on the same
+path has another corpus id: it never loads the old corpus's index, and its saves replace it).
 
 One index may be shared between threads (the HTTP server does): writes hold the index's lock,
 searches read an immutable BM25 snapshot and never wait for a rebuild another thread started,
@@ -421,10 +422,11 @@ class DocumentIndex:
         return pointer if isinstance(pointer, dict) else None
 
     def _load_saved(self, version: int) -> BM25Index | None:
-        """The saved BM25 index when it was saved at ``version`` with this index's params;
-        None when there is none, it is another version, or it cannot be read (a save swapped
-        it and removed the old folder meanwhile, a crash): the caller rebuilds from the
-        store."""
+        """The saved BM25 index when it was saved from this database (its ``corpus_id``) at
+        ``version`` with this index's params; None when there is none, it is another
+        database's (one deleted since, whose versions this one's repeat) or a save without
+        a corpus id, another version, or it cannot be read (a save swapped it and removed
+        the old folder meanwhile, a crash): the caller rebuilds from the store."""
         folder = self._bm25_dir()
         if folder is None or not folder.is_dir():
             return None
@@ -432,7 +434,7 @@ class DocumentIndex:
             pointer = self._saved_pointer(folder)
             if pointer is None:
                 return None
-            if pointer.get("version") != version or pointer.get("params") != self._bm25_params:
+            if not self._same_corpus(pointer) or pointer.get("version") != version:
                 return None
             saved = folder / str(pointer.get("folder", ""))
             if saved == folder or saved.parent != folder:
@@ -773,7 +775,8 @@ class DocumentIndex:
         at a time holds across processes and instances; older folders are removed then. A
         reader (or this index, which may have the old files memory-mapped) never sees
         half-written or half-swapped files, and one that loses a race with the clean-up
-        rebuilds from the store. A no-op when the saved index is already current or newer."""
+        rebuilds from the store. A no-op when the saved index is this database's and already
+        current or newer; another database's (one deleted since) is always replaced."""
         self._check_open()
         folder = self._bm25_dir()
         if folder is None:
@@ -787,7 +790,11 @@ class DocumentIndex:
         with _save_lock(folder):
             if not self._saved_behind(self._saved_pointer(folder), version):
                 return  # another save wrote this version, or a newer one, meanwhile
-            stamp = {"version": version, "params": self._bm25_params}
+            stamp = {
+                "corpus": self.store.corpus_id,
+                "version": version,
+                "params": self._bm25_params,
+            }
             name = f"v-{_unique()}"
             snapshot.save(folder / name)
             (folder / name / _STAMP).write_text(json.dumps(stamp), encoding="utf-8")
@@ -797,11 +804,21 @@ class DocumentIndex:
             self._remove_saved(folder, keep=name)
 
     def _saved_behind(self, pointer: dict[str, Any] | None, version: int) -> bool:
-        """Whether a save at ``version`` would move the saved index forward."""
-        if pointer is None or pointer.get("params") != self._bm25_params:
+        """Whether a save at ``version`` would move the saved index forward: always when
+        what ``CURRENT`` names is another database's (or has no corpus id) or was saved
+        with other params, else when it is of an older version."""
+        if pointer is None or not self._same_corpus(pointer):
             return True
         saved = pointer.get("version")
         return not isinstance(saved, int) or saved < version
+
+    def _same_corpus(self, pointer: dict[str, Any]) -> bool:
+        """Whether a saved index (its ``CURRENT``) was saved from this database, with this
+        index's BM25 params."""
+        return (
+            pointer.get("corpus") == self.store.corpus_id
+            and pointer.get("params") == self._bm25_params
+        )
 
     @staticmethod
     def _remove_saved(folder: Path, *, keep: str | None) -> None:

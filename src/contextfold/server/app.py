@@ -56,26 +56,21 @@ def create_app(
     _answer_unavailable_stores(app)
     knowledge = context_api.router(state)
 
-    @app.get("/healthz", tags=["meta"], response_model=dict[str, str])
-    def healthz() -> Any:
-        """``ok``; ``degraded`` with the reason when memory could not be opened at start (the
-        proxy then forwards every request unmodified; still a 200); ``unavailable``, a 503,
-        while the PostgreSQL server of the memory store or of the knowledge graph
-        (``knowledge``) cannot be reached."""
-        from contextfold.store.postgres.pool import StoreUnavailable, unavailable
+    probe = _StoreProbe(state, knowledge)
 
+    @app.get("/healthz", tags=["meta"], response_model=dict[str, str])
+    def healthz(strict: bool = False) -> Any:
+        """``ok``; ``degraded`` (still a 200: the proxy forwards every request, memory
+        skipped) when memory could not be opened at start (``memory``: ``down: …``) or when the
+        PostgreSQL server of the memory store or of the knowledge graph cannot be reached now
+        (``memory`` / ``knowledge``: ``unavailable``; the reason is in the server's log, never
+        here). ``?strict=true`` answers 503 instead of a 200 ``degraded``: a readiness check for
+        a deployment that would rather route around a host whose stores are down."""
         if state.memory_error:
-            return {"status": "degraded", "memory": f"down: {state.memory_error}"}
-        health = {"status": "ok", "memory": "ok", "knowledge": "ok"}
-        for part, store in (("memory", state.memory.store), ("knowledge", knowledge.store.graph)):
-            try:
-                reason = unavailable(store)
-            except StoreUnavailable as exc:  # a store not opened yet: its server was down
-                reason = exc.reason
-            if reason is not None:
-                health["status"] = "unavailable"
-                health[part] = f"unavailable: {reason}"
-        if health["status"] != "ok":
+            health = {"status": "degraded", "memory": f"down: {state.memory_error}"}
+        else:
+            health = probe.health()
+        if strict and health["status"] != "ok":
             return JSONResponse(health, status_code=503)
         return health
 
@@ -86,6 +81,45 @@ def create_app(
     app.state.proxy = proxy_routes.proxy  # its writer thread: tests and runners drain it
     app.include_router(proxy_routes)  # last: its routes match provider paths broadly
     return app
+
+
+class _StoreProbe:
+    """Whether the PostgreSQL servers of the memory store and of the knowledge graph can be
+    reached, asked at most once per ``EVERY_S`` (a health check a load balancer sends every
+    second must not open connections every second) with short timeouts (1 s); a store that
+    cannot be reached is logged with its reason, which the health answer leaves out."""
+
+    EVERY_S = 2.0
+
+    def __init__(self, state: ServerState, knowledge: Any) -> None:
+        import threading
+
+        self.state, self.knowledge = state, knowledge
+        self._lock = threading.Lock()
+        self._at = -self.EVERY_S
+        self._health: dict[str, str] = {}
+
+    def health(self) -> dict[str, str]:
+        import time
+
+        from contextfold.store.postgres.pool import StoreUnavailable, unavailable
+
+        with self._lock:
+            if time.monotonic() - self._at < self.EVERY_S:
+                return dict(self._health)
+            health = {"status": "ok", "memory": "ok", "knowledge": "ok"}
+            memory, graph = self.state.memory.store, self.knowledge.store.graph
+            for part, store in (("memory", memory), ("knowledge", graph)):
+                try:
+                    reason = unavailable(store, timeout=1.0)
+                except StoreUnavailable as exc:  # a store not opened yet: its server was down
+                    reason = exc.reason
+                if reason is not None:
+                    health["status"] = "degraded"
+                    health[part] = "unavailable"
+                    logger.warning("the %s store is unavailable: %s", part, reason)
+            self._health, self._at = health, time.monotonic()
+            return dict(health)
 
 
 def _answer_unavailable_stores(app: FastAPI) -> None:
@@ -117,8 +151,11 @@ def _answer_unavailable_stores(app: FastAPI) -> None:
     except ImportError:  # pragma: no cover - without contextfold[postgres]
         return
 
+    from contextfold.store.postgres.pool import scrub
+
     def lost(request: Request, exc: Exception) -> Any:
-        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+        text = scrub(str(exc).strip())
+        reason = text.splitlines()[-1] if text else ""
         logger.warning("a PostgreSQL store is unavailable: %s: %s", type(exc).__name__, reason)
         return answer(
             request, f"a PostgreSQL store is unavailable ({type(exc).__name__}: {clip(reason)})"

@@ -334,10 +334,29 @@ def _not_found(kind: str, ident: object) -> ApiError:
 def graph_location(state: ServerState) -> str | Path:
     """Where the knowledge graph lives: ``context_api.graph_path`` when set; else, when memory
     is on PostgreSQL (``$CONTEXTFOLD_STORE_URL``, or ``store:`` in the memory config), that
-    same database, so every server sharing the memory shares the graph too; else
-    ``<home>/graph.db``."""
+    same database, so every server sharing the memory shares the graph too — unless
+    ``<home>/graph.db`` exists already (a graph an earlier version kept there stays where it
+    is, with a warning: moving it is the operator's call); else ``<home>/graph.db``."""
     if state.config.context_api.graph_path:
         return state.config.context_api.graph_path
+    local = home_dir() / "graph.db"
+    shared = _memory_database(state)
+    if shared is None:
+        return local
+    if local.exists():
+        logger.warning(
+            "memory is on PostgreSQL (%s) but the knowledge graph stays in %s, which exists:"
+            " servers sharing the memory do not share this graph; set context_api.graph_path"
+            " to the PostgreSQL URL (after moving its nodes) or to this file to silence this",
+            masked_location(shared),
+            local,
+        )
+        return local
+    return shared
+
+
+def _memory_database(state: ServerState) -> str | None:
+    """The PostgreSQL URL of the memory store, or ``None`` when memory is not on one."""
     cfg = state.memory.config
     if state.memory_error and state.config.memory_config:  # memory is a stand-in: its file
         with suppress(ConfigError):
@@ -348,7 +367,7 @@ def graph_location(state: ServerState) -> str | Path:
     opened = str(getattr(state.memory.store, "path", ""))  # an engine given its own store
     if is_database_url(opened) and "***" not in opened:  # (no password to unmask)
         return opened
-    return home_dir() / "graph.db"
+    return None
 
 
 logger = logging.getLogger(__name__)
@@ -365,12 +384,18 @@ def _unreachable(url: str) -> str | None:
         import psycopg
     except ImportError:  # the store's own open says what to install
         return None
+    from contextfold.store.postgres.pool import remember, scrub
 
+    remember(url)
     try:
         psycopg.connect(url, connect_timeout=3).close()
-    except psycopg.Error as exc:
-        text = str(exc).strip()
+    except psycopg.OperationalError as exc:  # not there (a malformed URL is raised)
+        text = scrub(str(exc).strip())
         return text.splitlines()[-1] if text else type(exc).__name__
+    except psycopg.Error as exc:
+        raise ConfigError(
+            f"the knowledge store at {masked_location(url)}: {scrub(str(exc).strip())}"
+        ) from None
     return None
 
 

@@ -463,6 +463,11 @@ class DocumentStorage(Protocol):
       the same location reads the same number: a reader in another process compares it with
       the version its indexes reflect and rebuilds when it moved. A write that fails leaves it
       as it was.
+    - *Corpus id.* ``corpus_id`` is a random id made with the database (not with the store
+      object): every store object on it, now or after reopening, reads the same, and another
+      database — one created later at the same location after the first was deleted, whose
+      ``version`` starts again at 0 — has another. What is derived from a corpus and kept
+      outside it (a ``DocumentIndex``'s saved BM25 folder) is stamped with both.
     - *Atomic writes.* ``add_many`` (documents, chunks, vectors and aliases), ``remove`` and
       ``add_vectors`` are each one transaction: all of it is stored, or none of it. A
       duplicate id fails the whole write with the backend's integrity error
@@ -492,6 +497,11 @@ class DocumentStorage(Protocol):
     @property
     def version(self) -> int:
         """The corpus version: bumped by every committed write, shared by every process."""
+        ...
+
+    @property
+    def corpus_id(self) -> str:
+        """The database's random id, made with it and kept for its life (see above)."""
         ...
 
     def close(self) -> None: ...

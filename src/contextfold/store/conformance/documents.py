@@ -201,6 +201,27 @@ def test_the_version_moves_on_every_write_and_every_object_sees_it(
     assert other.version == len(steps)  # reads never move it
 
 
+def test_the_corpus_id_is_the_databases_for_its_life(
+    docs_opener: Opener, store: DocumentStorage
+) -> None:
+    """One random id per database: every store object on it reads it, writes (``clear``
+    too) keep it, reopening keeps it; it is a version-independent identity (a database
+    created again on the same location has another — the backends' own tests check that)."""
+    corpus = store.corpus_id
+    assert isinstance(corpus, str) and corpus
+    other: DocumentStorage = docs_opener()
+    assert other.corpus_id == corpus
+    record = doc("identity")
+    store.add(record, chunks(record, ["identity"]))
+    store.clear()
+    assert store.corpus_id == other.corpus_id == corpus
+    for opened in (store, other):
+        opened.close()
+        docs_opener.opened.remove(opened)
+    again: DocumentStorage = docs_opener()
+    assert again.corpus_id == corpus and again.version == 2
+
+
 def test_insertion_order_is_kept_and_a_re_stored_vector_moves_last(store: DocumentStorage) -> None:
     a, b = doc("zeta text", id="z"), doc("alpha text", id="a")
     pa, pb = chunks(a, ["zeta", "text"]), chunks(b, ["alpha"])

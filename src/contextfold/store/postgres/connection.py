@@ -31,7 +31,7 @@ from contextfold.store import masked_location
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["CHECK_IDLE_S", "Database", "from_text", "to_text", "utc"]
+__all__ = ["CHECK_IDLE_S", "Database", "IdleCheck", "from_text", "to_text", "utc"]
 
 #: A pooled connection idle this many seconds is checked before it is used.
 CHECK_IDLE_S = 2.0
@@ -39,7 +39,7 @@ CHECK_IDLE_S = 2.0
 CHECKOUT_TIMEOUT_S = 10.0
 
 
-class _IdleCheck:
+class IdleCheck:
     """The pool's ``reset`` (stamps a connection as it is returned) and ``check`` (an empty
     query on a connection idle ``CHECK_IDLE_S`` or more, or never stamped) callbacks."""
 
@@ -104,6 +104,9 @@ class Database:
             ) from exc
         if max_size < 1 or min_size < 0 or min_size > max_size:
             raise ConfigError(f"pool sizes must satisfy 0 <= min ({min_size}) <= max ({max_size})")
+        from contextfold.store.postgres.pool import remember, scrub
+
+        remember(url)
         self.masked = masked_location(url)
         self._local = threading.local()
         # One connection first: an unreachable server or a refused login fails here at once,
@@ -111,12 +114,13 @@ class Database:
         try:
             psycopg.connect(url, connect_timeout=10).close()
         except psycopg.Error as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            text = scrub(str(exc).strip())
+            reason = text.splitlines()[0] if text else type(exc).__name__
             raise StoreError(
                 f"cannot connect to the PostgreSQL store at {self.masked}: {reason};"
                 " check that the server runs and the URL's host, port, user and database"
             ) from exc
-        idle = _IdleCheck()
+        idle = IdleCheck()
         self.pool: ConnectionPool[Any] = ConnectionPool(
             url,
             min_size=min_size,

@@ -14,6 +14,7 @@ where SQLite's ``json_extract`` also lets it match ``1``). No full-text index: B
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -78,7 +79,8 @@ class PostgresDocumentStore:
     """Documents, chunks and vectors in a PostgreSQL database (``url``: ``postgresql://…``).
 
     ``version`` increases on every write by any process, so a ``DocumentIndex`` reading it
-    before a search rebuilds its in-memory indexes exactly when the corpus moved.
+    before a search rebuilds its in-memory indexes exactly when the corpus moved;
+    ``corpus_id`` tells this database from another one created later at the same URL.
     """
 
     def __init__(self, url: str, *, max_connections: int = 4) -> None:
@@ -87,6 +89,7 @@ class PostgresDocumentStore:
         try:
             with self._db.connection() as conn:
                 MIGRATIONS.apply(conn)
+            self._corpus_id = self._ensure_corpus_id()
         except BaseException:
             self._db.close()
             raise
@@ -109,6 +112,27 @@ class PostgresDocumentStore:
     @property
     def version(self) -> int:
         return int(self._all("SELECT value FROM corpus_meta WHERE key = 'version'")[0][0])
+
+    def _ensure_corpus_id(self) -> str:
+        """The database's corpus id (``corpus_meta`` holds integers: a random positive
+        63-bit one), made by the first store object that opens it, read by every later one."""
+        query = "SELECT value FROM corpus_meta WHERE key = 'corpus_id'"
+        rows = self._all(query)
+        if not rows:  # written once: a plain open of an existing database writes nothing
+            with self._db.transaction() as conn:
+                conn.execute(
+                    "INSERT INTO corpus_meta (key, value) VALUES ('corpus_id', %s)"
+                    " ON CONFLICT (key) DO NOTHING",
+                    (secrets.randbits(63) or 1,),
+                )
+                rows = conn.execute(query).fetchall()
+        return f"{int(rows[0][0]):016x}"
+
+    @property
+    def corpus_id(self) -> str:
+        """A random id made with the database, kept for its life: another database created
+        later at the same URL (its ``version`` starting again at 0) has another one."""
+        return self._corpus_id
 
     @staticmethod
     def _bump(conn: Any) -> None:

@@ -41,6 +41,7 @@ __all__ = [
     "Pooled",
     "StoreUnavailable",
     "masked",
+    "scrub",
     "unavailable",
 ]
 
@@ -68,9 +69,43 @@ class StoreUnavailable(StoreError):
         self.reason = reason
 
 
-def _reason(exc: BaseException) -> str:
+def _reason(exc: BaseException, url: str) -> str:
+    """The last line of a driver error, scrubbed of ``url``'s password (``scrub``)."""
     text = str(exc).strip()
-    return text.splitlines()[-1].strip() if text else type(exc).__name__
+    return scrub(text.splitlines()[-1].strip() if text else type(exc).__name__, url)
+
+
+#: The passwords of the store URLs this process opened (``remember``), scrubbed from every
+#: error text a store reports (``scrub``).
+_SECRETS: set[str] = set()
+
+
+def _passwords(url: str) -> set[str]:
+    from urllib.parse import unquote
+
+    found = re.match(r"^\s*[\w+.-]+://[^:/@]+:([^@]*)@", url)
+    if not found or not found.group(1):
+        return set()
+    return {s for s in (found.group(1), unquote(found.group(1))) if len(s) >= 3}
+
+
+def remember(url: str) -> None:
+    """Scrub ``url``'s password from every error text from now on (``scrub``)."""
+    _SECRETS.update(_passwords(url))
+
+
+def scrub(text: str, url: str = "") -> str:
+    """``text`` with the password of ``url`` and of every store URL opened (``remember``),
+    as written and percent-decoded, and any ``password=…``, replaced by ``***``: libpq
+    repeats a password in some errors (``invalid percent-encoded token: "<password>"``),
+    which must reach no log or response.
+
+    >>> scrub('invalid percent-encoded token: "Tr0ub%dor"', "postgresql://app:Tr0ub%dor@db/x")
+    'invalid percent-encoded token: "***"'
+    """
+    for secret in sorted(_SECRETS | _passwords(url), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return re.sub(r"(password\s*=\s*)('[^']*'|[^\s;,'\"]+)", r"\1***", text, flags=re.IGNORECASE)
 
 
 def masked(url: str) -> str:
@@ -89,13 +124,19 @@ def _open_pool(url: str, max_size: int) -> ConnectionPool:
         raise ConfigError(
             "a postgresql:// store needs psycopg: pip install 'contextfold[postgres]'"
         ) from exc
+    from contextfold.store.postgres.connection import IdleCheck
+
+    idle = IdleCheck()
     pool = ConnectionPool(
         url,
         min_size=1,
         max_size=max_size,
         kwargs={"autocommit": True},
         open=False,
-        check=ConnectionPool.check_connection,  # a connection the server dropped is replaced
+        # a connection idle a while is checked (one the server dropped is replaced); one in
+        # steady use skips the round trip
+        check=idle.check,
+        reset=idle.reset,
         timeout=CHECKOUT_TIMEOUT,
         reconnect_timeout=RECONNECT_TIMEOUT,
     )
@@ -103,7 +144,7 @@ def _open_pool(url: str, max_size: int) -> ConnectionPool:
         pool.open(wait=True, timeout=30.0)
     except Exception as exc:
         pool.close()
-        raise StoreError(f"cannot connect to {masked(url)}: {exc}") from exc
+        raise StoreError(f"cannot connect to {masked(url)}: {scrub(str(exc), url)}") from exc
     return pool
 
 
@@ -112,6 +153,7 @@ class Pooled:
     has open (``transaction`` joins it, so writes nest like SQLite's ``transaction``)."""
 
     def __init__(self, url: str, *, max_size: int = 4) -> None:
+        remember(url)
         self.url = url
         self.masked = masked(url)
         self.pool = _open_pool(url, max_size)
@@ -123,29 +165,33 @@ class Pooled:
 
     def unavailable(self, timeout: float = 2.0) -> str | None:
         """Why the server cannot be reached now (a connection checked out within ``timeout``
-        seconds, or a direct one), else ``None``."""
+        seconds, or a direct one within as long), else ``None``."""
         try:
-            with self._checkout(timeout):
+            with self._checkout(timeout, connect_timeout=max(1, round(timeout))):
                 pass
         except StoreUnavailable as exc:
             return exc.reason
         return None
 
-    def _direct(self) -> psycopg.Connection[Any]:
+    def _direct(self, connect_timeout: int = CONNECT_TIMEOUT) -> psycopg.Connection[Any]:
         """A connection of its own, not the pool's; ``StoreUnavailable`` when that fails."""
         import psycopg
 
         try:
-            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
+            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=connect_timeout)
         except psycopg.Error as exc:
-            self._down = _reason(exc)
+            self._down = _reason(exc, self.url)
             raise StoreUnavailable(self.masked, self._down) from exc
         self._down = None
         return conn
 
     @contextmanager
-    def _checkout(self, timeout: float = CHECKOUT_TIMEOUT) -> Iterator[psycopg.Connection[Any]]:
-        """A checked connection from the pool, or a direct one (see the module docs); an
+    def _checkout(
+        self, timeout: float = CHECKOUT_TIMEOUT, *, connect_timeout: int = CONNECT_TIMEOUT
+    ) -> Iterator[psycopg.Connection[Any]]:
+        """A checked connection from the pool, or a direct one when the pool has none because
+        it cannot connect (see the module docs); a pool whose connections are all in use
+        raises its ``PoolTimeout`` (a busy pool must not open connections past its size). An
         error that leaves the connection broken (the server went away) is raised as
         ``StoreUnavailable``."""
         import psycopg
@@ -155,17 +201,21 @@ class Pooled:
         try:  # (while the server is known to be down, only a connection the pool has ready)
             conn = self.pool.getconn(timeout=timeout if self._down is None else 0.1)
         except PoolTimeout:
+            if self._down is None and self.pool.get_stats().get("pool_size", 0) >= (
+                self.pool.max_size
+            ):
+                raise  # busy, not down
             conn = None
         else:
             self._down = None
         pooled = conn is not None
         if conn is None:
-            conn = self._direct()
+            conn = self._direct(connect_timeout)
         try:
             yield conn
         except psycopg.OperationalError as exc:
             if conn.broken or conn.closed:
-                raise StoreUnavailable(self.masked, _reason(exc)) from exc
+                raise StoreUnavailable(self.masked, _reason(exc, self.url)) from exc
             raise
         finally:
             if pooled:
@@ -227,9 +277,9 @@ def unavailable(store: object, timeout: float = 2.0) -> str | None:
         finally:
             pool.putconn(conn)
     try:
-        psycopg.connect(pool.conninfo, connect_timeout=CONNECT_TIMEOUT).close()
+        psycopg.connect(pool.conninfo, connect_timeout=max(1, round(timeout))).close()
     except psycopg.Error as exc:
-        return _reason(exc)
+        return _reason(exc, pool.conninfo)
     return None
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -77,16 +78,38 @@ def m002_document_ids(conn: sqlite3.Connection) -> None:
 class DocumentStore:
     """Documents, chunks and vectors in one SQLite file (or ``":memory:"``).
 
-    ``version`` increases on every write, so caches keyed by it never serve stale results.
+    ``version`` increases on every write, so caches keyed by it never serve stale results;
+    ``corpus_id`` tells this database from another one created later on the same path.
     """
 
     def __init__(self, path: str | Path = ":memory:") -> None:
         self.path = str(path)
         self._conn = connect(self.path)
         MIGRATIONS.apply(self._conn)
+        self._corpus_id = self._ensure_corpus_id()
 
     def close(self) -> None:
         self._conn.close()
+
+    def _ensure_corpus_id(self) -> str:
+        """The database's corpus id, made (a random one, written only while absent) by the
+        first store object that opens it; every later one reads the same."""
+        query = "SELECT value FROM corpus_meta WHERE key = 'corpus_id'"
+        row = self._conn.execute(query).fetchone()
+        if row is None:  # written once: a plain open of an existing database writes nothing
+            with transaction(self._conn) as conn:
+                conn.execute(
+                    "INSERT OR IGNORE INTO corpus_meta (key, value) VALUES ('corpus_id', ?)",
+                    (uuid.uuid4().hex,),
+                )
+                row = conn.execute(query).fetchone()
+        return str(row[0])
+
+    @property
+    def corpus_id(self) -> str:
+        """A random id made with the database, kept for its life: another database created
+        later on the same path (its ``version`` starting again at 0) has another one."""
+        return self._corpus_id
 
     @property
     def version(self) -> int:
