@@ -667,9 +667,12 @@ class DocumentIndex:
         """The vectors of ``texts``: those ``embedded_ahead`` holds, the rest embedded now."""
         if not self._ahead:
             return embedder.embed(texts)
-        missing = [t for t in dict.fromkeys(texts) if t not in self._ahead]
-        fresh = dict(zip(missing, embedder.embed(missing), strict=True)) if missing else {}
-        return np.stack([fresh[t] if t in fresh else self._ahead[t] for t in texts])
+        # (read once: another thread's block may drop its vectors meanwhile)
+        held = {t: v for t in dict.fromkeys(texts) if (v := self._ahead.get(t)) is not None}
+        missing = [t for t in dict.fromkeys(texts) if t not in held]
+        if missing:
+            held.update(zip(missing, embedder.embed(missing), strict=True))
+        return np.stack([held[t] for t in texts])
 
     def _chunks(
         self, record: DocumentRecord, chunker: Chunker | None, *, split: bool
