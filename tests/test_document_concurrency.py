@@ -217,3 +217,48 @@ def test_a_saved_folder_that_vanished_or_does_not_match_is_rebuilt_from_the_stor
     assert [h.metadata["doc_id"] for h in reader.search("refunds", mode="bm25")] == ["one"]
     reader.add_document("refunds need a receipt", doc_id="two")
     assert {h.metadata["doc_id"] for h in reader.search("refunds", mode="bm25")} == {"one", "two"}
+
+
+def test_searches_read_the_vector_index_side_by_side_and_a_write_waits_for_them() -> None:
+    """Two readers hold the vector index's lock at once (dense searches of a shared index run
+    side by side: they took turns behind one lock); a writer waits until both are done, and
+    while it waits no new reader comes in (searches never starve a write)."""
+    from contextfold.retrieval.index import _ReadWriteLock
+
+    lock = _ReadWriteLock()
+    first_in, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def reader(name: str, entered: threading.Event | None = None) -> None:
+        with lock.reading():
+            order.append(f"{name} in")
+            if entered is not None:
+                entered.set()
+            release.wait(10)
+            order.append(f"{name} out")
+
+    a = threading.Thread(target=reader, args=("a", first_in))
+    a.start()
+    assert first_in.wait(10)
+    second_in = threading.Event()
+    b = threading.Thread(target=reader, args=("b", second_in))
+    b.start()
+    assert second_in.wait(10), "a second reader waited for the first"
+
+    def writer() -> None:
+        with lock.writing():
+            order.append("writer")
+
+    w = threading.Thread(target=writer)
+    w.start()
+    w.join(0.2)
+    assert w.is_alive() and "writer" not in order  # readers inside: the write waits
+    late = threading.Thread(target=lambda: reader("late"))
+    late.start()
+    late.join(0.2)
+    assert "late in" not in order  # a writer waits: no new reader
+    release.set()
+    for t in (a, b, w, late):
+        t.join(10)
+    assert order.index("writer") > max(order.index("a out"), order.index("b out"))
+    assert order.index("late in") > order.index("writer")

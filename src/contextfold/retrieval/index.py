@@ -239,6 +239,54 @@ def hits_to_items(hits: Sequence[SearchHit], *, priority: int = 5) -> list[Conte
     ]
 
 
+class _ReadWriteLock:
+    """Many readers at once, or one writer (and while a writer waits, no new reader: a stream
+    of searches never starves a write). The vector index is read by searches side by side
+    (numpy's products release the GIL) and changed in place by writes.
+
+    >>> lock = _ReadWriteLock()
+    >>> with lock.reading(), lock.reading():  # readers share it
+    ...     pass
+    >>> with lock.writing():
+    ...     pass
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writing = False
+        self._waiting = 0  # writers waiting
+
+    @contextmanager
+    def reading(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._writing and not self._waiting)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def writing(self) -> Iterator[None]:
+        with self._cond:
+            self._waiting += 1
+            try:
+                self._cond.wait_for(lambda: not self._writing and not self._readers)
+            finally:
+                self._waiting -= 1
+            self._writing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
+
 class DocumentIndex:
     """A searchable collection of chunked documents (the seed's ``FAISSMemory(path=...)``).
 
@@ -299,7 +347,7 @@ class DocumentIndex:
         self.rrf_k, self.weights, self.fetch_k = rrf_k, dict(weights or {}), fetch_k
         self._vector_kind = vector_index
         self._lock = threading.RLock()  # writes and rebuilds; searches read snapshots
-        self._vectors_lock = threading.Lock()  # the vector index changes in place
+        self._vectors_lock = _ReadWriteLock()  # the vector index changes in place
         self._ahead: dict[str, npt.NDArray[np.float32]] = {}  # chunk text -> its vector
         self._bm25 = bm25 if bm25 is not None else BM25Index()
         self._bm25_params = {
@@ -408,7 +456,7 @@ class DocumentIndex:
                 if ids_v:
                     index = self._new_vector_index(matrix.shape[1])
                     index.add(ids_v, matrix)
-            with self._vectors_lock:
+            with self._vectors_lock.writing():
                 self._bm25, self._vectors = bm25, index
             self._synced = version
             self._loaded = True
@@ -727,7 +775,7 @@ class DocumentIndex:
             for _, chunks, part in batch:
                 self._bm25.add([c.id for c in chunks], [c.text for c in chunks])
                 if part is not None:
-                    with self._vectors_lock:
+                    with self._vectors_lock.writing():
                         if self._vectors is None:
                             self._vectors = self._new_vector_index(part.shape[1])
                         self._vectors.add([c.id for c in chunks], part)
@@ -747,7 +795,7 @@ class DocumentIndex:
             chunk_ids = self.store.remove(doc_id)
             self._wrote(before)
             self._bm25.remove(chunk_ids)
-            with self._vectors_lock:
+            with self._vectors_lock.writing():
                 if self._vectors is not None:
                     self._vectors.remove(chunk_ids)
         return existed
@@ -759,7 +807,7 @@ class DocumentIndex:
             before = self.store.version
             self.store.clear()
             self._bm25.clear()
-            with self._vectors_lock:
+            with self._vectors_lock.writing():
                 self._vectors = None
             self._synced = before
             self._loaded = True
@@ -943,14 +991,14 @@ class DocumentIndex:
         if mode in ("dense", "hybrid"):
             vector = self._query_vector(bundle, required=mode == "dense")
             if vector is not None and vectors is not None:
-                with self._vectors_lock:  # a write changes the vector index in place
+                with self._vectors_lock.reading():  # a write changes it in place
                     found.rankings["vector"] = vectors.search(vector, depth, allowed=allowed)
         pool = list(dict.fromkeys(i for ranked in found.rankings.values() for i, _ in ranked))
         if bm25 is not None and bm25_scores is not None and "bm25" in found.rankings:
             found.scores["bm25"] = dict(zip(pool, bm25.score_of(bm25_scores, pool), strict=True))
             found.shares = bm25.shares(bundle.query_str, pool, scores=bm25_scores)
         if vector is not None and vectors is not None and "vector" in found.rankings:
-            with self._vectors_lock:
+            with self._vectors_lock.reading():
                 sims = vectors.similarities(vector, pool)
             found.scores["vector"] = {
                 i: s for i, s in zip(pool, sims, strict=True) if s is not None
@@ -1067,7 +1115,7 @@ class DocumentIndex:
         if not isinstance(vectors, NumpyVectorIndex) or not fused:
             return fused
         cache = {}
-        with self._vectors_lock:
+        with self._vectors_lock.reading():
             for hit in fused:
                 try:
                     cache[hit.id] = vectors.vector(hit.id)
