@@ -384,14 +384,13 @@ def _unreachable(url: str) -> str | None:
         import psycopg
     except ImportError:  # the store's own open says what to install
         return None
-    from contextfold.store.postgres.pool import remember, scrub
+    from contextfold.store.postgres.pool import reason_of, remember, scrub
 
     remember(url)
     try:
         psycopg.connect(url, connect_timeout=3).close()
     except psycopg.OperationalError as exc:  # not there (a malformed URL is raised)
-        text = scrub(str(exc).strip())
-        return text.splitlines()[-1] if text else type(exc).__name__
+        return reason_of(exc, url)
     except psycopg.Error as exc:
         raise ConfigError(
             f"the knowledge store at {masked_location(url)}: {scrub(str(exc).strip())}"

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 from contextfold.errors import ConfigError, StoreError
@@ -41,6 +41,8 @@ __all__ = [
     "Pooled",
     "StoreUnavailable",
     "masked",
+    "reason_of",
+    "remember",
     "scrub",
     "unavailable",
 ]
@@ -69,7 +71,7 @@ class StoreUnavailable(StoreError):
         self.reason = reason
 
 
-def _reason(exc: BaseException, url: str) -> str:
+def reason_of(exc: BaseException, url: str = "") -> str:
     """The last line of a driver error, scrubbed of ``url``'s password (``scrub``)."""
     text = str(exc).strip()
     return scrub(text.splitlines()[-1].strip() if text else type(exc).__name__, url)
@@ -180,7 +182,7 @@ class Pooled:
         try:
             conn = psycopg.connect(self.url, autocommit=True, connect_timeout=connect_timeout)
         except psycopg.Error as exc:
-            self._down = _reason(exc, self.url)
+            self._down = reason_of(exc, self.url)
             raise StoreUnavailable(self.masked, self._down) from exc
         self._down = None
         return conn
@@ -215,7 +217,7 @@ class Pooled:
             yield conn
         except psycopg.OperationalError as exc:
             if conn.broken or conn.closed:
-                raise StoreUnavailable(self.masked, _reason(exc, self.url)) from exc
+                raise StoreUnavailable(self.masked, reason_of(exc, self.url)) from exc
             raise
         finally:
             if pooled:
@@ -264,22 +266,21 @@ def unavailable(store: object, timeout: float = 2.0) -> str | None:
     import psycopg
     from psycopg_pool import PoolTimeout
 
-    try:
+    conn = None
+    with suppress(PoolTimeout):
         conn = pool.getconn(timeout=timeout)
-    except PoolTimeout:
-        pass
-    else:
+    if conn is not None:
         try:
-            pool.check_connection(conn)
-            return None
-        except psycopg.Error:
-            pass  # dropped by the server (the pool replaces it): is the server there now?
+            # one the server dropped (the pool replaces it): asked again below, directly
+            with suppress(psycopg.Error):
+                pool.check_connection(conn)
+                return None
         finally:
             pool.putconn(conn)
     try:
         psycopg.connect(pool.conninfo, connect_timeout=max(1, round(timeout))).close()
     except psycopg.Error as exc:
-        return _reason(exc, pool.conninfo)
+        return reason_of(exc, pool.conninfo)
     return None
 
 
