@@ -4,7 +4,12 @@
 been idle in the pool for ``CHECK_IDLE_S`` or more is checked (one empty query) as it is taken
 out, and replaced if the server dropped it (a restart drops them all: each failed its next
 call, an exchange the proxy could not store among them); a connection in steady use skips
-that round trip. A write takes
+that round trip. While the server cannot be reached (a checkout found the pool unable to
+open a connection), a call does not wait ``CHECKOUT_TIMEOUT_S`` again: it takes a connection
+the pool has ready, else opens one of its own (refused at once while the server is down:
+``StoreUnavailable``), so an outage fails each call in well under a second — the proxy's
+commit, which the client's last byte waits for, among them — and the first call that reaches
+the server again ends it. A write takes
 one connection for its transaction (``tx``); while a thread is inside one, every other write
 and read of that thread joins it, so ``store.batch()`` makes several writes one transaction,
 like the SQLite store's ``_tx``. One-statement writes run in autocommit (``statement``).
@@ -21,7 +26,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +42,13 @@ __all__ = ["CHECK_IDLE_S", "Database", "IdleCheck", "from_text", "to_text", "utc
 CHECK_IDLE_S = 2.0
 #: How long a call waits for a pooled connection before it fails (``PoolTimeout``).
 CHECKOUT_TIMEOUT_S = 10.0
+#: How long a call waits for a pooled connection before it asks whether the pool cannot
+#: open one (then a connection of its own tells whether the server is down).
+FIRST_WAIT_S = 1.0
+#: While the server is known to be down: how long a call waits for a pooled connection, and
+#: for a connection of its own.
+DOWN_CHECKOUT_S = 0.1
+DOWN_CONNECT_S = 2
 
 
 class IdleCheck:
@@ -120,6 +132,8 @@ class Database:
                 f"cannot connect to the PostgreSQL store at {self.masked}: {reason};"
                 " check that the server runs and the URL's host, port, user and database"
             ) from exc
+        self._url = url
+        self._down: str | None = None  # why the server could not be reached, until it can
         idle = IdleCheck()
         self.pool: ConnectionPool[Any] = ConnectionPool(
             url,
@@ -145,6 +159,42 @@ class Database:
         self.pool.close()
 
     @contextmanager
+    def _pooled(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection (see the module docs). When none comes within ``FIRST_WAIT_S``
+        and the pool could still grow (it cannot connect), or at once while the server is known
+        to be down, a connection of its own — ``StoreUnavailable`` when that fails too. A busy
+        pool (every connection in use) is waited for up to ``CHECKOUT_TIMEOUT_S``."""
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        from contextfold.store.postgres.pool import StoreUnavailable, reason_of
+
+        down = self._down
+        wait = DOWN_CHECKOUT_S if down else FIRST_WAIT_S
+        held = ExitStack()
+        try:
+            conn = held.enter_context(self.pool.connection(timeout=wait))
+        except PoolTimeout as exc:
+            if down is None and self.pool.get_stats().get("pool_size", 0) >= self.pool.max_size:
+                # busy, not down: the rest of the wait
+                conn = held.enter_context(self.pool.connection(timeout=CHECKOUT_TIMEOUT_S - wait))
+                with held:
+                    yield conn
+                return
+            try:
+                own = psycopg.connect(self._url, autocommit=True, connect_timeout=DOWN_CONNECT_S)
+            except psycopg.Error as error:
+                self._down = reason_of(error, self._url)
+                raise StoreUnavailable(self.masked, self._down) from exc
+            self._down = None
+            with own:
+                yield own
+            return
+        self._down = None
+        with held:
+            yield conn
+
+    @contextmanager
     def tx(self) -> Iterator[psycopg.Connection[Any]]:
         """A transaction on one pooled connection; inside one already open on this thread,
         that one (its writes commit or roll back with it)."""
@@ -152,7 +202,7 @@ class Database:
         if conn is not None:
             yield conn
             return
-        with self.pool.connection() as conn, conn.transaction():
+        with self._pooled() as conn, conn.transaction():
             self._local.conn = conn
             try:
                 yield conn
@@ -173,7 +223,7 @@ class Database:
             else:
                 yield conn
             return
-        with self.pool.connection() as pooled:
+        with self._pooled() as pooled:
             yield pooled
 
     @contextmanager
@@ -184,7 +234,7 @@ class Database:
         if conn is not None:
             yield conn, True
             return
-        with self.pool.connection() as pooled:
+        with self._pooled() as pooled:
             yield pooled, False
 
     @contextmanager
@@ -195,5 +245,5 @@ class Database:
         if conn is not None:
             yield conn
             return
-        with self.pool.connection() as pooled:
+        with self._pooled() as pooled:
             yield pooled
