@@ -231,3 +231,104 @@ def test_scrub_removes_every_opened_stores_password() -> None:
     remember("postgresql://u:h%40rd-pass@db/x")
     text = 'bad token "h@rd-pass" and "h%40rd-pass"; password=h@rd-pass; dsn password = \'x y\''
     assert scrub(text) == 'bad token "***" and "***"; password=***; dsn password = ***'
+
+
+def test_an_exchange_during_an_outage_is_stored_once_the_server_is_back(
+    pg: StoppablePostgres, fake_llm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The proxy on a PostgreSQL store that stops: the client still gets its reply (within
+    seconds), the exchange waits in the local spool, and it is in the store once the server
+    is back, after the history stored before the outage."""
+    import time
+
+    from contextfold.server.config import ProxySettings
+    from contextfold.server.proxy import spool
+    from contextfold.store import open_memory_store
+    from proxy_support import serve
+    from test_proxy_durability import chat, oa
+
+    monkeypatch.setattr(spool, "MAX_RETRY_S", 0.5)
+    url = pg.new_database()
+    memory = MemoryEngine(store=url, embedder=None)
+    config = ServerConfig(port=0, proxy=ProxySettings(upstream=fake_llm.url))
+    try:
+        with serve(config, memory) as served:
+            api, history = oa(served.url), []
+            fake_llm.reply = "Noted."
+            sid = chat(api, history, "The launch is on Friday.").session
+            pg.pause()
+            fake_llm.reply = "Lisbon, at the river office."
+            history.append({"role": "user", "content": "Where is the launch?"})
+            started = time.monotonic()
+            # (no session header comes back: the store could not say which turn it stored)
+            answer = api.chat.completions.create(model="m", messages=history)
+            assert time.monotonic() - started < 5  # (it waited 10 s for the pool before)
+            assert answer.choices[0].message.content == "Lisbon, at the river office."
+            assert "exchange spooled" in (served.events.recent()[-1].error or "")
+            pg.resume()
+            replayer = served.proxy.spool
+            deadline = time.monotonic() + 30
+            while replayer.replayed < 1:
+                assert time.monotonic() < deadline, "the spooled exchange was not stored"
+                time.sleep(0.05)
+    finally:
+        memory.close()
+    store = open_memory_store(url)
+    try:
+        turns = [t.message.text() for t in store.turns(sid)]
+    finally:
+        store.close()
+    assert turns == [
+        "The launch is on Friday.",
+        "Noted.",
+        "Where is the launch?",
+        "Lisbon, at the river office.",
+    ]
+
+
+def test_a_proxy_killed_during_an_outage_stores_its_spool_at_the_next_start(
+    pg: StoppablePostgres, fake_llm: Any, tmp_path: Path
+) -> None:
+    """``python -m contextfold proxy`` on a PostgreSQL store: the server stops, a client gets
+    its reply, the proxy is killed with ``kill -9``; once the server is back, the next start
+    of the proxy stores the exchange the client received."""
+    import signal
+    import time
+
+    from contextfold.store import open_memory_store
+    from test_proxy_durability import ProxyProcess, chat, oa
+
+    url = pg.new_database()
+    process = ProxyProcess(tmp_path, fake_llm.url)
+    process.memory_yaml.write_text(f"store: {url}\nrecall:\n  embedder: none\n")
+    try:
+        process.start()
+        api, history = oa(process.url), []
+        fake_llm.reply = "Noted."
+        sid = chat(api, history, "The door code is 4471.").session
+        pg.pause()
+        fake_llm.reply = "It is 4471."
+        history.append({"role": "user", "content": "What is the door code?"})
+        answer = api.chat.completions.create(model="m", messages=history)
+        assert answer.choices[0].message.content == "It is 4471."
+        process.stop(signal.SIGKILL)
+        pg.resume()
+        process.start()
+        store = open_memory_store(url)
+        try:
+            deadline = time.monotonic() + 30
+            while len(store.turns(sid)) < 4:
+                assert time.monotonic() < deadline, "the spooled exchange was not stored"
+                time.sleep(0.1)
+            turns = [t.message.text() for t in store.turns(sid)]
+        finally:
+            store.close()
+    finally:
+        if process.process is not None and process.process.poll() is None:
+            process.stop(signal.SIGTERM)
+    assert turns == [
+        "The door code is 4471.",
+        "Noted.",
+        "What is the door code?",
+        "It is 4471.",
+    ]

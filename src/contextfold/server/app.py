@@ -65,11 +65,16 @@ def create_app(
         PostgreSQL server of the memory store or of the knowledge graph cannot be reached now
         (``memory`` / ``knowledge``: ``unavailable``; the reason is in the server's log, never
         here). ``?strict=true`` answers 503 instead of a 200 ``degraded``: a readiness check for
-        a deployment that would rather route around a host whose stores are down."""
+        a deployment that would rather route around a host whose stores are down. ``spooled``
+        (only when there are any): how many exchanges wait in this host's spool for the memory
+        store to take them."""
         if state.memory_error:
             health = {"status": "degraded", "memory": f"down: {state.memory_error}"}
         else:
             health = probe.health()
+        waiting = app.state.proxy.spooled()
+        if waiting:
+            health["spooled"] = str(waiting)
         if strict and health["status"] != "ok":
             return JSONResponse(health, status_code=503)
         return health

@@ -9,22 +9,38 @@ whose memory path did not finish (its deadline passed, or it failed) is resolved
 is stored all the same. When the branch moved on while the request was upstream (another
 request on the same branch committed first), the exchange goes on a new branch forked at the
 turn it continued. A reply cut off is stored flagged ``partial``.
+
+An exchange the store could not take (``spool``) is stored later by ``replay_exchange``, which
+finds the conversation again as a request would and writes only what the store lacks.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from contextfold.server.proxy import responses
 from contextfold.server.proxy.envelope import strip_envelope
-from contextfold.server.proxy.session import locate
+from contextfold.server.proxy.record import Plan
+from contextfold.server.proxy.session import locate, resolve
+from contextfold.server.proxy.wire import WIRES, ParsedRequest
 from contextfold.store.models import BranchMoved
 
 if TYPE_CHECKING:
     from contextfold.items import Message
-    from contextfold.server.proxy.record import Plan
     from contextfold.server.proxy.routes import Proxy
+    from contextfold.server.proxy.spool import Spooled
 
-__all__ = ["commit_exchange"]
+__all__ = ["commit_exchange", "replay_exchange"]
+
+
+def _request(proxy: Proxy, plan: Plan) -> tuple[ParsedRequest, list[str]]:
+    """The request's messages as the memory path reads them (markers and the envelope taken
+    out), and the marker tokens found in them."""
+    assert plan.wire is not None and plan.original is not None
+    stripped, tokens = plan.wire.strip(plan.original)
+    parsed = plan.wire.parse(stripped)
+    strip_envelope(proxy.state.config.proxy.envelope, parsed.messages)
+    return parsed, list(tokens)
 
 
 def commit_exchange(
@@ -34,10 +50,7 @@ def commit_exchange(
     store = proxy.state.memory.store
     position, parsed = plan.position, plan.parsed
     if position is None or parsed is None:
-        assert plan.wire is not None and plan.original is not None
-        stripped, tokens = plan.wire.strip(plan.original)
-        parsed = plan.wire.parse(stripped)
-        strip_envelope(proxy.state.config.proxy.envelope, parsed.messages)
+        parsed, tokens = _request(proxy, plan)
         position, _ = locate(
             store,
             plan.principal,
@@ -54,8 +67,13 @@ def commit_exchange(
     when = [plan.exchange_time] * len(messages) if plan.exchange_time is not None else None
     sid = position.session_id
     if sid is None:
-        sid = store.create_session(plan.new_session, principal=plan.principal)
-        return sid, store.commit_exchange(sid, messages, partial=flags, expect_last=0)
+        sid = plan.new_session
+        # (a replay's session may exist already: the failed commit created it, empty)
+        if sid is None or store.principal_of(sid) != plan.principal:
+            sid = store.create_session(plan.new_session, principal=plan.principal)
+        return sid, store.commit_exchange(
+            sid, messages, partial=flags, expect_last=0, timestamps=when
+        )
     try:
         seqs = store.commit_exchange(
             sid, messages, partial=flags, expect_last=position.expect_last, timestamps=when
@@ -64,3 +82,35 @@ def commit_exchange(
         sid = store.fork(sid, position.anchor)
         seqs = store.commit_exchange(sid, messages, partial=flags, timestamps=when)
     return sid, seqs
+
+
+def replay_exchange(proxy: Proxy, spooled: Spooled) -> tuple[str, list[int]] | None:
+    """Store a spooled exchange as its request would have been stored: (session, seqs), or
+    ``None`` when the store holds it already (the conversation's next request, resending the
+    history, stored it first). Raises what the store raises while it still fails."""
+    plan = Plan(
+        id=f"spooled-{spooled.id}",
+        format=spooled.format,
+        path="",
+        model=None,
+        stream=False,
+        principal=spooled.principal,
+        header=spooled.header,
+        wire=responses.WIRE if spooled.format == responses.FORMAT else WIRES[spooled.format],
+        original=spooled.body,
+        new_session=spooled.new_session,
+        exchange_time=spooled.exchange_time,
+    )
+    parsed, tokens = _request(proxy, plan)
+    history = [*parsed.messages, spooled.reply]
+    held = resolve(
+        proxy.state.memory.store,
+        plan.principal,
+        history,
+        tokens,
+        plan.header,
+        proxy.state.secret,
+    )
+    if held.session_id is not None and all(m.role == "system" for m in history[held.new_from :]):
+        return None  # the reply is stored, after the same history
+    return commit_exchange(proxy, plan, spooled.reply, spooled.partial)

@@ -57,6 +57,7 @@ class Plan:
     wire: Wire | None = None
     original: dict[str, Any] | None = None  # the client's body as parsed
     committed: tuple[str, list[int]] | None = None  # (session, seqs) stored
+    spooled: bool = False  # the store refused the exchange: it waits in the spool
     new_session: str | None = None  # the id a new conversation's session will get
     exchange_time: datetime | None = None  # the time of turns stored before the commit
     parsed: ParsedRequest | None = None

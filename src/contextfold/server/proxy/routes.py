@@ -45,13 +45,15 @@ import gc
 import json
 import logging
 import re
+import sqlite3
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import aiohttp
 import anyio
@@ -64,7 +66,7 @@ from contextfold.memory.tools import TOOL_NAMES
 from contextfold.server.events import RequestRecord
 from contextfold.server.jobs import Foreground, JobWorker
 from contextfold.server.proxy import limits, outputs, recall, responses
-from contextfold.server.proxy.commit import commit_exchange
+from contextfold.server.proxy.commit import commit_exchange, replay_exchange
 from contextfold.server.proxy.encoding import BodyError, decode_body
 from contextfold.server.proxy.forward import (
     CONNECT_TIMEOUT,
@@ -86,6 +88,7 @@ from contextfold.server.proxy.session import (
     make_token,
     principal_of,
 )
+from contextfold.server.proxy.spool import ExchangeSpool, Spooled, SpoolReplayer, store_key
 from contextfold.server.proxy.stream import (
     DEFERRED,
     MARKER_SLOT,
@@ -103,8 +106,10 @@ from contextfold.server.proxy.turns import TurnNumbers, user_turns
 from contextfold.server.proxy.wire import WIRES, Wire, dumps, reply_message
 from contextfold.server.proxy.writer import TurnWriter
 from contextfold.server.state import ServerState
+from contextfold.store.sqlite import home_dir
 
 if TYPE_CHECKING:
+    from contextfold.items import Message
     from contextfold.memory.compactor import CompactionReport
 
 __all__ = ["Proxy", "ProxyRouter", "format_of", "router"]
@@ -147,6 +152,12 @@ class Proxy:
         # Background work yields to requests in a burst, for at most 50 ms a job (a batch of
         # records), so under steady load it still advances.
         self.jobs.gate = self.writer.gate = partial(self.foreground.wait_quiet, QUIET_WAIT)
+        # Exchanges the store could not take, on local disk until it can (``spool``).
+        self.spool: SpoolReplayer | None = None
+        key = store_key(str(getattr(state.memory.store, "path", "") or ""))
+        if key is not None and state.memory_error is None:
+            spool = ExchangeSpool(home_dir() / "spool.db", key)
+            self.spool = SpoolReplayer(spool, self._replay)
 
     # -- plumbing --------------------------------------------------------------------------------
 
@@ -158,6 +169,8 @@ class Proxy:
         if self.state.freeze_gc:
             freeze_loaded()
         self.jobs.start()
+        if self.spool is not None:
+            self.spool.start()
 
     def _warm(self) -> None:
         memory = self.state.memory
@@ -173,6 +186,15 @@ class Proxy:
         any more), stop the workers (pending work stays in the store, and the log says how
         much), then publish the last records."""
         await self.upstream.aclose()
+        if self.spool is not None:
+            spooled = await anyio.to_thread.run_sync(self.spool.stop)
+            if spooled:
+                logger.warning(
+                    "stopped with %d exchange(s) spooled in %s (the store did not take them);"
+                    " the next start stores them",
+                    spooled,
+                    self.spool.spool.path,
+                )
         pending = await anyio.to_thread.run_sync(self.jobs.stop)
         if pending > 0:
             logger.warning(
@@ -379,7 +401,7 @@ class Proxy:
         """Commit the exchange (the new messages and ``reply``) once; returns the reply's seq
         (``None`` when nothing was stored: no reply, memory down, already stored). A store
         that fails is logged and recorded: the client still gets its reply."""
-        if reply is None or plan.committed is not None or plan.wire is None:
+        if reply is None or plan.committed is not None or plan.spooled or plan.wire is None:
             return None
         partial = partial or bool(getattr(reply, "partial", False))  # a Responses reply
         if partial and not (reply.text or reply.calls):
@@ -388,8 +410,14 @@ class Proxy:
         try:
             sid, seqs = commit_exchange(self, plan, message, partial)
         except Exception as exc:
-            plan.error = f"exchange not stored: {type(exc).__name__}: {clip(str(exc))}"
-            logger.error("request %s: %s", plan.id, plan.error)
+            reason = f"{type(exc).__name__}: {clip(str(exc))}"
+            plan.spooled = self._spooled(plan, reply, message, partial)
+            if plan.spooled:
+                plan.error = f"exchange spooled, stored once the store takes it: {reason}"
+                logger.warning("request %s: %s", plan.id, plan.error)
+            else:
+                plan.error = f"exchange not stored: {reason}"
+                logger.error("request %s: %s", plan.id, plan.error)
             return None
         plan.session_id = sid
         plan.committed = (sid, seqs)
@@ -398,6 +426,59 @@ class Proxy:
         self.tags.expect(sid, plan.id, seqs)
         self.jobs.notify()
         return seqs[-1] if seqs else None
+
+    def _spooled(self, plan: Plan, reply: Reply, message: Message, partial: bool) -> bool:
+        """Keep an exchange the store did not take in the spool (durably, before the reply's
+        last byte goes out); whether it is kept."""
+        if self.spool is None or plan.original is None:
+            return False
+        try:
+            self.spool.spool.add(
+                format=plan.format,
+                principal=plan.principal,
+                header=plan.header,
+                body=plan.original,
+                reply=message,
+                partial=partial,
+                exchange_time=plan.exchange_time,
+                new_session=plan.new_session,
+                response_id=getattr(reply, "response_id", None),
+            )
+        except Exception as exc:
+            logger.error("request %s: the exchange spool failed too: %s", plan.id, exc)
+            return False
+        self.spool.wake()
+        return True
+
+    def spooled(self) -> int:
+        """How many exchanges wait in the spool for the store (0 without a spool)."""
+        if self.spool is None:
+            return 0
+        try:
+            return self.spool.spool.pending()
+        except sqlite3.Error as exc:
+            logger.warning("cannot read the exchange spool: %s", exc)
+            return 0
+
+    def _replay(self, spooled: Spooled) -> None:
+        """Store one spooled exchange (``SpoolReplayer``): as its request would have been."""
+        stored = replay_exchange(self, spooled)
+        if stored is None:
+            return
+        sid, seqs = stored
+        if spooled.format == responses.FORMAT and spooled.response_id:
+            plan = Plan(
+                id=f"spooled-{spooled.id}",
+                format=spooled.format,
+                path="",
+                model=None,
+                stream=False,
+                principal=spooled.principal,
+                original=spooled.body,
+            )
+            named = cast(Reply, SimpleNamespace(response_id=spooled.response_id))
+            self.chains.committed(plan, named, sid, seqs)
+        self.jobs.notify()
 
     def _marker(self, plan: Plan, reply: Reply, seq: int | None) -> str | None:
         """The marker for this reply (naming its committed turn), or ``None`` where one would

@@ -1,0 +1,241 @@
+"""Exchanges the store could not take are spooled on local disk before the client has its
+reply, and stored once the store takes writes again: in order, once, even when the
+conversation's next request stored them first, and by a server started later when the one
+that spooled them stopped.
+
+The store's failure is an SQLite ``OperationalError`` from its ``commit_exchange`` (a file
+locked past its timeout, a full disk); ``test_postgres_outage`` stops a real PostgreSQL server
+under the proxy."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from contextfold.items import Message
+from contextfold.memory.engine import MemoryEngine
+from contextfold.server.proxy import spool as spool_module
+from contextfold.server.proxy.spool import ExchangeSpool, store_key
+from contextfold.store.sqlite import home_dir
+from fake_llm import FakeLLMServer
+from proxy_support import make_engine, serve
+from test_proxy_durability import chat, config, oa, rows, texts
+
+
+class Outage:
+    """Makes the engine's store refuse ``commit_exchange`` while ``down`` is set."""
+
+    def __init__(self, engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.down = threading.Event()
+        self.refused = 0
+        store = engine.store
+        commit = store.commit_exchange
+
+        def refusing(*args: Any, **kwargs: Any) -> list[int]:
+            if self.down.is_set():
+                self.refused += 1
+                raise sqlite3.OperationalError("database is locked")
+            return commit(*args, **kwargs)
+
+        monkeypatch.setattr(store, "commit_exchange", refusing)
+
+
+@pytest.fixture(autouse=True)
+def _quick_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(spool_module, "MAX_RETRY_S", 0.2)
+    monkeypatch.setattr(spool_module, "FIRST_RETRY_S", 0.05)
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def spooled_rows() -> int:
+    path = home_dir() / "spool.db"
+    if not path.exists():
+        return 0
+    return len(rows(path, "SELECT id FROM exchanges"))
+
+
+def sessions(db: Path) -> list[tuple[Any, ...]]:
+    return rows(db, "SELECT session_id, COUNT(*) FROM turns GROUP BY session_id")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_exchanges_the_store_refuses_are_spooled_then_stored_in_order(
+    fake_llm: FakeLLMServer,
+    engine: MemoryEngine,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    stream: bool,
+) -> None:
+    outage = Outage(engine, monkeypatch)
+    db = tmp_path / "memory.db"
+    with serve(config(fake_llm), engine) as served:
+        api, history = oa(served.url), []
+        fake_llm.reply = "Noted: the budget is 3,200 euros."
+        chat(api, history, "Our budget is 3,200 euros.", stream=stream)
+        outage.down.set()
+        fake_llm.reply = "The venue is Lisbon."
+        chat(api, history, "Where is the venue?", stream=stream)
+        fake_llm.reply = "Ten people."
+        chat(api, history, "How many are coming?", stream=stream)
+        # Both replies reached the client; neither is in the store; both are on disk.
+        assert outage.refused >= 2
+        assert texts(db)[2:] == []
+        assert spooled_rows() == 2
+        health = httpx.get(f"{served.url}/healthz").json()
+        assert health["spooled"] == "2"
+        served.drain()
+        errors = [r.error or "" for r in served.events.recent()[-2:]]
+        assert all("exchange spooled" in e and "database is locked" in e for e in errors), errors
+        outage.down.clear()
+        wait_for(lambda: spooled_rows() == 0)
+        served.drain()
+        assert "spooled" not in httpx.get(f"{served.url}/healthz").json()
+    assert texts(db) == [
+        "Our budget is 3,200 euros.",
+        "Noted: the budget is 3,200 euros.",
+        "Where is the venue?",
+        "The venue is Lisbon.",
+        "How many are coming?",
+        "Ten people.",
+    ]
+    assert len(sessions(db)) == 1
+
+
+def test_a_replay_after_the_next_request_stored_the_exchange_writes_nothing(
+    fake_llm: FakeLLMServer,
+    engine: MemoryEngine,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The store comes back and the conversation's next request, resending the history,
+    stores the spooled exchange before the replayer does: the replay then finds it stored
+    (no duplicate turns, no forked branch)."""
+    outage = Outage(engine, monkeypatch)
+    db = tmp_path / "memory.db"
+    with serve(config(fake_llm), engine) as served:
+        replayer = served.proxy.spool
+        assert replayer is not None
+        with monkeypatch.context() as held:
+            held.setattr(replayer, "round", lambda: True)  # no replay until the block ends
+            api, history = oa(served.url), []
+            fake_llm.reply = "Hello."
+            chat(api, history, "Hi there.")
+            outage.down.set()
+            fake_llm.reply = "It is on Friday."
+            chat(api, history, "When is the launch?")
+            assert spooled_rows() == 1
+            outage.down.clear()
+            fake_llm.reply = "At noon."
+            chat(api, history, "What time?")
+            served.drain()
+            stored = texts(db)
+            assert stored[2:4] == ["When is the launch?", "It is on Friday."]
+        replayer.wake()
+        wait_for(lambda: replayer.replayed == 1)
+        assert spooled_rows() == 0
+        served.drain()
+    assert texts(db) == stored
+    assert len(sessions(db)) == 1
+
+
+def test_a_server_started_later_stores_what_a_stopped_one_spooled(
+    fake_llm: FakeLLMServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "memory.db"
+    with make_engine(tmp_path) as first:
+        outage = Outage(first, monkeypatch)
+        outage.down.set()
+        with serve(config(fake_llm), first) as served:
+            fake_llm.reply = "Your order ships on Monday."
+            chat(oa(served.url), [], "When does my order ship?")
+            assert spooled_rows() == 1
+    assert spooled_rows() == 1  # the stop left it on disk
+    with make_engine(tmp_path) as second, serve(config(fake_llm), second) as served:
+        wait_for(lambda: spooled_rows() == 0)
+        served.drain()
+    assert texts(db) == ["When does my order ship?", "Your order ships on Monday."]
+
+
+def test_servers_sharing_a_home_replay_only_their_own_stores_exchanges(
+    fake_llm: FakeLLMServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with make_engine(tmp_path / "a") as first:
+        outage = Outage(first, monkeypatch)
+        outage.down.set()
+        with serve(config(fake_llm), first) as served:
+            chat(oa(served.url), [], "Kept for store a.")
+    with make_engine(tmp_path / "b") as other, serve(config(fake_llm), other) as served:
+        time.sleep(0.5)  # its replayer's first round has run
+        assert served.proxy.spool.replayed == 0
+    assert spooled_rows() == 1
+    assert texts(tmp_path / "b" / "memory.db") == []
+
+
+def test_a_store_in_memory_gets_no_spool(fake_llm: FakeLLMServer) -> None:
+    memory = MemoryEngine(store=":memory:", embedder=None)
+    with serve(config(fake_llm), memory) as served:
+        assert served.proxy.spool is None
+    memory.close()
+
+
+def test_one_process_at_a_time_replays(tmp_path: Path) -> None:
+    spool = ExchangeSpool(tmp_path / "spool.db", "k")
+    other = ExchangeSpool(tmp_path / "spool.db", "k")  # another open file, as another process
+    with spool.replaying() as mine:
+        assert mine
+        with other.replaying() as theirs:
+            assert not theirs
+    with other.replaying() as theirs:
+        assert theirs
+
+
+def test_a_spooled_exchange_keeps_what_the_replay_needs(tmp_path: Path) -> None:
+    spool = ExchangeSpool(tmp_path / "spool.db", "k")
+    reply = Message(role="assistant", content="Sure — naïve café ☕")
+    body = {"model": "m", "messages": [{"role": "user", "content": "héllo"}]}
+    spool.add(
+        format="openai",
+        principal="p",
+        header="h",
+        body=body,
+        reply=reply,
+        partial=True,
+        exchange_time=None,
+        new_session="s",
+        response_id=None,
+    )
+    (kept,) = spool.oldest()
+    assert (kept.body, kept.reply, kept.partial, kept.new_session) == (body, reply, True, "s")
+    assert ExchangeSpool(tmp_path / "spool.db", "other").pending() == 0
+    spool.failed(kept.id, "down")
+    assert spool.oldest()[0].attempts == 1
+    spool.done(kept.id)
+    assert spool.pending() == 0
+
+
+def test_store_keys() -> None:
+    assert store_key(":memory:") is None
+    assert store_key("") is None
+    assert store_key("memory.db") == store_key(str(Path("memory.db").resolve()))
+    assert store_key("postgresql://u:***@h/db") != store_key("postgresql://u:***@h/other")
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[MemoryEngine]:
+    with make_engine(tmp_path) as memory:
+        yield memory
