@@ -67,6 +67,10 @@ def spooled_rows() -> int:
     return len(rows(path, "SELECT id FROM exchanges"))
 
 
+def attempts() -> int:
+    return max(a for (a,) in rows(home_dir() / "spool.db", "SELECT attempts FROM exchanges"))
+
+
 def sessions(db: Path) -> list[tuple[Any, ...]]:
     return rows(db, "SELECT session_id, COUNT(*) FROM turns GROUP BY session_id")
 
@@ -96,6 +100,9 @@ def test_exchanges_the_store_refuses_are_spooled_then_stored_in_order(
         assert spooled_rows() == 2
         health = httpx.get(f"{served.url}/healthz").json()
         assert health["spooled"] == "2"
+        # An outage is retried for as long as it lasts, past the attempts a failing row gets.
+        wait_for(lambda: attempts() > spool_module.MAX_ATTEMPTS)
+        assert spooled_rows() == 2
         served.drain()
         errors = [r.error or "" for r in served.events.recent()[-2:]]
         assert all("exchange spooled" in e and "database is locked" in e for e in errors), errors
@@ -149,6 +156,39 @@ def test_a_replay_after_the_next_request_stored_the_exchange_writes_nothing(
         served.drain()
     assert texts(db) == stored
     assert len(sessions(db)) == 1
+
+
+def test_an_exchange_that_cannot_be_stored_is_given_up_and_holds_up_no_other(
+    fake_llm: FakeLLMServer,
+    engine: MemoryEngine,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A row whose replay keeps failing with an error that is not an outage (a defect, a row
+    the store refuses) is given up after ``MAX_ATTEMPTS``, kept in the file and counted on
+    ``/healthz``; the rows after it are stored."""
+    monkeypatch.setattr(spool_module, "MAX_ATTEMPTS", 2)
+    outage = Outage(engine, monkeypatch)
+    store = engine.store
+    commit = store.commit_exchange
+
+    def refusing_one(session_id: str, messages: Any, **kwargs: Any) -> list[int]:
+        if any("cannot be stored" in m.text() for m in messages):
+            raise ValueError("this exchange cannot be stored")
+        return commit(session_id, messages, **kwargs)
+
+    with serve(config(fake_llm), engine) as served:
+        outage.down.set()
+        chat(oa(served.url), [], "This one cannot be stored.")
+        chat(oa(served.url), [], "This one can.")
+        assert spooled_rows() == 2
+        monkeypatch.setattr(store, "commit_exchange", refusing_one)
+        outage.down.clear()
+        wait_for(lambda: "This one can." in texts(tmp_path / "memory.db"))
+        health = httpx.get(f"{served.url}/healthz").json()
+        assert health.get("spool_given_up") == "1" and "spooled" not in health
+    (kept,) = rows(home_dir() / "spool.db", "SELECT given_up, errors, last_error FROM exchanges")
+    assert kept == (1, 2, "ValueError: this exchange cannot be stored")
 
 
 def test_a_server_started_later_stores_what_a_stopped_one_spooled(

@@ -67,14 +67,17 @@ def create_app(
         here). ``?strict=true`` answers 503 instead of a 200 ``degraded``: a readiness check for
         a deployment that would rather route around a host whose stores are down. ``spooled``
         (only when there are any): how many exchanges wait in this host's spool for the memory
-        store to take them."""
+        store to take them; ``spool_given_up``: how many it stopped retrying (see docs/proxy.md).
+        """
         if state.memory_error:
             health = {"status": "degraded", "memory": f"down: {state.memory_error}"}
         else:
             health = probe.health()
-        waiting = app.state.proxy.spooled()
+        waiting, given_up = app.state.proxy.spooled()
         if waiting:
             health["spooled"] = str(waiting)
+        if given_up:
+            health["spool_given_up"] = str(given_up)
         if strict and health["status"] != "ok":
             return JSONResponse(health, status_code=503)
         return health

@@ -450,15 +450,16 @@ class Proxy:
         self.spool.wake()
         return True
 
-    def spooled(self) -> int:
-        """How many exchanges wait in the spool for the store (0 without a spool)."""
+    def spooled(self) -> tuple[int, int]:
+        """How many exchanges wait in the spool for the store, and how many it gave up (their
+        replay kept failing with an error that was not an outage); (0, 0) without a spool."""
         if self.spool is None:
-            return 0
+            return 0, 0
         try:
-            return self.spool.spool.pending()
+            return self.spool.spool.pending(), self.spool.spool.pending(given_up=True)
         except sqlite3.Error as exc:
             logger.warning("cannot read the exchange spool: %s", exc)
-            return 0
+            return 0, 0
 
     def _replay(self, spooled: Spooled) -> None:
         """Store one spooled exchange (``SpoolReplayer``): as its request would have been."""

@@ -36,7 +36,7 @@ from typing import Any
 from contextfold._bounded import clip
 from contextfold.items import Message
 
-__all__ = ["ExchangeSpool", "SpoolReplayer", "Spooled", "store_key"]
+__all__ = ["ExchangeSpool", "SpoolReplayer", "Spooled", "is_outage", "store_key"]
 
 logger = logging.getLogger("contextfold.server.proxy")
 
@@ -46,6 +46,10 @@ MAX_RETRY_S = 10.0
 FIRST_RETRY_S = 0.5
 #: Rows replayed per read of the spool (the rest in the next read of the same round).
 BATCH = 64
+#: A row whose replay fails this many times with an error that is not the store being
+#: unreachable (``is_outage``) is given up: kept in the file, no longer replayed, so it
+#: cannot hold up the rows after it.
+MAX_ATTEMPTS = 5
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS exchanges (
@@ -62,7 +66,9 @@ CREATE TABLE IF NOT EXISTS exchanges (
     new_session TEXT,
     response_id TEXT,
     attempts INTEGER NOT NULL DEFAULT 0,
-    last_error TEXT
+    errors INTEGER NOT NULL DEFAULT 0,
+    last_error TEXT,
+    given_up INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS exchanges_by_store ON exchanges (store_key, id);
 """
@@ -94,7 +100,8 @@ class Spooled:
     exchange_time: datetime
     new_session: str | None
     response_id: str | None
-    attempts: int
+    attempts: int  # replays tried
+    errors: int  # of them, those that failed with an error that was not an outage
 
 
 class ExchangeSpool:
@@ -160,13 +167,15 @@ class ExchangeSpool:
             )
             return int(cursor.lastrowid or 0)
 
-    def pending(self) -> int:
-        """How many exchanges of this store wait (0 when the file does not exist yet)."""
+    def pending(self, *, given_up: bool = False) -> int:
+        """How many exchanges of this store wait (0 when the file does not exist yet); with
+        ``given_up``, how many were given up instead."""
         if not self.path.exists():
             return 0
         with self._connect() as conn:
             (count,) = conn.execute(
-                "SELECT count(*) FROM exchanges WHERE store_key = ?", (self.key,)
+                "SELECT count(*) FROM exchanges WHERE store_key = ? AND given_up = ?",
+                (self.key, int(given_up)),
             ).fetchone()
         return int(count)
 
@@ -177,8 +186,8 @@ class ExchangeSpool:
         with self._connect() as conn:
             rows = conn.execute(
                 "SELECT id, format, principal, header, body, reply, partial, exchange_time,"
-                " new_session, response_id, attempts FROM exchanges WHERE store_key = ?"
-                " ORDER BY id LIMIT ?",
+                " new_session, response_id, attempts, errors FROM exchanges WHERE store_key = ?"
+                " AND given_up = 0 ORDER BY id LIMIT ?",
                 (self.key, limit),
             ).fetchall()
         return [
@@ -194,6 +203,7 @@ class ExchangeSpool:
                 new_session=r[8],
                 response_id=r[9],
                 attempts=r[10],
+                errors=r[11],
             )
             for r in rows
         ]
@@ -202,11 +212,15 @@ class ExchangeSpool:
         with self._connect() as conn:
             conn.execute("DELETE FROM exchanges WHERE id = ?", (spooled_id,))
 
-    def failed(self, spooled_id: int, error: str) -> None:
+    def failed(
+        self, spooled_id: int, error: str, *, outage: bool = True, give_up: bool = False
+    ) -> None:
+        """Count a replay that failed (``outage``: the store could not be reached)."""
         with self._connect() as conn:
             conn.execute(
-                "UPDATE exchanges SET attempts = attempts + 1, last_error = ? WHERE id = ?",
-                (clip(error), spooled_id),
+                "UPDATE exchanges SET attempts = attempts + 1, errors = errors + ?,"
+                " last_error = ?, given_up = ? WHERE id = ?",
+                (int(not outage), clip(error), int(give_up), spooled_id),
             )
 
     @contextlib.contextmanager
@@ -225,6 +239,18 @@ class ExchangeSpool:
                 yield True
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` says the store cannot be reached or written now (retried for as long
+    as it lasts), not that this exchange cannot be stored (given up after ``MAX_ATTEMPTS``)."""
+    from contextfold.store.postgres.pool import StoreUnavailable
+
+    if isinstance(exc, StoreUnavailable | sqlite3.OperationalError | OSError):
+        return True
+    return type(exc).__name__ in {"OperationalError", "PoolTimeout", "InterfaceError"} and (
+        type(exc).__module__.startswith(("psycopg", "psycopg_pool"))
+    )
 
 
 class SpoolReplayer:
@@ -294,7 +320,20 @@ class SpoolReplayer:
                         try:
                             self.replay(spooled)
                         except Exception as exc:
-                            self.spool.failed(spooled.id, f"{type(exc).__name__}: {exc}")
+                            error = f"{type(exc).__name__}: {exc}"
+                            outage = is_outage(exc)
+                            if not outage and spooled.errors + 1 >= MAX_ATTEMPTS:
+                                self.spool.failed(spooled.id, error, outage=False, give_up=True)
+                                logger.error(
+                                    "gave up a spooled exchange (row %d of %s) after %d"
+                                    " attempts: %s",
+                                    spooled.id,
+                                    self.spool.path,
+                                    MAX_ATTEMPTS,
+                                    clip(error),
+                                )
+                                continue
+                            self.spool.failed(spooled.id, error, outage=outage)
                             if spooled.attempts == 0 or spooled.attempts % 20 == 0:
                                 logger.warning(
                                     "a spooled exchange is not stored yet (%d waiting): %s: %s",
