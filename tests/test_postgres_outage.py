@@ -332,3 +332,41 @@ def test_a_proxy_killed_during_an_outage_stores_its_spool_at_the_next_start(
         "What is the door code?",
         "It is 4471.",
     ]
+
+
+def test_a_full_pool_fails_fast_in_an_outage_too(pg: StoppablePostgres) -> None:
+    """A memory store whose pool had grown to its maximum before the server stopped: its
+    calls fail in about a second, not after the pool's 10 s (the pool counts the connections
+    it keeps trying to open again, so it looked busy, not down), and work once it is back."""
+    import threading
+    import time
+
+    from contextfold.store.postgres.connection import Database
+    from contextfold.store.postgres.pool import StoreUnavailable
+
+    db = Database(pg.new_database(), min_size=1, max_size=4)
+    try:
+        together = threading.Barrier(4)
+
+        def hold() -> None:
+            with db.read() as conn:
+                together.wait(timeout=30)
+                conn.execute("SELECT pg_sleep(0.2)")
+
+        threads = [threading.Thread(target=hold) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert db.pool.get_stats()["pool_size"] == 4
+        pg.pause()
+        for _ in range(3):
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable), db.read() as conn:
+                conn.execute("SELECT 1")
+            assert time.monotonic() - started < 5
+        pg.resume()
+        with db.read() as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+    finally:
+        db.close()

@@ -9,10 +9,13 @@ under the proxy."""
 
 from __future__ import annotations
 
+import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +192,141 @@ def test_an_exchange_that_cannot_be_stored_is_given_up_and_holds_up_no_other(
         assert health.get("spool_given_up") == "1" and "spooled" not in health
     (kept,) = rows(home_dir() / "spool.db", "SELECT given_up, errors, last_error FROM exchanges")
     assert kept == (1, 2, "ValueError: this exchange cannot be stored")
+
+
+def test_a_replay_while_the_next_request_is_upstream_stores_each_turn_once(
+    fake_llm: FakeLLMServer,
+    engine: MemoryEngine,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The store is back; the conversation's next request (resending the spooled exchange)
+    finds its place before the replay stores that exchange, and commits after it: the
+    request continues after the replayed exchange (it forked at its stale place before, the
+    exchange then stored twice on two branches)."""
+    outage = Outage(engine, monkeypatch)
+    db = tmp_path / "memory.db"
+    with serve(config(fake_llm), engine) as served:
+        replayer = served.proxy.spool
+        assert replayer is not None
+        api, history = oa(served.url), []
+        fake_llm.reply = "Hello."
+        chat(api, history, "Hi there.")
+        with monkeypatch.context() as held:
+            held.setattr(replayer, "round", lambda: True)  # its timer has not fired yet
+            outage.down.set()
+            fake_llm.reply = "It is on Friday."
+            chat(api, history, "When is the launch?")
+            assert spooled_rows() == 1
+            outage.down.clear()
+
+            def upstream(body: dict[str, Any]) -> str:
+                type(replayer).round(replayer)  # the replay, while this request is upstream
+                return "At noon."
+
+            fake_llm.reply = upstream
+            chat(api, history, "What time?")
+        assert spooled_rows() == 0
+        served.drain()
+    assert sessions(db) == [(sessions(db)[0][0], 6)]
+    assert texts(db) == [
+        "Hi there.",
+        "Hello.",
+        "When is the launch?",
+        "It is on Friday.",
+        "What time?",
+        "At noon.",
+    ]
+
+
+def test_the_spool_is_readable_by_its_owner_only(
+    fake_llm: FakeLLMServer, engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It holds whole prompts and replies (as the secret beside it, 0600)."""
+    outage = Outage(engine, monkeypatch)
+    old = os.umask(0o022)
+    try:
+        with serve(config(fake_llm), engine) as served:
+            outage.down.set()
+            chat(oa(served.url), [], "My account number is 12-3456-7.")
+            modes = {
+                p.name: stat.S_IMODE(p.stat().st_mode)
+                for p in home_dir().iterdir()
+                if p.name.startswith("spool.db")
+            }
+            outage.down.clear()
+    finally:
+        os.umask(old)
+    assert "spool.db" in modes
+    assert all(mode & 0o077 == 0 for mode in modes.values()), modes
+
+
+def test_a_spool_file_removed_while_the_proxy_runs_is_made_again(
+    fake_llm: FakeLLMServer, engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator deletes the file (say, to drop a row given up); the next exchange the
+    store refuses is still spooled."""
+    outage = Outage(engine, monkeypatch)
+    with serve(config(fake_llm), engine) as served:
+        outage.down.set()
+        chat(oa(served.url), [], "First.")
+        for path in list(home_dir().iterdir()):
+            if path.name.startswith("spool.db"):
+                path.unlink()
+        chat(oa(served.url), [], "Second.")
+        served.drain()
+        error = served.events.recent()[-1].error or ""
+        assert spooled_rows() == 1
+        outage.down.clear()
+    assert "exchange spooled" in error, error
+
+
+def test_a_home_that_cannot_be_made_leaves_the_proxy_without_a_spool(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The store, the graph and the secret all elsewhere (a read-only root): the server
+    starts, without a spool, and says so."""
+    from contextfold.server.app import create_app
+    from contextfold.server.config import ContextApiSettings, ProxySettings, ServerConfig
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv("CONTEXTFOLD_HOME", str(blocker / "home"))  # cannot be made
+    monkeypatch.setenv("CONTEXTFOLD_SECRET", "s" * 64)
+    with make_engine(tmp_path) as memory:
+        app = create_app(
+            ServerConfig(
+                port=0,
+                context_api=ContextApiSettings(graph_path=str(tmp_path / "graph.db")),
+                proxy=ProxySettings(upstream="http://127.0.0.1:9"),
+            ),
+            memory=memory,
+        )
+        assert app.state.proxy.spool is None
+    assert "without a spool" in caplog.text
+
+
+def test_a_spool_written_before_the_give_up_columns_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "spool.db"
+    with closing(sqlite3.connect(path)) as conn:
+        conn.execute(
+            "CREATE TABLE exchanges (id INTEGER PRIMARY KEY AUTOINCREMENT, store_key TEXT NOT"
+            " NULL, spooled_at TEXT NOT NULL, format TEXT NOT NULL, principal TEXT NOT NULL,"
+            " header TEXT, body TEXT NOT NULL, reply TEXT NOT NULL, partial INTEGER NOT NULL,"
+            " exchange_time TEXT NOT NULL, new_session TEXT, response_id TEXT,"
+            " attempts INTEGER NOT NULL DEFAULT 0, last_error TEXT)"
+        )
+        conn.execute(
+            "INSERT INTO exchanges (store_key, spooled_at, format, principal, body, reply,"
+            " partial, exchange_time) VALUES ('k', '2026-11-27T00:00:00+00:00', 'openai', 'p',"
+            " '{}', ?, 0, '2026-11-27T00:00:00+00:00')",
+            (Message(role="assistant", content="Hi.").model_dump_json(),),
+        )
+        conn.commit()
+    spool = ExchangeSpool(path, "k")
+    (kept,) = spool.oldest()
+    assert (kept.errors, kept.reply.text()) == (0, "Hi.")
+    assert spool.pending() == 1 and spool.pending(given_up=True) == 0
 
 
 def test_a_server_started_later_stores_what_a_stopped_one_spooled(

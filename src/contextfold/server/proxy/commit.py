@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from contextfold.server.proxy import responses
 from contextfold.server.proxy.envelope import strip_envelope
 from contextfold.server.proxy.record import Plan
-from contextfold.server.proxy.session import locate, resolve
+from contextfold.server.proxy.session import Position, locate, resolve
 from contextfold.server.proxy.wire import WIRES, ParsedRequest
 from contextfold.store.models import BranchMoved
 
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from contextfold.items import Message
     from contextfold.server.proxy.routes import Proxy
     from contextfold.server.proxy.spool import Spooled
+    from contextfold.store.protocols import MemoryStorage
 
 __all__ = ["commit_exchange", "replay_exchange"]
 
@@ -50,16 +51,51 @@ def commit_exchange(
     store = proxy.state.memory.store
     position, parsed = plan.position, plan.parsed
     if position is None or parsed is None:
-        parsed, tokens = _request(proxy, plan)
-        position, _ = locate(
-            store,
-            plan.principal,
-            parsed.messages,
-            tokens,
-            plan.header,
-            proxy.state.secret,
-            scope=proxy.state.config.proxy.recall_scope,
-        )
+        parsed, position = _located(proxy, plan)
+    try:
+        return _commit(store, plan, parsed, position, reply, partial)
+    except BranchMoved:
+        pass
+    # The branch moved on while the request was upstream: another request on it committed
+    # first, or the replay of a spooled exchange that this request's history resends. Found
+    # again, the request continues where its history now stands (after that exchange, which
+    # is not stored twice); a branch another continuation took is forked at the turn the
+    # request continues, as before.
+    parsed, position = _located(proxy, plan)
+    try:
+        return _commit(store, plan, parsed, position, reply, partial)
+    except BranchMoved:
+        assert position.session_id is not None
+        forked = store.fork(position.session_id, position.anchor)
+        moved = Position(forked, position.anchor, position.new_from, position.source)
+        return _commit(store, plan, parsed, moved, reply, partial)
+
+
+def _located(proxy: Proxy, plan: Plan) -> tuple[ParsedRequest, Position]:
+    """The request's messages and where they stand now (``locate``: forks where needed)."""
+    parsed, tokens = _request(proxy, plan)
+    position, _ = locate(
+        proxy.state.memory.store,
+        plan.principal,
+        parsed.messages,
+        tokens,
+        plan.header,
+        proxy.state.secret,
+        scope=proxy.state.config.proxy.recall_scope,
+    )
+    return parsed, position
+
+
+def _commit(
+    store: MemoryStorage,
+    plan: Plan,
+    parsed: ParsedRequest,
+    position: Position,
+    reply: Message,
+    partial: bool,
+) -> tuple[str, list[int]]:
+    """Append the messages after ``position`` and ``reply`` to its branch (a new session for
+    a new conversation); ``BranchMoved`` when the branch has moved past its ``expect_last``."""
     new = [m for m in parsed.messages[position.new_from :] if m.role != "system"]
     messages = [*new, reply]
     flags = [False] * len(new) + [partial]
@@ -74,13 +110,9 @@ def commit_exchange(
         return sid, store.commit_exchange(
             sid, messages, partial=flags, expect_last=0, timestamps=when
         )
-    try:
-        seqs = store.commit_exchange(
-            sid, messages, partial=flags, expect_last=position.expect_last, timestamps=when
-        )
-    except BranchMoved:
-        sid = store.fork(sid, position.anchor)
-        seqs = store.commit_exchange(sid, messages, partial=flags, timestamps=when)
+    seqs = store.commit_exchange(
+        sid, messages, partial=flags, expect_last=position.expect_last, timestamps=when
+    )
     return sid, seqs
 
 

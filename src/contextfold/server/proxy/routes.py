@@ -156,8 +156,16 @@ class Proxy:
         self.spool: SpoolReplayer | None = None
         key = store_key(str(getattr(state.memory.store, "path", "") or ""))
         if key is not None and state.memory_error is None:
-            spool = ExchangeSpool(home_dir() / "spool.db", key)
-            self.spool = SpoolReplayer(spool, self._replay)
+            try:
+                spool = ExchangeSpool(home_dir() / "spool.db", key)
+            except OSError as exc:  # a home that cannot be made (a read-only root)
+                logger.warning(
+                    "running without a spool: an exchange the store cannot take is not kept"
+                    " to store later (%s)",
+                    exc,
+                )
+            else:
+                self.spool = SpoolReplayer(spool, self._replay)
 
     # -- plumbing --------------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -74,6 +75,13 @@ CREATE INDEX IF NOT EXISTS exchanges_by_store ON exchanges (store_key, id);
 """
 
 
+def private(path: Path) -> None:
+    """Make ``path`` (empty) readable and writable by its owner only, if it does not exist
+    (SQLite gives the file's ``-wal`` and ``-shm`` its mode)."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+
+
 def store_key(location: str) -> str | None:
     """The key naming a store's rows (``None``: a store in memory, which gets no spool): a
     digest of its location (an absolute path; a URL as its server and database, the password
@@ -110,22 +118,28 @@ class ExchangeSpool:
     def __init__(self, path: Path, key: str) -> None:
         self.path = path
         self.key = key
-        self._ready = False
-        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"ExchangeSpool({str(self.path)!r})"
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
+        """A connection to the file, made (readable by its owner only: it holds whole
+        prompts and replies) and given its table if it has none — every time, so a file an
+        operator deleted is made again."""
+        private(self.path)
         conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         try:
             conn.execute("PRAGMA synchronous=FULL")  # on disk before the reply's last byte
-            if not self._ready:
-                with self._lock:
-                    conn.execute("PRAGMA journal_mode=WAL")
-                    conn.executescript(_SCHEMA)
-                    self._ready = True
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                conn.execute("PRAGMA journal_mode=WAL")
+            conn.executescript(_SCHEMA)
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(exchanges)")}
+            for column in ("errors", "given_up"):  # (a spool written before they were kept)
+                if column not in columns:
+                    conn.execute(
+                        f"ALTER TABLE exchanges ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0"
+                    )
             yield conn
         finally:
             conn.close()
@@ -229,7 +243,9 @@ class ExchangeSpool:
         ``<spool>.lock`` held for the block, released if the process dies."""
         import fcntl
 
-        with Path(f"{self.path}.lock").open("a+b") as handle:
+        lock = Path(f"{self.path}.lock")
+        private(lock)
+        with lock.open("a+b") as handle:
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -276,15 +292,16 @@ class SpoolReplayer:
         self._wake.set()
 
     def stop(self, timeout: float = 5.0) -> int:
-        """Stop the thread; returns how many exchanges still wait in the spool."""
+        """Stop the thread; returns how many exchanges still wait in the spool (0 when the
+        spool cannot be read)."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
         try:
             return self.spool.pending()
-        except sqlite3.Error:
-            return -1
+        except (sqlite3.Error, OSError):
+            return 0
 
     def _run(self) -> None:
         delay: float | None = 0.0  # a first round at once: what an earlier process left

@@ -4,12 +4,16 @@
 been idle in the pool for ``CHECK_IDLE_S`` or more is checked (one empty query) as it is taken
 out, and replaced if the server dropped it (a restart drops them all: each failed its next
 call, an exchange the proxy could not store among them); a connection in steady use skips
-that round trip. While the server cannot be reached (a checkout found the pool unable to
-open a connection), a call does not wait ``CHECKOUT_TIMEOUT_S`` again: it takes a connection
-the pool has ready, else opens one of its own (refused at once while the server is down:
-``StoreUnavailable``), so an outage fails each call in well under a second — the proxy's
-commit, which the client's last byte waits for, among them — and the first call that reaches
-the server again ends it. A write takes
+that round trip. A call waits ``FIRST_WAIT_S`` for a pooled connection; when none comes
+while connections are free (the pool cannot open one), it opens one of its own, and when that
+fails the server is taken to be down (``StoreUnavailable``): the calls after it wait
+``DOWN_CHECKOUT_S`` for a pooled connection, then try their own, so a stopped server fails
+each call in about a second at first and a tenth of one after (the proxy's commit, which the
+client's last byte waits for, among them: it waited ``CHECKOUT_TIMEOUT_S``), and the first
+call that reaches the server again ends it. A connection the server dropped under a call
+marks it down too, and has the pool test its idle connections in the background. Every
+connection gives up on a server that stops acknowledging what it sent after 10 s
+(``tcp_user_timeout``). A write takes
 one connection for its transaction (``tx``); while a thread is inside one, every other write
 and read of that thread joins it, so ``store.batch()`` makes several writes one transaction,
 like the SQLite store's ``_tx``. One-statement writes run in autocommit (``statement``).
@@ -21,6 +25,7 @@ opening any of the stores at the same moment take turns).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -42,6 +47,10 @@ __all__ = ["CHECK_IDLE_S", "Database", "IdleCheck", "from_text", "to_text", "utc
 CHECK_IDLE_S = 2.0
 #: How long a call waits for a pooled connection before it fails (``PoolTimeout``).
 CHECKOUT_TIMEOUT_S = 10.0
+#: Every connection: autocommit, and a connection whose server stops answering (a failover,
+#: a partition) fails once data it sent goes unacknowledged for 10 s, instead of hanging for
+#: the system's TCP timeout (many minutes).
+_CONNECTION_OPTIONS: dict[str, Any] = {"autocommit": True, "tcp_user_timeout": 10_000}
 #: How long a call waits for a pooled connection before it asks whether the pool cannot
 #: open one (then a connection of its own tells whether the server is down).
 FIRST_WAIT_S = 1.0
@@ -134,12 +143,15 @@ class Database:
             ) from exc
         self._url = url
         self._down: str | None = None  # why the server could not be reached, until it can
+        self._in_use = 0  # connections checked out (``_pooled``)
+        self._checking = False  # a ``_drop_stale`` thread runs
+        self._lock = threading.Lock()
         idle = IdleCheck()
         self.pool: ConnectionPool[Any] = ConnectionPool(
             url,
             min_size=min_size,
             max_size=max_size,
-            kwargs={"autocommit": True},
+            kwargs={"connect_timeout": 10, **_CONNECTION_OPTIONS},
             open=False,
             name="contextfold-memory",
             check=idle.check,
@@ -175,24 +187,55 @@ class Database:
         try:
             conn = held.enter_context(self.pool.connection(timeout=wait))
         except PoolTimeout as exc:
-            if down is None and self.pool.get_stats().get("pool_size", 0) >= self.pool.max_size:
-                # busy, not down: the rest of the wait
+            # Busy: every connection is in use here (the pool's own ``pool_size`` also counts
+            # the connections it is still trying to open again, for minutes in an outage).
+            if down is None and self._in_use >= self.pool.max_size:
                 conn = held.enter_context(self.pool.connection(timeout=CHECKOUT_TIMEOUT_S - wait))
-                with held:
-                    yield conn
-                return
-            try:
-                own = psycopg.connect(self._url, autocommit=True, connect_timeout=DOWN_CONNECT_S)
-            except psycopg.Error as error:
-                self._down = reason_of(error, self._url)
-                raise StoreUnavailable(self.masked, self._down) from exc
-            self._down = None
-            with own:
-                yield own
-            return
+            else:
+                try:
+                    own = psycopg.connect(
+                        self._url, connect_timeout=DOWN_CONNECT_S, **_CONNECTION_OPTIONS
+                    )
+                except psycopg.Error as error:
+                    self._down = reason_of(error, self._url)
+                    raise StoreUnavailable(self.masked, self._down) from exc
+                conn = held.enter_context(own)
         self._down = None
         with held:
-            yield conn
+            with self._lock:
+                self._in_use += 1
+            try:
+                yield conn
+            except psycopg.OperationalError as exc:
+                if not (conn.broken or conn.closed):
+                    raise
+                # the server went away under the call (stopped, restarted): an outage, and
+                # the pool's other idle connections are as dead as this one
+                self._down = reason_of(exc, self._url)
+                self._drop_stale()
+                raise StoreUnavailable(self.masked, self._down) from exc
+            finally:
+                with self._lock:
+                    self._in_use -= 1
+
+    def _drop_stale(self) -> None:
+        """Test the pool's idle connections in a thread of its own (``ConnectionPool.check``:
+        the dead ones are replaced), so the calls after a restart get no connection it
+        dropped; one such thread at a time."""
+        with self._lock:
+            if self._checking:
+                return
+            self._checking = True
+
+        def check() -> None:
+            try:
+                with contextlib.suppress(Exception):
+                    self.pool.check()
+            finally:
+                with self._lock:
+                    self._checking = False
+
+        threading.Thread(target=check, name="contextfold-pool-check", daemon=True).start()
 
     @contextmanager
     def tx(self) -> Iterator[psycopg.Connection[Any]]:

@@ -161,6 +161,8 @@ class Pooled:
         self.pool = _open_pool(url, max_size)
         self._local = threading.local()
         self._down: str | None = None  # why the server could not be reached, until it can
+        self._in_use = 0  # connections checked out (``_checkout``)
+        self._lock = threading.Lock()
 
     def close(self) -> None:
         self.pool.close()
@@ -203,16 +205,18 @@ class Pooled:
         try:  # (while the server is known to be down, only a connection the pool has ready)
             conn = self.pool.getconn(timeout=timeout if self._down is None else 0.1)
         except PoolTimeout:
-            if self._down is None and self.pool.get_stats().get("pool_size", 0) >= (
-                self.pool.max_size
-            ):
-                raise  # busy, not down
+            # busy, not down: every connection in use here (the pool's ``pool_size`` also
+            # counts those it is still trying to open again, for minutes in an outage)
+            if self._down is None and self._in_use >= self.pool.max_size:
+                raise
             conn = None
         else:
             self._down = None
         pooled = conn is not None
         if conn is None:
             conn = self._direct(connect_timeout)
+        with self._lock:
+            self._in_use += 1
         try:
             yield conn
         except psycopg.OperationalError as exc:
@@ -220,6 +224,8 @@ class Pooled:
                 raise StoreUnavailable(self.masked, reason_of(exc, self.url)) from exc
             raise
         finally:
+            with self._lock:
+                self._in_use -= 1
             if pooled:
                 self.pool.putconn(conn)
             else:
