@@ -370,3 +370,87 @@ def test_a_full_pool_fails_fast_in_an_outage_too(pg: StoppablePostgres) -> None:
             assert conn.execute("SELECT 1").fetchone() == (1,)
     finally:
         db.close()
+
+
+def test_two_workers_spool_an_outage_and_a_restart_stores_each_exchange_once(
+    pg: StoppablePostgres, fake_llm: Any, tmp_path: Path
+) -> None:
+    """``serve --workers 2`` on PostgreSQL: three conversations go on while the server is
+    stopped (both workers spool), the proxy is stopped before it is back, and started again
+    after: each conversation is one session holding every message once, in order."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+    import openai
+    import psycopg
+
+    from proxy_support import free_port
+
+    url = pg.new_database()
+    (tmp_path / "memory.yaml").write_text(f"store: {url}\nrecall:\n  embedder: none\n")
+    (tmp_path / "server.yaml").write_text(f"proxy:\n  upstream: {fake_llm.url}\n")
+    env = {**os.environ, "CONTEXTFOLD_HOME": str(tmp_path / "home"), "CONTEXTFOLD_SECRET": "s" * 64}
+    fake_llm.reply = lambda body: "Answer to " + str(body["messages"][-1]["content"])
+
+    def start() -> tuple[subprocess.Popen[bytes], str]:
+        port = free_port()
+        command = [sys.executable, "-m", "contextfold", "serve", "--workers", "2"]
+        command += ["--port", str(port), "--config", str(tmp_path / "server.yaml")]
+        command += ["--memory-config", str(tmp_path / "memory.yaml"), "--log-level", "warning"]
+        with (tmp_path / "log").open("ab") as log:  # (the child keeps its own copy)
+            process = subprocess.Popen(command, env=env, stderr=log, stdout=subprocess.DEVNULL)
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                    return process, base
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        process.kill()
+        raise AssertionError((tmp_path / "log").read_text()[-3000:])
+
+    histories: list[list[dict[str, str]]] = [[], [], []]
+
+    def turn(base: str, i: int) -> None:
+        api = openai.OpenAI(base_url=f"{base}/v1", api_key=f"sk-{i}", max_retries=0)
+        histories[i].append(
+            {"role": "user", "content": f"Conversation {i}, message {len(histories[i]) // 2}."}
+        )
+        reply = api.chat.completions.create(model="m", messages=histories[i])
+        api.close()
+        histories[i].append(
+            {"role": "assistant", "content": reply.choices[0].message.content or ""}
+        )
+
+    process, base = start()
+    try:
+        for i in range(3):
+            turn(base, i)
+        pg.pause()
+        for _ in range(3):
+            for i in range(3):
+                turn(base, i)
+        assert httpx.get(f"{base}/healthz").json()["spooled"] == "9"
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+        pg.resume()
+        process, base = start()
+        deadline = time.monotonic() + 30
+        while "spooled" in httpx.get(f"{base}/healthz").json():
+            assert time.monotonic() < deadline, "the spool was not stored"
+            time.sleep(0.1)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+    with psycopg.connect(url) as conn:
+        found = conn.execute(
+            "SELECT session_id, content_text FROM turns ORDER BY session_id, seq"
+        ).fetchall()
+    sessions: dict[str, list[str]] = {}
+    for sid, text in found:
+        sessions.setdefault(sid, []).append(text)
+    assert sorted(sessions.values()) == sorted([m["content"] for m in h] for h in histories)

@@ -8,7 +8,7 @@ that round trip. A call waits ``FIRST_WAIT_S`` for a pooled connection; when non
 while connections are free (the pool cannot open one), it opens one of its own, and when that
 fails the server is taken to be down (``StoreUnavailable``): the calls after it wait
 ``DOWN_CHECKOUT_S`` for a pooled connection, then try their own, so a stopped server fails
-each call in about a second at first and a tenth of one after (the proxy's commit, which the
+each call in about a second at first and in milliseconds after (the proxy's commit, which the
 client's last byte waits for, among them: it waited ``CHECKOUT_TIMEOUT_S``), and the first
 call that reaches the server again ends it. A connection the server dropped under a call
 marks it down too, and has the pool test its idle connections in the background. Every
@@ -56,7 +56,7 @@ _CONNECTION_OPTIONS: dict[str, Any] = {"autocommit": True, "tcp_user_timeout": 1
 FIRST_WAIT_S = 1.0
 #: While the server is known to be down: how long a call waits for a pooled connection, and
 #: for a connection of its own.
-DOWN_CHECKOUT_S = 0.1
+DOWN_CHECKOUT_S = 0.01
 DOWN_CONNECT_S = 2
 
 
