@@ -28,6 +28,7 @@ from contextfold.server.proxy import spool as spool_module
 from contextfold.server.proxy.spool import ExchangeSpool, store_key
 from contextfold.store.sqlite import home_dir
 from fake_llm import FakeLLMServer
+from fake_responses import ResponsesFake
 from proxy_support import make_engine, serve
 from test_proxy_durability import chat, config, oa, rows, texts
 
@@ -327,6 +328,43 @@ def test_a_spool_written_before_the_give_up_columns_is_read(tmp_path: Path) -> N
     (kept,) = spool.oldest()
     assert (kept.errors, kept.reply.text()) == (0, "Hi.")
     assert spool.pending() == 1 and spool.pending(given_up=True) == 0
+
+
+def test_a_spooled_responses_reply_continues_its_chain(
+    fake_llm: FakeLLMServer,
+    engine: MemoryEngine,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``/v1/responses`` chained by ``previous_response_id`` (the body holds only the new
+    input): the spooled exchange is stored after the chain's turns, and its response's id
+    names the stored reply, so the next request chained on it continues the same session."""
+    ResponsesFake(fake_llm)
+    outage = Outage(engine, monkeypatch)
+    with serve(config(fake_llm), engine) as served:
+        client = oa(served.url)
+        fake_llm.reply = "It is sunny in Oslo."
+        first = client.responses.create(model="m", input="Weather in Oslo?")
+        outage.down.set()
+        fake_llm.reply = "Take sunglasses."
+        second = client.responses.create(
+            model="m", previous_response_id=first.id, input="What to pack?"
+        )
+        assert spooled_rows() == 1
+        outage.down.clear()
+        wait_for(lambda: spooled_rows() == 0)
+        fake_llm.reply = "Yes, a light one."
+        client.responses.create(model="m", previous_response_id=second.id, input="A jacket?")
+        served.drain()
+    assert texts(tmp_path / "memory.db") == [
+        "Weather in Oslo?",
+        "It is sunny in Oslo.",
+        "What to pack?",
+        "Take sunglasses.",
+        "A jacket?",
+        "Yes, a light one.",
+    ]
+    assert len(sessions(tmp_path / "memory.db")) == 1
 
 
 def test_a_server_started_later_stores_what_a_stopped_one_spooled(

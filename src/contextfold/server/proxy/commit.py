@@ -16,7 +16,8 @@ finds the conversation again as a request would and writes only what the store l
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, cast
 
 from contextfold.server.proxy import responses
 from contextfold.server.proxy.envelope import strip_envelope
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from contextfold.items import Message
     from contextfold.server.proxy.routes import Proxy
     from contextfold.server.proxy.spool import Spooled
+    from contextfold.server.proxy.stream import Reply
     from contextfold.store.protocols import MemoryStorage
 
 __all__ = ["commit_exchange", "replay_exchange"]
@@ -117,9 +119,10 @@ def _commit(
 
 
 def replay_exchange(proxy: Proxy, spooled: Spooled) -> tuple[str, list[int]] | None:
-    """Store a spooled exchange as its request would have been stored: (session, seqs), or
-    ``None`` when the store holds it already (the conversation's next request, resending the
-    history, stored it first). Raises what the store raises while it still fails."""
+    """Store a spooled exchange as its request would have been stored (a Responses reply's id
+    named too): (session, seqs), or ``None`` when the store holds it already (the
+    conversation's next request, resending the history, stored it first). Raises what the
+    store raises while it still fails."""
     plan = Plan(
         id=f"spooled-{spooled.id}",
         format=spooled.format,
@@ -145,4 +148,9 @@ def replay_exchange(proxy: Proxy, spooled: Spooled) -> tuple[str, list[int]] | N
     )
     if held.session_id is not None and all(m.role == "system" for m in history[held.new_from :]):
         return None  # the reply is stored, after the same history
-    return commit_exchange(proxy, plan, spooled.reply, spooled.partial)
+    sid, seqs = commit_exchange(proxy, plan, spooled.reply, spooled.partial)
+    if spooled.format == responses.FORMAT and spooled.response_id:
+        # the response's id names the stored reply, as the live commit would have named it
+        named = cast("Reply", SimpleNamespace(response_id=spooled.response_id))
+        proxy.chains.committed(plan, named, sid, seqs)
+    return sid, seqs

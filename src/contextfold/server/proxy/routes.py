@@ -52,8 +52,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from functools import partial
-from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 import anyio
@@ -471,23 +470,8 @@ class Proxy:
 
     def _replay(self, spooled: Spooled) -> None:
         """Store one spooled exchange (``SpoolReplayer``): as its request would have been."""
-        stored = replay_exchange(self, spooled)
-        if stored is None:
-            return
-        sid, seqs = stored
-        if spooled.format == responses.FORMAT and spooled.response_id:
-            plan = Plan(
-                id=f"spooled-{spooled.id}",
-                format=spooled.format,
-                path="",
-                model=None,
-                stream=False,
-                principal=spooled.principal,
-                original=spooled.body,
-            )
-            named = cast(Reply, SimpleNamespace(response_id=spooled.response_id))
-            self.chains.committed(plan, named, sid, seqs)
-        self.jobs.notify()
+        if replay_exchange(self, spooled) is not None:
+            self.jobs.notify()
 
     def _marker(self, plan: Plan, reply: Reply, seq: int | None) -> str | None:
         """The marker for this reply (naming its committed turn), or ``None`` where one would
