@@ -233,6 +233,41 @@ def test_memory_past_its_deadline_forwards_unmodified_and_still_stores(
     ]
 
 
+def test_a_request_that_may_not_fit_the_window_waits_for_its_memory(
+    fake_llm: FakeLLMServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory slower than its 50 ms deadline: a request small beside the model's window goes
+    upstream unmodified, as before; one whose body may not fit the window unmodified (2 bytes
+    a token or more) waits for its memory, up to ``fit_deadline_ms``: forwarded as sent, it
+    would overflow the window."""
+    with MemoryEngine(
+        MemoryConfig.model_validate({"context_window": 1000}),
+        store=tmp_path / "memory.db",
+        embedder=None,
+    ) as engine:
+        inbound = engine.on_message_inbound
+
+        def slow(*args: Any, **kwargs: Any) -> Any:
+            time.sleep(0.3)
+            return inbound(*args, **kwargs)
+
+        monkeypatch.setattr(engine, "on_message_inbound", slow)
+        settings = config(fake_llm, memory_deadline_ms=50, fit_deadline_ms=5000)
+        with serve(settings, engine) as served:
+            api, history = oa(served.url), []
+            chat(api, history, "Hello.")  # (a new conversation recalls nothing)
+            chat(api, history, "A short question?")
+            served.drain()
+            small = served.events.recent()[-1]
+            chat(api, history, "A pasted log: " + "GET /api/items 200 12ms " * 100)
+            served.drain()
+            large = served.events.recent()[-1]
+    assert "deadline (50 ms) passed" in (small.error or "")
+    assert large.error is None, large.error
+    notes = large.extra.get("notes", [])
+    assert any("waited for, as the request" in note for note in notes), notes
+
+
 def test_a_slow_session_holds_up_no_other(
     proxy: Served, engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -172,6 +172,10 @@ class ProxySettings(_Section):
     # The request path's budget for memory (resolve, recall, inject): past it the request is
     # forwarded without memory and its record says why.
     memory_deadline_ms: Float = Field(50.0, gt=0)
+    # A request that may not fit the model's window as the client sent it (its body is at
+    # least 2 bytes per token of the memory's ``context_window``) waits this long for its
+    # memory work instead: forwarded unmodified, it would overflow the window.
+    fit_deadline_ms: Float = Field(2000.0, gt=0)
     # Background threads deriving tags, vectors and summaries from committed turns.
     job_threads: Int = Field(1, ge=1, le=16)
     markers: bool = False

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from contextfold.analysis import analyze
 
-__all__ = ["QUESTION_STOPWORDS", "query_terms"]
+__all__ = ["MAX_QUERY_TERMS", "QUESTION_STOPWORDS", "query_terms"]
 
 # Words a question is made of but an answer rarely shares: interrogatives, auxiliaries,
 # pronouns and fillers. BM25's own stop list (Lucene's 33 words) keeps them, and in an OR
@@ -24,13 +24,25 @@ QUESTION_STOPWORDS = frozenset(
 )
 
 
+#: At most this many words of one query are searched for: a message of more distinct words (a
+#: pasted log, a file) is searched by its first and last ``MAX_QUERY_TERMS // 2``, where a
+#: question usually opens or closes what it pastes. Each word costs a look-up in the index, so
+#: an uncapped paste cost the proxy's memory step its whole deadline.
+MAX_QUERY_TERMS = 64
+
+
 def query_terms(query: str) -> list[str]:
     """The distinct words of ``query`` to search for, in order: stop words and the words of a
-    question's grammar removed; a query of nothing but such words keeps them.
+    question's grammar removed; a query of nothing but such words keeps them; at most
+    ``MAX_QUERY_TERMS`` of them (the first half and the last half).
 
     >>> query_terms("What did Caroline say about the adoption agency?")
     ['caroline', 'say', 'adoption', 'agency']
     """
     words = analyze(query, stemmer=None)
     terms = dict.fromkeys(w for w in words if w not in QUESTION_STOPWORDS) or dict.fromkeys(words)
-    return list(terms)
+    found = list(terms)
+    if len(found) > MAX_QUERY_TERMS:
+        half = MAX_QUERY_TERMS // 2
+        found = found[:half] + found[-half:]
+    return found

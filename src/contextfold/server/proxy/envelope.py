@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
+from contextfold._bounded import BoundedMemo, text_size
 from contextfold.errors import ConfigError
 from contextfold.items import Message, TextBlock
 
@@ -59,6 +60,10 @@ class Envelope:
     """Removes the envelope ``patterns`` (name → regex) from user messages' text."""
 
     def __init__(self, patterns: Mapping[str, str]) -> None:
+        # A chat resends its whole history every request: each text is stripped once.
+        self._stripped: BoundedMemo[str, tuple[str, tuple[str, ...]]] = BoundedMemo(
+            entries=20_000, max_bytes=32 << 20
+        )
         self.patterns: dict[str, re.Pattern[str]] = {}
         for name, pattern in patterns.items():
             try:
@@ -70,7 +75,14 @@ class Envelope:
 
     def strip_text(self, text: str) -> tuple[str, list[str]]:
         """``text`` without its envelope, and the names of the patterns that matched (the
-        text unchanged, and ``[]``, when nothing matched or nothing would be left)."""
+        text unchanged, and ``[]``, when nothing matched or nothing would be left);
+        remembered for the texts seen lately."""
+        out, hits = self._stripped.get(
+            text, lambda: self._strip(text), size=lambda found: 2 * text_size(text)
+        )
+        return out, list(hits)
+
+    def _strip(self, text: str) -> tuple[str, tuple[str, ...]]:
         hits: list[str] = []
         out = text
         for name, pattern in self.patterns.items():
@@ -78,11 +90,11 @@ class Envelope:
             if count:
                 hits.append(name)
         if not hits:
-            return text, []
+            return text, ()
         out = _BLANK_RUNS.sub("\n\n", out).strip()
         if not out:
-            return text, []
-        return out, hits
+            return text, ()
+        return out, tuple(hits)
 
     def strip_messages(self, messages: list[Message]) -> dict[str, int]:
         """Strip the user messages of ``messages`` in place; how many of them each pattern

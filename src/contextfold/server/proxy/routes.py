@@ -122,6 +122,10 @@ _AZURE_CHAT = re.compile(r"deployments/[^/]+/chat/completions|v1/chat/completion
 _METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 #: The longest a background job waits for the requests in flight to finish their memory work.
 QUIET_WAIT = 0.05
+#: A request body of this many bytes per token of the model's window or more may not fit it
+#: unmodified (English text and code run 3-4 bytes a token, JSON adds more): its memory work
+#: is waited for up to ``proxy.fit_deadline_ms`` instead of the memory deadline.
+FIT_BYTES_PER_TOKEN = 2
 
 
 class Proxy:
@@ -370,16 +374,29 @@ class Proxy:
         """A copy of ``plan`` filled by the memory path within ``deadline`` seconds, else
         ``plan`` with the reason (the request then goes upstream as the client sent it)."""
         draft = recall.draft(plan)
+        work = asyncio.ensure_future(self._in_pool(self.prepare, draft, wire, body))
+        waited = time.perf_counter()
         try:
-            await asyncio.wait_for(
-                asyncio.shield(self._in_pool(self.prepare, draft, wire, body)), deadline
-            )
+            try:
+                await asyncio.wait_for(asyncio.shield(work), deadline)
+            except TimeoutError:
+                # Forwarded as the client sent it, a request that may not fit the model's
+                # window would overflow: its memory work (what makes it fit) is waited for.
+                longer = self._fit_deadline(plan) - deadline
+                if longer <= 0:
+                    raise
+                await asyncio.wait_for(asyncio.shield(work), longer)
+                draft.notes.append(
+                    f"memory took {(time.perf_counter() - waited) * 1000:.0f} ms, past the"
+                    f" {deadline * 1000:g} ms deadline: waited for, as the request"
+                    f" ({len(plan.content):,} bytes) may not fit the model's window unmodified"
+                )
         except TimeoutError:
             plan.error = (
                 f"memory skipped, request forwarded unmodified: the memory deadline"
                 f" ({deadline * 1000:g} ms) passed"
             )
-            logger.info("request %s: %s", plan.id, plan.error)
+            logger.warning("request %s: %s", plan.id, plan.error)
         except Exception as exc:  # fail open: forward the original bytes
             plan.error = (
                 f"memory skipped, request forwarded unmodified: {type(exc).__name__}: "
@@ -389,6 +406,17 @@ class Proxy:
         else:
             return draft
         return plan
+
+    def _fit_deadline(self, plan: Plan) -> float:
+        """How long (s) memory is waited for in all: ``proxy.fit_deadline_ms`` for a request
+        that may not fit the model's window as the client sent it (its body holds at least
+        ``FIT_BYTES_PER_TOKEN`` bytes per token of ``context_window``: fewer tokens than that
+        cannot overflow it), else the memory deadline."""
+        proxy = self.state.config.proxy
+        window = self.state.memory.config.context_window
+        if len(plan.content) >= FIT_BYTES_PER_TOKEN * window:
+            return proxy.fit_deadline_ms / 1000
+        return proxy.memory_deadline_ms / 1000
 
     def _token(self, plan: Plan, seq: int | None = None) -> str | None:
         """The token naming the request's turn: ``seq`` (the committed reply), else the turn
