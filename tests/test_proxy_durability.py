@@ -268,6 +268,41 @@ def test_a_request_that_may_not_fit_the_window_waits_for_its_memory(
     assert any("waited for, as the request" in note for note in notes), notes
 
 
+@pytest.mark.parametrize("trouble", ["slower than the fit deadline", "its own timeout"])
+def test_memory_that_fails_the_fit_wait_forwards_unmodified_and_says_why(
+    fake_llm: FakeLLMServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trouble: str
+) -> None:
+    """A request that may not fit the window waits up to ``fit_deadline_ms``, no longer; a
+    ``TimeoutError`` the memory work raises itself (a socket, a database) is that error, not
+    a deadline."""
+    with MemoryEngine(
+        MemoryConfig.model_validate({"context_window": 1000}),
+        store=tmp_path / "memory.db",
+        embedder=None,
+    ) as engine:
+        inbound = engine.on_message_inbound
+
+        def failing(*args: Any, **kwargs: Any) -> Any:
+            if trouble == "its own timeout":
+                raise TimeoutError("the database did not answer")
+            time.sleep(0.5)
+            return inbound(*args, **kwargs)
+
+        monkeypatch.setattr(engine, "on_message_inbound", failing)
+        settings = config(fake_llm, memory_deadline_ms=50, fit_deadline_ms=150)
+        with serve(settings, engine) as served:
+            api, history = oa(served.url), []
+            chat(api, history, "Hello.")
+            chat(api, history, "A pasted log: " + "GET /api/items 200 12ms " * 100)
+            served.drain()
+            error = served.events.recent()[-1].error or ""
+    if trouble == "its own timeout":
+        assert "TimeoutError: the database did not answer" in error, error
+        assert "deadline" not in error
+    else:
+        assert "the window-fit deadline (150 ms) passed" in error, error
+
+
 def test_a_slow_session_holds_up_no_other(
     proxy: Served, engine: MemoryEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -25,24 +25,27 @@ QUESTION_STOPWORDS = frozenset(
 
 
 #: At most this many words of one query are searched for: a message of more distinct words (a
-#: pasted log, a file) is searched by its first and last ``MAX_QUERY_TERMS // 2``, where a
-#: question usually opens or closes what it pastes. Each word costs a look-up in the index, so
-#: an uncapped paste cost the proxy's memory step its whole deadline.
+#: pasted log, a file) is searched by the first ``MAX_QUERY_TERMS // 2`` distinct words it
+#: opens with and the last ones it ends with (read from its end, so a question closing a paste
+#: keeps its words even when the paste said them too), where a question usually opens or closes
+#: what it pastes. Each word costs a look-up in the index, so an uncapped paste cost the
+#: proxy's memory step its whole deadline.
 MAX_QUERY_TERMS = 64
 
 
 def query_terms(query: str) -> list[str]:
     """The distinct words of ``query`` to search for, in order: stop words and the words of a
     question's grammar removed; a query of nothing but such words keeps them; at most
-    ``MAX_QUERY_TERMS`` of them (the first half and the last half).
+    ``MAX_QUERY_TERMS`` of them (the first distinct words, then the last ones).
 
     >>> query_terms("What did Caroline say about the adoption agency?")
     ['caroline', 'say', 'adoption', 'agency']
     """
     words = analyze(query, stemmer=None)
-    terms = dict.fromkeys(w for w in words if w not in QUESTION_STOPWORDS) or dict.fromkeys(words)
-    found = list(terms)
-    if len(found) > MAX_QUERY_TERMS:
-        half = MAX_QUERY_TERMS // 2
-        found = found[:half] + found[-half:]
-    return found
+    kept = [w for w in words if w not in QUESTION_STOPWORDS] or words
+    found = list(dict.fromkeys(kept))
+    if len(found) <= MAX_QUERY_TERMS:
+        return found
+    head = found[: MAX_QUERY_TERMS // 2]
+    tail = dict.fromkeys(w for w in reversed(kept) if w not in head)
+    return head + list(tail)[: MAX_QUERY_TERMS - len(head)][::-1]

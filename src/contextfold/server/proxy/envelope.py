@@ -60,9 +60,10 @@ class Envelope:
     """Removes the envelope ``patterns`` (name → regex) from user messages' text."""
 
     def __init__(self, patterns: Mapping[str, str]) -> None:
-        # A chat resends its whole history every request: each text is stripped once.
+        # A chat resends its whole history every request: each text is stripped once (16 MB
+        # at most per pattern set; ``_compiled`` keeps up to 32 sets, most servers one).
         self._stripped: BoundedMemo[str, tuple[str, tuple[str, ...]]] = BoundedMemo(
-            entries=20_000, max_bytes=32 << 20
+            entries=20_000, max_bytes=16 << 20
         )
         self.patterns: dict[str, re.Pattern[str]] = {}
         for name, pattern in patterns.items():

@@ -2,8 +2,9 @@
 conversation, what to recall, which compacted history to leave out, and where the memory goes.
 
 ``prepare`` fills a draft of the request's ``Plan`` (``draft``) on one of the proxy's memory
-threads; the proxy takes the draft only when it is ready within ``proxy.memory_deadline_ms``,
-and otherwise forwards the request as the client sent it (the late draft is never read).
+threads; the proxy takes the draft only when it is ready within ``proxy.memory_deadline_ms``
+(``proxy.fit_deadline_ms`` for a request that may not fit the model's window as sent), and
+otherwise forwards the request as the client sent it (the late draft is never read).
 
 - **Position** (``session.locate``): the branch and turn the request continues, forked when
   its history diverges; a new conversation gets its session id now and its row at commit —

@@ -13,7 +13,8 @@ Routes (kept out of the OpenAPI schema: they are the providers' own APIs):
   route (``PassThroughCounts``: the dashboard's stats and one log line per new route).
 
 Per memory request, each step in its module: the caller's principal and the turn its history
-continues (``session``) → memory for it under ``proxy.memory_deadline_ms`` (``recall``:
+continues (``session``) → memory for it under ``proxy.memory_deadline_ms`` (or
+``proxy.fit_deadline_ms`` for a request that may not fit the window as sent; ``recall``:
 position, recall, history, inject) → the upstream call (``forward``) → the reply relayed as it
 arrives (``stream``), the exchange committed where the reply is complete and before its end
 reaches the client (``commit``), the marker put there when one fits (``markers``) → the
@@ -46,6 +47,7 @@ import json
 import logging
 import re
 import sqlite3
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -371,31 +373,45 @@ class Proxy:
     async def _prepared(
         self, plan: Plan, wire: Wire, body: dict[str, Any], deadline: float
     ) -> Plan:
-        """A copy of ``plan`` filled by the memory path within ``deadline`` seconds, else
-        ``plan`` with the reason (the request then goes upstream as the client sent it)."""
+        """A copy of ``plan`` filled by the memory path within ``deadline`` seconds (within
+        ``proxy.fit_deadline_ms`` for a request that may not fit the model's window as sent,
+        once its work has started: ``_fit_deadline``), else ``plan`` with the reason (the
+        request then goes upstream as the client sent it)."""
         draft = recall.draft(plan)
-        work = asyncio.ensure_future(self._in_pool(self.prepare, draft, wire, body))
+        started = threading.Event()
+
+        def work_for_draft() -> None:
+            started.set()
+            self.prepare(draft, wire, body)
+
+        work = asyncio.ensure_future(self._in_pool(work_for_draft))
+        # A failure after the wait gave up is read here (no "exception never retrieved").
+        work.add_done_callback(lambda done: done.cancelled() or done.exception())
         waited = time.perf_counter()
+        limit = deadline
         try:
             try:
                 await asyncio.wait_for(asyncio.shield(work), deadline)
             except TimeoutError:
                 # Forwarded as the client sent it, a request that may not fit the model's
-                # window would overflow: its memory work (what makes it fit) is waited for.
-                longer = self._fit_deadline(plan) - deadline
-                if longer <= 0:
+                # window would overflow: its memory work (what makes it fit) is waited for,
+                # once it runs (queued behind other requests' work, waiting only adds latency).
+                limit = self._fit_deadline(plan)
+                if work.done() or limit <= deadline or not started.is_set():
                     raise
-                await asyncio.wait_for(asyncio.shield(work), longer)
+                await asyncio.wait_for(asyncio.shield(work), limit - deadline)
                 draft.notes.append(
                     f"memory took {(time.perf_counter() - waited) * 1000:.0f} ms, past the"
                     f" {deadline * 1000:g} ms deadline: waited for, as the request"
                     f" ({len(plan.content):,} bytes) may not fit the model's window unmodified"
                 )
-        except TimeoutError:
-            plan.error = (
-                f"memory skipped, request forwarded unmodified: the memory deadline"
-                f" ({deadline * 1000:g} ms) passed"
-            )
+        except TimeoutError as exc:
+            if work.done() and not work.cancelled() and work.exception() is exc:
+                reason = f"TimeoutError: {clip(str(exc))}"  # raised by the work itself
+            else:
+                which = "memory" if limit <= deadline else "window-fit"
+                reason = f"the {which} deadline ({limit * 1000:g} ms) passed"
+            plan.error = f"memory skipped, request forwarded unmodified: {reason}"
             logger.warning("request %s: %s", plan.id, plan.error)
         except Exception as exc:  # fail open: forward the original bytes
             plan.error = (
@@ -410,8 +426,9 @@ class Proxy:
     def _fit_deadline(self, plan: Plan) -> float:
         """How long (s) memory is waited for in all: ``proxy.fit_deadline_ms`` for a request
         that may not fit the model's window as the client sent it (its body holds at least
-        ``FIT_BYTES_PER_TOKEN`` bytes per token of ``context_window``: fewer tokens than that
-        cannot overflow it), else the memory deadline."""
+        ``FIT_BYTES_PER_TOKEN`` bytes per token of ``context_window``: a body with fewer is
+        unlikely to overflow it; base64 images and files count as bytes, so a request
+        carrying them may wait although it would fit), else the memory deadline."""
         proxy = self.state.config.proxy
         window = self.state.memory.config.context_window
         if len(plan.content) >= FIT_BYTES_PER_TOKEN * window:
