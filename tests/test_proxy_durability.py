@@ -226,7 +226,11 @@ def test_memory_past_its_deadline_forwards_unmodified_and_still_stores(
         assert fake_llm.requests[-1].raw == raw
         release.set()
         served.drain()
-        assert "deadline" in (served.events.recent()[-1].error or "")
+        record = served.events.recent()[-1]
+        assert "deadline" in (record.error or "")
+        # Its record still says what it carried and which conversation it continued.
+        assert record.tokens_in > 10 and record.tokens_forwarded == record.tokens_in
+        assert record.extra["session_source"] == "history"
     assert texts(tmp_path / "memory.db", sid)[2:] == [
         "What was the budget?",
         "Hello from the fake LLM.",

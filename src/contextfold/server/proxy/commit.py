@@ -54,6 +54,7 @@ def commit_exchange(
     position, parsed = plan.position, plan.parsed
     if position is None or parsed is None:
         parsed, position = _located(proxy, plan)
+        plan.session_source = position.source  # (the record's: its memory path did not say)
     try:
         return _commit(store, plan, parsed, position, reply, partial)
     except BranchMoved:

@@ -166,6 +166,19 @@ def _budget_rows(
     )
 
 
+def _read_late(plan: Plan) -> list[Message]:
+    """The messages of a request forwarded without memory (its memory path failed or ran past
+    its deadline, so it has no parsed copy), read here, off the response path, so its record
+    still counts what it carried; none when it cannot be read."""
+    if plan.wire is None or plan.original is None:
+        return []
+    try:
+        stripped, _ = plan.wire.strip(plan.original)
+        return list(plan.wire.parse(stripped).messages)
+    except Exception:  # a body the parser cannot read: nothing to count
+        return []
+
+
 def build_record(
     plan: Plan,
     engine: MemoryEngine,
@@ -179,7 +192,7 @@ def build_record(
     """The dashboard record of a finished request (tokens counted with the engine's counter)."""
     counter = engine.counter
     per_message = OVERHEADS[plan.format].per_message if plan.format in OVERHEADS else 3
-    messages: list[Message] = plan.parsed.messages if plan.parsed is not None else []
+    messages = plan.parsed.messages if plan.parsed is not None else _read_late(plan)
     dropped = set(plan.dropped)
     costs = [_count(counter, _seen(m)[1]) + per_message for m in messages]
     tokens_in = sum(costs)
