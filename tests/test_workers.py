@@ -414,7 +414,10 @@ def test_workers_stop_when_their_supervisor_is_killed_and_a_restart_can_bind(
     store = str(tmp_path / "memory.db")
     server = Server(tmp_path, "w", fake_llm.url, store, workers=2).start()
     assert server.process is not None
-    workers = _children(server.process.pid)
+    supervisor = server.process.pid
+    # (the server answers once one worker does; the other may still be starting)
+    wait_for(lambda: len(_children(supervisor)) >= 2, 20)
+    workers = _children(supervisor)
     try:
         assert len(workers) == 2
         chat(oa(server.url), [], "Before the supervisor dies.")
