@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import closing
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -237,13 +237,12 @@ def test_memory_past_its_deadline_forwards_unmodified_and_still_stores(
     ]
 
 
-def test_a_request_that_may_not_fit_the_window_waits_for_its_memory(
-    fake_llm: FakeLLMServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Memory slower than its 50 ms deadline: a request small beside the model's window goes
-    upstream unmodified, as before; one whose body may not fit the window unmodified (2 bytes
-    a token or more) waits for its memory, up to ``fit_deadline_ms``: forwarded as sent, it
-    would overflow the window."""
+@contextmanager
+def small_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, first: Callable[[], None]
+) -> Iterator[MemoryEngine]:
+    """An engine for a 1,000-token window whose recall runs ``first`` before it recalls (a
+    slow or failing memory step)."""
     with MemoryEngine(
         MemoryConfig.model_validate({"context_window": 1000}),
         store=tmp_path / "memory.db",
@@ -251,11 +250,22 @@ def test_a_request_that_may_not_fit_the_window_waits_for_its_memory(
     ) as engine:
         inbound = engine.on_message_inbound
 
-        def slow(*args: Any, **kwargs: Any) -> Any:
-            time.sleep(0.3)
+        def troubled(*args: Any, **kwargs: Any) -> Any:
+            first()
             return inbound(*args, **kwargs)
 
-        monkeypatch.setattr(engine, "on_message_inbound", slow)
+        monkeypatch.setattr(engine, "on_message_inbound", troubled)
+        yield engine
+
+
+def test_a_request_that_may_not_fit_the_window_waits_for_its_memory(
+    fake_llm: FakeLLMServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Memory slower than its 50 ms deadline: a request small beside the model's window goes
+    upstream unmodified, as before; one whose body may not fit the window unmodified (2 bytes
+    a token or more) waits for its memory, up to ``fit_deadline_ms``: forwarded as sent, it
+    would overflow the window."""
+    with small_window(tmp_path, monkeypatch, lambda: time.sleep(0.3)) as engine:
         settings = config(fake_llm, memory_deadline_ms=50, fit_deadline_ms=5000)
         with serve(settings, engine) as served:
             api, history = oa(served.url), []
@@ -279,20 +289,13 @@ def test_memory_that_fails_the_fit_wait_forwards_unmodified_and_says_why(
     """A request that may not fit the window waits up to ``fit_deadline_ms``, no longer; a
     ``TimeoutError`` the memory work raises itself (a socket, a database) is that error, not
     a deadline."""
-    with MemoryEngine(
-        MemoryConfig.model_validate({"context_window": 1000}),
-        store=tmp_path / "memory.db",
-        embedder=None,
-    ) as engine:
-        inbound = engine.on_message_inbound
 
-        def failing(*args: Any, **kwargs: Any) -> Any:
-            if trouble == "its own timeout":
-                raise TimeoutError("the database did not answer")
-            time.sleep(0.5)
-            return inbound(*args, **kwargs)
+    def trouble_first() -> None:
+        if trouble == "its own timeout":
+            raise TimeoutError("the database did not answer")
+        time.sleep(0.5)
 
-        monkeypatch.setattr(engine, "on_message_inbound", failing)
+    with small_window(tmp_path, monkeypatch, trouble_first) as engine:
         settings = config(fake_llm, memory_deadline_ms=50, fit_deadline_ms=150)
         with serve(settings, engine) as served:
             api, history = oa(served.url), []
