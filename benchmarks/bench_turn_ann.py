@@ -21,9 +21,11 @@ it is made before each timed call), with ``limit`` = ``recall.fts_limit`` (300).
 * RSS after each phase, and the vectors' own size;
 * quantized exact scans (``--quantized``; the candidates of a smaller copy of the matrix,
   rescored in float32) beside the float32 scan, in the same process over the same rows and
-  queries: usearch's exact search over int8 and float16 copies (``4 x limit`` candidates),
-  and a numpy sign-bit (1 bit a dimension) Hamming prefilter (``10 x limit`` candidates);
-  p50 and recall@300 against the float32 scan.
+  queries: the session's own scans (``SessionVectors.search`` on one thread, float32, and
+  over the int8 copy it keeps from ``recall.quantize_min_turns`` with ``2 x limit``
+  candidates rescored), usearch's exact search over int8 and float16 copies (``4 x limit``
+  candidates), and a numpy sign-bit (1 bit a dimension) Hamming prefilter (``10 x limit``
+  candidates); p50 and recall@300 against the float32 scan.
 
 Run: ``python benchmarks/bench_turn_ann.py`` (``--quick``: 1k and 3k).
 """
@@ -45,6 +47,7 @@ import _common as common
 from contextfold.items import Message
 from contextfold.memory.config import ANN_MIN_TURNS, RecallSettings
 from contextfold.memory.recall import Recaller
+from contextfold.memory.turn_index import SessionVectors
 from contextfold.store.sqlite.memory import MemoryStore
 from contextfold.tokens import CharCounter
 
@@ -160,8 +163,23 @@ def run_quantized(matrix: np.ndarray, queries: np.ndarray) -> dict[str, Any]:
         m = min(10 * LIMIT, len(distance) - 1)
         return rescored(np.argpartition(distance, m)[:m], q)
 
+    seqs = list(range(1, len(matrix) + 1))
+    plain, coded = SessionVectors(), SessionVectors()
+    plain.append(seqs, matrix)
+    coded.append(seqs, matrix)
+    coded.code()
+
+    def session_scan(entry: SessionVectors) -> Any:
+        def scan(q: np.ndarray) -> np.ndarray:
+            found, _ = entry.search(q[None, :], LIMIT, 0, ann=False)
+            return np.asarray([seq - 1 for seq, _ in found[0]], np.int64)
+
+        return scan
+
     variants: dict[str, Any] = {
         "float32 scan": lambda q: _best(np.einsum("ij,j->i", matrix, q), LIMIT),
+        "session float32 scan": session_scan(plain),
+        "session int8 copy + rescore": session_scan(coded),
         "usearch int8 + rescore": usearch_scan(
             as_i8, lambda q: np.round(q * scale).astype(np.int8)
         ),
@@ -367,6 +385,11 @@ def main() -> None:
             r["ann"]["recall_at_k"] >= 0.99
             for r in runs
             if r["vectors"] == "clustered" and r["ann"]
+        ),
+        "int8 copy recall@k >= 0.99 (clustered)": all(
+            r["quantized"]["session int8 copy + rescore"]["recall_at_k"] >= 0.99
+            for r in runs
+            if r["vectors"] == "clustered" and r.get("quantized")
         ),
         "restart read only the files' last rows and newer": all(
             r[m]["restart"]["read_from_store"] <= 8 for r in runs for m in ("ann", "exact") if r[m]

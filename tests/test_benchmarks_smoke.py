@@ -54,13 +54,21 @@ COMMON_KEYS = {
 TIMING_KEYS = {"median_ms", "p95_ms", "min_ms", "max_ms", "mean_ms", "n"}
 
 
-def run_quick(tmp_path: Path, script: str, name: str) -> tuple[dict[str, Any], Path]:
-    """Run ``script --quick`` into ``tmp_path``; its JSON result and the markdown it wrote
-    (beside the JSON by default: a trial run never rewrites the committed table)."""
+def run_quick(tmp_path: Path, script: str, name: str, *extra: str) -> tuple[dict[str, Any], Path]:
+    """Run ``script --quick`` (and ``extra`` arguments) into ``tmp_path``; its JSON result and
+    the markdown it wrote (beside the JSON by default: a trial run never rewrites the
+    committed table)."""
     md = tmp_path / "RESULTS.md"
     committed = common.RESULTS_MD.read_bytes()
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / script), "--quick", "--results-dir", str(tmp_path)],
+        [
+            sys.executable,
+            str(BENCHMARKS / script),
+            "--quick",
+            "--results-dir",
+            str(tmp_path),
+            *extra,
+        ],
         capture_output=True,
         text=True,
         timeout=300,
@@ -377,8 +385,10 @@ def test_scaleout_benchmark_quick_run(tmp_path: Path) -> None:
 
 def test_turn_ann_benchmark_quick_run(tmp_path: Path) -> None:
     """``bench_turn_ann.py`` times the dense signal on a session's turn vectors, exact and
-    through the HNSW index, from a fresh process and after a restart from the vector files."""
-    result, md = run_quick(tmp_path, "bench_turn_ann.py", "turn_ann")
+    through the HNSW index, from a fresh process and after a restart from the vector files,
+    and the quantized scans beside the float32 one (the int8 copy's recall@k in
+    ``correctness``)."""
+    result, md = run_quick(tmp_path, "bench_turn_ann.py", "turn_ann", "--quantized")
     expected = (COMMON_KEYS - {"configs", "goals", "peak_rss_mb"}) | {"runs", "parameters"}
     assert result.keys() >= expected  # each run reports its own process's peak RSS
     assert all("peak_rss_mb" in run for run in result["runs"])
@@ -392,4 +402,7 @@ def test_turn_ann_benchmark_quick_run(tmp_path: Path) -> None:
         assert exact["restart"]["read_from_store"] < run["turns"]
         if "ann" in run:
             assert 0.0 <= run["ann"]["recall_at_k"] <= 1.0 and run["ann"]["answered_by_index"]
+        int8 = run["quantized"]["session int8 copy + rescore"]
+        assert int8["steady"]["n"] > 0 and 0.99 <= int8["recall_at_k"] <= 1.0
+    assert "int8 copy recall@k >= 0.99 (clustered)" in result["correctness"]
     assert "## Dense recall of a session's turn vectors" in md.read_text(encoding="utf-8")

@@ -16,6 +16,7 @@ import numpy.typing as npt
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from contextfold.items import Message
 from contextfold.memory import turn_index
@@ -816,3 +817,123 @@ def test_a_scan_split_between_threads_gives_each_row_the_score_it_gets_in_one(
     finally:
         release.set()
     assert all(b.result() for b in blockers)
+
+
+# -- the quantized scan (``quantize_min_turns``) -------------------------------------------------
+
+
+def test_quantize_keeps_each_row_within_half_a_step_and_a_zero_row_zero() -> None:
+    rows = Vectors().draw(200)
+    rows[7] = 0.0
+    codes, scales = turn_index.quantize(rows)
+    assert codes.dtype == np.int8 and scales.dtype == np.float32
+    assert np.abs(codes).max() == 127  # each row's largest value maps to ±127
+    error = np.abs(codes * scales[:, None] - rows)
+    assert (error <= scales[:, None] / 2 + 1e-7).all()
+    assert not codes[7].any() and np.isfinite(scales).all()
+
+
+@pytest.mark.skipif(not turn_index.quantized_available(), reason="simsimd is a dependency")
+def test_the_quantized_scan_answers_as_the_exact_scan_with_its_float32_scores() -> None:
+    vectors = Vectors(seed=11)
+    rows = vectors.draw(N)
+    queries = vectors.draw(30)
+    exact = SessionVectors()
+    exact.append(list(range(1, N + 1)), rows)
+    coded = SessionVectors()
+    coded.append(list(range(1, N + 1)), rows)  # the base rows
+    later = vectors.draw(300)  # rows appended after the first read: the buffer
+    coded.append(list(range(N + 1, N + 301)), later)
+    exact.append(list(range(N + 1, N + 301)), later)
+    assert coded.code(N + 100) == N + 100  # base and buffer rows; the last 200 not coded
+    assert coded.coded == N + 100 and coded.nbytes == exact.nbytes + (N + 100) * (DIM + 4)
+    want, _ = exact.search(queries, LIMIT, 0, ann=False)
+    got, _ = coded.search(queries, LIMIT, 0, ann=False)
+    # The same turns in the same order, with the float32 scores bit for bit: the int8 scores
+    # only pick the 2 x LIMIT candidates.
+    assert got == want
+    # A row stored after the copy was extended is scanned in float32: the best for its own
+    # vector, however the copy would score it.
+    tail = N + 300
+    own = exact.rows(tail - 1, tail)
+    found, _ = coded.search(own, LIMIT, 0, ann=False)
+    assert found[0][0] == (tail, pytest.approx(float(own[0] @ own[0])))
+
+
+@pytest.mark.skipif(not turn_index.quantized_available(), reason="simsimd is a dependency")
+def test_a_scan_while_the_copy_grows_reads_whole_rows() -> None:
+    vectors = Vectors(seed=5)
+    rows = vectors.draw(12_000)
+    entry = SessionVectors()
+    entry.append(list(range(1, 2001)), rows[:2000])
+    reference = SessionVectors()
+    reference.append(list(range(1, 12_001)), rows)
+    queries = vectors.draw(4)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def grow() -> None:  # the worker: rows land, the copy follows (and is reallocated)
+        try:
+            for start in range(2000, 12_000, 500):
+                entry.append(list(range(start + 1, start + 501)), rows[start : start + 500])
+                entry.code()
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            stop.set()
+
+    thread = threading.Thread(target=grow)
+    thread.start()
+    while not stop.is_set():
+        got, _ = entry.search(queries, LIMIT, 0, ann=False)
+        for hits in got:
+            for seq, score in hits:  # every score is its row's own float32 cosine
+                row = reference.rows(seq - 1, seq)[0]
+                assert score == pytest.approx(float(row @ queries[got.index(hits)]), abs=1e-5)
+    thread.join()
+    assert not errors and entry.coded == 12_000
+
+
+@pytest.mark.skipif(not turn_index.quantized_available(), reason="simsimd is a dependency")
+def test_the_worker_keeps_the_copy_and_the_cache_counts_it_within_its_limit() -> None:
+    store = MemoryStore(counter=CharCounter())
+    vectors = Vectors()
+    fill(store, vectors, 1500)
+    plain = recaller(store, vectors)
+    quantized = recaller(store, vectors, quantize_min_turns=1000)
+    top(quantized, "q 2")  # the first recall scans float32 and queues the copy
+    quantized.settle()
+    entry = quantized._vectors["s"]
+    assert entry.coded == 1500 and quantized.vector_cache_bytes() == entry.nbytes
+    for n in range(10):
+        assert top(quantized, f"q {n}") == top(plain, f"q {n}")
+    fill(store, vectors, 100)  # fewer than ``ann_tail``: scanned in float32 beside the copy
+    assert top(quantized, "q 3") == top(plain, "q 3")
+    quantized.settle()
+    assert entry.coded == 1500
+    # A copy the cache cannot hold beside the rows is not made: the rows stay cached.
+    tight = recaller(store, vectors, quantize_min_turns=1000, vector_cache_bytes=plain_bytes(plain))
+    top(tight, "q 2")
+    tight.settle()
+    assert tight._vectors["s"].coded == 0 and top(tight, "q 4") == top(plain, "q 4")
+    below = recaller(store, vectors, quantize_min_turns=5000)  # below the threshold: none
+    top(below, "q 2")
+    below.settle()
+    assert below._vectors["s"].coded == 0
+
+
+def plain_bytes(r: Recaller) -> int:
+    top(r, "q 0")
+    return r.vector_cache_bytes() + 1000
+
+
+def test_quantize_min_turns_is_validated_and_on_by_default() -> None:
+    assert MemoryConfig().recall.quantize_min_turns == 10_000
+    assert (
+        MemoryConfig.model_validate(
+            {"recall": {"quantize_min_turns": None}}
+        ).recall.quantize_min_turns
+        is None
+    )
+    with pytest.raises(ValidationError, match="quantize_min_turns"):
+        MemoryConfig.model_validate({"recall": {"quantize_min_turns": 10}})

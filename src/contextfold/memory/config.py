@@ -210,6 +210,12 @@ where the HNSW search found only 97% of the exact top 300 (benchmarks/bench_turn
 docs/memory.md "The dense path"). Set it to use the index above that many vectors."""
 
 
+QUANTIZE_MIN_TURNS: int | None = 10_000
+"""The default ``recall.quantize_min_turns``: from this many turn vectors a session's exact
+scan reads an int8 copy of them (a quarter of the bytes) and rescores each query's best
+candidates in float32 (docs/memory.md, "The dense path")."""
+
+
 class RecallSettings(_Section):
     """How stored turns are ranked: the tag, full-text and dense signals, each scaled by its
     ``*_weight``, fused by ``fusion`` (``score``: min-max scaled scores summed; ``rrf``:
@@ -237,7 +243,11 @@ class RecallSettings(_Section):
     ``expansion_search`` ``max(ann_expansion, 4 × fts_limit)``; below it, one exact pass
     over the vectors for the message and its parts, cut between ``scan_threads`` threads
     from 32,768 vectors on (a part no thread has started when the recall's own part is done
-    is scanned by the recall itself). ``vector_files``: a file-backed SQLite
+    is scanned by the recall itself). ``quantize_min_turns``: from this many vectors (and
+    below ``ann_min_turns``) that pass reads an int8 copy of them, which the recaller's
+    worker keeps, and scores each query's best ``2 × fts_limit`` candidates again in float32
+    (``null``: float32 only; rows stored since the copy was extended are scanned in
+    float32). ``vector_files``: a file-backed SQLite
     store keeps each large session's vectors and index in files beside it
     (``<database>.vectors/``), so a restart maps them instead of reading every vector back
     (docs/memory.md, "Cost model").
@@ -284,6 +294,7 @@ class RecallSettings(_Section):
     ann_min_turns: Int | None = Field(ANN_MIN_TURNS, ge=1000)
     ann_expansion: Int = Field(1600, ge=16)
     scan_threads: Int = Field(2, ge=1, le=64)
+    quantize_min_turns: Int | None = Field(QUANTIZE_MIN_TURNS, ge=1000)
     vector_files: bool = True
     state_files: bool = True
     relevance_floor: Float | None = Field(RELEVANCE_FLOOR, ge=-1, le=1)

@@ -277,6 +277,7 @@ class MemoryEngine:
             ann_min_turns=cfg.recall.ann_min_turns,
             ann_expansion=cfg.recall.ann_expansion,
             scan_threads=cfg.recall.scan_threads,
+            quantize_min_turns=cfg.recall.quantize_min_turns,
             vector_dir=self._vector_dir(),
             decompose=cfg.recall.decompose,
             author_weight=cfg.recall.author_weight,

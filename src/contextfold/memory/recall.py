@@ -68,6 +68,7 @@ from contextfold.memory.turn_index import (
     VectorFiles,
     ann_available,
     grow_index,
+    quantized_available,
 )
 from contextfold.memory.turn_lengths import TurnLengths
 from contextfold.retrieval.base import Embedder
@@ -183,6 +184,7 @@ class Recaller:
         decompose: bool = False,
         author_weight: float = 0.0,
         scan_threads: int = 1,
+        quantize_min_turns: int | None = None,
     ) -> None:
         if fusion not in ("score", "rrf"):
             raise ValueError(f"fusion must be 'score' or 'rrf', not {fusion!r}")
@@ -237,6 +239,9 @@ class Recaller:
         # only); grown and saved by ``_worker``, in ``vector_dir`` files when there is one.
         self.ann_min_turns = ann_min_turns if ann_available() else None
         self.ann_settings = {**ANN_DEFAULTS, "expansion_search": ann_expansion}
+        # The int8 copy the exact scan reads from ``quantize_min_turns`` vectors (``None``, or
+        # no simsimd: float32 only); coded by ``_worker``, never inside a recall.
+        self.quantize_min_turns = quantize_min_turns if quantized_available() else None
         self.files = VectorFiles(vector_dir) if vector_dir is not None else None
         self._closing = threading.Event()  # set by ``close``: index builds stop
         self.files_min_turns = FILES_MIN_TURNS
@@ -468,7 +473,20 @@ class Recaller:
         index = self.files is not None and entry.indexed - entry.saved_indexed >= max(
             self.ann_tail, entry.saved_indexed // 10
         )
-        return grow or rows or index
+        return grow or rows or index or self._code_due(entry)
+
+    def _code_due(self, entry: SessionVectors) -> bool:
+        """Whether the entry's int8 copy lags its rows by enough to extend it (the first
+        time: all of them; then ``ann_tail`` rows, scanned in float32 until then), and the
+        copy fits the cache beside them (a row's copy: its dimensions' bytes and a scale)."""
+        n = len(entry)
+        if self.quantize_min_turns is None or n < self.quantize_min_turns:
+            return False
+        if self.ann_min_turns is not None and n >= self.ann_min_turns:
+            return False  # the index answers, not a scan
+        if n - entry.coded < (self.ann_tail if entry.coded else 1):
+            return False
+        return entry.nbytes + (n - entry.coded) * (entry.dim + 4) <= self.vector_cache_limit
 
     def _schedule(self, session_id: str, entry: SessionVectors) -> None:
         if entry.queued or not self._due(entry):
@@ -488,6 +506,9 @@ class Recaller:
             and (entry.indexed == 0 or n - entry.indexed >= (1 if final else self.ann_tail))
         ):
             grow_index(entry, self.ann_settings, (self._worker.stopping, self._closing))
+            self._recharge(session_id, entry)
+        if not final and self._code_due(entry):  # (the copy is not kept in the files)
+            entry.code(stopping=lambda: self._worker.stopping.is_set() or self._closing.is_set())
             self._recharge(session_id, entry)
         if self.files is None or n < self.files_min_turns:
             return

@@ -9,6 +9,13 @@ vector back.
   after it (the *tail*: vectors stored since the index last grew) are scanned exactly, and the
   two lists are merged. Rows join the index in a background thread (``IndexWorker``), never
   inside a recall: a recall that arrives first scans them exactly.
+* **Quantized** (from ``quantize_min_turns`` rows, exact path only): the worker keeps an int8
+  copy of the rows (one scale a row), and a scan reads it instead of the float32 rows (a
+  quarter of the bytes, through ``simsimd``'s int8 kernels): each query's best
+  ``QUANT_OVER`` x ``limit`` rows by the int8 scores are then scored exactly in float32, as
+  the exact scan scores them, with the rows not coded yet (the tail). A row among a query's
+  exact best ``limit`` is missed only when the int8 scores rank it below ``QUANT_OVER`` x
+  ``limit`` others; the scores a search returns are the float32 ones.
 * **Files** (``VectorFiles``): ``<key>.f32`` holds the rows as raw float32, appended only;
   ``<key>.seqs`` their seqs (int64); ``<key>.usearch`` the saved index (written to a temporary
   name, then renamed); ``<key>.json`` says how many rows and index entries are whole. The key
@@ -41,7 +48,19 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["ANN_DEFAULTS", "IndexWorker", "SessionVectors", "VectorFiles"]
+try:  # int8 kernels for the quantized scan (without it, every scan is float32)
+    import simsimd
+except ImportError:  # pragma: no cover - a dependency; an exotic platform may lack a wheel
+    simsimd = None  # type: ignore[assignment]
+
+__all__ = [
+    "ANN_DEFAULTS",
+    "IndexWorker",
+    "SessionVectors",
+    "VectorFiles",
+    "quantize",
+    "quantized_available",
+]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +77,10 @@ _SAMPLE_FROM = 32
 _BLOCK = 1024  # rows per block of an exact scan (``_dots``)
 _SPLIT_ROWS = 32_768  # from this many rows a scan is split between threads (``_dots``)
 _ADD_CHUNK = 16  # rows added to a live index per lock hold (a search waits at most this)
+#: A quantized scan rescores each query's best ``QUANT_OVER`` x ``limit`` rows by the int8
+#: scores in float32 (``SessionVectors.search``).
+QUANT_OVER = 2
+_CODE_CHUNK = 8192  # rows quantized per step (``SessionVectors.code``: bounded temporaries)
 
 
 def _new_index(dim: int, connectivity: int, expansion_add: int, expansion_search: int) -> Any:
@@ -75,6 +98,20 @@ def _new_index(dim: int, connectivity: int, expansion_add: int, expansion_search
         expansion_add=expansion_add,
         expansion_search=expansion_search,
     )
+
+
+def quantized_available() -> bool:
+    """Whether the int8 kernels of the quantized scan are installed (``simsimd``)."""
+    return simsimd is not None
+
+
+def quantize(rows: Matrix) -> tuple[npt.NDArray[np.int8], Matrix]:
+    """``rows`` as int8 codes and one float32 scale a row (``row ~ codes * scale``: the
+    row's largest absolute value maps to 127)."""
+    peak = np.abs(rows).max(axis=1) if len(rows) else np.zeros(0, np.float32)
+    scales = np.where(peak > 0, peak / 127, 1).astype(np.float32)
+    codes = np.rint(rows / scales[:, None]).astype(np.int8)
+    return codes, scales
 
 
 def ann_available() -> bool:
@@ -127,6 +164,10 @@ class SessionVectors:
         self.queued = False  # a worker job for this entry is waiting
         self.charged = 0  # the bytes the recaller's cache counted for it
         self.index_too_large = False  # its index passed the cache's limit: none is built
+        # The int8 copy of rows 0..coded-1 and their scales (``code``; read by ``search``).
+        self._codes: npt.NDArray[np.int8] = np.zeros((0, 0), np.int8)
+        self._scales: Matrix = np.zeros(0, np.float32)
+        self.coded = 0
 
     @property
     def last(self) -> int:
@@ -147,7 +188,8 @@ class SessionVectors:
         if self.index is not None and not self.index_is_view:
             with contextlib.suppress(Exception):
                 index = int(self.index.memory_usage)
-        return int(self._buffer.nbytes + self._base.nbytes) + 8 * len(self._seqs) + index
+        codes = self._codes.nbytes + self._scales.nbytes
+        return int(self._buffer.nbytes + self._base.nbytes) + 8 * len(self._seqs) + index + codes
 
     @property
     def seqs(self) -> list[int]:
@@ -173,6 +215,35 @@ class SessionVectors:
         self._buffer[self._count : need] = rows
         self._count = need
         self._seqs.extend(seqs)
+
+    def code(self, stop: int | None = None, *, stopping: Callable[[], bool] | None = None) -> int:
+        """Quantize rows ``coded`` to ``stop`` (default: every row) into the int8 copy the
+        quantized scan reads (one thread at a time: the recaller's worker); returns the rows
+        coded. Rows are written before ``coded`` counts them, and a copy that grows is
+        filled before it replaces the old one, so a scan that reads ``coded`` first reads
+        whole rows from whichever copy it then finds. ``stopping``: asked between chunks."""
+        stop = len(self._seqs) if stop is None else min(stop, len(self._seqs))
+        start = self.coded
+        if stop <= start:
+            return 0
+        dim = self.dim
+        codes, scales = self._codes, self._scales
+        if stop > len(codes) or codes.shape[1] != dim:
+            size = max(stop, len(codes) * 5 // 4)
+            grown = np.empty((size, dim), np.int8)
+            grown_scales = np.empty(size, np.float32)
+            if start:
+                grown[:start] = codes[:start]
+                grown_scales[:start] = scales[:start]
+            codes, scales = grown, grown_scales
+            self._codes, self._scales = codes, scales
+        for first in range(start, stop, _CODE_CHUNK):
+            last = min(first + _CODE_CHUNK, stop)
+            codes[first:last], scales[first:last] = quantize(self.rows(first, last))
+            self.coded = last
+            if stopping is not None and stopping():
+                break
+        return self.coded - start
 
     def rows(self, start: int, stop: int | None = None) -> Matrix:
         """Rows ``start`` to ``stop`` (a view where they lie in one part, else a copy)."""
@@ -231,6 +302,8 @@ class SessionVectors:
                     found = (
                         [batch] if len(queries) == 1 else [batch[i] for i in range(len(queries))]
                     )
+        if found is None and self.coded and simsimd is not None:
+            return self._quantized_search(queries, limit, threads), False
         if found is None:
             scores = self.scores(queries, threads=threads)
             return [
@@ -249,6 +322,55 @@ class SessionVectors:
             order = np.lexsort((all_seqs, -all_scores))[:limit]
             lists.append([(int(all_seqs[i]), float(all_scores[i])) for i in order])
         return lists, True
+
+    def _quantized_search(
+        self, queries: Matrix, limit: int, threads: int
+    ) -> list[list[tuple[int, float]]]:
+        """``search``'s exact path over the int8 copy: each query's best ``QUANT_OVER`` x
+        ``limit`` coded rows by their int8 scores (times each row's scale; the query's own
+        scale ranks nothing), scored again in float32 with the rows not coded yet, the best
+        ``limit`` of those kept (ties by position, as the exact scan's). The int8 pass is cut
+        between ``threads`` as the float32 one is (``_split``)."""
+        coded = self.coded  # first, then the copy (see ``code``)
+        codes, scales = self._codes, self._scales
+        queries = np.ascontiguousarray(queries, np.float32)
+        query_codes, _ = quantize(queries)
+        approx = np.empty((len(queries), coded), np.float32)
+
+        def scan(start: int, stop: int) -> None:
+            # One call a part for all the queries (smaller blocks of rows were slower: each
+            # call's own cost; simsimd's own threads too, on two busy cores). Not ``out=``: in
+            # simsimd 6.5 a call with it drops a reference to ``None`` each time, until the
+            # interpreter aborts.
+            part = simsimd.cdist(
+                query_codes, codes[start:stop], metric="dot", dtype="int8", out_dtype="float32"
+            )
+            approx[:, start:stop] = part
+            approx[:, start:stop] *= scales[start:stop]
+
+        _split(coded, threads, scan)
+        tail = self.scores(queries, coded)  # the rows not coded yet, exactly
+        lists = []
+        for j, query in enumerate(queries):
+            picked = np.sort(_top(approx[j], QUANT_OVER * limit))
+            exact = np.empty((len(picked), 1), np.float32)
+            _dots_into(self._gather(picked), query[None, :], exact)
+            where = np.concatenate([picked, np.arange(coded, coded + len(tail))])
+            scores = np.concatenate([exact[:, 0], tail[:, j]])
+            lists.append(
+                [(self._seqs[int(where[i])], float(scores[i])) for i in _top(scores, limit)]
+            )
+        return lists
+
+    def _gather(self, positions: npt.NDArray[np.intp]) -> Matrix:
+        """The rows at ``positions`` (ascending), from the base and the buffer."""
+        nb = len(self._base)
+        cut = int(np.searchsorted(positions, nb))
+        if cut == len(positions):
+            return self._base[positions]
+        if cut == 0:
+            return self._buffer[positions - nb]
+        return np.concatenate([self._base[positions[:cut]], self._buffer[positions[cut:] - nb]])
 
 
 def _check_queries(queries: Matrix) -> None:
@@ -273,20 +395,28 @@ def _dots(rows: Matrix, queries: Matrix, threads: int = 1) -> Matrix:
     process: recall p50 26.8 against 29.5 ms and 29.4 against 32.5 (two runs of 200)."""
     queries = np.ascontiguousarray(queries, np.float32)
     out = np.empty((len(rows), len(queries)), np.float32)
-    if threads < 2 or len(rows) < _SPLIT_ROWS:
-        _dots_into(rows, queries, out)
-        return out
-    step = -(-len(rows) // threads // _BLOCK) * _BLOCK
-    cuts = [(start, min(start + step, len(rows))) for start in range(0, len(rows), step)]
+    _split(len(rows), threads, lambda a, b: _dots_into(rows[a:b], queries, out[a:b]))
+    return out
+
+
+def _split(rows: int, threads: int, scan: Callable[[int, int], None]) -> None:
+    """``scan(start, stop)`` over rows ``0..rows``: in one call below ``_SPLIT_ROWS`` rows or
+    with one thread, else in ``threads`` parts of which the caller scans the first while
+    ``_scan_pool``'s threads take the others, a part no thread has started by then being
+    taken back and scanned by the caller (``_dots``)."""
+    if threads < 2 or rows < _SPLIT_ROWS:
+        scan(0, rows)
+        return
+    step = -(-rows // threads // _BLOCK) * _BLOCK
+    cuts = [(start, min(start + step, rows)) for start in range(0, rows, step)]
     pool = _scan_pool(threads - 1)
-    others = [(a, b, pool.submit(_dots_into, rows[a:b], queries, out[a:b])) for a, b in cuts[1:]]
-    _dots_into(rows[: cuts[0][1]], queries, out[: cuts[0][1]])
+    others = [(a, b, pool.submit(scan, a, b)) for a, b in cuts[1:]]
+    scan(*cuts[0])
     for a, b, future in others:
         if future.cancel():  # not started: scanned here
-            _dots_into(rows[a:b], queries, out[a:b])
+            scan(a, b)
         else:
             future.result()
-    return out
 
 
 def _dots_into(rows: Matrix, queries: Matrix, out: Matrix) -> None:
