@@ -454,3 +454,35 @@ def test_two_workers_spool_an_outage_and_a_restart_stores_each_exchange_once(
     for sid, text in found:
         sessions.setdefault(sid, []).append(text)
     assert sorted(sessions.values()) == sorted([m["content"] for m in h] for h in histories)
+
+
+def test_a_knowledge_store_fails_fast_in_an_outage_and_serves_once_it_is_back(
+    pg: StoppablePostgres,
+) -> None:
+    """The document and graph stores' pool (``pool.Pooled``) takes its connections as the
+    memory store's does (``pool.Checkout``): with the server stopped a call fails in about a
+    second, not after the 5 s it waited for the pool before, the calls after it at once, and
+    the first call once the server is back succeeds."""
+    import time
+
+    from contextfold.store.postgres.pool import Pooled, StoreUnavailable
+
+    db = Pooled(pg.new_database(), max_size=4)
+    try:
+        with db.connection() as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        pg.pause()
+        waits = []
+        for _ in range(3):
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable), db.connection() as conn:
+                conn.execute("SELECT 1")
+            waits.append(time.monotonic() - started)
+        assert waits[0] < 3.5 and max(waits[1:]) < 1.0, waits
+        assert db.unavailable(timeout=1.0) is not None
+        pg.resume()
+        with db.transaction() as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
+        assert db.unavailable(timeout=1.0) is None
+    finally:
+        db.close()

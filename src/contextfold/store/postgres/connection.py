@@ -4,7 +4,8 @@
 been idle in the pool for ``CHECK_IDLE_S`` or more is checked (one empty query) as it is taken
 out, and replaced if the server dropped it (a restart drops them all: each failed its next
 call, an exchange the proxy could not store among them); a connection in steady use skips
-that round trip. A call waits ``FIRST_WAIT_S`` for a pooled connection; when none comes
+that round trip. Connections are taken through the checkout every PostgreSQL store shares
+(``pool.Checkout``). A call waits ``FIRST_WAIT_S`` for a pooled connection; when none comes
 while connections are free (the pool cannot open one), it opens one of its own, and when that
 fails the server is taken to be down (``StoreUnavailable``): the calls after it wait
 ``DOWN_CHECKOUT_S`` for a pooled connection, then try their own, so a stopped server fails
@@ -25,13 +26,12 @@ opening any of the stores at the same moment take turns).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
 import weakref
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -125,7 +125,7 @@ class Database:
             ) from exc
         if max_size < 1 or min_size < 0 or min_size > max_size:
             raise ConfigError(f"pool sizes must satisfy 0 <= min ({min_size}) <= max ({max_size})")
-        from contextfold.store.postgres.pool import remember, scrub
+        from contextfold.store.postgres.pool import Checkout, remember, scrub
 
         remember(url)
         self.masked = masked_location(url)
@@ -142,10 +142,6 @@ class Database:
                 " check that the server runs and the URL's host, port, user and database"
             ) from exc
         self._url = url
-        self._down: str | None = None  # why the server could not be reached, until it can
-        self._in_use = 0  # connections checked out (``_pooled``)
-        self._checking = False  # a ``_drop_stale`` thread runs
-        self._lock = threading.Lock()
         idle = IdleCheck()
         self.pool: ConnectionPool[Any] = ConnectionPool(
             url,
@@ -166,76 +162,25 @@ class Database:
                 f"the PostgreSQL store at {self.masked} accepted one connection but not"
                 f" {min_size} more within 30 s; is the server at its max_connections?"
             ) from exc
+        self._checkout = Checkout(
+            url,
+            self.pool,
+            first_wait=FIRST_WAIT_S,
+            busy_wait=CHECKOUT_TIMEOUT_S,
+            down_wait=DOWN_CHECKOUT_S,
+            connect_timeout=DOWN_CONNECT_S,
+            connect_options=_CONNECTION_OPTIONS,
+        )
 
     def close(self) -> None:
         self.pool.close()
 
     @contextmanager
     def _pooled(self) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled connection (see the module docs). When none comes within ``FIRST_WAIT_S``
-        and the pool could still grow (it cannot connect), or at once while the server is known
-        to be down, a connection of its own — ``StoreUnavailable`` when that fails too. A busy
-        pool (every connection in use) is waited for up to ``CHECKOUT_TIMEOUT_S``."""
-        import psycopg
-        from psycopg_pool import PoolTimeout
-
-        from contextfold.store.postgres.pool import StoreUnavailable, reason_of
-
-        down = self._down
-        wait = DOWN_CHECKOUT_S if down else FIRST_WAIT_S
-        held = ExitStack()
-        try:
-            conn = held.enter_context(self.pool.connection(timeout=wait))
-        except PoolTimeout as exc:
-            # Busy: every connection is in use here (the pool's own ``pool_size`` also counts
-            # the connections it is still trying to open again, for minutes in an outage).
-            if down is None and self._in_use >= self.pool.max_size:
-                conn = held.enter_context(self.pool.connection(timeout=CHECKOUT_TIMEOUT_S - wait))
-            else:
-                try:
-                    own = psycopg.connect(
-                        self._url, connect_timeout=DOWN_CONNECT_S, **_CONNECTION_OPTIONS
-                    )
-                except psycopg.Error as error:
-                    self._down = reason_of(error, self._url)
-                    raise StoreUnavailable(self.masked, self._down) from exc
-                conn = held.enter_context(own)
-        self._down = None
-        with held:
-            with self._lock:
-                self._in_use += 1
-            try:
-                yield conn
-            except psycopg.OperationalError as exc:
-                if not (conn.broken or conn.closed):
-                    raise
-                # the server went away under the call (stopped, restarted): an outage, and
-                # the pool's other idle connections are as dead as this one
-                self._down = reason_of(exc, self._url)
-                self._drop_stale()
-                raise StoreUnavailable(self.masked, self._down) from exc
-            finally:
-                with self._lock:
-                    self._in_use -= 1
-
-    def _drop_stale(self) -> None:
-        """Test the pool's idle connections in a thread of its own (``ConnectionPool.check``:
-        the dead ones are replaced), so the calls after a restart get no connection it
-        dropped; one such thread at a time."""
-        with self._lock:
-            if self._checking:
-                return
-            self._checking = True
-
-        def check() -> None:
-            try:
-                with contextlib.suppress(Exception):
-                    self.pool.check()
-            finally:
-                with self._lock:
-                    self._checking = False
-
-        threading.Thread(target=check, name="contextfold-pool-check", daemon=True).start()
+        """A connection through the checkout every PostgreSQL store shares
+        (``pool.Checkout``: see the module docs)."""
+        with self._checkout.connection() as conn:
+            yield conn
 
     @contextmanager
     def tx(self) -> Iterator[psycopg.Connection[Any]]:

@@ -7,14 +7,17 @@ registry of functions named ``m001_…``, each applied in its own transaction an
 them under one ``pg_advisory_lock``, so two processes starting at once never race to create
 the same table.
 
-The PostgreSQL server may restart or go away for a while. Each connection is checked as it
-leaves the pool (``ConnectionPool.check_connection``, one empty query), so one the server
-dropped is replaced instead of failing the request. A request waits at most
-``CHECKOUT_TIMEOUT`` seconds for a connection; then it tries one direct connection (the pool
-backs off between its own reconnection attempts, and may not yet know the server is back):
-used when it works, else ``StoreUnavailable`` with the server's reason, which the HTTP server
-answers 503. Until a direct connection works again, requests try that first and fail at once
-instead of waiting on the pool.
+The PostgreSQL server may restart or go away for a while. A connection idle a while is checked
+as it leaves the pool (one empty query), so one the server dropped is replaced instead of
+failing the request. Every store's connections are taken through one ``Checkout`` (the memory
+store's too): a request waits ``first_wait`` seconds for a pooled connection; when none comes
+while connections are free (the pool cannot open one: it backs off between its own attempts,
+and may not yet know the server is back), it tries one direct connection, used when it works,
+else ``StoreUnavailable`` with the server's reason, which the HTTP server answers 503. Until
+a connection works again, requests wait only ``down_wait`` for a pooled one and fail in
+milliseconds. A pool whose connections are all in use is waited for up to ``busy_wait``. A
+connection the server dropped under a request marks it down too, and has the pool test its
+idle connections in the background.
 
 ``psycopg`` and ``psycopg_pool`` come with ``contextfold[postgres]``; they are imported when a
 store is opened, never by ``import contextfold``.
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CHECKOUT_TIMEOUT",
+    "Checkout",
     "PgMigration",
     "PgMigrationRegistry",
     "Pooled",
@@ -51,8 +55,11 @@ PgMigration = Callable[["psycopg.Connection[Any]"], None]
 
 #: One lock for every contextfold schema in a database (``hashtext`` of this name).
 _LOCK_NAME = "contextfold.schema_migrations"
-#: Seconds a request waits for a pooled connection before trying a direct one.
+#: Seconds a request waits for a pooled connection when every one is in use (``PoolTimeout``).
 CHECKOUT_TIMEOUT = 5.0
+#: Seconds a request waits for a pooled connection before it asks whether the pool cannot
+#: open one (then a direct connection tells whether the server is down).
+FIRST_WAIT = 1.0
 #: ``connect_timeout`` (seconds) of a direct connection.
 CONNECT_TIMEOUT = 5
 #: Seconds a failed reconnection keeps being retried in the background before the pool gives
@@ -119,6 +126,119 @@ def masked(url: str) -> str:
     return re.sub(r"^(\w+://[^:/@]+):[^@]*@", r"\1:***@", url)
 
 
+class Checkout:
+    """The connections of one pool, taken so that an outage fails fast (the module docs): a
+    pooled connection within ``first_wait`` seconds, else — when connections are free but
+    none came (the pool cannot open one) — a direct one (``connect_options`` and
+    ``connect_timeout``), ``StoreUnavailable`` when that fails too; then ``down`` says why
+    until a connection works again, and requests wait ``down_wait`` for a pooled one. Every
+    connection in use: waited for up to ``busy_wait`` in all (then ``PoolTimeout``). "In use"
+    is counted here: the pool's own ``pool_size`` also counts the connections it is still
+    trying to open again, for minutes in an outage. A connection the server dropped under a
+    call (``OperationalError`` leaving it broken) is an outage too: ``StoreUnavailable``, and
+    the pool's idle connections are tested in a thread of their own."""
+
+    def __init__(
+        self,
+        url: str,
+        pool: ConnectionPool[Any],
+        *,
+        first_wait: float = FIRST_WAIT,
+        busy_wait: float = CHECKOUT_TIMEOUT,
+        down_wait: float = 0.01,
+        connect_timeout: int = CONNECT_TIMEOUT,
+        connect_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.url = url
+        self.masked = masked(url)
+        self.pool = pool
+        self.first_wait = first_wait
+        self.busy_wait = busy_wait
+        self.down_wait = down_wait
+        self.connect_timeout = connect_timeout
+        self.connect_options = connect_options or {"autocommit": True}
+        self.down: str | None = None  # why the server could not be reached, until it can
+        self._in_use = 0  # connections checked out
+        self._checking = False  # a ``_drop_stale`` thread runs
+        self._lock = threading.Lock()
+
+    def _direct(self, connect_timeout: int) -> psycopg.Connection[Any]:
+        """A connection of its own, not the pool's; ``StoreUnavailable`` when that fails."""
+        import psycopg
+
+        try:
+            return psycopg.connect(
+                self.url, connect_timeout=connect_timeout, **self.connect_options
+            )
+        except psycopg.Error as exc:
+            self.down = reason_of(exc, self.url)
+            raise StoreUnavailable(self.masked, self.down) from exc
+
+    @contextmanager
+    def connection(
+        self, first_wait: float | None = None, *, connect_timeout: int | None = None
+    ) -> Iterator[psycopg.Connection[Any]]:
+        """A connection (see the class docs); ``first_wait`` and ``connect_timeout`` override
+        the checkout's own for this call."""
+        import psycopg
+        from psycopg_pool import PoolTimeout
+
+        down = self.down
+        wait = self.down_wait if down else (self.first_wait if first_wait is None else first_wait)
+        conn: psycopg.Connection[Any] | None = None
+        try:
+            conn = self.pool.getconn(timeout=wait)
+        except PoolTimeout:
+            if down is None and self._in_use >= self.pool.max_size:
+                if self.busy_wait <= wait:
+                    raise
+                conn = self.pool.getconn(timeout=self.busy_wait - wait)  # busy: waited for
+        pooled = conn is not None
+        if conn is None:
+            conn = self._direct(
+                self.connect_timeout if connect_timeout is None else connect_timeout
+            )
+        self.down = None
+        with self._lock:
+            self._in_use += 1
+        try:
+            yield conn
+        except psycopg.OperationalError as exc:
+            if not (conn.broken or conn.closed):
+                raise
+            # the server went away under the call (stopped, restarted): an outage, and the
+            # pool's other idle connections are as dead as this one
+            self.down = reason_of(exc, self.url)
+            self._drop_stale()
+            raise StoreUnavailable(self.masked, self.down) from exc
+        finally:
+            with self._lock:
+                self._in_use -= 1
+            if pooled:
+                self.pool.putconn(conn)
+            else:
+                conn.close()
+
+    def _drop_stale(self) -> None:
+        """Test the pool's idle connections in a thread of its own (``ConnectionPool.check``:
+        the dead ones are replaced), so the calls after a restart get no connection it
+        dropped; one such thread at a time."""
+        with self._lock:
+            if self._checking:
+                return
+            self._checking = True
+
+        def check() -> None:
+            try:
+                with suppress(Exception):
+                    self.pool.check()
+            finally:
+                with self._lock:
+                    self._checking = False
+
+        threading.Thread(target=check, name="contextfold-pool-check", daemon=True).start()
+
+
 def _open_pool(url: str, max_size: int) -> ConnectionPool:
     try:
         from psycopg_pool import ConnectionPool
@@ -151,8 +271,9 @@ def _open_pool(url: str, max_size: int) -> ConnectionPool:
 
 
 class Pooled:
-    """A store's connections: a pool, and the connection of the transaction this thread
-    has open (``transaction`` joins it, so writes nest like SQLite's ``transaction``)."""
+    """A store's connections: a pool, taken through a ``Checkout``, and the connection of the
+    transaction this thread has open (``transaction`` joins it, so writes nest like SQLite's
+    ``transaction``)."""
 
     def __init__(self, url: str, *, max_size: int = 4) -> None:
         remember(url)
@@ -160,9 +281,7 @@ class Pooled:
         self.masked = masked(url)
         self.pool = _open_pool(url, max_size)
         self._local = threading.local()
-        self._down: str | None = None  # why the server could not be reached, until it can
-        self._in_use = 0  # connections checked out (``_checkout``)
-        self._lock = threading.Lock()
+        self._checkout = Checkout(url, self.pool)
 
     def close(self) -> None:
         self.pool.close()
@@ -170,66 +289,16 @@ class Pooled:
     def unavailable(self, timeout: float = 2.0) -> str | None:
         """Why the server cannot be reached now (a connection checked out within ``timeout``
         seconds, or a direct one within as long), else ``None``."""
+        from psycopg_pool import PoolTimeout
+
         try:
-            with self._checkout(timeout, connect_timeout=max(1, round(timeout))):
+            with self._checkout.connection(timeout, connect_timeout=max(1, round(timeout))):
                 pass
         except StoreUnavailable as exc:
             return exc.reason
-        return None
-
-    def _direct(self, connect_timeout: int = CONNECT_TIMEOUT) -> psycopg.Connection[Any]:
-        """A connection of its own, not the pool's; ``StoreUnavailable`` when that fails."""
-        import psycopg
-
-        try:
-            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=connect_timeout)
-        except psycopg.Error as exc:
-            self._down = reason_of(exc, self.url)
-            raise StoreUnavailable(self.masked, self._down) from exc
-        self._down = None
-        return conn
-
-    @contextmanager
-    def _checkout(
-        self, timeout: float = CHECKOUT_TIMEOUT, *, connect_timeout: int = CONNECT_TIMEOUT
-    ) -> Iterator[psycopg.Connection[Any]]:
-        """A checked connection from the pool, or a direct one when the pool has none because
-        it cannot connect (see the module docs); a pool whose connections are all in use
-        raises its ``PoolTimeout`` (a busy pool must not open connections past its size). An
-        error that leaves the connection broken (the server went away) is raised as
-        ``StoreUnavailable``."""
-        import psycopg
-        from psycopg_pool import PoolTimeout
-
-        conn: psycopg.Connection[Any] | None = None
-        try:  # (while the server is known to be down, only a connection the pool has ready)
-            conn = self.pool.getconn(timeout=timeout if self._down is None else 0.1)
         except PoolTimeout:
-            # busy, not down: every connection in use here (the pool's ``pool_size`` also
-            # counts those it is still trying to open again, for minutes in an outage)
-            if self._down is None and self._in_use >= self.pool.max_size:
-                raise
-            conn = None
-        else:
-            self._down = None
-        pooled = conn is not None
-        if conn is None:
-            conn = self._direct(connect_timeout)
-        with self._lock:
-            self._in_use += 1
-        try:
-            yield conn
-        except psycopg.OperationalError as exc:
-            if conn.broken or conn.closed:
-                raise StoreUnavailable(self.masked, reason_of(exc, self.url)) from exc
-            raise
-        finally:
-            with self._lock:
-                self._in_use -= 1
-            if pooled:
-                self.pool.putconn(conn)
-            else:
-                conn.close()
+            return None  # every connection in use: the server answers them
+        return None
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
@@ -239,7 +308,7 @@ class Pooled:
         if held is not None:
             yield held
             return
-        with self._checkout() as conn:
+        with self._checkout.connection() as conn:
             yield conn
 
     @contextmanager
@@ -250,7 +319,7 @@ class Pooled:
         if held is not None:
             yield held
             return
-        with self._checkout() as conn:
+        with self._checkout.connection() as conn:
             self._local.conn = conn
             try:
                 with conn.transaction():
