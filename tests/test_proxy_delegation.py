@@ -33,8 +33,9 @@ TOPICS = {
 @pytest.fixture
 def served(fake_llm: FakeLLMServer, tmp_path: Path) -> Iterator[tuple[Served, MemoryEngine]]:
     config = {
-        # A small window, so compaction starts soon; memory's budget fits inside it.
-        "context_window": MEMORY_BUDGET,
+        # A small window, so compaction starts soon; memory's budget fits inside it beside
+        # the tools and the reply's reserve (half the window: the client names no max_tokens).
+        "context_window": 4 * MEMORY_BUDGET,
         "compaction": {"protected_recent_turns": 2, "soft_threshold": 0.3},
         "paging": {"mode": "tools", "budget": PAGING_BUDGET},
         "assembly": {"memory_budget": MEMORY_BUDGET, "context_hint_share": 0.3},

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from contextfold.server.config import ContextApiSettings, ProxySettings, ServerConfig
-from contextfold.server.proxy import record, wire
+from contextfold.server.proxy import fit, record, wire
 from fake_llm import FakeLLMServer
 from proxy_support import Served, make_engine, serve
 
@@ -121,7 +121,7 @@ def test_records_keep_previews_and_the_memos_stay_within_their_bytes(proxy: Serv
         records = client.get("/dashboard/api/records")
     assert records.status_code == 200 and len(records.json()) >= 20
     assert len(records.content) < 2 * MB, len(records.content)
-    for memo in (wire._MESSAGES, wire._STRIPPED, record._COUNTS, record._SEEN):
+    for memo in (wire._MESSAGES, wire._STRIPPED, fit._COUNTS, record._SEEN):
         assert memo.bytes <= memo.max_bytes and len(memo) <= memo.entries
     assert proxy.events.bytes <= proxy.events.max_bytes
 

@@ -4,7 +4,7 @@ back in on demand (see ``MemoryEngine``).
 Importing this package loads no model and opens no database; the engine does that when built.
 """
 
-from contextfold.memory.assemble import MemoryBudget
+from contextfold.memory.assemble import MemoryBudget, Room
 from contextfold.memory.canonical import AliasSuggestion, TagCanonicalizer
 from contextfold.memory.compactor import CompactionReport, Compactor, TokenMonitor, segment_turns
 from contextfold.memory.config import MemoryConfig, load_config, template
@@ -45,6 +45,7 @@ __all__ = [
     "Quote",
     "RankedTurn",
     "Recaller",
+    "Room",
     "Summarizer",
     "TagCanonicalizer",
     "TagResult",

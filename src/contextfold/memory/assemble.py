@@ -33,7 +33,7 @@ from contextfold.store.models import TagSummary, TurnRow
 from contextfold.store.protocols import MemoryStorage
 from contextfold.tokens import TokenCounter
 
-__all__ = ["Assembler", "Held", "MemoryBlock", "MemoryBudget"]
+__all__ = ["MIN_MEMORY_TOKENS", "Assembler", "Held", "MemoryBlock", "MemoryBudget", "Room"]
 
 #: Lines shorter than this (stripped) say little about whose text it is (``}``, ``else:``).
 _LINE = 8
@@ -88,6 +88,34 @@ class MemoryBudget(BaseModel):
     turns_recalled: int = 0
     turns_skipped: int = 0
     turns_held: int = 0  # older versions of what the history holds (``Held``), left out
+
+
+#: A memory budget the window leaves below this gets no memory at all (``Room``): a block that
+#: small holds no more than its own wrappers.
+MIN_MEMORY_TOKENS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    """What a request leaves of the model's window for its history and memory together: the
+    window less the reply's reserve, the system prompt's framing, the tools and everything
+    else sent besides the history (``tokens``), and what each message of the history costs
+    (``history``, one count per message given to ``on_message_inbound``, the system prompt
+    included). Memory then gets at most what the history the filter keeps leaves of
+    ``tokens``, and none below ``MIN_MEMORY_TOKENS``: memory never pushes the request past
+    the window.
+
+    >>> Room(tokens=1000, history=(300, 400)).left([0, 1])
+    300
+    """
+
+    tokens: int
+    history: Sequence[int]
+
+    def left(self, kept: Iterable[int]) -> int:
+        """The tokens left for memory beside the history messages ``kept`` (indices)."""
+        costs = self.history
+        return self.tokens - sum(costs[i] for i in kept)
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """Compaction: when the live conversation nears the window, old turns become segment summaries.
 
 * ``TokenMonitor`` says whether the live turns (at or above the compaction watermark) cross the
-  soft (default 70 %) or hard (85 %) share of the context window.
+  soft (default 70 %) or hard (85 %) share of the context window — counted, where the caller
+  noted them (``MemoryEngine.note_fixed_tokens``: the proxy does), with the tokens each request
+  carries besides its history (system prompt, tools, memory, the reply's reserve).
 * ``segment_turns`` groups contiguous turns by topic: a turn joins the running segment while
   its tags overlap the segment's recent tags (untagged turns and tool results always join).
 * ``Compactor.compact`` takes ONE greedy batch — every turn from the watermark up to the
@@ -190,8 +192,10 @@ class Compactor:
     ) -> CompactionReport | None:
         """Compact when the live turns cross a threshold; ``None`` when they do not (or when
         nothing outside the protected turns is left to compact). ``upto``: compact no turn
-        past this seq (the turns after it are not tagged yet). ``live_tokens``: the live
-        turns' tokens when the caller has just read them (``MemoryStorage.begin_derive``)."""
+        past this seq (the turns after it are not tagged yet). ``live_tokens``: the tokens to
+        judge, when the caller has them: the live turns' as it has just read them
+        (``MemoryStorage.begin_derive``), plus what each request carries besides them (the
+        engine's ``note_fixed_tokens``)."""
         level = self.level(session_id) if live_tokens is None else self.monitor.level(live_tokens)
         if level == "none":
             return None

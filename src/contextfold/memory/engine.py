@@ -33,7 +33,14 @@ from contextfold._bounded import SessionLRU
 from contextfold.errors import ConfigError, FormatError
 from contextfold.formats.openai import message_from_dict
 from contextfold.items import ContextItem, Message, QueryBundle
-from contextfold.memory.assemble import Assembler, Held, MemoryBlock, MemoryBudget
+from contextfold.memory.assemble import (
+    MIN_MEMORY_TOKENS,
+    Assembler,
+    Held,
+    MemoryBlock,
+    MemoryBudget,
+    Room,
+)
 from contextfold.memory.background import Background
 from contextfold.memory.canonical import TagCanonicalizer
 from contextfold.memory.compactor import CompactionReport, Compactor, Level, TokenMonitor
@@ -96,9 +103,16 @@ class AssembledContext(BaseModel):
     #: The session's turns with no vector yet when it was recalled: ranked by full text and
     #: tags only (recall never embeds them; the derived work does).
     unembedded: int = 0
+    #: What the request's window left for memory beside the history kept (``room``; below
+    #: ``MIN_MEMORY_TOKENS``: no memory); ``None`` when no room was given.
+    room_left: int | None = None
 
 
 class MemoryStatus(BaseModel):
+    """A session's memory at a glance. ``level``: the compaction threshold its live tokens
+    cross, counted with the tokens each of its requests carries besides them
+    (``MemoryEngine.note_fixed_tokens``)."""
+
     model_config = ConfigDict(frozen=True)
     session_id: str
     turns: int
@@ -295,6 +309,9 @@ class MemoryEngine:
         # The vocabulary is kept with the session's generation it was read at
         # (``MemoryStorage.session_version``): another process's tags make it stale.
         self._vocab: SessionLRU[tuple[int, dict[str, int]]] = SessionLRU(cfg.cached_sessions)
+        # The tokens each request of a session carries besides its history
+        # (``note_fixed_tokens``), counted with its live turns when compaction is judged.
+        self._fixed: SessionLRU[int] = SessionLRU(cfg.cached_sessions)
         self._turn_keys = TurnKeys(self.store, sessions=cfg.cached_sessions)
         self._known_names = KnownNames(self.store, sessions=cfg.cached_sessions)
         # One lock per session (striped: a bounded set shared by hash), so a session only ever
@@ -683,16 +700,15 @@ class MemoryEngine:
         """After a derive (outside its lock: the turns stored meanwhile are tagged while a
         compaction runs, under its own lock): compact when the thresholds call for it, here
         or (``compact=False``) as the session's background job."""
+        live = pending.live_tokens + self.fixed_tokens(sid)
         if not compact:
-            if self.compactor.monitor.level(pending.live_tokens) != "none":
+            if self.compactor.monitor.level(live) != "none":
                 self.background.submit(sid)
             return None
         self._usage.session_id = sid
         try:
             with self._compact_locks[hash(sid) % _STRIPES]:
-                report = self.compactor.maybe_compact(
-                    sid, upto=upto, live_tokens=pending.live_tokens
-                )
+                report = self.compactor.maybe_compact(sid, upto=upto, live_tokens=live)
                 # (A compaction another process ran meanwhile rebuilds its own summaries.)
                 if report is None and pending.record.compaction_watermark > 0:
                     self.compactor.rebuild_tag_summaries(sid)
@@ -881,6 +897,28 @@ class MemoryEngine:
         with self._compact_locks[hash(sid) % _STRIPES]:
             return self.compactor.compact(sid, level="hard")
 
+    def note_fixed_tokens(self, tokens: int, *, session_id: str | None = None) -> None:
+        """Note the tokens each request of the session carries besides its history — the
+        system prompt, the tools, the memory block and the reply's reserve, as its latest
+        request had them (the proxy notes them for every request). Compaction's thresholds
+        are then judged on the live turns plus these, so it starts early enough that the
+        history sent fits the window beside them. Kept in this process, for the
+        ``cached_sessions`` most recently noted sessions; a session with none noted is judged
+        on its live turns alone.
+
+        >>> from contextfold.store.sqlite.memory import MemoryStore
+        >>> engine = MemoryEngine(store=MemoryStore(), embedder=None)
+        >>> engine.note_fixed_tokens(5_000, session_id="chat")
+        >>> engine.fixed_tokens("chat"), engine.fixed_tokens("another")
+        (5000, 0)
+        """
+        _count_arg("tokens", tokens, "tokens")
+        self._fixed.put(self._sid(session_id), tokens)
+
+    def fixed_tokens(self, session_id: str | None = None) -> int:
+        """The tokens noted for the session by ``note_fixed_tokens`` (0 when none are)."""
+        return self._fixed.peek(self._sid(session_id)) or 0
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait for the derived work ``on_turn_complete`` left to the background (the
         compactions it tripped, with ``compaction.run: background``), at most ``timeout``
@@ -917,8 +955,12 @@ class MemoryEngine:
         budget: int | None = None,
         protected: int = 0,
         model: str | None = None,
+        room: Room | None = None,
     ) -> AssembledContext:
-        """Memory for ``message`` within ``budget`` tokens (default: assembly.memory_budget).
+        """Memory for ``message`` within ``budget`` tokens (default: assembly.memory_budget),
+        and within what ``room`` leaves of the model's window beside the history the filter
+        keeps (``Room``: no memory below ``MIN_MEMORY_TOKENS``; ``room_left`` says what it
+        left).
         Turns already in ``conversation_history`` are not recalled again (by content, runs of
         whitespace aside: ``TurnKeys.seqs_held``), nor turns that are mostly older versions
         of it (``assemble.Held``). ``model`` (the model the request goes to) picks the
@@ -941,9 +983,17 @@ class MemoryEngine:
             raise ConfigError(
                 f"model must be a model name (str) or None, got {type(model).__name__} {model!r}"
             )
+        if room is not None:
+            if not isinstance(room, Room):
+                raise ConfigError(f"room must be a Room or None, got {type(room).__name__}")
+            if len(room.history) != len(conversation_history):
+                raise ConfigError(
+                    f"room.history needs one count per message of conversation_history"
+                    f" ({len(conversation_history)}), got {len(room.history)}"
+                )
         try:
             return self._inbound(
-                message, conversation_history, session_id, budget, protected, model
+                message, conversation_history, session_id, budget, protected, model, room
             )
         finally:
             # The worker's reads the recall asked for start once it is answered, not beside it.
@@ -957,6 +1007,7 @@ class MemoryEngine:
         budget: int | None,
         protected: int,
         model: str | None,
+        room: Room | None = None,
     ) -> AssembledContext:
         started = telemetry.now()
         text = message if isinstance(message, str) else as_message(message).text()
@@ -969,15 +1020,24 @@ class MemoryEngine:
             filtered = self._filter(sid, history, tags, protected) if history else None
             # Turns the model will see in its (filtered) history are not recalled again; the
             # ones the filter drops (compacted, off-topic) stay candidates.
-            kept = [history[i] for i in self._kept_inputs(filtered)]
+            kept_inputs = self._kept_inputs(filtered)
+            kept = [history[i] for i in kept_inputs]
             exclude = self._turn_keys.seqs_held(sid, kept) if kept else set()
             exclude |= held_back  # the turns of expired tags
             # A history that holds every stored turn leaves memory nothing to add: no turn to
             # recall, and the hint and summaries would only restate what the request holds.
             holds_all = self._holds_everything(sid, exclude)
+            limit = budget if budget is not None else self.config.assembly.memory_budget
+            # What the window leaves beside the history kept: memory never pushes the request
+            # past it, and where it leaves less than the minimum memory adds nothing (nothing
+            # is ranked either).
+            left = None if room is None else room.left(kept_inputs)
+            no_room = left is not None and left < MIN_MEMORY_TOKENS
+            if left is not None:
+                limit = min(limit, max(left, 0))
             ranked = (
                 []
-                if holds_all
+                if holds_all or no_room
                 else self.recaller.rank(
                     sid,
                     text,
@@ -989,7 +1049,6 @@ class MemoryEngine:
                     defer_reads=True,
                 )
             )
-            limit = budget if budget is not None else self.config.assembly.memory_budget
             # Turns after ``embedded`` have no vector yet: the floor cannot judge them, and a
             # recall that found one by its text or tags is not withheld.
             unembedded = self.recaller.pending_vectors(sid)
@@ -1000,13 +1059,15 @@ class MemoryEngine:
             paging = self.config.paging
             # Automatic paging in both modes: in ``tools`` it is the fallback for a model that
             # does not manage its memory.
-            if paging.enabled and not below and not holds_all:
+            pages = paging.enabled and not below and not no_room
+            if pages and not holds_all:
                 self.pager.touch(sid, list(tags.tags))
-            paged = self.pager.loaded(sid) if paging.enabled and not below else []
+            paged = self.pager.loaded(sid) if pages else []
             tier = self.tier(model) if paging.enabled and paging.mode == "tools" else None
-            if below or (holds_all and not paged):
-                # Nothing stored is close enough to the message, or the history holds it all:
-                # no memory at all. (Topics the model paged in itself still come.)
+            if below or no_room or (holds_all and not paged):
+                # Nothing stored is close enough to the message, the window has no room for
+                # memory, or the history holds it all: no memory at all. (Topics the model
+                # paged in itself still come, where there is room.)
                 ranked = []
                 block = MemoryBlock(text="", items=[], budget=MemoryBudget(budget=limit))
             else:
@@ -1040,6 +1101,7 @@ class MemoryEngine:
             expired_tags=expired,
             expired_turns=len(held_back),
             unembedded=unembedded,
+            room_left=left,
         )
         telemetry.record_recall(result, started)
         return result
@@ -1167,7 +1229,7 @@ class MemoryEngine:
                 live_turns=last - max(session.compaction_watermark, 1) + 1 if last else 0,
                 live_tokens=live_tokens,
                 context_window=self.config.context_window,
-                level=self.compactor.monitor.level(live_tokens),
+                level=self.compactor.monitor.level(live_tokens + self.fixed_tokens(sid)),
                 compaction_watermark=session.compaction_watermark,
                 segments=len(self.store.segments(sid, full_text=False)),
                 tags=dict(sorted(self._counts(sid).items(), key=lambda kv: (-kv[1], kv[0]))),

@@ -176,6 +176,10 @@ class ProxySettings(_Section):
     # least 2 bytes per token of the memory's ``context_window``) waits this long for its
     # memory work instead: forwarded unmodified, it would overflow the window.
     fit_deadline_ms: Float = Field(2000.0, gt=0)
+    # The tokens of the window kept for the reply of a request that names no maximum of its
+    # own (``max_tokens``, ``max_completion_tokens``, ``max_output_tokens``,
+    # ``maxOutputTokens``): what the proxy forwards stays under ``context_window`` less this.
+    reply_reserve_tokens: Int = Field(4096, ge=0, le=1_000_000)
     # Background threads deriving tags, vectors and summaries from committed turns.
     job_threads: Int = Field(1, ge=1, le=16)
     markers: bool = False

@@ -28,6 +28,11 @@ otherwise forwards the request as the client sent it (the late draft is never re
   included, at the end of the request — after the last ``cache_control`` breakpoint, never in
   the system prompt or the first message — so every byte before it is what the client sent.
   A body memory leaves unchanged goes upstream byte for byte.
+- **Window** (``fit``): the request is counted against ``memory.context_window`` less the
+  reply's reserve before the recall; memory gets only what the history kept leaves
+  (``memory.Room``: none below ``MIN_MEMORY_TOKENS``, the record says why), is left out again
+  where it would take the request past the window all the same (``within_window``), and the
+  request's overhead is noted on the engine for the session's compaction.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from contextfold.items import Message
+from contextfold.memory.assemble import MIN_MEMORY_TOKENS
+from contextfold.server.proxy import fit
 from contextfold.server.proxy.envelope import strip_envelope
 from contextfold.server.proxy.record import Plan
 from contextfold.server.proxy.session import Position, locate, side_call
@@ -50,7 +57,16 @@ if TYPE_CHECKING:
     from contextfold.memory.engine import AssembledContext
     from contextfold.server.state import ServerState
 
-__all__ = ["draft", "drop_compacted", "ingest", "place", "prepare", "recall", "split_memory"]
+__all__ = [
+    "draft",
+    "drop_compacted",
+    "ingest",
+    "place",
+    "prepare",
+    "recall",
+    "split_memory",
+    "within_window",
+]
 
 
 def draft(plan: Plan) -> Plan:
@@ -82,21 +98,27 @@ def prepare(
             plan.notes.append(f"helper call ({reason}): no memory, not stored")
             plan.wire = None
             return
+    definitions = memory.tool_definitions(wire.name, model=plan.model) if tools else []
+    plan.fit = fit.measure(state, wire.name, stripped, parsed.messages, extra_tools=definitions)
     place(state, plan, parsed, tokens, create=tools)
+    fit.note(state, plan, plan.session_id or plan.new_session)
     ingest(state, plan, parsed)
-    forwarded = stripped
+    bare = stripped
     assembled = recall(state, plan, parsed)
     if assembled is not None:
-        forwarded, _ = drop_compacted(plan, wire, forwarded, parsed, assembled)
+        bare, _ = drop_compacted(plan, wire, bare, parsed, assembled)
         plan.hint, plan.dynamic = split_memory(assembled)
-        if assembled.prepend_text:
-            injected = wire.inject(forwarded, assembled.prepend_text)
-            if injected is forwarded:
-                plan.notes.append("memory not added: the request has no user message to take it")
-                plan.hint = plan.dynamic = ""
-            forwarded = injected
+    forwarded, memory_tokens = bare, 0
+    if assembled is not None and assembled.prepend_text:
+        forwarded = wire.inject(bare, assembled.prepend_text)
+        if forwarded is bare:
+            plan.notes.append("memory not added: the request has no user message to take it")
+            plan.hint = plan.dynamic = ""
+        else:
+            memory_tokens = assembled.budget.used
+    forwarded = within_window(plan, bare, forwarded, memory_tokens)
     if tools:
-        forwarded = wire.add_tools(forwarded, memory.tool_definitions(wire.name, model=plan.model))
+        forwarded = wire.add_tools(forwarded, definitions)
     plan.body = forwarded
     if forwarded is not body:  # unchanged: the client's own bytes go upstream
         plan.content = dumps(forwarded)
@@ -190,8 +212,11 @@ def recall(state: ServerState, plan: Plan, parsed: ParsedRequest) -> AssembledCo
         session_id=plan.session_id,
         protected=len(parsed.messages) - parsed.query,
         model=plan.model,
+        room=plan.fit.room() if plan.fit is not None else None,
     )
     plan.assembled = assembled
+    if plan.fit is not None and (note := _room_note(state, plan.fit, assembled)) is not None:
+        plan.notes.append(note)
     if assembled.unembedded:
         plan.notes.append(
             f"{assembled.unembedded} turn(s) not embedded yet: recalled by full text and tags"
@@ -202,6 +227,41 @@ def recall(state: ServerState, plan: Plan, parsed: ParsedRequest) -> AssembledCo
             " what the request holds"
         )
     return assembled
+
+
+def _room_note(state: ServerState, counted: fit.Fit, assembled: AssembledContext) -> str | None:
+    """What the window left memory, when that was less than its budget."""
+    left, budget = assembled.room_left, state.memory.config.assembly.memory_budget
+    if left is None or left >= budget:
+        return None
+    beside = (
+        f"the request leaves {max(left, 0):,} tokens of the {counted.window:,}-token window"
+        f" ({counted.reserve:,} kept for the reply)"
+    )
+    if left < MIN_MEMORY_TOKENS:
+        return f"no room in the window for memory: {beside}"
+    return f"memory budget cut to {assembled.budget.budget:,} tokens: {beside}"
+
+
+def within_window(
+    plan: Plan, bare: dict[str, Any], injected: dict[str, Any], memory_tokens: int
+) -> dict[str, Any]:
+    """The body to forward, its tokens counted (``fit.forwarded``): ``injected`` (with the
+    ``memory_tokens`` of memory), or ``bare`` (without), noted, where memory would take the
+    request past the window (the history kept differs from what the filter planned: a tool
+    call kept with its result, a user turn kept first)."""
+    if plan.fit is None:
+        return injected
+    sent = fit.forwarded(plan, memory_tokens)
+    if not memory_tokens or sent <= plan.fit.limit:
+        return injected
+    fit.forwarded(plan, 0)
+    plan.notes.append(
+        f"memory left out: with its {memory_tokens:,} tokens the request would be"
+        f" {sent - plan.fit.limit:,} tokens over the window"
+    )
+    plan.hint = plan.dynamic = ""
+    return bare
 
 
 def drop_compacted(

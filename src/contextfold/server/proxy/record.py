@@ -22,11 +22,12 @@ from contextfold.server.events import (
     RequestRecord,
     preview,
 )
+from contextfold.server.proxy.fit import message_costs
 from contextfold.server.proxy.turns import user_turns
-from contextfold.tokens import OVERHEADS, TokenCounter
 
 if TYPE_CHECKING:
     from contextfold.memory.engine import AssembledContext, MemoryEngine
+    from contextfold.server.proxy.fit import Fit
     from contextfold.server.proxy.outputs import Compaction
     from contextfold.server.proxy.session import Position
     from contextfold.server.proxy.wire import ParsedRequest, Wire
@@ -77,21 +78,12 @@ class Plan:
     turn: int | None = None  # the conversation turn, counted in the store (``turns``)
     ingested: int = 0  # earlier turns of the client's history a new conversation brought
     ingested_seqs: tuple[int, int] | None = None  # their first and last seq, when stored apart
-
-
-#: ``counter.count(text)``, remembered: a chat client resends its history every turn. Both
-#: memos are bounded by entries and by the bytes of the texts they keep alive.
-_COUNTS: BoundedMemo[tuple[str, str], int] = BoundedMemo(entries=50_000, max_bytes=8 << 20)
-
-
-def _count(counter: TokenCounter, text: str) -> int:
-    return _COUNTS.get(
-        (counter.name, text), lambda: counter.count(text), size=text_size(text) + 200
-    )
+    fit: Fit | None = None  # the request counted against the model's window (``fit``)
 
 
 #: Per message object: (the message, its text, its inspector view). The proxy's parser hands
 #: out one ``Message`` per distinct (role, text), so a resent history hits this every time.
+#: Bounded by entries and by the bytes of the texts it keeps alive.
 _SEEN: BoundedMemo[int, tuple[Message, str, InspectedMessage]] = BoundedMemo(
     entries=50_000, max_bytes=16 << 20
 )
@@ -191,10 +183,14 @@ def build_record(
 ) -> RequestRecord:
     """The dashboard record of a finished request (tokens counted with the engine's counter)."""
     counter = engine.counter
-    per_message = OVERHEADS[plan.format].per_message if plan.format in OVERHEADS else 3
     messages = plan.parsed.messages if plan.parsed is not None else _read_late(plan)
     dropped = set(plan.dropped)
-    costs = [_count(counter, _seen(m)[1]) + per_message for m in messages]
+    fit = plan.fit
+    # Counted on the request path already (``fit.measure``), else here.
+    if fit is not None and len(fit.costs) == len(messages):
+        costs = fit.costs
+    else:
+        costs = message_costs(messages, counter, plan.format)
     tokens_in = sum(costs)
     kept = [m for i, m in enumerate(messages) if i not in dropped]
     history_tokens = sum(c for i, c in enumerate(costs) if i not in dropped)
@@ -211,6 +207,12 @@ def build_record(
         info["memory_tool_calls"] = plan.tool_calls
     if plan.notes:
         info["notes"] = plan.notes
+    if fit is not None and fit.sent is not None:
+        info["window"] = {
+            "context_window": fit.window,
+            "reply_reserve": fit.reserve,
+            "tokens_sent": fit.sent,
+        }
     if omitted:
         info["messages_omitted"] = omitted
     # The earlier turns the first request brought: the dashboard's ingested-history grid.

@@ -47,8 +47,15 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from contextfold.errors import FormatError
 from contextfold.items import Message, ToolResultBlock, ToolUseBlock
+from contextfold.server.proxy import fit
 from contextfold.server.proxy.envelope import strip_envelope
-from contextfold.server.proxy.recall import drop_compacted, place, recall, split_memory
+from contextfold.server.proxy.recall import (
+    drop_compacted,
+    place,
+    recall,
+    split_memory,
+    within_window,
+)
 from contextfold.server.proxy.session import make_token
 from contextfold.server.proxy.stream import Reply, StreamState, _args
 from contextfold.server.proxy.wire import JSON, ParsedRequest, Wire, dumps, reply_message
@@ -505,8 +512,11 @@ def prepare(state: ServerState, chains: ResponseChains, plan: Plan, body: JSON) 
         [*chain, *input_parsed.messages], [()] * len(chain) + input_parsed.sources
     )
     plan.parsed = parsed
+    # The chain's turns count too: the provider holds them in the model's window.
+    plan.fit = fit.measure(state, FORMAT, body, parsed.messages)
     place(state, plan, parsed, [], header_source="previous_response_id" if link else None)
-    forwarded = body
+    fit.note(state, plan, plan.session_id or plan.new_session)
+    bare = body
     assembled = recall(state, plan, parsed)
     if assembled is not None:
         if unread:
@@ -514,9 +524,12 @@ def prepare(state: ServerState, chains: ResponseChains, plan: Plan, body: JSON) 
             if assembled.history is not None and assembled.history.removed:
                 plan.notes.append(note)
         else:
-            forwarded, _ = drop_compacted(plan, wire, forwarded, parsed, assembled)
+            bare, _ = drop_compacted(plan, wire, bare, parsed, assembled)
         plan.hint, plan.dynamic = split_memory(assembled)
-        forwarded = wire.inject(forwarded, "\n\n".join(t for t in (plan.hint, plan.dynamic) if t))
+    text = "\n\n".join(t for t in (plan.hint, plan.dynamic) if t)
+    forwarded = wire.inject(bare, text)
+    memory_tokens = assembled.budget.used if assembled is not None and forwarded is not bare else 0
+    forwarded = within_window(plan, bare, forwarded, memory_tokens)
     plan.body = forwarded
     if forwarded is not body:
         plan.content = dumps(forwarded)

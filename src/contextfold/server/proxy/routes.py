@@ -15,11 +15,12 @@ Routes (kept out of the OpenAPI schema: they are the providers' own APIs):
 Per memory request, each step in its module: the caller's principal and the turn its history
 continues (``session``) → memory for it under ``proxy.memory_deadline_ms`` (or
 ``proxy.fit_deadline_ms`` for a request that may not fit the window as sent; ``recall``:
-position, recall, history, inject) → the upstream call (``forward``) → the reply relayed as it
-arrives (``stream``), the exchange committed where the reply is complete and before its end
-reaches the client (``commit``), the marker put there when one fits (``markers``) → the
-dashboard record (``record``), its reply tags once the session's derive job
-(``contextfold.server.jobs``) has tagged them.
+position, recall, history, inject, the whole counted against the model's window: ``fit``,
+and a request over it all the same logged and noted) → the upstream call (``forward``) →
+the reply relayed as it arrives (``stream``), the exchange committed where the reply is
+complete and before its end reaches the client (``commit``), the marker put there when one
+fits (``markers``) → the dashboard record (``record``), its reply tags once the session's
+derive job (``contextfold.server.jobs``) has tagged them.
 
 Failing open: if anything in the memory path raises or runs past its deadline, the original
 request bytes are forwarded unmodified (and the exchange is still stored), the reason is logged
@@ -66,7 +67,7 @@ from contextfold._bounded import clip
 from contextfold.memory.tools import TOOL_NAMES
 from contextfold.server.events import RequestRecord
 from contextfold.server.jobs import Foreground, JobWorker
-from contextfold.server.proxy import limits, outputs, recall, responses
+from contextfold.server.proxy import fit, limits, outputs, recall, responses
 from contextfold.server.proxy.commit import commit_exchange, replay_exchange
 from contextfold.server.proxy.encoding import BodyError, decode_body
 from contextfold.server.proxy.forward import (
@@ -352,6 +353,9 @@ class Proxy:
             except Exception as exc:  # fail open: the request goes without compaction
                 plan.notes.append(f"tool outputs not compacted: {type(exc).__name__}: {exc}")
                 logger.warning("request %s: %s", plan.id, plan.notes[-1])
+        if (over := fit.overflow(plan)) is not None:  # never forwarded over it without a trace
+            plan.notes.append(over)
+            logger.warning("request %s: %s", plan.id, over)
         url = upstream_url(upstream, path, request.url.query)
         headers = forward_headers(request.headers.items())
         plan.overhead_ms = (time.perf_counter() - started) * 1000
@@ -473,6 +477,7 @@ class Proxy:
             return None
         plan.session_id = sid
         plan.committed = (sid, seqs)
+        fit.note(self.state, plan, sid)  # (a fork at the commit: its new branch's)
         if plan.format == responses.FORMAT:
             self.chains.committed(plan, reply, sid, seqs)
         self.tags.expect(sid, plan.id, seqs)

@@ -1,0 +1,217 @@
+"""The model's window caps what the proxy forwards: ``memory.context_window`` less the reply's
+reserve is never exceeded by a request the proxy makes larger, and compaction counts the
+request's fixed parts (system prompt, tools, memory, the reply's reserve) beside the live turns.
+
+The real proxy in front of the fake upstream, driven by the real SDK clients; a client that
+resends its whole history every turn (as chat clients do) under a large system prompt with
+tools. Each body the upstream received is counted with the engine's counter, per format, as
+the provider would (``count_openai_message`` / ``count_messages``), the tools' JSON included."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from contextfold.formats.anthropic import parse_anthropic_messages
+from contextfold.formats.openai import count_openai_message
+from contextfold.memory.engine import MemoryEngine
+from contextfold.server.config import ProxySettings, ServerConfig
+from contextfold.server.proxy.fit import reply_reserve
+from contextfold.tokens import OVERHEADS, TokenCounter, count_messages
+from fake_llm import FakeLLMServer
+from proxy_support import Served, closed_after_test, make_engine, serve
+
+WINDOW = 8_000
+REPLY = 512  # the clients' max_tokens: the reply's reserve
+TOPICS = ["harbour", "glacier", "orchard", "violin", "comet", "lantern", "canyon", "meadow"]
+FACTS = {
+    3: ("My locker combination is 4417.", "What is my locker combination?", "4417"),
+    6: ("The Henninger filing is due March 3.", "When is the Henninger filing due?", "March 3"),
+}
+
+
+def system_prompt() -> str:
+    """About 3,000 tokens of rules."""
+    return "\n".join(
+        f"Rule {n}: when the user mentions the {TOPICS[n % 8]} or the {TOPICS[(n * 3) % 8]},"
+        f" answer in plain words, cite rule {n}, keep paragraph {n} short and check item {n}."
+        for n in range(1, 111)
+    )
+
+
+def user_text(turn: int) -> str:
+    """About 220 tokens on the turn's topic; a planted fact first on the turns that carry one."""
+    topic = TOPICS[turn % len(TOPICS)]
+    body = " ".join(
+        f"Note {turn}.{k}: the {topic} survey found {turn * 7 + k} samples near site {k}."
+        for k in range(1, 13)
+    )
+    fact = FACTS.get(turn)
+    return f"{fact[0]} {body}" if fact else body
+
+
+def reply_text(_: dict[str, Any]) -> str:
+    return "Understood. " + " ".join(f"Point {k}: the survey data is noted." for k in range(12))
+
+
+OPENAI_TOOLS: Any = [
+    {
+        "type": "function",
+        "function": {
+            "name": f"lookup_{name}",
+            "description": f"Look up the {name} records of the survey by site and date range.",
+            "parameters": {
+                "type": "object",
+                "properties": {"site": {"type": "string"}, "from": {"type": "string"}},
+            },
+        },
+    }
+    for name in TOPICS
+]
+ANTHROPIC_TOOLS: Any = [
+    {
+        "name": t["function"]["name"],
+        "description": t["function"]["description"],
+        "input_schema": t["function"]["parameters"],
+    }
+    for t in OPENAI_TOOLS
+]
+
+
+def tokens_sent(body: dict[str, Any], fmt: str, counter: TokenCounter) -> int:
+    """The prompt tokens of a forwarded body, as its provider counts them (estimated for
+    Anthropic: ``OVERHEADS``), the tools' JSON included."""
+    tools = counter.count(json.dumps(body["tools"])) if body.get("tools") else 0
+    if fmt == "openai":
+        messages = sum(count_openai_message(m, counter) for m in body["messages"])
+    else:
+        parsed = parse_anthropic_messages(body["messages"], body.get("system"))
+        messages = count_messages(parsed, counter, "anthropic")
+    return OVERHEADS[fmt].per_request + messages + tools
+
+
+Send = Callable[[list[dict[str, Any]]], str]
+
+
+def sender(served: Served, fmt: str) -> Send:
+    """Send the whole history (the system prompt and tools with it); returns the reply text."""
+    if fmt == "openai":
+        oa = closed_after_test(
+            openai.OpenAI(base_url=f"{served.url}/v1", api_key="sk-test", max_retries=0)
+        )
+
+        def send_openai(history: list[dict[str, Any]]) -> str:
+            messages: Any = [{"role": "system", "content": system_prompt()}, *history]
+            reply = oa.chat.completions.create(
+                model="m", messages=messages, tools=OPENAI_TOOLS, max_tokens=REPLY
+            )
+            return reply.choices[0].message.content or ""
+
+        return send_openai
+    an = closed_after_test(
+        anthropic.Anthropic(base_url=served.url, api_key="sk-ant-test", max_retries=0)
+    )
+
+    def send_anthropic(history: list[dict[str, Any]]) -> str:
+        messages: Any = history
+        reply = an.messages.create(
+            model="claude-x",
+            max_tokens=REPLY,
+            system=system_prompt(),
+            tools=ANTHROPIC_TOOLS,
+            messages=messages,
+        )
+        return "".join(b.text for b in reply.content if b.type == "text")
+
+    return send_anthropic
+
+
+@pytest.fixture
+def small(fake_llm: FakeLLMServer, tmp_path: Path) -> Iterator[tuple[Served, MemoryEngine]]:
+    with make_engine(tmp_path, context_window=WINDOW) as engine:
+        config = ServerConfig(port=0, proxy=ProxySettings(upstream=fake_llm.url))
+        with serve(config, engine) as served:
+            yield served, engine
+
+
+@pytest.mark.parametrize("fmt", ["openai", "anthropic"])
+def test_a_long_conversation_never_overflows_the_window(
+    small: tuple[Served, MemoryEngine], fake_llm: FakeLLMServer, fmt: str
+) -> None:
+    """30 turns of ~220 tokens under a ~3,000-token system prompt and tools, the whole history
+    resent each turn, in an 8,000-token window: no forwarded request (with the reply's 512)
+    passes the window, the planted facts are recalled when asked, and every turn is stored."""
+    served, engine = small
+    fake_llm.reply = reply_text
+    send, history = sender(served, fmt), []
+    for turn in range(1, 31):
+        history.append({"role": "user", "content": user_text(turn)})
+        history.append({"role": "assistant", "content": send(history)})
+        served.drain()  # the derive jobs (tags, compaction) done, as between a user's turns
+    for _, question, answer in FACTS.values():
+        history.append({"role": "user", "content": question})
+        history.append({"role": "assistant", "content": send(history)})
+        served.drain()
+        body = fake_llm.requests[-1].body
+        planted = next(m["content"] for m in history if answer in m["content"])
+        assert planted not in [m["content"] for m in body["messages"]]  # compacted away
+        assert answer in json.dumps(body), f"{answer!r} not recalled"
+    sizes = [tokens_sent(r.body, fmt, engine.counter) for r in fake_llm.requests]
+    over = [(n, size) for n, size in enumerate(sizes, 1) if size + REPLY > WINDOW]
+    assert not over, f"requests over the {WINDOW:,}-token window (with the reply's {REPLY}): {over}"
+    (sid,) = {r.session_id for r in served.events.recent() if r.kind != "compaction"}
+    stored = [t.message.text() for t in engine.store.turns(sid)]
+    assert stored == [m["content"] for m in history]  # nothing lost, nothing twice
+
+
+def test_a_request_that_cannot_fit_is_forwarded_whole_with_a_warning_and_a_note(
+    small: tuple[Served, MemoryEngine], fake_llm: FakeLLMServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A message too large for the window beside the system prompt (the query: never left
+    out) goes upstream whole, without memory, with a warning and a note in its record naming
+    how far over it is."""
+    served, _ = small
+    fake_llm.reply = reply_text
+    send, history = sender(served, "openai"), []
+    for turn in (1, 2):
+        history.append({"role": "user", "content": user_text(turn)})
+        history.append({"role": "assistant", "content": send(history)})
+    served.drain()
+    history.append({"role": "user", "content": " ".join(user_text(t) for t in range(3, 23))})
+    with caplog.at_level(logging.WARNING, logger="contextfold.server.proxy"):
+        send(history)
+        served.drain()
+    assert fake_llm.requests[-1].body["messages"][1:] == history  # whole, and no memory
+    record = [r for r in served.events.recent() if r.kind != "compaction"][-1]
+    notes = record.extra.get("notes", [])
+    assert any(n.startswith("no room in the window for memory") for n in notes), notes
+    (note,) = [n for n in notes if "over the model's window" in n]
+    assert "tokens over" in note and f"> {WINDOW:,} (context_window)" in note, note
+    assert any("over the model's window" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "body", "reserve"),
+    [
+        ("openai", {}, 4096),  # none named: proxy.reply_reserve_tokens
+        ("openai", {"max_tokens": 300}, 300),
+        ("openai", {"max_completion_tokens": 200, "max_tokens": 300}, 200),
+        ("anthropic", {"max_tokens": 1024}, 1024),
+        ("responses", {"max_output_tokens": 700}, 700),
+        ("gemini", {"generationConfig": {"maxOutputTokens": 900}}, 900),
+        ("openai", {"max_tokens": 32_000}, 5000),  # at most half the window
+        ("openai", {"max_tokens": True}, 4096),  # not a number: the default
+        ("anthropic", {"max_tokens": 0}, 4096),
+    ],
+)
+def test_the_reply_reserve_is_the_requests_own_maximum_else_the_default(
+    fmt: str, body: dict[str, Any], reserve: int
+) -> None:
+    assert reply_reserve(fmt, body, 4096, 10_000) == reserve
