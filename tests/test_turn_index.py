@@ -833,34 +833,82 @@ def test_quantize_keeps_each_row_within_half_a_step_and_a_zero_row_zero() -> Non
     assert not codes[7].any() and np.isfinite(scales).all()
 
 
-@pytest.mark.skipif(not turn_index.quantized_available(), reason="simsimd is a dependency")
-def test_the_quantized_scan_answers_as_the_exact_scan_with_its_float32_scores() -> None:
+needs_simsimd = pytest.mark.skipif(
+    not turn_index.quantized_available(), reason="simsimd is a dependency"
+)
+
+
+def _int8_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The rows of every int8 product the quantized scan asks simsimd for from now on."""
+    calls: list[int] = []
+    cdist = turn_index.simsimd.cdist
+
+    def spy(a: Any, b: Any, **kw: Any) -> Any:
+        calls.append(len(b))
+        return cdist(a, b, **kw)
+
+    monkeypatch.setattr(turn_index.simsimd, "cdist", spy)
+    return calls
+
+
+def _pair(vectors: Vectors, count: int, later: int) -> tuple[SessionVectors, SessionVectors]:
+    """The same rows twice (``count`` as the base, ``later`` appended to the buffer): one
+    entry to scan in float32, one to code."""
+    rows, more = vectors.draw(count), vectors.draw(later)
+    entries = SessionVectors(), SessionVectors()
+    for entry in entries:
+        entry.append(list(range(1, count + 1)), rows)
+        entry.append(list(range(count + 1, count + later + 1)), more)
+    return entries
+
+
+@needs_simsimd
+@pytest.mark.parametrize("split", [False, True])
+def test_the_quantized_scan_answers_as_the_exact_scan_with_its_float32_scores(
+    split: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if split:  # the int8 pass cut between two threads, as from 32,768 rows
+        monkeypatch.setattr(turn_index, "_SPLIT_ROWS", 1000)
+    threads = 2 if split else 1
     vectors = Vectors(seed=11)
-    rows = vectors.draw(N)
-    queries = vectors.draw(30)
-    exact = SessionVectors()
-    exact.append(list(range(1, N + 1)), rows)
-    coded = SessionVectors()
-    coded.append(list(range(1, N + 1)), rows)  # the base rows
-    later = vectors.draw(300)  # rows appended after the first read: the buffer
-    coded.append(list(range(N + 1, N + 301)), later)
-    exact.append(list(range(N + 1, N + 301)), later)
+    exact, coded = _pair(vectors, N, 300)
     assert coded.code(N + 100) == N + 100  # base and buffer rows; the last 200 not coded
     assert coded.coded == N + 100 and coded.nbytes == exact.nbytes + (N + 100) * (DIM + 4)
-    want, _ = exact.search(queries, LIMIT, 0, ann=False)
-    got, _ = coded.search(queries, LIMIT, 0, ann=False)
+    # The queries: drawn ones, and the rows on each side of the base/buffer boundary and the
+    # coded/uncoded one (each the best match for itself).
+    edges = [N - 1, N, N + 99, N + 100]
+    queries = np.vstack([vectors.draw(30), *(exact.rows(i, i + 1) for i in edges)])
+    calls = _int8_calls(monkeypatch)
+    want, _ = exact.search(queries, LIMIT, 0, ann=False, threads=threads)
+    assert not calls  # (the float32 entry has no copy)
+    got, _ = coded.search(queries, LIMIT, 0, ann=False, threads=threads)
+    assert sum(calls) == N + 100 and len(calls) == (2 if split else 1)
     # The same turns in the same order, with the float32 scores bit for bit: the int8 scores
     # only pick the 2 x LIMIT candidates.
     assert got == want
-    # A row stored after the copy was extended is scanned in float32: the best for its own
-    # vector, however the copy would score it.
-    tail = N + 300
-    own = exact.rows(tail - 1, tail)
-    found, _ = coded.search(own, LIMIT, 0, ann=False)
-    assert found[0][0] == (tail, pytest.approx(float(own[0] @ own[0])))
+    for hits, i in zip(got[-len(edges) :], edges, strict=True):
+        assert hits[0][0] == i + 1
+    assert coded.search(queries[:0], LIMIT, 0, ann=False) == ([], False)
 
 
-@pytest.mark.skipif(not turn_index.quantized_available(), reason="simsimd is a dependency")
+@needs_simsimd
+def test_a_copy_extended_and_reallocated_in_steps_answers_as_the_exact_scan() -> None:
+    vectors = Vectors(seed=3)
+    exact, coded = _pair(vectors, 1000, 0)
+    queries = vectors.draw(12)
+    for step in range(6):
+        rows = vectors.draw(700)
+        seqs = list(range(len(exact) + 1, len(exact) + 701))
+        exact.append(seqs, rows)
+        coded.append(seqs, rows)
+        coded.code(len(coded) - (0 if step % 2 else 100))  # some steps leave a tail
+        assert coded.search(queries, LIMIT, 0, ann=False) == exact.search(
+            queries, LIMIT, 0, ann=False
+        )
+    assert coded.coded == len(coded)  # (the last step coded every row)
+
+
+@needs_simsimd
 def test_a_scan_while_the_copy_grows_reads_whole_rows() -> None:
     vectors = Vectors(seed=5)
     rows = vectors.draw(12_000)
@@ -886,15 +934,18 @@ def test_a_scan_while_the_copy_grows_reads_whole_rows() -> None:
     thread.start()
     while not stop.is_set():
         got, _ = entry.search(queries, LIMIT, 0, ann=False)
-        for hits in got:
+        for j, hits in enumerate(got):
             for seq, score in hits:  # every score is its row's own float32 cosine
                 row = reference.rows(seq - 1, seq)[0]
-                assert score == pytest.approx(float(row @ queries[got.index(hits)]), abs=1e-5)
+                assert score == pytest.approx(float(row @ queries[j]), abs=1e-5)
     thread.join()
     assert not errors and entry.coded == 12_000
+    assert entry.search(queries, LIMIT, 0, ann=False) == reference.search(
+        queries, LIMIT, 0, ann=False
+    )
 
 
-@pytest.mark.skipif(not turn_index.quantized_available(), reason="simsimd is a dependency")
+@needs_simsimd
 def test_the_worker_keeps_the_copy_and_the_cache_counts_it_within_its_limit() -> None:
     store = MemoryStore(counter=CharCounter())
     vectors = Vectors()
@@ -920,6 +971,51 @@ def test_the_worker_keeps_the_copy_and_the_cache_counts_it_within_its_limit() ->
     top(below, "q 2")
     below.settle()
     assert below._vectors["s"].coded == 0
+
+
+@needs_simsimd
+def test_a_copy_is_extended_only_when_its_new_room_fits_so_the_rows_stay_cached() -> None:
+    """Extending the copy allocates room for a quarter more rows: a cache that holds the
+    rows and the copy as it is, but not that room, keeps both and scans the new rows in
+    float32 (it evicted the session's vectors, read back whole at the next recall)."""
+    store = MemoryStore(counter=CharCounter())
+    vectors = Vectors()
+    fill(store, vectors, 4000)
+    probe = recaller(store, vectors, quantize_min_turns=1000)
+    top(probe, "q 1")
+    probe.settle()
+    # The next 600 rows and their copy, not the room a copy grown by a quarter takes (1,000).
+    limit = probe._vectors["s"].nbytes + 600 * (DIM * 4 + 8) + 600 * (DIM + 4)
+    r = recaller(store, vectors, quantize_min_turns=1000, vector_cache_bytes=limit)
+    top(r, "q 1")
+    r.settle()
+    entry = r._vectors["s"]
+    assert entry.coded == 4000
+    fill(store, vectors, 600)
+    read = reads(store)
+    for n in range(3):
+        top(r, f"q {n}")
+        r.settle()
+    assert r._vectors.get("s") is entry and 0 not in read  # never read again whole
+    assert entry.coded == 4000 and r.vector_cache_bytes() <= limit
+    assert top(r, "q 5") == top(recaller(store, vectors), "q 5")
+
+
+@needs_simsimd
+def test_the_copy_is_freed_once_the_index_answers() -> None:
+    store = MemoryStore(counter=CharCounter())
+    vectors = Vectors()
+    fill(store, vectors, 1500)
+    r = recaller(store, vectors, quantize_min_turns=1000, ann_min_turns=2000)
+    top(r, "q 1")
+    r.settle()
+    entry = r._vectors["s"]
+    assert entry.coded == 1500
+    fill(store, vectors, 1000)
+    top(r, "q 1")
+    r.settle()
+    assert entry.coded == 0 and entry.indexed == 2500
+    assert r.vector_cache_bytes() == entry.nbytes  # (the copy's bytes no longer counted)
 
 
 def plain_bytes(r: Recaller) -> int:

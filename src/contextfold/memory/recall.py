@@ -473,20 +473,34 @@ class Recaller:
         index = self.files is not None and entry.indexed - entry.saved_indexed >= max(
             self.ann_tail, entry.saved_indexed // 10
         )
-        return grow or rows or index or self._code_due(entry)
+        stale = bool(entry.coded) and self._ann_answers(entry)  # a copy the index replaced
+        return grow or rows or index or stale or self._code_due(entry)
 
     def _code_due(self, entry: SessionVectors) -> bool:
         """Whether the entry's int8 copy lags its rows by enough to extend it (the first
         time: all of them; then ``ann_tail`` rows, scanned in float32 until then), and the
-        copy fits the cache beside them (a row's copy: its dimensions' bytes and a scale)."""
+        copy as it would then be allocated (``code_capacity``: a row's copy is its
+        dimensions' bytes and a scale) fits the cache beside the rows, so making it never
+        evicts them; a copy that does not fit is not extended (its tail is scanned in
+        float32)."""
         n = len(entry)
         if self.quantize_min_turns is None or n < self.quantize_min_turns:
             return False
-        if self.ann_min_turns is not None and n >= self.ann_min_turns:
-            return False  # the index answers, not a scan
+        if self._ann_answers(entry):
+            return False
         if n - entry.coded < (self.ann_tail if entry.coded else 1):
             return False
-        return entry.nbytes + (n - entry.coded) * (entry.dim + 4) <= self.vector_cache_limit
+        grown = (entry.code_capacity(n) - entry.code_capacity(entry.coded)) * (entry.dim + 4)
+        return entry.nbytes + grown <= self.vector_cache_limit
+
+    def _ann_answers(self, entry: SessionVectors) -> bool:
+        """Whether the HNSW index, not a scan, answers the entry (``ann_min_turns``; not one
+        whose index the cache could not hold)."""
+        return (
+            self.ann_min_turns is not None
+            and len(entry) >= self.ann_min_turns
+            and not entry.index_too_large
+        )
 
     def _schedule(self, session_id: str, entry: SessionVectors) -> None:
         if entry.queued or not self._due(entry):
@@ -509,6 +523,9 @@ class Recaller:
             self._recharge(session_id, entry)
         if not final and self._code_due(entry):  # (the copy is not kept in the files)
             entry.code(stopping=lambda: self._worker.stopping.is_set() or self._closing.is_set())
+            self._recharge(session_id, entry)
+        elif entry.coded and self._ann_answers(entry):
+            entry.drop_codes()  # the index answers now: the copy would only hold memory
             self._recharge(session_id, entry)
         if self.files is None or n < self.files_min_turns:
             return

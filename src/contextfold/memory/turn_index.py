@@ -80,7 +80,7 @@ _ADD_CHUNK = 16  # rows added to a live index per lock hold (a search waits at m
 #: A quantized scan rescores each query's best ``QUANT_OVER`` x ``limit`` rows by the int8
 #: scores in float32 (``SessionVectors.search``).
 QUANT_OVER = 2
-_CODE_CHUNK = 8192  # rows quantized per step (``SessionVectors.code``: bounded temporaries)
+_CODE_CHUNK = 2048  # rows quantized per step (``SessionVectors.code``: bounded temporaries)
 
 
 def _new_index(dim: int, connectivity: int, expansion_add: int, expansion_search: int) -> Any:
@@ -183,7 +183,7 @@ class SessionVectors:
     @property
     def nbytes(self) -> int:
         """Bytes this entry holds in memory: the buffer, the mapped rows (their pages count
-        once read), the seqs and the index."""
+        once read), the seqs, the index and the int8 copy."""
         index = 0
         if self.index is not None and not self.index_is_view:
             with contextlib.suppress(Exception):
@@ -228,8 +228,8 @@ class SessionVectors:
             return 0
         dim = self.dim
         codes, scales = self._codes, self._scales
-        if stop > len(codes) or codes.shape[1] != dim:
-            size = max(stop, len(codes) * 5 // 4)
+        size = self.code_capacity(stop)
+        if size != len(codes) or codes.shape[1] != dim:
             grown = np.empty((size, dim), np.int8)
             grown_scales = np.empty(size, np.float32)
             if start:
@@ -244,6 +244,18 @@ class SessionVectors:
             if stopping is not None and stopping():
                 break
         return self.coded - start
+
+    def code_capacity(self, stop: int) -> int:
+        """The rows the int8 copy holds room for once ``code(stop)`` has run: as now when
+        they fit, else grown by a quarter (at least to ``stop``)."""
+        have = len(self._codes)
+        return have if stop <= have else max(stop, have * 5 // 4)
+
+    def drop_codes(self) -> None:
+        """Free the int8 copy (the HNSW index answers instead); scans read float32 again."""
+        self.coded = 0  # first: a scan that read it before reads the arrays it found
+        self._codes = np.zeros((0, 0), np.int8)
+        self._scales = np.zeros(0, np.float32)
 
     def rows(self, start: int, stop: int | None = None) -> Matrix:
         """Rows ``start`` to ``stop`` (a view where they lie in one part, else a copy)."""
@@ -302,7 +314,7 @@ class SessionVectors:
                     found = (
                         [batch] if len(queries) == 1 else [batch[i] for i in range(len(queries))]
                     )
-        if found is None and self.coded and simsimd is not None:
+        if found is None and self.coded and len(queries) and simsimd is not None:
             return self._quantized_search(queries, limit, threads), False
         if found is None:
             scores = self.scores(queries, threads=threads)
