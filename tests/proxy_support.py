@@ -4,6 +4,7 @@ on 127.0.0.1, in a background thread, on free ports."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 import time
@@ -13,11 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from contextfold.formats.anthropic import parse_anthropic_messages
+from contextfold.formats.openai import count_openai_message
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
 from contextfold.server.app import create_app
 from contextfold.server.config import ServerConfig
 from contextfold.server.runner import Runner
+from contextfold.tokens import OVERHEADS, TokenCounter, count_messages
 
 _SDK_CLIENTS: list[Any] = []
 _T = TypeVar("_T")
@@ -35,6 +39,18 @@ def closed_after_test(client: _T) -> _T:
 def close_sdk_clients() -> None:
     while _SDK_CLIENTS:
         _SDK_CLIENTS.pop().close()
+
+
+def tokens_sent(body: dict[str, Any], fmt: str, counter: TokenCounter) -> int:
+    """The prompt tokens of a forwarded body, as its provider counts them (estimated for
+    Anthropic: ``OVERHEADS``), the tools' JSON included."""
+    tools = counter.count(json.dumps(body["tools"])) if body.get("tools") else 0
+    if fmt == "openai":
+        messages = sum(count_openai_message(m, counter) for m in body["messages"])
+    else:
+        parsed = parse_anthropic_messages(body["messages"], body.get("system"))
+        messages = count_messages(parsed, counter, "anthropic")
+    return OVERHEADS[fmt].per_request + messages + tools
 
 
 def free_port() -> int:

@@ -4,11 +4,12 @@ turns (``MemoryEngine.note_fixed_tokens``); without either, the engine behaves a
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from contextfold.errors import ConfigError
-from contextfold.memory import MemoryConfig, MemoryEngine, Room
+from contextfold.memory import MemoryConfig, MemoryEngine, Room, TokenMonitor
 from contextfold.memory.engine import as_message as engine_message
 
 FACT = "The Henninger filing is due on 14 March, at the county court."
@@ -31,12 +32,58 @@ def chat(n: int) -> list[dict[str, str]]:
     return turns
 
 
-@pytest.mark.parametrize(("fixed", "compacted"), [(None, False), (0, False), (1200, True)])
+@pytest.mark.parametrize(
+    ("fixed", "tokens", "level"),
+    [
+        # Nothing noted: shares of the whole window, as before.
+        (0, 83_999, "none"),
+        (0, 84_000, "soft"),
+        (0, 102_000, "hard"),
+        # Claude Code: ~30k of system prompt and tools, 2,048 of memory, max_tokens 32,000 —
+        # 55,952 tokens left for the history; soft at 70 % of that, hard at 85 %.
+        (64_048, 39_166, "none"),
+        (64_048, 39_167, "soft"),
+        (64_048, 47_560, "hard"),
+        # max_tokens 64,000 (a 60,000 reserve: half the window): 27,952 left for the history.
+        (92_048, 19_566, "none"),
+        (92_048, 19_567, "soft"),
+        # Fixed parts past the window: the history's room is a tenth of the window.
+        (130_000, 8_399, "none"),
+        (130_000, 8_400, "soft"),
+    ],
+)
+def test_the_thresholds_are_shares_of_what_the_window_leaves_the_history(
+    fixed: int, tokens: int, level: str
+) -> None:
+    monitor = TokenMonitor(120_000)
+    assert monitor.level(tokens, fixed) == level
+    if not fixed:
+        assert monitor.level(tokens) == level
+
+
+def test_a_large_reply_reserve_does_not_compact_every_exchange() -> None:
+    """Claude Code with max_tokens 64,000 in a 120,000 window: the fixed parts (92,048) pass
+    70 % of the window on their own, yet a short conversation is not compacted."""
+    with MemoryEngine(
+        MemoryConfig(context_window=120_000), store=":memory:", embedder=None
+    ) as memory:
+        memory.note_fixed_tokens(30_000 + 2_048 + 60_000)
+        turns: list[dict[str, str]] = []
+        for k in range(6):
+            turns += chat(k + 1)[-2:]
+            assert memory.on_turn_complete(turns) is None, f"compacted at exchange {k}"
+        assert memory.status().level == "none"
+
+
+@pytest.mark.parametrize(
+    ("fixed", "compacted"), [(None, False), (0, False), (1200, False), (1650, True)]
+)
 def test_compaction_counts_the_fixed_tokens_noted_for_the_session(
     engine: MemoryEngine, fixed: int | None, compacted: bool
 ) -> None:
-    """About 500 live tokens in a 2,000-token window stay under the 70 % threshold alone; with
-    1,200 tokens every request carries besides them they cross it."""
+    """267 live tokens in a 2,000-token window stay under 70 % of it alone, and under 70 % of
+    the 800 tokens that 1,200 fixed tokens leave the history; 1,650 leave 350, and they cross
+    70 % of that."""
     if fixed is not None:
         engine.note_fixed_tokens(fixed)
     report = engine.on_turn_complete(chat(8))
@@ -47,8 +94,21 @@ def test_compaction_counts_the_fixed_tokens_noted_for_the_session(
 def test_the_status_level_counts_the_fixed_tokens_too(engine: MemoryEngine) -> None:
     engine.store_turns("default", [engine_message(m) for m in chat(8)])  # stored, not derived
     assert engine.status().level == "none"
-    engine.note_fixed_tokens(1200)
+    engine.note_fixed_tokens(1650)
     assert engine.status().level == "soft"
+
+
+def test_background_compaction_counts_the_fixed_tokens_too(tmp_path: Path) -> None:
+    """With ``compaction.run: background`` the derive hands the compaction to the engine's
+    thread when the live turns cross a threshold beside the fixed tokens noted."""
+    config = MemoryConfig(
+        context_window=2000, compaction={"protected_recent_turns": 2, "run": "background"}
+    )
+    with MemoryEngine(config, store=tmp_path / "memory.db", embedder=None) as memory:
+        memory.note_fixed_tokens(1650)
+        assert memory.on_turn_complete(chat(8)) is None  # left to the background
+        assert memory.flush(timeout=30)
+        assert memory.status().compaction_watermark > 1
 
 
 @pytest.mark.parametrize(("tokens", "memory"), [(5000, True), (400, True), (60, False)])
@@ -81,3 +141,21 @@ def test_a_room_needs_one_count_per_history_message(engine: MemoryEngine) -> Non
         engine.on_message_inbound("Hi", history, room=Room(tokens=500, history=[10]))
     with pytest.raises(ConfigError, match="tokens must be a whole number"):
         engine.note_fixed_tokens(-1)
+
+
+def test_compacted_history_leaves_its_room_to_memory(engine: MemoryEngine) -> None:
+    """The history's compacted messages are not sent (the filter removes them): memory gets
+    their room — unless the caller says it sends them all the same (``Room.sent``)."""
+    engine.note_fixed_tokens(1650)
+    history = chat(8)
+    assert engine.on_turn_complete(history) is not None
+    costs = [engine.counter.count(m["content"]) + 4 for m in history]
+    query = "When is the Henninger filing due?"
+    assembled = engine.on_message_inbound(query, history, room=Room(tokens=1000, history=costs))
+    assert assembled.history is not None
+    removed = {r.index for r in assembled.history.removed}
+    assert removed, "the compacted turns are filtered out"
+    assert assembled.room_left == 1000 - sum(c for i, c in enumerate(costs) if i not in removed)
+    everything = Room(tokens=1000, history=costs, sent=lambda kept: range(len(history)))
+    assembled = engine.on_message_inbound(query, history, room=everything)
+    assert assembled.room_left == 1000 - sum(costs)

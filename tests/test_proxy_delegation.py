@@ -4,6 +4,7 @@ expand_topic; both sessions page topics in through their tool calls and end with
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,8 +15,9 @@ import pytest
 
 from contextfold.memory.engine import MemoryEngine
 from contextfold.server.config import ProxySettings, ServerConfig
+from contextfold.server.proxy.fit import CUT, reply_reserve
 from fake_llm import FakeLLMServer, ModelTurn, ToolCall
-from proxy_support import Served, closed_after_test, make_engine, serve
+from proxy_support import Served, closed_after_test, make_engine, serve, tokens_sent
 
 PAGING_BUDGET = 400
 MEMORY_BUDGET = 700
@@ -137,6 +139,59 @@ def test_each_tier_gets_its_tools_and_ends_within_budget(
     assert sum(e.tokens for e in working.values()) <= PAGING_BUDGET
     memory = [r.memory_tokens for r in running.events.recent() if r.session_id == sid]
     assert any(memory) and max(memory) <= MEMORY_BUDGET
+
+
+def test_the_tool_loops_rounds_stay_within_the_window(
+    served: tuple[Served, MemoryEngine], fake_llm: FakeLLMServer
+) -> None:
+    """The proxy's own follow-up rounds (the model's memory tool calls and their results
+    appended) are counted like the request: each result is cut to what the window leaves it,
+    so no round passes the window (less the reply's reserve: half of it, no max_tokens sent),
+    and the record's ``tokens_sent`` is the largest round's."""
+    running, engine = served
+    converse(running, fake_llm, "claude-opus-4-1")
+    window = engine.config.context_window
+    limit = window - reply_reserve("openai", {}, 4096, window)
+    bodies = [r.body for r in fake_llm.requests if isinstance(r.body, dict)]
+    rounds = [b for b in bodies if any(m.get("role") == "tool" for m in b["messages"])]
+    assert rounds, "the model paged topics in"
+    sizes = [tokens_sent(b, "openai", engine.counter) for b in bodies]
+    assert max(sizes) <= limit, f"{max(sizes):,} tokens sent > {limit:,}"
+    cut = [m["content"] for b in rounds for m in b["messages"] if m.get("role") == "tool"]
+    assert any(c.endswith(CUT) for c in cut)
+    looped = [r for r in running.events.recent() if r.extra.get("memory_tool_calls")]
+    assert all(r.extra["window"]["tokens_sent"] <= limit for r in looped)
+
+
+def test_a_tool_loop_round_over_the_window_is_logged_and_noted(
+    served: tuple[Served, MemoryEngine],
+    fake_llm: FakeLLMServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A round the request itself fills (a message near the window's size) cannot be cut to
+    fit: it goes, with a warning and a note naming the round."""
+    running, _ = served
+
+    def model(body: dict[str, Any]) -> str | ModelTurn:
+        if any(m.get("role") == "tool" for m in body["messages"]):
+            return "Done."
+        return ModelTurn("", (ToolCall("expand_topic", {"tag": "kiln", "depth": "full"}),))
+
+    fake_llm.reply = model
+    client = closed_after_test(
+        openai.OpenAI(base_url=f"{running.url}/v1", api_key="sk-test", max_retries=0)
+    )
+    text = " ".join(TOPICS["kiln"].format(n=n) for n in range(60))  # ~1,500 tokens
+    with caplog.at_level(logging.WARNING, logger="contextfold.server.proxy"):
+        client.chat.completions.create(
+            model="claude-opus-4-1", messages=[{"role": "user", "content": text}]
+        )
+        running.drain()
+    (record,) = [r for r in running.events.recent() if r.kind != "compaction"]
+    assert record.extra.get("memory_tool_calls")
+    notes = [n for n in record.extra["notes"] if n.startswith("memory tool round 1 over")]
+    assert notes, record.extra["notes"]
+    assert any(n in r.getMessage() for n in notes for r in caplog.records)
 
 
 def test_the_model_table_is_configurable(tmp_path: Path) -> None:

@@ -19,14 +19,18 @@ import anthropic
 import openai
 import pytest
 
-from contextfold.formats.anthropic import parse_anthropic_messages
-from contextfold.formats.openai import count_openai_message
-from contextfold.memory.engine import MemoryEngine
+from contextfold.items import ContextItem, SourceType, ToolUseBlock
+from contextfold.memory.assemble import MemoryBudget
+from contextfold.memory.engine import AssembledContext, MemoryEngine
 from contextfold.server.config import ProxySettings, ServerConfig
-from contextfold.server.proxy.fit import reply_reserve
-from contextfold.tokens import OVERHEADS, TokenCounter, count_messages
+from contextfold.server.proxy.fit import CUT, Fit, overflow, reply_reserve, tool_round
+from contextfold.server.proxy.recall import add_memory
+from contextfold.server.proxy.record import Plan
+from contextfold.server.proxy.wire import WIRES, reply_message
+from contextfold.tokens import TiktokenCounter, TokenCounter
 from fake_llm import FakeLLMServer
-from proxy_support import Served, closed_after_test, make_engine, serve
+from fake_responses import ResponsesFake
+from proxy_support import Served, closed_after_test, make_engine, serve, tokens_sent
 
 WINDOW = 8_000
 REPLY = 512  # the clients' max_tokens: the reply's reserve
@@ -83,18 +87,6 @@ ANTHROPIC_TOOLS: Any = [
     }
     for t in OPENAI_TOOLS
 ]
-
-
-def tokens_sent(body: dict[str, Any], fmt: str, counter: TokenCounter) -> int:
-    """The prompt tokens of a forwarded body, as its provider counts them (estimated for
-    Anthropic: ``OVERHEADS``), the tools' JSON included."""
-    tools = counter.count(json.dumps(body["tools"])) if body.get("tools") else 0
-    if fmt == "openai":
-        messages = sum(count_openai_message(m, counter) for m in body["messages"])
-    else:
-        parsed = parse_anthropic_messages(body["messages"], body.get("system"))
-        messages = count_messages(parsed, counter, "anthropic")
-    return OVERHEADS[fmt].per_request + messages + tools
 
 
 Send = Callable[[list[dict[str, Any]]], str]
@@ -197,6 +189,61 @@ def test_a_request_that_cannot_fit_is_forwarded_whole_with_a_warning_and_a_note(
     assert any("over the model's window" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize("fmt", ["openai", "anthropic"])
+def test_each_request_notes_its_fixed_parts_for_compaction(
+    small: tuple[Served, MemoryEngine], fake_llm: FakeLLMServer, fmt: str
+) -> None:
+    """What the proxy notes on the engine for the session's compaction is everything a request
+    carries besides its history: the system prompt, the tools, the memory budget and the
+    reply's reserve (and the format's framing: a few tokens)."""
+    served, engine = small
+    fake_llm.reply = reply_text
+    sender(served, fmt)([{"role": "user", "content": user_text(1)}])
+    served.drain()
+    (record,) = [r for r in served.events.recent() if r.kind != "compaction"]
+    tools = OPENAI_TOOLS if fmt == "openai" else ANTHROPIC_TOOLS
+    counted = (
+        engine.counter.count(system_prompt())
+        + engine.counter.count(json.dumps(tools))
+        + engine.config.assembly.memory_budget
+        + REPLY
+    )
+    assert 0 <= engine.fixed_tokens(record.session_id) - counted <= 30
+
+
+def test_a_responses_chain_is_history_the_proxy_cannot_leave_out(
+    small: tuple[Served, MemoryEngine], fake_llm: FakeLLMServer
+) -> None:
+    """A Responses conversation chained by ``previous_response_id``: the provider holds every
+    earlier turn, compacted or not. Memory gets what the window leaves beside them (it used to
+    be given room as if the compacted ones were gone, then left out whole), and a request the
+    chain alone takes past the window says so, not that compaction is behind."""
+    served, _ = small
+    ResponsesFake(fake_llm)
+    fake_llm.reply = reply_text
+    client = closed_after_test(
+        openai.OpenAI(base_url=f"{served.url}/v1", api_key="sk-test", max_retries=0)
+    )
+    previous: dict[str, Any] = {}
+    for turn in range(1, 26):
+        reply = client.responses.create(
+            model="m", input=user_text(turn), max_output_tokens=REPLY, **previous
+        )
+        previous = {"previous_response_id": reply.id}
+        served.drain()
+    records = [r for r in served.events.recent() if r.kind != "compaction"]
+    notes = [n for r in records for n in r.extra.get("notes", [])]
+    assert not [n for n in notes if n.startswith("memory left out")]
+    cut = [r for r in records if any(n.startswith("memory budget cut") for n in r.extra["notes"])]
+    assert cut and all(r.memory_tokens for r in cut)  # what the window left, not nothing
+    for record in records:
+        if record.memory_tokens:
+            assert record.extra["window"]["tokens_sent"] + REPLY <= WINDOW
+    over = [n for n in notes if "over the model's window" in n]
+    assert over, "the chain grows past the window"
+    assert all("the provider holds" in n and "not caught up" not in n for n in over), over
+
+
 @pytest.mark.parametrize(
     ("fmt", "body", "reserve"),
     [
@@ -215,3 +262,82 @@ def test_the_reply_reserve_is_the_requests_own_maximum_else_the_default(
     fmt: str, body: dict[str, Any], reserve: int
 ) -> None:
     assert reply_reserve(fmt, body, 4096, 10_000) == reserve
+
+
+HINT = "<context-topics>\nEarlier topics (turns): harbour (4), glacier (3)\n</context-topics>"
+BLOCK = "<memory>\n" + user_text(3) + "\n</memory>"
+
+
+def assembled_memory(counter: TokenCounter, room_left: int) -> AssembledContext:
+    hint = ContextItem(content=HINT, source=SourceType.MEMORY, metadata={"kind": "hint"})
+    text = f"{HINT}\n{BLOCK}"
+    budget = MemoryBudget(budget=2000, hint=counter.count(HINT), used=counter.count(text))
+    return AssembledContext(
+        session_id="s",
+        prepend_text=text,
+        matched_tags=(),
+        related_tags=(),
+        broad=False,
+        temporal=False,
+        items=(hint,),
+        budget=budget,
+        recalled=(),
+        room_left=room_left,
+    )
+
+
+@pytest.mark.parametrize(
+    ("kept", "note"),
+    [
+        ("all", None),  # fits: the whole block
+        ("hint", "memory cut to its topic hint"),
+        ("none", "memory left out"),
+    ],
+)
+def test_memory_past_the_window_all_the_same_keeps_what_fits(kept: str, note: str | None) -> None:
+    """Where more history goes than the room foresaw, the memory block is cut to its topic
+    hint when that fits, else left out — noted with the numbers, the body counted."""
+    counter = TiktokenCounter()
+    memory = assembled_memory(counter, room_left=500)
+    history = [1000]
+    # The window leaves ``spare`` tokens beside the history, the reply's reserve and the
+    # whole block: 10 more, 10 too few (the hint fits), or 5 left in all (nothing fits).
+    spare = {"all": 10, "hint": -10, "none": 5 - memory.budget.used}[kept]
+    window = 100 + 1000 + memory.budget.used + 512 + spare
+    plan = Plan(id="r", format="openai", path="/v1/chat/completions", model="m", stream=False)
+    plan.fit = Fit(window=window, reserve=512, fixed=100, costs=history, system=0)
+    bare: dict[str, Any] = {"messages": [{"role": "user", "content": "What was found?"}]}
+    body = add_memory(plan, WIRES["openai"], bare, memory)
+    text = json.dumps(body)
+    assert (json.dumps(HINT)[1:-1] in text, user_text(3) in text) == {
+        "all": (True, True),
+        "hint": (True, False),
+        "none": (False, False),
+    }[kept]
+    assert plan.fit.sent is not None and plan.fit.sent <= plan.fit.limit
+    notes = [n for n in plan.notes if note and n.startswith(note)]
+    assert bool(notes) is bool(note)
+    if note:
+        assert "tokens over the window (the history forwarded takes" in notes[0], notes
+
+
+@pytest.mark.parametrize(("before", "over"), [(600, False), (1995, True)])
+def test_a_tool_round_is_cut_to_the_window_and_noted_when_over_all_the_same(
+    before: int, over: bool
+) -> None:
+    """A follow-up round of the proxy's tool loop: the memory tool's result is cut to what the
+    window leaves it; a round the request and the model's call fill is over all the same, and
+    ``overflow`` says so, naming the round."""
+    counter = TiktokenCounter()
+    plan = Plan(id="r", format="openai", path="/v1/chat/completions", model="m", stream=False)
+    plan.fit = Fit(window=2512, reserve=512, fixed=0, costs=[], system=0, sent=before)
+    call = ToolUseBlock(id="c1", name="expand_topic", input={"tag": "harbour"})
+    asked = reply_message("", [call])
+    (result,) = tool_round(plan, counter, asked, [(call, user_text(4) * 20)])
+    assert result[1].endswith(CUT)
+    note = overflow(plan, round_=1)
+    assert (note is not None) is over
+    if over:
+        assert note is not None and note.startswith("memory tool round 1 over the model's window")
+    else:
+        assert plan.fit.sent <= plan.fit.limit

@@ -101,21 +101,32 @@ class Room:
     window less the reply's reserve, the system prompt's framing, the tools and everything
     else sent besides the history (``tokens``), and what each message of the history costs
     (``history``, one count per message given to ``on_message_inbound``, the system prompt
-    included). Memory then gets at most what the history the filter keeps leaves of
-    ``tokens``, and none below ``MIN_MEMORY_TOKENS``: memory never pushes the request past
-    the window.
+    included). Memory then gets at most what the history sent leaves of ``tokens``, and none
+    below ``MIN_MEMORY_TOKENS``: memory never pushes the request past the window.
 
-    >>> Room(tokens=1000, history=(300, 400)).left([0, 1])
+    The history sent is the messages the filter keeps, unless the caller sends more:
+    ``sent(kept)`` then names every message it sends when the filter keeps ``kept`` (the
+    proxy's: turns the provider holds for a chained request, a tool call kept with its
+    result, a user turn kept first — messages the filter removed that still go).
+
+    >>> Room(tokens=1000, history=(300, 400)).left([1])  # the first one compacted: not sent
+    600
+    >>> Room(tokens=1000, history=(300, 400), sent=lambda kept: [0, *kept]).left([1])
     300
     """
 
     tokens: int
     history: Sequence[int]
+    sent: Callable[[list[int]], Iterable[int]] | None = None
 
     def left(self, kept: Iterable[int]) -> int:
-        """The tokens left for memory beside the history messages ``kept`` (indices)."""
+        """The tokens left for memory beside the history sent when the filter keeps the
+        messages ``kept`` (indices)."""
+        indices = list(kept)
+        if self.sent is not None:
+            indices = list(self.sent(indices))
         costs = self.history
-        return self.tokens - sum(costs[i] for i in kept)
+        return self.tokens - sum(costs[i] for i in set(indices))
 
 
 @dataclass

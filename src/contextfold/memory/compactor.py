@@ -1,9 +1,10 @@
 """Compaction: when the live conversation nears the window, old turns become segment summaries.
 
 * ``TokenMonitor`` says whether the live turns (at or above the compaction watermark) cross the
-  soft (default 70 %) or hard (85 %) share of the context window — counted, where the caller
-  noted them (``MemoryEngine.note_fixed_tokens``: the proxy does), with the tokens each request
-  carries besides its history (system prompt, tools, memory, the reply's reserve).
+  soft (default 70 %) or hard (85 %) share of the room the context window leaves the history:
+  the whole window, or — where the caller noted what each request carries besides its history
+  (``MemoryEngine.note_fixed_tokens``: the proxy does; system prompt, tools, memory, the
+  reply's reserve) — the window less those fixed parts, never below a tenth of the window.
 * ``segment_turns`` groups contiguous turns by topic: a turn joins the running segment while
   its tags overlap the segment's recent tags (untagged turns and tool results always join).
 * ``Compactor.compact`` takes ONE greedy batch — every turn from the watermark up to the
@@ -30,17 +31,33 @@ from contextfold.memory.summarize import Summarizer
 from contextfold.store.models import NewSegment, StoredTurn
 from contextfold.store.protocols import MemoryStorage
 
-__all__ = ["CompactionReport", "Compactor", "Level", "TokenMonitor", "segment_turns"]
+__all__ = [
+    "MIN_HISTORY_SHARE",
+    "CompactionReport",
+    "Compactor",
+    "Level",
+    "TokenMonitor",
+    "segment_turns",
+]
 
 Level = Literal["none", "soft", "hard"]
 _T = TypeVar("_T")
 
 
+#: The least share of the window the history is given room for (``TokenMonitor.room``): fixed
+#: parts as large as the window or larger do not make every exchange compact.
+MIN_HISTORY_SHARE = 0.1
+
+
 class TokenMonitor:
-    """Two thresholds over a context window: ``level(tokens)`` is "hard" at or above
-    ``hard * window``, "soft" at or above ``soft * window``, else "none".
+    """Two thresholds over the room a context window leaves the history: ``level(tokens,
+    fixed)`` is "hard" at or above ``hard * room``, "soft" at or above ``soft * room``, else
+    "none"; ``room`` is the window less the ``fixed`` tokens each request carries besides its
+    history (none by default: the whole window), at least ``MIN_HISTORY_SHARE`` of it.
 
     >>> TokenMonitor(1000).level(720)
+    'soft'
+    >>> TokenMonitor(1000).level(300, fixed=600)  # 400 left for the history: 70 % is 280
     'soft'
     """
 
@@ -56,10 +73,18 @@ class TokenMonitor:
     def __repr__(self) -> str:
         return f"TokenMonitor({self.context_window}, soft={self.soft}, hard={self.hard})"
 
-    def level(self, tokens: int) -> Level:
-        if tokens >= self.hard * self.context_window:
+    def room(self, fixed: int = 0) -> float:
+        """What the window leaves the history beside ``fixed`` tokens (at least
+        ``MIN_HISTORY_SHARE`` of the window)."""
+        window = self.context_window
+        return max(window - fixed, window * MIN_HISTORY_SHARE) if fixed > 0 else window
+
+    def level(self, tokens: int, fixed: int = 0) -> Level:
+        """The threshold ``tokens`` of live history cross, beside ``fixed`` tokens."""
+        room = self.room(fixed)
+        if tokens >= self.hard * room:
             return "hard"
-        if tokens >= self.soft * self.context_window:
+        if tokens >= self.soft * room:
             return "soft"
         return "none"
 
@@ -184,19 +209,31 @@ class Compactor:
     def __repr__(self) -> str:
         return f"Compactor({self.monitor!r}, protected_recent={self.protected_recent})"
 
-    def level(self, session_id: str) -> Level:
-        return self.monitor.level(self.store.active_tokens(session_id))
+    def level(self, session_id: str, fixed: int = 0) -> Level:
+        """The threshold the session's live turns cross beside ``fixed`` tokens
+        (``TokenMonitor.level``)."""
+        return self.monitor.level(self.store.active_tokens(session_id), fixed)
 
     def maybe_compact(
-        self, session_id: str, *, upto: int | None = None, live_tokens: int | None = None
+        self,
+        session_id: str,
+        *,
+        upto: int | None = None,
+        live_tokens: int | None = None,
+        fixed: int = 0,
     ) -> CompactionReport | None:
         """Compact when the live turns cross a threshold; ``None`` when they do not (or when
         nothing outside the protected turns is left to compact). ``upto``: compact no turn
-        past this seq (the turns after it are not tagged yet). ``live_tokens``: the tokens to
-        judge, when the caller has them: the live turns' as it has just read them
-        (``MemoryStorage.begin_derive``), plus what each request carries besides them (the
-        engine's ``note_fixed_tokens``)."""
-        level = self.level(session_id) if live_tokens is None else self.monitor.level(live_tokens)
+        past this seq (the turns after it are not tagged yet). ``live_tokens``: the live
+        turns' tokens when the caller has just read them (``MemoryStorage.begin_derive``).
+        ``fixed``: what each request carries besides them (the engine's
+        ``note_fixed_tokens``): the thresholds are shares of what the window leaves the
+        history beside it (``TokenMonitor.level``)."""
+        level = (
+            self.level(session_id, fixed)
+            if live_tokens is None
+            else self.monitor.level(live_tokens, fixed)
+        )
         if level == "none":
             return None
         return self.compact(session_id, level=level, upto=upto)

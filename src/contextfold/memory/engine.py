@@ -110,8 +110,8 @@ class AssembledContext(BaseModel):
 
 class MemoryStatus(BaseModel):
     """A session's memory at a glance. ``level``: the compaction threshold its live tokens
-    cross, counted with the tokens each of its requests carries besides them
-    (``MemoryEngine.note_fixed_tokens``)."""
+    cross, as shares of what the window leaves them beside the tokens each of its requests
+    carries besides its history (``MemoryEngine.note_fixed_tokens``, ``TokenMonitor.level``)."""
 
     model_config = ConfigDict(frozen=True)
     session_id: str
@@ -700,15 +700,15 @@ class MemoryEngine:
         """After a derive (outside its lock: the turns stored meanwhile are tagged while a
         compaction runs, under its own lock): compact when the thresholds call for it, here
         or (``compact=False``) as the session's background job."""
-        live = pending.live_tokens + self.fixed_tokens(sid)
+        live, fixed = pending.live_tokens, self.fixed_tokens(sid)
         if not compact:
-            if self.compactor.monitor.level(live) != "none":
+            if self.compactor.monitor.level(live, fixed) != "none":
                 self.background.submit(sid)
             return None
         self._usage.session_id = sid
         try:
             with self._compact_locks[hash(sid) % _STRIPES]:
-                report = self.compactor.maybe_compact(sid, upto=upto, live_tokens=live)
+                report = self.compactor.maybe_compact(sid, upto=upto, live_tokens=live, fixed=fixed)
                 # (A compaction another process ran meanwhile rebuilds its own summaries.)
                 if report is None and pending.record.compaction_watermark > 0:
                     self.compactor.rebuild_tag_summaries(sid)
@@ -901,10 +901,12 @@ class MemoryEngine:
         """Note the tokens each request of the session carries besides its history — the
         system prompt, the tools, the memory block and the reply's reserve, as its latest
         request had them (the proxy notes them for every request). Compaction's thresholds
-        are then judged on the live turns plus these, so it starts early enough that the
-        history sent fits the window beside them. Kept in this process, for the
-        ``cached_sessions`` most recently noted sessions; a session with none noted is judged
-        on its live turns alone.
+        are then shares of what the window leaves the history beside these (the soft one:
+        70 % of ``context_window − tokens``, never less than 70 % of a tenth of the window;
+        ``TokenMonitor.level``), so it starts early enough that the history sent fits the
+        window beside them, and no earlier. Kept in this process, for the ``cached_sessions``
+        most recently noted sessions; a session with none noted is judged against the whole
+        window.
 
         >>> from contextfold.store.sqlite.memory import MemoryStore
         >>> engine = MemoryEngine(store=MemoryStore(), embedder=None)
@@ -1229,7 +1231,7 @@ class MemoryEngine:
                 live_turns=last - max(session.compaction_watermark, 1) + 1 if last else 0,
                 live_tokens=live_tokens,
                 context_window=self.config.context_window,
-                level=self.compactor.monitor.level(live_tokens + self.fixed_tokens(sid)),
+                level=self.compactor.monitor.level(live_tokens, self.fixed_tokens(sid)),
                 compaction_watermark=session.compaction_watermark,
                 segments=len(self.store.segments(sid, full_text=False)),
                 tags=dict(sorted(self._counts(sid).items(), key=lambda kv: (-kv[1], kv[0]))),

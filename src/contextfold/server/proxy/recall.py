@@ -29,10 +29,13 @@ otherwise forwards the request as the client sent it (the late draft is never re
   the system prompt or the first message — so every byte before it is what the client sent.
   A body memory leaves unchanged goes upstream byte for byte.
 - **Window** (``fit``): the request is counted against ``memory.context_window`` less the
-  reply's reserve before the recall; memory gets only what the history kept leaves
-  (``memory.Room``: none below ``MIN_MEMORY_TOKENS``, the record says why), is left out again
-  where it would take the request past the window all the same (``within_window``), and the
-  request's overhead is noted on the engine for the session's compaction.
+  reply's reserve before the recall; memory gets only what the history sent leaves
+  (``memory.Room``, told by ``sent_history`` what ``drop_compacted`` will send of the history
+  the filter keeps: turns the provider holds for a chained request, a tool call kept with its
+  result, a user turn kept first; none below ``MIN_MEMORY_TOKENS``, the record says why). A
+  block that would take the request past the window all the same is cut to its topic hint, or
+  left out (``add_memory``), noted; the request's overhead is noted on the engine for the
+  session's compaction.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -64,8 +67,8 @@ __all__ = [
     "place",
     "prepare",
     "recall",
+    "sent_history",
     "split_memory",
-    "within_window",
 ]
 
 
@@ -104,19 +107,10 @@ def prepare(
     fit.note(state, plan, plan.session_id or plan.new_session)
     ingest(state, plan, parsed)
     bare = stripped
-    assembled = recall(state, plan, parsed)
+    assembled = recall(state, plan, parsed, sent=sent_history(wire, stripped, parsed))
     if assembled is not None:
         bare, _ = drop_compacted(plan, wire, bare, parsed, assembled)
-        plan.hint, plan.dynamic = split_memory(assembled)
-    forwarded, memory_tokens = bare, 0
-    if assembled is not None and assembled.prepend_text:
-        forwarded = wire.inject(bare, assembled.prepend_text)
-        if forwarded is bare:
-            plan.notes.append("memory not added: the request has no user message to take it")
-            plan.hint = plan.dynamic = ""
-        else:
-            memory_tokens = assembled.budget.used
-    forwarded = within_window(plan, bare, forwarded, memory_tokens)
+    forwarded = add_memory(plan, wire, bare, assembled)
     if tools:
         forwarded = wire.add_tools(forwarded, definitions)
     plan.body = forwarded
@@ -195,11 +189,19 @@ def ingest(state: ServerState, plan: Plan, parsed: ParsedRequest) -> None:
     plan.notes.append(f"history of {len(earlier)} turn(s) stored and derived before recall")
 
 
-def recall(state: ServerState, plan: Plan, parsed: ParsedRequest) -> AssembledContext | None:
+def recall(
+    state: ServerState,
+    plan: Plan,
+    parsed: ParsedRequest,
+    *,
+    sent: Callable[[list[int]], Iterable[int]] | None = None,
+) -> AssembledContext | None:
     """The memory for the request's query over its branch (``None``, with the reason in the
     notes, when there is no query or nothing stored yet). The whole request is the history:
     the in-flight tool loop after the query is in it too, and the filter keeps the query and
-    that loop whole, so nothing the request holds is recalled again."""
+    that loop whole, so nothing the request holds is recalled again. ``sent``: what the
+    request sends of its history when the filter keeps some (``sent_history``), so memory
+    gets what the window leaves beside that."""
     if parsed.query is None:
         plan.notes.append("no user message with text: nothing recalled")
         return None
@@ -212,7 +214,7 @@ def recall(state: ServerState, plan: Plan, parsed: ParsedRequest) -> AssembledCo
         session_id=plan.session_id,
         protected=len(parsed.messages) - parsed.query,
         model=plan.model,
-        room=plan.fit.room() if plan.fit is not None else None,
+        room=plan.fit.room(sent) if plan.fit is not None else None,
     )
     plan.assembled = assembled
     if plan.fit is not None and (note := _room_note(state, plan.fit, assembled)) is not None:
@@ -243,25 +245,77 @@ def _room_note(state: ServerState, counted: fit.Fit, assembled: AssembledContext
     return f"memory budget cut to {assembled.budget.budget:,} tokens: {beside}"
 
 
-def within_window(
-    plan: Plan, bare: dict[str, Any], injected: dict[str, Any], memory_tokens: int
+def add_memory(
+    plan: Plan,
+    wire: Wire,
+    bare: dict[str, Any],
+    assembled: AssembledContext | None,
+    *,
+    sep: str = "\n",
 ) -> dict[str, Any]:
-    """The body to forward, its tokens counted (``fit.forwarded``): ``injected`` (with the
-    ``memory_tokens`` of memory), or ``bare`` (without), noted, where memory would take the
-    request past the window (the history kept differs from what the filter planned: a tool
-    call kept with its result, a user turn kept first)."""
-    if plan.fit is None:
+    """``bare`` with the memory block injected at its end (the hint and the rest joined by
+    ``sep``), the body's tokens counted (``fit.forwarded``). Where the block would take the
+    request past the window all the same (the room the recall was given did not foresee the
+    history forwarded), only its ``<context-topics>`` hint goes when that fits, else no memory
+    — noted either way, with the numbers."""
+    if assembled is not None:
+        plan.hint, plan.dynamic = split_memory(assembled)
+    text = sep.join(t for t in (plan.hint, plan.dynamic) if t)
+    injected = wire.inject(bare, text) if text else bare
+    if text and injected is bare:
+        plan.notes.append("memory not added: the request has no user message to take it")
+    if injected is bare or assembled is None:
+        plan.hint = plan.dynamic = ""
+        if plan.fit is not None:
+            fit.forwarded(plan, 0)
+        return bare
+    memory_tokens = assembled.budget.used
+    counted = plan.fit
+    if counted is None:
         return injected
     sent = fit.forwarded(plan, memory_tokens)
-    if not memory_tokens or sent <= plan.fit.limit:
+    if sent <= counted.limit:
         return injected
-    fit.forwarded(plan, 0)
-    plan.notes.append(
-        f"memory left out: with its {memory_tokens:,} tokens the request would be"
-        f" {sent - plan.fit.limit:,} tokens over the window"
+    # More history goes than the room foresaw: the difference, for the note.
+    without = fit.forwarded(plan, 0)
+    beyond = ""
+    extra = None if assembled.room_left is None else assembled.room_left - (counted.limit - without)
+    if extra is not None and extra > 0:
+        beyond = f" (the history forwarded takes {extra:,} tokens more than its room foresaw)"
+    why = (
+        f"with all {memory_tokens:,} tokens of it the request would be"
+        f" {sent - counted.limit:,} tokens over the window{beyond}"
     )
+    hint = assembled.budget.hint
+    if plan.hint and plan.dynamic and without + hint <= counted.limit:
+        fit.forwarded(plan, hint)
+        plan.dynamic = ""
+        plan.notes.append(f"memory cut to its topic hint ({hint:,} tokens): {why}")
+        return wire.inject(bare, plan.hint)
+    plan.notes.append(f"memory left out: {why}")
     plan.hint = plan.dynamic = ""
     return bare
+
+
+def sent_history(
+    wire: Wire, body: dict[str, Any], parsed: ParsedRequest, *, filtered: bool = True
+) -> Callable[[list[int]], list[int]]:
+    """What the request sends of its history when the history filter keeps the messages
+    ``kept`` (``memory.Room.sent``): those, and what ``drop_compacted`` cannot leave out of
+    the rest — a message with no raw message of its own (the turns the provider holds for a
+    chained Responses request, a separate system field), a raw message only part of which the
+    filter removed, a tool call kept with its result, a user turn kept first; the whole
+    history where the filter is not applied (``filtered=False``)."""
+    everything = range(len(parsed.messages))
+
+    def sent(kept: list[int]) -> list[int]:
+        if not filtered:
+            return list(everything)
+        planned = _planned_drop(wire, body, parsed, set(everything).difference(kept))
+        dropped = set(planned[1]) if planned is not None else set()
+        return [i for i in everything if i not in dropped]
+
+    return sent
 
 
 def drop_compacted(
@@ -278,12 +332,30 @@ def drop_compacted(
     if filtered is None or not filtered.removed:
         return body, set()
     removed = {r.index: r for r in filtered.removed}
+    planned = _planned_drop(wire, body, parsed, set(removed))
+    if planned is None:
+        plan.notes.append("history filter skipped: it would split a tool call from its result")
+        return body, set()
+    drop, dropped = planned
+    plan.dropped = dropped
+    plan.dropped_notes = [
+        f"{removed[i].reason}: {removed[i].preview}" for i in dropped if i in removed
+    ]
+    return wire.drop(body, drop), drop
+
+
+def _planned_drop(
+    wire: Wire, body: dict[str, Any], parsed: ParsedRequest, removed: set[int]
+) -> tuple[set[int], list[int]] | None:
+    """(the raw messages to leave out, the parsed messages they carry) when the filter
+    removed the parsed messages ``removed``; ``None`` where that would split a tool call from
+    its result (nothing is left out then)."""
     by_raw: dict[int, list[int]] = {}
     for i, sources in enumerate(parsed.sources):
         for raw in sources:
             by_raw.setdefault(raw, []).append(i)
     drop = {r for r, idx in by_raw.items() if r >= 0 and all(i in removed for i in idx)}
-    if wire.name != "openai":  # Anthropic and Gemini want a user turn first
+    if drop and wire.name != "openai":  # Anthropic and Gemini want a user turn first
         count = len(wire.items(body))
         first = next((i for i in range(count) if i not in drop), None)
         while first is not None and wire.raw_role(body, first) != "user":
@@ -293,15 +365,11 @@ def drop_compacted(
             first = max(before)
             drop.discard(first)
     dropped = sorted(i for r in drop for i in by_raw[r])
-    kept = [m for i, m in enumerate(parsed.messages) if i not in set(dropped)]
+    gone = set(dropped)
+    kept = [m for i, m in enumerate(parsed.messages) if i not in gone]
     if _orphans(kept) - _orphans(parsed.messages):
-        plan.notes.append("history filter skipped: it would split a tool call from its result")
-        return body, set()
-    plan.dropped = dropped
-    plan.dropped_notes = [
-        f"{removed[i].reason}: {removed[i].preview}" for i in dropped if i in removed
-    ]
-    return wire.drop(body, drop), drop
+        return None
+    return drop, dropped
 
 
 def split_memory(assembled: AssembledContext) -> tuple[str, str]:

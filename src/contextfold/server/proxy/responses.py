@@ -50,11 +50,11 @@ from contextfold.items import Message, ToolResultBlock, ToolUseBlock
 from contextfold.server.proxy import fit
 from contextfold.server.proxy.envelope import strip_envelope
 from contextfold.server.proxy.recall import (
+    add_memory,
     drop_compacted,
     place,
     recall,
-    split_memory,
-    within_window,
+    sent_history,
 )
 from contextfold.server.proxy.session import make_token
 from contextfold.server.proxy.stream import Reply, StreamState, _args
@@ -512,12 +512,14 @@ def prepare(state: ServerState, chains: ResponseChains, plan: Plan, body: JSON) 
         [*chain, *input_parsed.messages], [()] * len(chain) + input_parsed.sources
     )
     plan.parsed = parsed
-    # The chain's turns count too: the provider holds them in the model's window.
-    plan.fit = fit.measure(state, FORMAT, body, parsed.messages)
+    # The chain's turns count too: the provider holds them in the model's window, and the
+    # proxy cannot leave them out (``sent_history``: they have no input item of their own).
+    plan.fit = fit.measure(state, FORMAT, body, parsed.messages, held=len(chain))
     place(state, plan, parsed, [], header_source="previous_response_id" if link else None)
     fit.note(state, plan, plan.session_id or plan.new_session)
     bare = body
-    assembled = recall(state, plan, parsed)
+    sent = sent_history(wire, body, parsed, filtered=not unread)
+    assembled = recall(state, plan, parsed, sent=sent)
     if assembled is not None:
         if unread:
             note = "history filter skipped: the input has items contextfold does not read"
@@ -525,11 +527,7 @@ def prepare(state: ServerState, chains: ResponseChains, plan: Plan, body: JSON) 
                 plan.notes.append(note)
         else:
             bare, _ = drop_compacted(plan, wire, bare, parsed, assembled)
-        plan.hint, plan.dynamic = split_memory(assembled)
-    text = "\n\n".join(t for t in (plan.hint, plan.dynamic) if t)
-    forwarded = wire.inject(bare, text)
-    memory_tokens = assembled.budget.used if assembled is not None and forwarded is not bare else 0
-    forwarded = within_window(plan, bare, forwarded, memory_tokens)
+    forwarded = add_memory(plan, wire, bare, assembled, sep="\n\n")
     plan.body = forwarded
     if forwarded is not body:
         plan.content = dumps(forwarded)

@@ -34,8 +34,10 @@ logged; nothing of a body is logged.
 
 Memory tools (``paging.mode: tools``): the proxy offers expand_topic / collapse_topic /
 find_quote next to the client's tools, runs the model's calls to them itself and asks again
-(at most ``proxy.max_tool_continuations`` times), invisible to the client. That loop runs
-upstream without streaming; a streaming client then receives the final answer as one
+(at most ``proxy.max_tool_continuations`` times), invisible to the client. Each round is
+counted against the model's window like the request (``fit.tool_round``: the results cut to
+what it leaves; a round over it all the same logged and noted). That loop runs upstream
+without streaming; a streaming client then receives the final answer as one
 synthesized stream. A model's bad call comes back to it as a tool error; an engine error in
 the loop fails open: the client's request goes upstream unmodified, and its answer comes back.
 """
@@ -692,6 +694,7 @@ class Proxy:
         names = (TOOL_NAMES if self.tools_mode and sid is not None else ()) + (
             (outputs.RESTORE_TOOL,) if plan.compaction is not None else ()
         )
+        over: str | None = None  # the first follow-up round over the window, noted once
         for round_ in range(limit + 1):
             if round_ == limit:  # the last round: the model must answer
                 body = without_memory_tools(body)
@@ -729,7 +732,13 @@ class Proxy:
                         )
                         results.append((call, await anyio.to_thread.run_sync(run)))
                     plan.tool_calls.append({"name": call.name, "arguments": _clipped(call.input)})
+                # Counted like the request, the results cut to what the window leaves them.
+                asked = reply_message(reply.text, calls)
+                results = fit.tool_round(plan, memory.counter, asked, results)
                 body = continuation(plan.format, body, data, results)
+                if not over and (over := fit.overflow(plan, round_=round_ + 1)) is not None:
+                    plan.notes.append(over)
+                    logger.warning("request %s: %s", plan.id, over)
             except Exception as exc:  # fail open (``_tool_loop``)
                 raise _EngineError from exc
         assert isinstance(data, dict)
