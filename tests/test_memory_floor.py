@@ -43,11 +43,15 @@ def test_an_unrelated_message_gets_no_memory_at_all() -> None:
     assert assembled.prepend_text == ""
     assert assembled.items == () and assembled.recalled == ()
     assert assembled.budget.used == 0 and assembled.budget.budget == 2048
+    # The result says why (the proxy's record notes it).
+    assert assembled.withheld is not None
+    assert "under recall.relevance_floor 0.3" in assembled.withheld
 
 
 def test_a_related_message_still_recalls() -> None:
     assembled = engine(0.3).on_message_inbound(RELATED, budget=2048)
     assert "twelve tomato seedlings" in assembled.prepend_text
+    assert assembled.withheld is None
     best = max(r.similarity or -1.0 for r in assembled.recalled)
     assert best >= 0.3
 
@@ -69,6 +73,8 @@ def test_a_message_naming_what_memory_never_stored_meets_the_stricter_floor() ->
     assert "twelve tomato seedlings" in eng.on_message_inbound(known, budget=2048).prepend_text
     withheld = eng.on_message_inbound(unknown, budget=2048)
     assert withheld.prepend_text == "" and withheld.recalled == ()
+    assert "names caroline, which no stored turn contains" in (withheld.withheld or "")
+    assert "recall.unknown_name_floor 0.99" in (withheld.withheld or "")
     # Off, the plain floor alone decides, and the question recalls.
     for off in (None, False):
         text = engine(0.3, off).on_message_inbound(unknown, budget=2048).prepend_text

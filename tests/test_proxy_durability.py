@@ -282,6 +282,34 @@ def test_a_request_that_may_not_fit_the_window_waits_for_its_memory(
     assert any("waited for, as the request" in note for note in notes), notes
 
 
+def test_a_request_that_may_not_fit_waits_for_its_memory_even_when_it_starts_late(
+    fake_llm: FakeLLMServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The proxy's memory threads all busy (other requests' work, a backlog): a request that
+    may not fit the window unmodified waits for its memory work to start and run, up to
+    ``fit_deadline_ms``, instead of going upstream over the window after 50 ms (it did, with
+    the record saying the window-fit deadline passed though it had waited 50 ms)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with small_window(tmp_path, monkeypatch, lambda: None) as engine:
+        settings = config(fake_llm, memory_deadline_ms=50, fit_deadline_ms=5000)
+        with serve(settings, engine) as served:
+            api, history = oa(served.url), []
+            chat(api, history, "Hello.")
+            chat(api, history, "A short question?")
+            served.drain()
+            busy = ThreadPoolExecutor(1)  # one memory thread, taken for 0.4 s
+            monkeypatch.setattr(served.proxy, "_pool", busy)
+            busy.submit(time.sleep, 0.4)
+            chat(api, history, "A pasted log: " + "GET /api/items 200 12ms " * 100)
+            served.drain()
+            large = served.events.recent()[-1]
+            busy.shutdown()
+    assert large.error is None, large.error
+    notes = large.extra.get("notes", [])
+    assert any("waited for, as the request" in note for note in notes), notes
+
+
 @pytest.mark.parametrize("trouble", ["slower than the fit deadline", "its own timeout"])
 def test_memory_that_fails_the_fit_wait_forwards_unmodified_and_says_why(
     fake_llm: FakeLLMServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, trouble: str

@@ -247,3 +247,40 @@ def test_openai_tool_sessions_are_compacted_through_the_proxy(
         assert sent["messages"][2]["content"] == stub_text("call_0", messages[2]["content"])
         assert sent["messages"][4]["content"] == messages[4]["content"]
         assert sent["tools"][-1]["function"]["name"] == RESTORE_TOOL
+
+
+def test_the_default_limit_stays_within_the_memorys_window(
+    fake_llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    """A model whose window the table knows (200k for Claude) behind a memory configured for
+    a smaller window: the default limit (three quarters of 200k) would let a tool session grow
+    past ``context_window``; it is capped by what the window leaves the client's messages
+    (the reply's reserve and the memory budget taken off), so the request goes stubbed and
+    within the window."""
+    from contextfold.memory.config import MemoryConfig
+    from contextfold.tokens import TiktokenCounter
+    from proxy_support import tokens_sent
+
+    messages = _session("anthropic", [24_000] * 5)  # about 40k tokens of tool outputs
+    fake_llm.reply = "Done."
+    config = MemoryConfig.model_validate({"context_window": 20_000})
+    outputs = OutputSettings(keep_recent=1)  # the limit left to its default
+    proxy = ProxySettings(upstream=fake_llm.url, tool_outputs=outputs, markers=False)
+    with (
+        MemoryEngine(config, store=tmp_path / "m.db", embedder=None) as engine,
+        serve(ServerConfig(port=0, proxy=proxy), engine) as served,
+    ):
+        client = closed_after_test(
+            anthropic.Anthropic(base_url=served.url, api_key="sk-test", max_retries=0)
+        )
+        tools = [{"name": "Read", "description": "read a file", "input_schema": {"type": "object"}}]
+        client.messages.create(
+            model="claude-test-model", max_tokens=2000, messages=messages, tools=tools
+        )
+        sent = fake_llm.requests[-1].body
+    counter = TiktokenCounter()
+    assert tokens_sent({"messages": messages, "tools": tools}, "anthropic", counter) > 20_000
+    assert sent["messages"][2]["content"][0]["content"] == stub_text(
+        "call_0", messages[2]["content"][0]["content"]
+    )
+    assert tokens_sent(sent, "anthropic", counter) + 2000 <= 20_000

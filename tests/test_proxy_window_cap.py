@@ -341,3 +341,25 @@ def test_a_tool_round_is_cut_to_the_window_and_noted_when_over_all_the_same(
         assert note is not None and note.startswith("memory tool round 1 over the model's window")
     else:
         assert plan.fit.sent <= plan.fit.limit
+
+
+@pytest.mark.parametrize(
+    ("fixed", "system", "held", "why"),
+    [
+        (200, 300, 0, "compaction has not caught up"),
+        (200, 2500, 0, "the system prompt and tools alone take about 2,700 tokens"),
+        (200, 300, 1500, "which the proxy cannot leave out and compaction cannot shrink"),
+    ],
+)
+def test_an_over_window_note_names_what_takes_the_window(
+    fixed: int, system: int, held: int, why: str
+) -> None:
+    """The note of a request over the window all the same says what fills it: a conversation
+    compaction has not caught up with, a system prompt and tools larger than the window on
+    their own (nothing the proxy does to the history can help), or a Responses chain the
+    provider holds."""
+    plan = Plan(id="r", format="openai", path="/v1/chat/completions", model="m", stream=False)
+    plan.fit = Fit(window=3000, reserve=500, fixed=fixed, costs=[], system=system, held=held)
+    plan.fit.sent = 3500
+    note = overflow(plan)
+    assert note is not None and "1,000 tokens over" in note and why in note, note

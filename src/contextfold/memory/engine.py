@@ -103,6 +103,9 @@ class AssembledContext(BaseModel):
     #: The session's turns with no vector yet when it was recalled: ranked by full text and
     #: tags only (recall never embeds them; the derived work does).
     unembedded: int = 0
+    #: Why no memory was given although turns were ranked: the relevance floors
+    #: (``recall.relevance_floor``, ``recall.unknown_name_floor``); ``None`` otherwise.
+    withheld: str | None = None
     #: What the request's window left for memory beside the history kept (``room``; below
     #: ``MIN_MEMORY_TOKENS``: no memory); ``None`` when no room was given.
     room_left: int | None = None
@@ -1055,9 +1058,10 @@ class MemoryEngine:
             # recall that found one by its text or tags is not withheld.
             unembedded = self.recaller.pending_vectors(sid)
             embedded = self.store.last_seq(sid) - unembedded if unembedded else None
-            below = self._below_floor(sid, text, ranked) and (
-                embedded is None or not any(r.seq > embedded and r.ranks for r in ranked)
-            )
+            withheld = self._below_floor(sid, text, ranked)
+            if embedded is not None and any(r.seq > embedded and r.ranks for r in ranked):
+                withheld = None
+            below = withheld is not None
             paging = self.config.paging
             # Automatic paging in both modes: in ``tools`` it is the fallback for a model that
             # does not manage its memory.
@@ -1103,32 +1107,43 @@ class MemoryEngine:
             expired_tags=expired,
             expired_turns=len(held_back),
             unembedded=unembedded,
+            withheld=withheld,
             room_left=left,
         )
         telemetry.record_recall(result, started)
         return result
 
-    def _below_floor(self, sid: str, text: str, ranked: Sequence[RankedTurn]) -> bool:
-        """Whether the relevance floor withholds memory (``memory.relevance``): it is on, the
-        dense signal scored the candidates, and the best cosine similarity among them is under
-        ``recall.relevance_floor`` — or under ``recall.unknown_name_floor`` when the message
-        names something no stored turn contains. A recall that ranked nothing (the history
-        holds every turn), or whose candidates have no vector yet (the derived work has not
-        embedded them), is not judged."""
+    def _below_floor(self, sid: str, text: str, ranked: Sequence[RankedTurn]) -> str | None:
+        """Why the relevance floor withholds memory (``memory.relevance``), else ``None``: it
+        is on, the dense signal scored the candidates, and the best cosine similarity among
+        them is under ``recall.relevance_floor`` — or under ``recall.unknown_name_floor`` when
+        the message names something no stored turn contains. A recall that ranked nothing (the
+        history holds every turn), or whose candidates have no vector yet (the derived work
+        has not embedded them), is not judged."""
         recall = self.config.recall
         floor, strict = recall.relevance_floor, recall.unknown_name_floor
         if (floor is None and strict is None) or self.recaller.embedder is None or not ranked:
-            return False
+            return None
         scored = [r.similarity for r in ranked if r.similarity is not None]
         if not scored:
-            return False
+            return None
         best = max(scored)
         if floor is not None and best < floor:
-            return True
+            return (
+                f"the best cosine similarity with a stored turn, {best:.2f}, is under"
+                f" recall.relevance_floor {floor:g}"
+            )
         if strict is None or best >= strict:
-            return False
+            return None
         # Only a message the first floor passes, and the stricter one would not, looks up names.
-        return bool(self._known_names.unknown(sid, names_in(text)))
+        unknown = self._known_names.unknown(sid, names_in(text))
+        if not unknown:
+            return None
+        return (
+            f"the message names {', '.join(sorted(unknown)[:3])}, which no stored turn"
+            f" contains, and its best cosine similarity, {best:.2f}, is under"
+            f" recall.unknown_name_floor {strict:g}"
+        )
 
     def _holds_everything(self, sid: str, exclude: set[int]) -> bool:
         """Whether the history the caller sends holds every stored turn of the session: then

@@ -291,6 +291,11 @@ def overflow(plan: Plan, *, round_: int = 0) -> str | None:
     )
     if fit.held >= over:  # the chain alone: compaction cannot help
         why = f"{held} and compaction cannot shrink; start a new chain, or send truncation: auto"
+    elif fit.fixed + fit.system >= fit.limit:  # nothing of the history could make it fit
+        why = (
+            f"the system prompt and tools alone take about {fit.fixed + fit.system:,} tokens"
+            " of it; raise context_window to the model's, or shorten them"
+        )
     else:
         why = "compaction has not caught up with this conversation, or one message is that large"
         if fit.held:

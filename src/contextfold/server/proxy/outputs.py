@@ -4,7 +4,8 @@ cache stays warm between compaction events.
 A coding agent's request grows by every file it reads and every command it runs; its old tool
 outputs are most of the tokens and are rarely looked at again. When a request is larger than
 ``proxy.tool_outputs.compact_above`` tokens (default: three quarters of the model's context
-window, for the models in ``WINDOWS``; unknown models are left alone unless it is set), the
+window, for the models in ``WINDOWS``, and never more than the memory's ``context_window``
+leaves the client's messages; unknown models are left alone unless it is set), the
 oldest tool outputs are replaced by a short stub that keeps the call paired with its result,
 says how big the output was, shows its first line, and names the output's reference for the
 ``contextfold_restore`` tool. The proxy offers that tool on every compacted request and
@@ -132,15 +133,23 @@ def window_of(model: str | None) -> int | None:
     return WINDOWS[best] if best else None
 
 
-def limit_for(fmt: str, settings: OutputSettings, model: str | None) -> int | None:
+def limit_for(
+    fmt: str, settings: OutputSettings, model: str | None, cap: int | None = None
+) -> int | None:
     """The size in tokens above which a ``fmt`` request for ``model`` is compacted, or None
-    when it never is (compaction off, a format it does not read, an unknown model's window)."""
+    when it never is (compaction off, a format it does not read, an unknown model's window).
+    ``cap``: what the memory's ``context_window`` leaves the client's messages (the proxy's
+    ``fit``: the window less the reply's reserve and the memory budget); the default limit,
+    three quarters of the model's window, is never above it (an explicit
+    ``compact_above`` is kept as set)."""
     if not settings.compact or fmt not in ("openai", "anthropic", RESPONSES):
         return None
     if settings.compact_above is not None:
         return settings.compact_above
     window = window_of(model)
-    return None if window is None else int(window * 0.75)
+    if window is None:
+        return None
+    return int(window * 0.75) if cap is None else min(int(window * 0.75), max(cap, 1))
 
 
 def json_chars(value: Any) -> int:
@@ -243,17 +252,19 @@ def compact(
     model: str | None = None,
     *,
     sent: dict[str, Any] | None = None,
+    cap: int | None = None,
 ) -> tuple[dict[str, Any], Compaction | None]:
     """``body`` with its oldest tool outputs stubbed when the request is over the limit, and
     what was done (``None``: nothing; ``body`` is then returned as it is). ``model``: whose
     window sets the default limit (default: the body's ``model``). ``sent``: the body
     the client sent, which sizes the request and picks the outputs (default ``body``); the
     stubs go into ``body`` (the one going upstream, with memory added), so memory that varies
-    from turn to turn never moves a request across a bucket boundary."""
+    from turn to turn never moves a request across a bucket boundary. ``cap``: see
+    ``limit_for``."""
     sent = body if sent is None else sent
     if model is None and isinstance(body.get("model"), str):
         model = body["model"]
-    limit = limit_for(fmt, settings, model)
+    limit = limit_for(fmt, settings, model, cap)
     if limit is None:
         return body, None
     key = "input" if fmt == RESPONSES else "messages"

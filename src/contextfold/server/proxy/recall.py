@@ -223,6 +223,8 @@ def recall(
         plan.notes.append(
             f"{assembled.unembedded} turn(s) not embedded yet: recalled by full text and tags"
         )
+    if assembled.withheld:
+        plan.notes.append(f"no memory: {assembled.withheld}")
     if assembled.budget.turns_held:
         plan.notes.append(
             f"{assembled.budget.turns_held} recalled turn(s) left out: older versions of"
@@ -311,8 +313,7 @@ def sent_history(
     def sent(kept: list[int]) -> list[int]:
         if not filtered:
             return list(everything)
-        planned = _planned_drop(wire, body, parsed, set(everything).difference(kept))
-        dropped = set(planned[1]) if planned is not None else set()
+        dropped = set(_planned_drop(wire, body, parsed, set(everything).difference(kept))[1])
         return [i for i in everything if i not in dropped]
 
     return sent
@@ -332,11 +333,9 @@ def drop_compacted(
     if filtered is None or not filtered.removed:
         return body, set()
     removed = {r.index: r for r in filtered.removed}
-    planned = _planned_drop(wire, body, parsed, set(removed))
-    if planned is None:
-        plan.notes.append("history filter skipped: it would split a tool call from its result")
+    drop, dropped = _planned_drop(wire, body, parsed, set(removed))
+    if not drop:
         return body, set()
-    drop, dropped = planned
     plan.dropped = dropped
     plan.dropped_notes = [
         f"{removed[i].reason}: {removed[i].preview}" for i in dropped if i in removed
@@ -346,30 +345,35 @@ def drop_compacted(
 
 def _planned_drop(
     wire: Wire, body: dict[str, Any], parsed: ParsedRequest, removed: set[int]
-) -> tuple[set[int], list[int]] | None:
+) -> tuple[set[int], list[int]]:
     """(the raw messages to leave out, the parsed messages they carry) when the filter
-    removed the parsed messages ``removed``; ``None`` where that would split a tool call from
-    its result (nothing is left out then)."""
+    removed the parsed messages ``removed``: those whose every parsed message it removed,
+    less the ones that would split a tool call from its result (the raw message holding the
+    other side is kept too) and, for Anthropic and Gemini, the ones before the first user
+    turn left."""
     by_raw: dict[int, list[int]] = {}
     for i, sources in enumerate(parsed.sources):
         for raw in sources:
             by_raw.setdefault(raw, []).append(i)
     drop = {r for r, idx in by_raw.items() if r >= 0 and all(i in removed for i in idx)}
-    if drop and wire.name != "openai":  # Anthropic and Gemini want a user turn first
-        count = len(wire.items(body))
-        first = next((i for i in range(count) if i not in drop), None)
-        while first is not None and wire.raw_role(body, first) != "user":
-            before = [d for d in drop if d < first]
-            if not before:
-                break
-            first = max(before)
-            drop.discard(first)
-    dropped = sorted(i for r in drop for i in by_raw[r])
-    gone = set(dropped)
-    kept = [m for i, m in enumerate(parsed.messages) if i not in gone]
-    if _orphans(kept) - _orphans(parsed.messages):
-        return None
-    return drop, dropped
+    ids = {r: {t for i in by_raw[r] for t in _tool_ids(parsed.messages[i])} for r in drop}
+    whole = _orphans(parsed.messages)
+    while True:  # each round only keeps more, so it ends
+        if drop and wire.name != "openai":  # Anthropic and Gemini want a user turn first
+            count = len(wire.items(body))
+            first = next((i for i in range(count) if i not in drop), None)
+            while first is not None and wire.raw_role(body, first) != "user":
+                before = [d for d in drop if d < first]
+                if not before:
+                    break
+                first = max(before)
+                drop.discard(first)
+        dropped = sorted(i for r in drop for i in by_raw[r])
+        gone = set(dropped)
+        split = _orphans([m for i, m in enumerate(parsed.messages) if i not in gone]) - whole
+        if not split:
+            return drop, dropped
+        drop -= {r for r in drop if ids[r] & split}  # the other side's message kept too
 
 
 def split_memory(assembled: AssembledContext) -> tuple[str, str]:
@@ -380,6 +384,11 @@ def split_memory(assembled: AssembledContext) -> tuple[str, str]:
     if hint and text.startswith(hint):
         return hint, text[len(hint) :].lstrip("\n")
     return "", text
+
+
+def _tool_ids(message: Message) -> set[str]:
+    """The tool calls a message makes and the results it gives back."""
+    return {*message.tool_use_ids, *message.tool_result_ids}
 
 
 def _orphans(messages: list[Message]) -> set[str]:

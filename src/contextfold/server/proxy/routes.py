@@ -50,7 +50,6 @@ import json
 import logging
 import re
 import sqlite3
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -349,7 +348,8 @@ class Proxy:
             plan = await self._prepared(plan, wire, body, deadline)
         model = plan.model if plan.model is not None else body.get("model")
         model = model if isinstance(model, str) else None
-        if outputs.limit_for(fmt, self.state.config.proxy.tool_outputs, model) is not None:
+        cap = self._outputs_cap(plan)
+        if outputs.limit_for(fmt, self.state.config.proxy.tool_outputs, model, cap) is not None:
             try:
                 await self._in_pool(self._compact_outputs, plan, body)
             except Exception as exc:  # fail open: the request goes without compaction
@@ -363,12 +363,22 @@ class Proxy:
         plan.overhead_ms = (time.perf_counter() - started) * 1000
         return plan, url, headers, raw
 
+    def _outputs_cap(self, plan: Plan) -> int | None:
+        """What the window leaves the client's messages (``outputs.limit_for``'s ``cap``): the
+        request's window limit (the reply's reserve taken off) less the memory budget; None
+        when the request was not measured (memory skipped)."""
+        if plan.fit is None:
+            return None
+        return plan.fit.limit - self.state.memory.config.assembly.memory_budget
+
     def _compact_outputs(self, plan: Plan, body: dict[str, Any]) -> None:
         """Stub the request's oldest tool outputs when it is over its limit (``outputs``),
         sized by what the client sent; the restore tool goes with the stubs."""
         forwarded = plan.body if plan.body is not None else body
         settings = self.state.config.proxy.tool_outputs
-        out, done = outputs.compact(plan.format, forwarded, settings, plan.model, sent=body)
+        out, done = outputs.compact(
+            plan.format, forwarded, settings, plan.model, sent=body, cap=self._outputs_cap(plan)
+        )
         if done is None:
             return
         if outputs.restores(plan.format):
@@ -381,16 +391,10 @@ class Proxy:
     ) -> Plan:
         """A copy of ``plan`` filled by the memory path within ``deadline`` seconds (within
         ``proxy.fit_deadline_ms`` for a request that may not fit the model's window as sent,
-        once its work has started: ``_fit_deadline``), else ``plan`` with the reason (the
-        request then goes upstream as the client sent it)."""
+        its wait for a memory thread included: ``_fit_deadline``), else ``plan`` with the
+        reason (the request then goes upstream as the client sent it)."""
         draft = recall.draft(plan)
-        started = threading.Event()
-
-        def work_for_draft() -> None:
-            started.set()
-            self.prepare(draft, wire, body)
-
-        work = asyncio.ensure_future(self._in_pool(work_for_draft))
+        work = asyncio.ensure_future(self._in_pool(self.prepare, draft, wire, body))
         # A failure after the wait gave up is read here (no "exception never retrieved").
         work.add_done_callback(lambda done: done.cancelled() or done.exception())
         waited = time.perf_counter()
@@ -400,10 +404,10 @@ class Proxy:
                 await asyncio.wait_for(asyncio.shield(work), deadline)
             except TimeoutError:
                 # Forwarded as the client sent it, a request that may not fit the model's
-                # window would overflow: its memory work (what makes it fit) is waited for,
-                # once it runs (queued behind other requests' work, waiting only adds latency).
+                # window would overflow (a provider refuses it): its memory work (what makes it
+                # fit) is waited for, queued behind other requests' work too.
                 limit = self._fit_deadline(plan)
-                if work.done() or limit <= deadline or not started.is_set():
+                if work.done() or limit <= deadline:
                     raise
                 await asyncio.wait_for(asyncio.shield(work), limit - deadline)
                 draft.notes.append(
