@@ -284,3 +284,39 @@ def test_the_default_limit_stays_within_the_memorys_window(
         "call_0", messages[2]["content"][0]["content"]
     )
     assert tokens_sent(sent, "anthropic", counter) + 2000 <= 20_000
+
+
+def test_outputs_are_sized_by_the_history_that_goes_upstream_and_the_limit_never_moves(
+    fake_llm: FakeLLMServer, tmp_path: Path
+) -> None:
+    """The limit comes from the config and the request's own maximum (not from whether its
+    memory work finished), and a request is sized by the client's messages as they go
+    upstream: a long session whose compacted history the filter leaves out is not stubbed
+    while what it forwards fits (sized by everything the client resends, every output but
+    the newest four was stubbed at each request, a new compaction event each time)."""
+    from contextfold.memory.config import MemoryConfig
+    from contextfold.server.proxy.record import Plan
+
+    messages = _session("anthropic", [4_000] * 40)  # ~55k tokens the client resends
+    recent = messages[:1] + messages[-20:]  # what goes upstream once the filter left the rest
+    config = MemoryConfig.model_validate({"context_window": 20_000})
+    proxy = ProxySettings(upstream=fake_llm.url, markers=False)
+    with (
+        MemoryEngine(config, store=tmp_path / "m.db", embedder=None) as engine,
+        serve(ServerConfig(port=0, proxy=proxy), engine) as served,
+    ):
+        body = {"model": "claude-x", "max_tokens": 2000, "messages": messages}
+        bare = {**body, "messages": recent}
+        cap = served.proxy._outputs_cap("anthropic", body)
+        assert cap == 20_000 - 2000 - 2048  # whether or not memory ran
+        filtered = Plan(
+            id="a", format="anthropic", path="/v1/messages", model="claude-x", stream=False
+        )
+        filtered.body, filtered.bare = bare, bare
+        served.proxy._compact_outputs(filtered, body)
+        assert filtered.compaction is None  # what goes upstream fits: nothing stubbed
+        skipped = Plan(
+            id="b", format="anthropic", path="/v1/messages", model="claude-x", stream=False
+        )
+        served.proxy._compact_outputs(skipped, body)  # memory skipped: the whole body goes
+        assert skipped.compaction is not None and skipped.compaction.limit == cap

@@ -110,6 +110,7 @@ def prepare(
     assembled = recall(state, plan, parsed, sent=sent_history(wire, stripped, parsed))
     if assembled is not None:
         bare, _ = drop_compacted(plan, wire, bare, parsed, assembled)
+    plan.bare = bare
     forwarded = add_memory(plan, wire, bare, assembled)
     if tools:
         forwarded = wire.add_tools(forwarded, definitions)

@@ -68,6 +68,9 @@ class Plan:
     hint: str = ""
     dynamic: str = ""
     body: dict[str, Any] | None = None  # what goes upstream (None: the original bytes)
+    #: The client's messages as they go upstream (the history filter applied), before memory:
+    #: what sizes the request's tool outputs (``Proxy._compact_outputs``); None: the original.
+    bare: dict[str, Any] | None = None
     content: bytes = b""
     error: str | None = None
     notes: list[str] = field(default_factory=list)

@@ -527,6 +527,7 @@ def prepare(state: ServerState, chains: ResponseChains, plan: Plan, body: JSON) 
                 plan.notes.append(note)
         else:
             bare, _ = drop_compacted(plan, wire, bare, parsed, assembled)
+    plan.bare = bare
     forwarded = add_memory(plan, wire, bare, assembled, sep="\n\n")
     plan.body = forwarded
     if forwarded is not body:

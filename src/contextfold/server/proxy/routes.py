@@ -348,7 +348,7 @@ class Proxy:
             plan = await self._prepared(plan, wire, body, deadline)
         model = plan.model if plan.model is not None else body.get("model")
         model = model if isinstance(model, str) else None
-        cap = self._outputs_cap(plan)
+        cap = self._outputs_cap(fmt, body)
         if outputs.limit_for(fmt, self.state.config.proxy.tool_outputs, model, cap) is not None:
             try:
                 await self._in_pool(self._compact_outputs, plan, body)
@@ -363,21 +363,32 @@ class Proxy:
         plan.overhead_ms = (time.perf_counter() - started) * 1000
         return plan, url, headers, raw
 
-    def _outputs_cap(self, plan: Plan) -> int | None:
-        """What the window leaves the client's messages (``outputs.limit_for``'s ``cap``): the
-        request's window limit (the reply's reserve taken off) less the memory budget; None
-        when the request was not measured (memory skipped)."""
-        if plan.fit is None:
-            return None
-        return plan.fit.limit - self.state.memory.config.assembly.memory_budget
+    def _outputs_cap(self, fmt: str, body: dict[str, Any]) -> int:
+        """What the window leaves the client's messages (``outputs.limit_for``'s ``cap``):
+        ``context_window`` less the reply's reserve and the memory budget — from the config
+        and the request's own maximum alone, so the limit (and which outputs are stubbed)
+        does not move between a session's requests with their memory work."""
+        memory = self.state.memory.config
+        window = memory.context_window
+        default = self.state.config.proxy.reply_reserve_tokens
+        reserve = fit.reply_reserve(fmt, body, default, window)
+        return window - reserve - memory.assembly.memory_budget
 
     def _compact_outputs(self, plan: Plan, body: dict[str, Any]) -> None:
         """Stub the request's oldest tool outputs when it is over its limit (``outputs``),
-        sized by what the client sent; the restore tool goes with the stubs."""
+        sized by the client's messages as they go upstream (the history filter applied,
+        memory not: memory that varies from turn to turn never moves a bucket); the restore
+        tool goes with the stubs."""
         forwarded = plan.body if plan.body is not None else body
+        sized = plan.bare if plan.bare is not None and plan.body is not None else body
         settings = self.state.config.proxy.tool_outputs
         out, done = outputs.compact(
-            plan.format, forwarded, settings, plan.model, sent=body, cap=self._outputs_cap(plan)
+            plan.format,
+            forwarded,
+            settings,
+            plan.model,
+            sent=sized,
+            cap=self._outputs_cap(plan.format, body),
         )
         if done is None:
             return
