@@ -345,12 +345,7 @@ class Proxy:
             plan.error = f"memory is down, request forwarded unmodified: {self.state.memory_error}"
             plan.wire = None  # nothing is stored either
         else:
-            before = plan
-            plan = await self._prepared(before, wire, body, deadline)
-            caught_up = await self._caught_up(plan, started)
-            if caught_up is not None:  # compacted here: prepared again
-                plan = await self._prepared(before, wire, body, deadline)
-                plan.notes.append(caught_up)
+            plan = await self._prepared(plan, wire, body, deadline)
         model = plan.model if plan.model is not None else body.get("model")
         model = model if isinstance(model, str) else None
         cap = self._outputs_cap(fmt, body)
@@ -448,36 +443,6 @@ class Proxy:
         else:
             return draft
         return plan
-
-    async def _caught_up(self, plan: Plan, started: float) -> str | None:
-        """For a request over the model's window because its conversation's compaction is
-        behind (the background derive work has not reached it: a client that sends its next
-        request as soon as a reply ends can outrun it), run that work here — the session's
-        own, under its own locks, within what is left of ``proxy.fit_deadline_ms`` — and, when
-        it compacted, the note saying so (the request is then prepared again; else None). A
-        request over for another reason (its fixed parts, a chain the provider holds) is not
-        held up."""
-        sid, fitted = plan.session_id, plan.fit
-        if sid is None or fitted is None or fit.overflow(plan) is None:
-            return None
-        if fitted.fixed + fitted.system >= fitted.limit or fitted.held:
-            return None
-        left = self.state.config.proxy.fit_deadline_ms / 1000 - (time.perf_counter() - started)
-        if left <= 0:
-            return None
-        work = asyncio.ensure_future(self._in_pool(self.state.memory.derive, sid))
-        work.add_done_callback(lambda done: done.cancelled() or done.exception())
-        try:
-            report = await asyncio.wait_for(asyncio.shield(work), left)
-        except Exception as exc:  # (the background work does it later)
-            plan.notes.append(f"compaction in the request did not finish: {type(exc).__name__}")
-            return None
-        if report is None:
-            return None
-        return (
-            f"over the window with compaction behind: compacted {report.turns_compacted}"
-            " turn(s) here, then prepared again"
-        )
 
     def _fit_deadline(self, plan: Plan) -> float:
         """How long (s) memory is waited for in all: ``proxy.fit_deadline_ms`` for a request
