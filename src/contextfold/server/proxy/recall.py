@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from contextfold.server.state import ServerState
 
 __all__ = [
+    "DropPlan",
     "draft",
     "drop_compacted",
     "ingest",
@@ -106,10 +107,10 @@ def prepare(
     place(state, plan, parsed, tokens, create=tools)
     fit.note(state, plan, plan.session_id or plan.new_session)
     ingest(state, plan, parsed)
-    bare = stripped
-    assembled = recall(state, plan, parsed, sent=sent_history(wire, stripped, parsed))
+    bare, planned = stripped, DropPlan(wire, stripped, parsed)
+    assembled = recall(state, plan, parsed, sent=sent_history(planned))
     if assembled is not None:
-        bare, _ = drop_compacted(plan, wire, bare, parsed, assembled)
+        bare, _ = drop_compacted(plan, planned, assembled)
     plan.bare = bare
     forwarded = add_memory(plan, wire, bare, assembled)
     if tools:
@@ -300,48 +301,63 @@ def add_memory(
     return bare
 
 
-def sent_history(
-    wire: Wire, body: dict[str, Any], parsed: ParsedRequest, *, filtered: bool = True
-) -> Callable[[list[int]], list[int]]:
+class DropPlan:
+    """``_planned_drop`` for one request, its last answer kept: the recall's room asks what
+    the history the filter keeps sends (``sent_history``), and ``drop_compacted`` then asks
+    the same of what the filter removed (2 ms for a 500-message history, once instead of
+    twice on the request path)."""
+
+    __slots__ = ("_last", "body", "parsed", "wire")
+
+    def __init__(self, wire: Wire, body: dict[str, Any], parsed: ParsedRequest) -> None:
+        self.wire, self.body, self.parsed = wire, body, parsed
+        self._last: tuple[frozenset[int], tuple[set[int], list[int]]] | None = None
+
+    def __call__(self, removed: set[int]) -> tuple[set[int], list[int]]:
+        key = frozenset(removed)
+        if self._last is None or self._last[0] != key:
+            self._last = (key, _planned_drop(self.wire, self.body, self.parsed, removed))
+        drop, dropped = self._last[1]
+        return set(drop), list(dropped)
+
+
+def sent_history(planned: DropPlan, *, filtered: bool = True) -> Callable[[list[int]], list[int]]:
     """What the request sends of its history when the history filter keeps the messages
     ``kept`` (``memory.Room.sent``): those, and what ``drop_compacted`` cannot leave out of
     the rest — a message with no raw message of its own (the turns the provider holds for a
     chained Responses request, a separate system field), a raw message only part of which the
     filter removed, a tool call kept with its result, a user turn kept first; the whole
     history where the filter is not applied (``filtered=False``)."""
-    everything = range(len(parsed.messages))
+    everything = range(len(planned.parsed.messages))
 
     def sent(kept: list[int]) -> list[int]:
         if not filtered:
             return list(everything)
-        dropped = set(_planned_drop(wire, body, parsed, set(everything).difference(kept))[1])
+        dropped = set(planned(set(everything).difference(kept))[1])
         return [i for i in everything if i not in dropped]
 
     return sent
 
 
 def drop_compacted(
-    plan: Plan,
-    wire: Wire,
-    body: dict[str, Any],
-    parsed: ParsedRequest,
-    assembled: AssembledContext,
+    plan: Plan, planned: DropPlan, assembled: AssembledContext
 ) -> tuple[dict[str, Any], set[int]]:
-    """Leave out the raw messages whose every parsed message the history filter removed
-    (compacted into memory), keeping tool calls with their results and a user turn
-    first."""
+    """Leave out of ``planned``'s body the raw messages whose every parsed message the
+    history filter removed (compacted into memory), keeping tool calls with their results
+    and a user turn first."""
+    body = planned.body
     filtered = assembled.history
     if filtered is None or not filtered.removed:
         return body, set()
     removed = {r.index: r for r in filtered.removed}
-    drop, dropped = _planned_drop(wire, body, parsed, set(removed))
+    drop, dropped = planned(set(removed))
     if not drop:
         return body, set()
     plan.dropped = dropped
     plan.dropped_notes = [
         f"{removed[i].reason}: {removed[i].preview}" for i in dropped if i in removed
     ]
-    return wire.drop(body, drop), drop
+    return planned.wire.drop(body, drop), drop
 
 
 def _planned_drop(

@@ -50,6 +50,7 @@ from contextfold.items import Message, ToolResultBlock, ToolUseBlock
 from contextfold.server.proxy import fit
 from contextfold.server.proxy.envelope import strip_envelope
 from contextfold.server.proxy.recall import (
+    DropPlan,
     add_memory,
     drop_compacted,
     place,
@@ -517,16 +518,15 @@ def prepare(state: ServerState, chains: ResponseChains, plan: Plan, body: JSON) 
     plan.fit = fit.measure(state, FORMAT, body, parsed.messages, held=len(chain))
     place(state, plan, parsed, [], header_source="previous_response_id" if link else None)
     fit.note(state, plan, plan.session_id or plan.new_session)
-    bare = body
-    sent = sent_history(wire, body, parsed, filtered=not unread)
-    assembled = recall(state, plan, parsed, sent=sent)
+    bare, planned = body, DropPlan(wire, body, parsed)
+    assembled = recall(state, plan, parsed, sent=sent_history(planned, filtered=not unread))
     if assembled is not None:
         if unread:
             note = "history filter skipped: the input has items contextfold does not read"
             if assembled.history is not None and assembled.history.removed:
                 plan.notes.append(note)
         else:
-            bare, _ = drop_compacted(plan, wire, bare, parsed, assembled)
+            bare, _ = drop_compacted(plan, planned, assembled)
     plan.bare = bare
     forwarded = add_memory(plan, wire, bare, assembled, sep="\n\n")
     plan.body = forwarded
