@@ -157,6 +157,64 @@ def test_minilm_copied_files_give_the_same_vectors(tmp_path: Path, minilm: MiniL
     np.testing.assert_allclose(copied.embed(SENTENCES[:2]), minilm.embed(SENTENCES[:2]), atol=1e-6)
 
 
+def test_minilm_parallel_runs_change_no_vector(minilm: MiniLMEmbedder) -> None:
+    """A call's texts cut into concurrent runs (a few texts: one run per share; more than a
+    batch: batches shared out) give every text the vector a one-run embedder gives it."""
+    serial = MiniLMEmbedder(batch_size=2, parallel=1, intra_op_num_threads=2)
+    wide = MiniLMEmbedder(batch_size=64, parallel=3)
+    texts = [*SENTENCES, *(f"Turn {n}: the order shipped on day {n}." for n in range(7))]
+    expected = serial.embed(texts)
+    for embedder in (minilm, wide):
+        np.testing.assert_allclose(embedder.embed(texts), expected, atol=1e-6)
+        np.testing.assert_allclose(embedder.embed(texts[:2]), expected[:2], atol=1e-6)
+
+
+def test_minilm_runs_a_few_texts_on_parallel_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A question and its part (two texts) go as two model runs on two threads at once; with
+    ``parallel=1`` as one run on the caller's thread."""
+    runs: list[tuple[int, int]] = []
+    both = threading.Barrier(2, timeout=10)
+    real = MiniLMEmbedder._pooled
+
+    def spy(self: MiniLMEmbedder, ids: list[list[int]]) -> np.ndarray:
+        runs.append((threading.get_ident(), len(ids)))
+        if self.parallel > 1:
+            both.wait()  # both runs in flight together, or this times out
+        return real(self, ids)
+
+    monkeypatch.setattr(MiniLMEmbedder, "_pooled", spy)
+    two = MiniLMEmbedder(parallel=2)
+    assert two.intra_op_num_threads == 1
+    vectors = two.embed(["When did Caroline go to the support group?", "When did go?"])
+    assert vectors.shape == (2, 384)
+    assert sorted(n for _, n in runs) == [1, 1] and len({t for t, _ in runs}) == 2
+    runs.clear()
+    MiniLMEmbedder(parallel=1).embed(["one question", "its part"])
+    assert runs == [(threading.get_ident(), 2)]
+
+
+def test_minilm_failing_parallel_run_raises_after_every_run_is_done(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = MiniLMEmbedder._pooled
+    finished: list[int] = []
+
+    def flaky(self: MiniLMEmbedder, ids: list[list[int]]) -> np.ndarray:
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("model run failed")
+        out = real(self, ids)
+        finished.append(len(ids))
+        return out
+
+    monkeypatch.setattr(MiniLMEmbedder, "_pooled", flaky)
+    embedder = MiniLMEmbedder(batch_size=1, parallel=2)
+    with pytest.raises(RuntimeError, match="model run failed"):
+        embedder.embed(["a", "b", "c", "d"])
+    assert finished  # the caller's own runs went on; the helper's error is raised after them
+    with pytest.raises(ConfigError, match="parallel must be >= 1"):
+        MiniLMEmbedder(parallel=0)
+
+
 class CountingEmbedder(HashEmbedder):
     def __init__(self) -> None:
         super().__init__(dim=16)
