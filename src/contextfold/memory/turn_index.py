@@ -318,10 +318,11 @@ class SessionVectors:
             return self._quantized_search(queries, limit, threads), False
         if found is None:
             scores = self.scores(queries, threads=threads)
-            return [
-                [(self._seqs[i], float(column[i])) for i in _top(column, limit)]
-                for column in scores.T
-            ], False
+            lists = []
+            for column in scores.T:
+                top = _top(column, limit)
+                lists.append(self._pairs(top, column[top]))
+            return lists, False
         tails = self.scores(queries, indexed, threads)
         tail_seqs = np.asarray(self._seqs[indexed : indexed + len(tails)], dtype=np.int64)
         lists = []
@@ -369,10 +370,17 @@ class SessionVectors:
             _dots_into(self._gather(picked), query[None, :], exact)
             where = np.concatenate([picked, np.arange(coded, coded + len(tail))])
             scores = np.concatenate([exact[:, 0], tail[:, j]])
-            lists.append(
-                [(self._seqs[int(where[i])], float(scores[i])) for i in _top(scores, limit)]
-            )
+            top = _top(scores, limit)
+            lists.append(self._pairs(where[top], scores[top]))
         return lists
+
+    def _pairs(
+        self, positions: npt.NDArray[np.intp], scores: npt.NDArray[np.float32]
+    ) -> list[tuple[int, float]]:
+        """(seq, score) for the rows at ``positions`` and their ``scores``: converted in two
+        ``tolist`` calls, not a numpy scalar per hit (1 ms a recall at 100k rows)."""
+        seqs = self._seqs
+        return list(zip([seqs[i] for i in positions.tolist()], scores.tolist(), strict=True))
 
     def _gather(self, positions: npt.NDArray[np.intp]) -> Matrix:
         """The rows at ``positions`` (ascending), from the base and the buffer."""
