@@ -6,6 +6,7 @@ benchmarks/bench_turn_ann.py, not here."""
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -1033,3 +1034,102 @@ def test_quantize_min_turns_is_validated_and_on_by_default() -> None:
     )
     with pytest.raises(ValidationError, match="quantize_min_turns"):
         MemoryConfig.model_validate({"recall": {"quantize_min_turns": 10}})
+
+
+# -- the int8 copy in the files -----------------------------------------------------------------
+
+
+def _coded_store(
+    tmp_path: Path, count: int = 1500
+) -> tuple[Path, Vectors, list[tuple[int, float]]]:
+    """A file store of ``count`` vectors whose recaller made the int8 copy and wrote it to the
+    files at ``close``; the exact top of ``"q 2"`` for reference."""
+    path = tmp_path / "m.db"
+    vectors = Vectors()
+    store = MemoryStore(path, counter=CharCounter())
+    fill(store, vectors, count)
+    r = recaller(store, vectors, quantize_min_turns=1000, vector_dir=f"{path}.vectors")
+    top(r, "q 1")
+    r.settle()
+    assert r._vectors["s"].coded == count
+    r.close()
+    exact = top(recaller(MemoryStore(path, counter=CharCounter()), vectors), "q 2")
+    return path, vectors, exact
+
+
+def _opened(path: Path, vectors: Vectors) -> Recaller:
+    return recaller(
+        MemoryStore(path, counter=CharCounter()),
+        vectors,
+        quantize_min_turns=1000,
+        vector_dir=f"{path}.vectors",
+    )
+
+
+@needs_simsimd
+def test_a_restart_maps_the_int8_copy_and_scans_it_from_the_first_recall(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, vectors, exact = _coded_store(tmp_path)
+    (meta,) = Path(f"{path}.vectors").glob("*.json")
+    assert json.loads(meta.read_text(encoding="utf-8"))["coded"] == 1500
+    calls = _int8_calls(monkeypatch)
+    again = _opened(path, vectors)
+    assert top(again, "q 2") == exact  # the first recall, before the worker did anything
+    entry = again._vectors["s"]
+    assert calls == [1500] and entry.coded == 1500 and not entry._codes.flags.writeable
+    # Rows stored after the restart: scanned in float32 beside the mapped copy, then coded
+    # into a copy in memory (the mapped one is read-only), and that copy written at close.
+    fill(again.store, vectors, 600)  # type: ignore[arg-type]
+    plain = recaller(MemoryStore(path, counter=CharCounter()), vectors)
+    assert top(again, "q 3") == top(plain, "q 3")
+    again.settle()
+    assert entry.coded == 2100 and entry._codes.flags.writeable
+    assert top(again, "q 4") == top(plain, "q 4")
+    again.close()
+    assert json.loads(meta.read_text(encoding="utf-8"))["coded"] == 2100
+    calls.clear()
+    third = _opened(path, vectors)
+    assert top(third, "q 4") == top(plain, "q 4") and third._vectors["s"].coded == 2100
+    assert calls == [2100]
+
+
+def _flip_a_code(path: Path) -> None:
+    (codes,) = Path(f"{path}.vectors").glob("*.i8")
+    data = bytearray(codes.read_bytes())
+    data[-3] = (data[-3] + 1) % 256
+    codes.write_bytes(bytes(data))
+
+
+def _cut_the_scales(path: Path) -> None:
+    (scales,) = Path(f"{path}.vectors").glob("*.scales")
+    with scales.open("r+b") as handle:
+        handle.truncate(scales.stat().st_size - 4)
+
+
+@needs_simsimd
+@pytest.mark.parametrize("damage", [_flip_a_code, _cut_the_scales])
+def test_a_damaged_int8_copy_is_never_scanned_and_is_made_and_written_again(
+    tmp_path: Path, damage: Any
+) -> None:
+    path, vectors, exact = _coded_store(tmp_path)
+    damage(path)
+    calls = reads(store := MemoryStore(path, counter=CharCounter()))
+    again = recaller(store, vectors, quantize_min_turns=1000, vector_dir=f"{path}.vectors")
+    assert top(again, "q 2") == exact
+    assert again._vectors["s"].coded == 0  # not trusted: the rows answered
+    assert calls == [1500 - 8]  # the rows themselves were mapped, not read again
+    again.settle()
+    assert again._vectors["s"].coded == 1500
+    again.close()  # the copy written again, whole
+    third = _opened(path, vectors)
+    assert top(third, "q 2") == exact and third._vectors["s"].coded == 1500
+
+
+@needs_simsimd
+def test_without_quantize_min_turns_a_copy_in_the_files_is_not_mapped(tmp_path: Path) -> None:
+    path, vectors, exact = _coded_store(tmp_path)
+    plain = recaller(
+        MemoryStore(path, counter=CharCounter()), vectors, vector_dir=f"{path}.vectors"
+    )
+    assert top(plain, "q 2") == exact and plain._vectors["s"].coded == 0

@@ -326,6 +326,7 @@ class Recaller:
                     self._model,
                     born,
                     lambda after: self.store.turn_vectors(session_id, self._model, after=after),
+                    codes=self.quantize_min_turns is not None,  # (dropped where the index answers)
                 )
                 if loaded is not None:
                     entry, new_seqs, new = loaded
@@ -469,7 +470,11 @@ class Recaller:
             and n >= self.ann_min_turns
             and (entry.indexed == 0 or n - entry.indexed >= self.ann_tail)
         )
-        rows = self.files is not None and n >= self.files_min_turns and entry.saved_rows < n
+        rows = (
+            self.files is not None
+            and n >= self.files_min_turns
+            and (entry.saved_rows < n or entry.saved_coded < entry.coded)
+        )
         index = self.files is not None and entry.indexed - entry.saved_indexed >= max(
             self.ann_tail, entry.saved_indexed // 10
         )
@@ -521,7 +526,7 @@ class Recaller:
         ):
             grow_index(entry, self.ann_settings, (self._worker.stopping, self._closing))
             self._recharge(session_id, entry)
-        if not final and self._code_due(entry):  # (the copy is not kept in the files)
+        if not final and self._code_due(entry):
             entry.code(stopping=lambda: self._worker.stopping.is_set() or self._closing.is_set())
             self._recharge(session_id, entry)
         elif entry.coded and self._ann_answers(entry):
@@ -529,7 +534,9 @@ class Recaller:
             self._recharge(session_id, entry)
         if self.files is None or n < self.files_min_turns:
             return
-        if entry.saved_rows < len(entry):
+        if entry.saved_rows < len(entry) or entry.saved_coded < entry.coded:
+            # (the int8 copy is written with the rows: a restart scans it from its first
+            # recall, instead of float32 until the worker has made it again)
             # Asked under the file lock: a session deleted after this job was queued gets no
             # files written again (``MemoryEngine.delete_session`` discards under that lock).
             self.files.save_rows(

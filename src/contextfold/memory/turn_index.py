@@ -17,14 +17,18 @@ vector back.
   exact best ``limit`` is missed only when the int8 scores rank it below ``QUANT_OVER`` x
   ``limit`` others; the scores a search returns are the float32 ones.
 * **Files** (``VectorFiles``): ``<key>.f32`` holds the rows as raw float32, appended only;
-  ``<key>.seqs`` their seqs (int64); ``<key>.usearch`` the saved index (written to a temporary
-  name, then renamed); ``<key>.json`` says how many rows and index entries are whole. The key
+  ``<key>.seqs`` their seqs (int64); ``<key>.i8`` and ``<key>.scales`` the int8 copy of the
+  first rows and their scales, appended only, so a restart scans the copy from its first
+  recall; ``<key>.usearch`` the saved index (written to a temporary name, then renamed);
+  ``<key>.json`` says how many rows, coded rows and index entries are whole. The key
   names the session, the embedder and the session's incarnation (``born``), so a session
   deleted and written again never reads the old files; it starts with the session's own
   digest, so deleting a session finds its files by name (``discard_session``). Loading maps
   the files and checks them against the store: sizes, the index's own header, and the last
   rows against the store's vectors for the same seqs. A file that fails any check is deleted
-  and rebuilt from the store, never used. The rows after the files' last one are read from the
+  and rebuilt from the store, never used. The int8 copy is checked against the rows it codes
+  (its last rows quantized again): a copy that fails is not used, and the worker makes it
+  again. The rows after the files' last one are read from the
   store (another process may have written them).
 """
 
@@ -160,6 +164,8 @@ class SessionVectors:
         self.index_is_view = False
         self.saved_rows = len(self._base)  # rows already in the files
         self.saved_indexed = 0  # index entries in the saved index file
+        self.saved_coded = 0  # rows of the int8 copy in the files
+        self.codes_rejected = False  # the files' copy failed its check: rewritten whole
         self.lock = threading.Lock()
         self.queued = False  # a worker job for this entry is waiting
         self.charged = 0  # the bytes the recaller's cache counted for it
@@ -229,7 +235,8 @@ class SessionVectors:
         dim = self.dim
         codes, scales = self._codes, self._scales
         size = self.code_capacity(stop)
-        if size != len(codes) or codes.shape[1] != dim:
+        if size != len(codes) or codes.shape[1] != dim or not codes.flags.writeable:
+            # (a copy mapped from the files is read-only: extending it makes one in memory)
             grown = np.empty((size, dim), np.int8)
             grown_scales = np.empty(size, np.float32)
             if start:
@@ -471,6 +478,25 @@ def _adoptable(rows: Matrix) -> bool:
     )
 
 
+def _write_tail(path: Path, data: npt.NDArray[Any], start: int) -> None:
+    """Write ``data`` as the rows from row ``start`` of ``path`` (cut there first), synced;
+    from row 0, a new file renamed into place (a mapping of the old one keeps its pages)."""
+    if not start:
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        with tmp.open("wb") as handle:
+            handle.write(data.tobytes())
+            handle.flush()
+            os.fsync(handle.fileno())
+        tmp.replace(path)
+        return
+    with path.open("r+b") as handle:
+        handle.truncate(start * (data.itemsize * (data.shape[1] if data.ndim > 1 else 1)))
+        handle.seek(0, os.SEEK_END)
+        handle.write(data.tobytes())
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
 def _digest(text: str, length: int) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 
@@ -494,7 +520,8 @@ class VectorFiles:
         return f"{_digest(session_id, 16)}_"
 
     def _paths(self, key: str) -> dict[str, Path]:
-        return {s: self.folder / f"{key}.{s}" for s in ("f32", "seqs", "usearch", "json", "lock")}
+        names = ("f32", "seqs", "i8", "scales", "usearch", "json", "lock")
+        return {s: self.folder / f"{key}.{s}" for s in names}
 
     @contextlib.contextmanager
     def _locked(self, key: str) -> Any:
@@ -602,10 +629,13 @@ class VectorFiles:
         model: str,
         born: int,
         check: Callable[[int], tuple[list[int], Matrix]],
+        *,
+        codes: bool = False,
     ) -> tuple[SessionVectors, list[int], Matrix] | None:
         """The session's entry mapped from its files, with the store's rows after them, or
         ``None`` (no files, or files that failed a check: then they are deleted).
-        ``check(after)`` reads the store's vectors after seq ``after``."""
+        ``check(after)`` reads the store's vectors after seq ``after``; ``codes``: map the
+        int8 copy too, when the files hold one that passes its check."""
         key = self._key(session_id, model, born)
         paths = self._paths(key)
         meta = self._meta(key)
@@ -613,7 +643,7 @@ class VectorFiles:
             self.discard(session_id, model, keep=born)  # an older incarnation's files
             return None
         try:
-            return self._load(meta, paths, session_id, model, born, check)
+            return self._load(meta, paths, session_id, model, born, check, codes)
         except Exception:  # perhaps a writer between its files: checked again under the lock
             pass
         with self._locked(key):
@@ -621,7 +651,7 @@ class VectorFiles:
             try:
                 if meta is None:
                     raise ValueError("no JSON file")
-                return self._load(meta, paths, session_id, model, born, check)
+                return self._load(meta, paths, session_id, model, born, check, codes)
             except Exception as exc:  # a torn or foreign file: never trusted, rebuilt
                 log.warning("vector files of session %r discarded: %s", session_id, exc)
                 self._discard_locked(key)
@@ -635,6 +665,7 @@ class VectorFiles:
         model: str,
         born: int,
         check: Callable[[int], tuple[list[int], Matrix]],
+        codes: bool,
     ) -> tuple[SessionVectors, list[int], Matrix] | None:
         if (meta.get("session"), meta.get("model"), meta.get("born")) != (session_id, model, born):
             raise ValueError("the files belong to another session or embedder")
@@ -659,6 +690,8 @@ class VectorFiles:
             raise ValueError("the last rows differ from the store's")
         entry = SessionVectors(born, base=base, seqs=seqs.tolist())
         entry.saved_rows = rows
+        if codes:
+            self._load_codes(meta, paths, entry, base)
         if indexed and ann_available():  # without usearch the rows serve, the index waits
             with contextlib.suppress(ImportError):
                 import onnxruntime  # noqa: F401  (before usearch: see ``_new_index``)
@@ -687,6 +720,51 @@ class VectorFiles:
         new_seqs = store_seqs[n:]
         new_rows = store_rows[n:] if new_seqs else np.zeros((0, dim), np.float32)
         return entry, new_seqs, new_rows
+
+    @staticmethod
+    def _load_codes(
+        meta: dict[str, Any], paths: dict[str, Path], entry: SessionVectors, base: Matrix
+    ) -> None:
+        """Map the files' int8 copy into ``entry`` when it is whole and its last rows are
+        the rows' own codes (``quantize`` of the same rows gives the same bytes); else leave
+        the entry without one (the worker makes it again)."""
+        coded, dim = int(meta.get("coded", 0)), base.shape[1]
+        if not 0 < coded <= len(base):
+            return
+        try:
+            if (
+                paths["i8"].stat().st_size < coded * dim
+                or paths["scales"].stat().st_size < coded * 4
+            ):
+                raise ValueError("a file is shorter than its rows")
+            codes = np.memmap(paths["i8"], dtype=np.int8, mode="r", shape=(coded, dim))
+            scales = np.fromfile(paths["scales"], dtype=np.float32, count=coded)
+            first = max(0, coded - _CHECK_ROWS)
+            want, want_scales = quantize(np.asarray(base[first:coded]))
+            if not (
+                np.array_equal(codes[first:], want) and np.array_equal(scales[first:], want_scales)
+            ):
+                raise ValueError("the last codes are not their rows'")
+        except (OSError, ValueError) as exc:
+            log.warning("int8 copy of session vectors not used (%s): made again", exc)
+            entry.codes_rejected = True
+            return
+        entry._codes, entry._scales = codes, scales
+        entry.coded = entry.saved_coded = coded
+
+    def _save_codes(self, paths: dict[str, Path], entry: SessionVectors, have: int) -> int:
+        """Append the entry's int8 copy past the ``have`` rows the files hold (all of it when
+        ``have`` is 0); the coded rows the files hold after."""
+        coded = entry.coded  # first, then the arrays (see ``SessionVectors.code``)
+        codes, scales = entry._codes, entry._scales
+        if coded <= have:
+            return have
+        for path, data in (
+            (paths["i8"], np.ascontiguousarray(codes[have:coded])),
+            (paths["scales"], np.ascontiguousarray(scales[have:coded])),
+        ):
+            _write_tail(path, data, have)
+        return coded
 
     def save_rows(
         self,
@@ -722,23 +800,12 @@ class VectorFiles:
             rows = np.ascontiguousarray(entry.rows(start), dtype=np.float32)
             seqs = np.asarray(entry.seqs[start:], dtype=np.int64)
             for path, data in ((paths["f32"], rows), (paths["seqs"], seqs)):
-                if not start:
-                    # A new file renamed into place: a mapping of the old one keeps its pages.
-                    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-                    with tmp.open("wb") as handle:
-                        handle.write(data.tobytes())
-                        handle.flush()
-                        os.fsync(handle.fileno())
-                    tmp.replace(path)
-                    continue
-                with path.open("r+b") as handle:
-                    handle.truncate(
-                        start * (data.itemsize * (data.shape[1] if data.ndim > 1 else 1))
-                    )
-                    handle.seek(0, os.SEEK_END)
-                    handle.write(data.tobytes())
-                    handle.flush()
-                    os.fsync(handle.fileno())
+                _write_tail(path, data, start)
+            # The int8 copy's rows in the files stay valid while the rows do (appended only).
+            have = int(meta.get("coded", 0)) if meta and start and not entry.codes_rejected else 0
+            if have and not self._holds_codes(paths, have, entry.dim):
+                have = 0
+            coded = self._save_codes(paths, entry, have)
             indexed = int(meta.get("indexed", 0)) if meta and start else 0
             if not start:
                 entry.saved_indexed = 0  # the JSON counts no index entries now
@@ -750,10 +817,24 @@ class VectorFiles:
                     "born": entry.born,
                     "dim": entry.dim,
                     "rows": len(entry),
+                    "coded": coded,
                     "indexed": indexed,
                 },
             )
             entry.saved_rows = len(entry)
+            entry.saved_coded = coded
+            entry.codes_rejected = False
+
+    @staticmethod
+    def _holds_codes(paths: dict[str, Path], rows: int, dim: int) -> bool:
+        """Whether the int8 copy's files hold at least ``rows`` whole rows."""
+        try:
+            return (
+                paths["i8"].stat().st_size >= rows * dim
+                and paths["scales"].stat().st_size >= rows * 4
+            )
+        except OSError:
+            return False
 
     @staticmethod
     def _holds(paths: dict[str, Path], rows: int, dim: int) -> bool:
