@@ -1127,9 +1127,63 @@ def test_a_damaged_int8_copy_is_never_scanned_and_is_made_and_written_again(
 
 
 @needs_simsimd
-def test_without_quantize_min_turns_a_copy_in_the_files_is_not_mapped(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reason", ["off", "below the threshold", "no room in the cache"])
+def test_a_copy_in_the_files_is_mapped_only_where_the_worker_would_keep_one(
+    tmp_path: Path, reason: str
+) -> None:
+    """``quantize_min_turns`` off or above the session, or a cache with room for the rows
+    but not the copy: the rows are mapped and cached, the copy is not scanned, and the next
+    recall reads nothing again (before, the whole entry was left uncached and every recall
+    mapped the files and read the store again)."""
     path, vectors, exact = _coded_store(tmp_path)
-    plain = recaller(
-        MemoryStore(path, counter=CharCounter()), vectors, vector_dir=f"{path}.vectors"
-    )
-    assert top(plain, "q 2") == exact and plain._vectors["s"].coded == 0
+    settings: dict[str, Any] = {"quantize_min_turns": 1000}
+    if reason == "off":
+        settings = {}
+    elif reason == "below the threshold":
+        settings = {"quantize_min_turns": 10_000}
+    else:
+        rows = 1500 * DIM * 4 + 1500 * 8
+        settings["vector_cache_bytes"] = rows + 1500 * (DIM + 4) // 2
+    store = MemoryStore(path, counter=CharCounter())
+    calls = reads(store)
+    r = recaller(store, vectors, vector_dir=f"{path}.vectors", **settings)
+    assert top(r, "q 2") == exact
+    assert "s" in r._vectors and r._vectors["s"].coded == 0
+    assert top(r, "q 3")[0][1] > 0 and calls == [1500 - 8, 1500]  # then only rows after 1500
+
+
+@needs_simsimd
+def test_rows_appended_while_the_files_are_written_are_left_for_the_next_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recall appends to the entry while the worker writes its files: the rows, the seqs
+    and the JSON all count the rows the write began with, and the files load whole."""
+    path = tmp_path / "m.db"
+    vectors = Vectors()
+    store = MemoryStore(path, counter=CharCounter())
+    fill(store, vectors, 1500)
+    r = recaller(store, vectors, quantize_min_turns=1000, vector_dir=f"{path}.vectors")
+    top(r, "q 1")
+    r.settle()
+    entry = r._vectors["s"]
+    fill(store, vectors, 2)
+    real = turn_index._write_tail
+    appended: list[bool] = []
+
+    def racing(target: Path, data: Any, start: int) -> None:
+        real(target, data, start)
+        if not appended:  # after the rows' file, before the seqs' and the JSON
+            appended.append(True)
+            entry.append([1501, 1502], np.stack([vectors.rows[1501], vectors.rows[1502]]))
+
+    monkeypatch.setattr(turn_index, "_write_tail", racing)
+    r.files.save_rows("s", vectors.name, entry)  # type: ignore[union-attr]
+    (meta,) = Path(f"{path}.vectors").glob("*.json")
+    (f32,) = Path(f"{path}.vectors").glob("*.f32")
+    saved = json.loads(meta.read_text(encoding="utf-8"))
+    assert saved["rows"] == 1500 == f32.stat().st_size // (4 * DIM) and entry.saved_rows == 1500
+    monkeypatch.setattr(turn_index, "_write_tail", real)
+    calls = reads(store := MemoryStore(path, counter=CharCounter()))
+    again = recaller(store, vectors, quantize_min_turns=1000, vector_dir=f"{path}.vectors")
+    assert top(again, "row 1502")[0][0] == 1502 and calls == [1500 - 8]
+    assert again._vectors["s"].coded == 1500

@@ -331,6 +331,8 @@ class Recaller:
                 if loaded is not None:
                     entry, new_seqs, new = loaded
                     entry.append(new_seqs, new)
+                    if entry.coded and not self._copy_kept(entry):
+                        entry.drop_codes()
                     with self._lock:
                         self._too_large.pop(session_id, None)  # the files serve it now
             if entry is None:
@@ -497,6 +499,18 @@ class Recaller:
             return False
         grown = (entry.code_capacity(n) - entry.code_capacity(entry.coded)) * (entry.dim + 4)
         return entry.nbytes + grown <= self.vector_cache_limit
+
+    def _copy_kept(self, entry: SessionVectors) -> bool:
+        """Whether an int8 copy mapped from the files stays with its entry: as one the worker
+        would make (``_code_due``: the session at ``quantize_min_turns`` or more, no index
+        answering it, and the copy fitting the cache beside the rows), else the rows are
+        scanned in float32 as they would be without the files."""
+        return (
+            self.quantize_min_turns is not None
+            and len(entry) >= self.quantize_min_turns
+            and not self._ann_answers(entry)
+            and entry.nbytes <= self.vector_cache_limit
+        )
 
     def _ann_answers(self, entry: SessionVectors) -> bool:
         """Whether the HNSW index, not a scan, answers the entry (``ann_min_turns``; not one

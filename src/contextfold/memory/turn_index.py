@@ -235,8 +235,9 @@ class SessionVectors:
         dim = self.dim
         codes, scales = self._codes, self._scales
         size = self.code_capacity(stop)
-        if size != len(codes) or codes.shape[1] != dim or not codes.flags.writeable:
-            # (a copy mapped from the files is read-only: extending it makes one in memory)
+        if size != len(codes) or codes.shape[1] != dim:
+            # (a copy mapped from the files holds exactly its rows: extending it makes a copy
+            # in memory, never a write to the read-only mapping)
             grown = np.empty((size, dim), np.int8)
             grown_scales = np.empty(size, np.float32)
             if start:
@@ -752,10 +753,12 @@ class VectorFiles:
         entry._codes, entry._scales = codes, scales
         entry.coded = entry.saved_coded = coded
 
-    def _save_codes(self, paths: dict[str, Path], entry: SessionVectors, have: int) -> int:
+    def _save_codes(
+        self, paths: dict[str, Path], entry: SessionVectors, have: int, rows: int
+    ) -> int:
         """Append the entry's int8 copy past the ``have`` rows the files hold (all of it when
-        ``have`` is 0); the coded rows the files hold after."""
-        coded = entry.coded  # first, then the arrays (see ``SessionVectors.code``)
+        ``have`` is 0), up to the ``rows`` written; the coded rows the files hold after."""
+        coded = min(entry.coded, rows)  # first, then the arrays (see ``SessionVectors.code``)
         codes, scales = entry._codes, entry._scales
         if coded <= have:
             return have
@@ -785,8 +788,12 @@ class VectorFiles:
                 return
             meta = self._meta(key)
             have = int(meta["rows"]) if meta and meta.get("born") == entry.born else 0
-            if have > len(entry):
-                entry.saved_rows = len(entry)  # another process wrote further
+            # Rows up to ``n`` only: recalls append to the entry meanwhile, and the rows, the
+            # seqs and the JSON must all say the same count.
+            n = len(entry)
+            if have > n:
+                # Another process wrote further (its own copy too): nothing to write here.
+                entry.saved_rows, entry.saved_coded = n, max(entry.saved_coded, entry.coded)
                 return
             start = have
             if start and (
@@ -797,15 +804,15 @@ class VectorFiles:
                 # The files lack rows the JSON counts (deleted, cut short): appending would
                 # leave a gap (zeros the checks of the last rows never see). Rewritten whole.
                 start = 0
-            rows = np.ascontiguousarray(entry.rows(start), dtype=np.float32)
-            seqs = np.asarray(entry.seqs[start:], dtype=np.int64)
+            rows = np.ascontiguousarray(entry.rows(start, n), dtype=np.float32)
+            seqs = np.asarray(entry.seqs[start:n], dtype=np.int64)
             for path, data in ((paths["f32"], rows), (paths["seqs"], seqs)):
                 _write_tail(path, data, start)
             # The int8 copy's rows in the files stay valid while the rows do (appended only).
             have = int(meta.get("coded", 0)) if meta and start and not entry.codes_rejected else 0
             if have and not self._holds_codes(paths, have, entry.dim):
                 have = 0
-            coded = self._save_codes(paths, entry, have)
+            coded = self._save_codes(paths, entry, have, n)
             indexed = int(meta.get("indexed", 0)) if meta and start else 0
             if not start:
                 entry.saved_indexed = 0  # the JSON counts no index entries now
@@ -816,12 +823,12 @@ class VectorFiles:
                     "model": model,
                     "born": entry.born,
                     "dim": entry.dim,
-                    "rows": len(entry),
+                    "rows": n,
                     "coded": coded,
                     "indexed": indexed,
                 },
             )
-            entry.saved_rows = len(entry)
+            entry.saved_rows = n
             entry.saved_coded = coded
             entry.codes_rejected = False
 
