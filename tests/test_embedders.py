@@ -160,9 +160,9 @@ def test_minilm_copied_files_give_the_same_vectors(tmp_path: Path, minilm: MiniL
 def test_minilm_batches_by_length_and_a_long_text_does_not_pad_short_ones(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A question and its parts (similar lengths) are one model run; a 250-token message goes
-    in a run of its own instead of padding its parts to 250 tokens; ``batch_size`` bounds a
-    run. The vectors are those of one text at a time."""
+    """A question and its parts (similar lengths) are one model run; a 240-token reply goes in
+    a run of its own instead of padding short turns to 240 tokens; ``batch_size`` bounds a
+    run; short texts stay together. The vectors are those of one text at a time."""
     embedder = MiniLMEmbedder(batch_size=3)
     widths: list[tuple[int, int]] = []
     real = MiniLMEmbedder._pooled
@@ -177,15 +177,18 @@ def test_minilm_batches_by_length_and_a_long_text_does_not_pad_short_ones(
     embedder.embed([question, *parts])
     assert [n for n, _ in widths] == [3]  # one run
     widths.clear()
-    long_message = " ".join(f"word{n}" for n in range(120))  # 240+ tokens
-    texts = [long_message, *parts]
+    long_reply = " ".join(f"word{n}" for n in range(120))  # 240+ tokens
+    texts = [long_reply, *parts]
     vectors = embedder.embed(texts)
     assert [n for n, _ in widths] == [2, 1] and widths[0][1] < 20 and widths[1][1] > 200
     one_by_one = np.vstack([embedder.embed([t]) for t in texts])
     np.testing.assert_allclose(vectors, one_by_one, atol=1e-5)
     lengths = [[0] * n for n in (5, 5, 5, 5, 6)]  # similar lengths: batch_size runs
     assert embedder._batches(lengths) == [[0, 1, 2], [3, 4]]
-    assert embedder._batches([[0] * 12, [0] * 40, [0] * 10]) == [[2, 0], [1]]
+    assert embedder._batches([[0] * 40, [0] * 40, [0] * 64]) == [[0, 1, 2]]  # a quarter padding
+    assert embedder._batches([[0] * 40, [0] * 40, [0] * 66]) == [[0, 1], [2]]  # past a quarter
+    assert embedder._batches([[0] * 2, [0] * 30]) == [[0, 1]]  # short: one run
+    assert embedder._batches([[0] * 10, [0] * 10, [0] * 60, [0] * 60]) == [[0, 1], [2, 3]]
 
 
 class CountingEmbedder(HashEmbedder):

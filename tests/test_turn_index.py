@@ -1127,7 +1127,9 @@ def test_a_damaged_int8_copy_is_never_scanned_and_is_made_and_written_again(
 
 
 @needs_simsimd
-@pytest.mark.parametrize("reason", ["off", "below the threshold", "no room in the cache"])
+@pytest.mark.parametrize(
+    "reason", ["off", "below the threshold", "no room in the cache", "the index answers"]
+)
 def test_a_copy_in_the_files_is_mapped_only_where_the_worker_would_keep_one(
     tmp_path: Path, reason: str
 ) -> None:
@@ -1141,6 +1143,10 @@ def test_a_copy_in_the_files_is_mapped_only_where_the_worker_would_keep_one(
         settings = {}
     elif reason == "below the threshold":
         settings = {"quantize_min_turns": 10_000}
+    elif reason == "the index answers":
+        if not turn_index.ann_available():
+            pytest.skip("usearch is a dependency")
+        settings["ann_min_turns"] = 1000
     else:
         rows = 1500 * DIM * 4 + 1500 * 8
         settings["vector_cache_bytes"] = rows + 1500 * (DIM + 4) // 2
@@ -1167,23 +1173,57 @@ def test_rows_appended_while_the_files_are_written_are_left_for_the_next_write(
     r.settle()
     entry = r._vectors["s"]
     fill(store, vectors, 2)
-    real = turn_index._write_tail
+    files = r.files
+    assert files is not None
+    real = files._holds
     appended: list[bool] = []
 
-    def racing(target: Path, data: Any, start: int) -> None:
-        real(target, data, start)
-        if not appended:  # after the rows' file, before the seqs' and the JSON
+    def racing(paths: Any, rows: int, dim: int) -> bool:
+        if not appended:  # after the write took its count, before it slices the rows
             appended.append(True)
             entry.append([1501, 1502], np.stack([vectors.rows[1501], vectors.rows[1502]]))
+        return real(paths, rows, dim)
 
-    monkeypatch.setattr(turn_index, "_write_tail", racing)
-    r.files.save_rows("s", vectors.name, entry)  # type: ignore[union-attr]
+    monkeypatch.setattr(files, "_holds", racing)
+    files.save_rows("s", vectors.name, entry)
+    assert appended
     (meta,) = Path(f"{path}.vectors").glob("*.json")
     (f32,) = Path(f"{path}.vectors").glob("*.f32")
     saved = json.loads(meta.read_text(encoding="utf-8"))
     assert saved["rows"] == 1500 == f32.stat().st_size // (4 * DIM) and entry.saved_rows == 1500
-    monkeypatch.setattr(turn_index, "_write_tail", real)
+    monkeypatch.setattr(files, "_holds", real)
     calls = reads(store := MemoryStore(path, counter=CharCounter()))
     again = recaller(store, vectors, quantize_min_turns=1000, vector_dir=f"{path}.vectors")
     assert top(again, "row 1502")[0][0] == 1502 and calls == [1500 - 8]
     assert again._vectors["s"].coded == 1500
+
+
+@needs_simsimd
+def test_a_process_behind_the_files_adds_its_int8_copy_of_their_rows(tmp_path: Path) -> None:
+    """Another process wrote 1,600 rows and no copy; this one, at 1,500 rows with its copy
+    made, writes that copy for the rows the files hold, and a restart maps it."""
+    path = tmp_path / "m.db"
+    vectors = Vectors()
+    store = MemoryStore(path, counter=CharCounter())
+    fill(store, vectors, 1500)
+    ahead = recaller(store, vectors, vector_dir=f"{path}.vectors")  # quantizes nothing
+    behind = recaller(store, vectors, quantize_min_turns=1000, vector_dir=f"{path}.vectors")
+    top(behind, "q 1")
+    behind.settle()
+    entry = behind._vectors["s"]
+    assert entry.coded == 1500
+    fill(store, vectors, 100)
+    top(ahead, "q 1")
+    ahead.close()  # the files: 1,600 rows, no copy
+    (meta,) = Path(f"{path}.vectors").glob("*.json")
+    meta.write_text(meta.read_text(encoding="utf-8").replace('"coded": 1500', '"coded": 0'))
+    saved = json.loads(meta.read_text(encoding="utf-8"))
+    assert (saved["rows"], saved["coded"]) == (1600, 0)
+    entry.saved_coded = 0
+    assert behind.files is not None
+    behind.files.save_rows("s", vectors.name, entry)
+    saved = json.loads(meta.read_text(encoding="utf-8"))
+    assert (saved["rows"], saved["coded"]) == (1600, 1500) and entry.saved_coded == 1500
+    again = _opened(path, vectors)
+    plain = recaller(MemoryStore(path, counter=CharCounter()), vectors)
+    assert top(again, "q 3") == top(plain, "q 3") and again._vectors["s"].coded == 1500

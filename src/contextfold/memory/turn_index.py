@@ -235,9 +235,9 @@ class SessionVectors:
         dim = self.dim
         codes, scales = self._codes, self._scales
         size = self.code_capacity(stop)
-        if size != len(codes) or codes.shape[1] != dim:
-            # (a copy mapped from the files holds exactly its rows: extending it makes a copy
-            # in memory, never a write to the read-only mapping)
+        if size != len(codes) or codes.shape[1] != dim or not codes.flags.writeable:
+            # (a copy mapped from the files holds exactly its rows, so extending it makes a
+            # copy in memory anyway; the mapping is never written)
             grown = np.empty((size, dim), np.int8)
             grown_scales = np.empty(size, np.float32)
             if start:
@@ -760,6 +760,9 @@ class VectorFiles:
         ``have`` is 0), up to the ``rows`` written; the coded rows the files hold after."""
         coded = min(entry.coded, rows)  # first, then the arrays (see ``SessionVectors.code``)
         codes, scales = entry._codes, entry._scales
+        # (slices of a mapped copy are views of its file: they go only into a new file renamed
+        # over it, or past the end of the file cut back to the JSON's count, never over
+        # bytes they are read from)
         if coded <= have:
             return have
         for path, data in (
@@ -792,8 +795,17 @@ class VectorFiles:
             # seqs and the JSON must all say the same count.
             n = len(entry)
             if have > n:
-                # Another process wrote further (its own copy too): nothing to write here.
-                entry.saved_rows, entry.saved_coded = n, max(entry.saved_coded, entry.coded)
+                # Another process wrote further. Its rows hold this entry's, so the int8 copy
+                # of them is still this entry's to add where the files' copy is shorter (that
+                # process may not quantize, or may have coded less).
+                coded = int(meta.get("coded", 0)) if meta and not entry.codes_rejected else 0
+                if coded and not self._holds_codes(paths, coded, entry.dim):
+                    coded = 0
+                written = self._save_codes(paths, entry, coded, n)
+                if meta is not None and written != int(meta.get("coded", 0)):
+                    self._write_meta(key, {**meta, "coded": written})
+                entry.saved_rows, entry.saved_coded = n, written
+                entry.codes_rejected = False
                 return
             start = have
             if start and (
