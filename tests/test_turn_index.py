@@ -1181,11 +1181,11 @@ def test_rows_appended_while_the_files_are_written_are_left_for_the_next_write(
     real = files._holds
     appended: list[bool] = []
 
-    def racing(paths: Any, rows: int, dim: int) -> bool:
+    def racing(paths: Any, rows: int, dim: int, **kw: Any) -> bool:
         if not appended:  # after the write took its count, before it slices the rows
             appended.append(True)
             entry.append([1501, 1502], np.stack([vectors.rows[1501], vectors.rows[1502]]))
-        return real(paths, rows, dim)
+        return real(paths, rows, dim, **kw)
 
     monkeypatch.setattr(files, "_holds", racing)
     files.save_rows("s", vectors.name, entry)

@@ -733,10 +733,7 @@ class VectorFiles:
         if not 0 < coded <= len(base):
             return
         try:
-            if (
-                paths["i8"].stat().st_size < coded * dim
-                or paths["scales"].stat().st_size < coded * 4
-            ):
+            if not VectorFiles._holds(paths, coded, dim, codes=True):
                 raise ValueError("a file is shorter than its rows")
             codes = np.memmap(paths["i8"], dtype=np.int8, mode="r", shape=(coded, dim))
             scales = np.fromfile(paths["scales"], dtype=np.float32, count=coded)
@@ -798,10 +795,7 @@ class VectorFiles:
                 # Another process wrote further. Its rows hold this entry's, so the int8 copy
                 # of them is still this entry's to add where the files' copy is shorter (that
                 # process may not quantize, or may have coded less).
-                coded = int(meta.get("coded", 0)) if meta and not entry.codes_rejected else 0
-                if coded and not self._holds_codes(paths, coded, entry.dim):
-                    coded = 0
-                written = self._save_codes(paths, entry, coded, n)
+                written = self._save_codes(paths, entry, self._coded(meta, paths, entry), n)
                 if meta is not None and written != int(meta.get("coded", 0)):
                     self._write_meta(key, {**meta, "coded": written})
                 entry.saved_rows, entry.saved_coded = n, written
@@ -821,9 +815,7 @@ class VectorFiles:
             for path, data in ((paths["f32"], rows), (paths["seqs"], seqs)):
                 _write_tail(path, data, start)
             # The int8 copy's rows in the files stay valid while the rows do (appended only).
-            have = int(meta.get("coded", 0)) if meta and start and not entry.codes_rejected else 0
-            if have and not self._holds_codes(paths, have, entry.dim):
-                have = 0
+            have = self._coded(meta, paths, entry) if start else 0
             coded = self._save_codes(paths, entry, have, n)
             indexed = int(meta.get("indexed", 0)) if meta and start else 0
             if not start:
@@ -844,25 +836,24 @@ class VectorFiles:
             entry.saved_coded = coded
             entry.codes_rejected = False
 
-    @staticmethod
-    def _holds_codes(paths: dict[str, Path], rows: int, dim: int) -> bool:
-        """Whether the int8 copy's files hold at least ``rows`` whole rows."""
-        try:
-            return (
-                paths["i8"].stat().st_size >= rows * dim
-                and paths["scales"].stat().st_size >= rows * 4
-            )
-        except OSError:
-            return False
+    def _coded(
+        self, meta: dict[str, Any] | None, paths: dict[str, Path], entry: SessionVectors
+    ) -> int:
+        """The int8 copy's rows the files hold whole (the JSON's count, when the files are
+        that long and the copy was not rejected at load), or 0."""
+        coded = int(meta.get("coded", 0)) if meta and not entry.codes_rejected else 0
+        return coded if coded and self._holds(paths, coded, entry.dim, codes=True) else 0
 
     @staticmethod
-    def _holds(paths: dict[str, Path], rows: int, dim: int) -> bool:
-        """Whether the row and seq files hold at least ``rows`` whole rows."""
+    def _holds(paths: dict[str, Path], rows: int, dim: int, *, codes: bool = False) -> bool:
+        """Whether the row and seq files (``codes``: the int8 copy's and its scales') hold at
+        least ``rows`` whole rows."""
+        if codes:
+            sizes = {"i8": rows * dim, "scales": rows * 4}
+        else:
+            sizes = {"f32": rows * dim * 4, "seqs": rows * 8}
         try:
-            return (
-                paths["f32"].stat().st_size >= rows * dim * 4
-                and paths["seqs"].stat().st_size >= rows * 8
-            )
+            return all(paths[name].stat().st_size >= size for name, size in sizes.items())
         except OSError:
             return False
 
