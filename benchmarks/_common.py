@@ -851,6 +851,25 @@ def _render_memory_scale(path: Path, data: dict[str, Any]) -> list[str]:
                     + (f" (CPU p50 {cpu:,.1f})" if cpu is not None else "")
                     + f" | {_first(m, 'after_compaction')} | {_first(m, 'after_restart')} | {rss} |"
                 )
+    ingested = [
+        (r["label"], kind, r[kind])
+        for r in data["runs"]
+        for kind in ("keyword", "dense")
+        if r.get(kind) and "after_ingest_restart_ms" in r[kind]
+    ]
+    if ingested:
+        lines += [
+            "",
+            "First recall after a restart of the session as ingested (stored and derived, "
+            "never recalled; with the embedder, random vectors stored first), and ÷ the run's "
+            "steady p50: "
+            + "; ".join(
+                f"{label} {kind} {_first(m, 'after_ingest_restart')}, "
+                f"×{m['after_ingest_restart_ms'] / m['steady']['median_ms']:.2f} steady"
+                for label, kind, m in ingested
+            )
+            + ".",
+        ]
     together = data.get("side_by_side")
     if together:
         lines += [

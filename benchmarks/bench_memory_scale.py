@@ -15,6 +15,10 @@ window so compaction fires). Reported per configuration:
   is in the JSON). They run after both steady phases, since their compactions grow the
   session by ``grow`` turns: the steady recalls see the size the run is named for, and each
   phase of first recalls starts from a copy of the store as they saw it;
+* the first recall after a restart of the session as ingested, stored and derived but never
+  recalled (a bulk import, then a restart): ``FIRSTS`` fresh engines, each on a fresh copy of
+  the store as the writes left it, keyword only and, with ``--synthetic-vectors``, with the
+  embedder (random vectors stored first by an engine closed before any recall);
 * the process RSS after each phase and the vectors' own size (turns x 384 x 4 bytes);
 * side by side: the runs' stores are kept, then reopened in one last child process whose
   steady recalls (each run's same questions, keyword-only, then with the embedder) are timed
@@ -131,17 +135,10 @@ def firsts(
     which varies several-fold between questions, cancels; the question again is if anything
     cheaper than a steady recall of a new one, its words' rows and forms just read)."""
     asked = iter(questions)
-
-    def twice(e: MemoryEngine, question: str) -> tuple[float, float]:
-        def ask() -> Any:
-            return e.on_message_inbound(question, session_id=sid, budget=2048)
-
-        return timed(ask), timed(ask)
-
     compaction: list[tuple[float, float]] = []
     for _ in range(FIRSTS):
         at = grow_and_compact(engine, sid, turns, at, max(1, grow // FIRSTS))
-        compaction.append(twice(engine, next(asked)))
+        compaction.append(twice(engine, sid, next(asked)))
     restart: list[tuple[float, float]] = []
     opened = []
     for _ in range(FIRSTS):
@@ -149,14 +146,75 @@ def firsts(
         started = time.perf_counter()
         engine = reopen()
         opened.append((time.perf_counter() - started) * 1000)
-        restart.append(twice(engine, next(asked)))
+        restart.append(twice(engine, sid, next(asked)))
     out: dict[str, Any] = {"restart_open_ms": float(np.median(opened))}
-    for name, pairs in (("after_compaction", compaction), ("after_restart", restart)):
-        out[f"{name}_ms"] = float(np.median([first for first, _ in pairs]))
-        out[f"{name}_samples_ms"] = [first for first, _ in pairs]
-        out[f"{name}_again_samples_ms"] = [again for _, again in pairs]
-        out[f"{name}_paired"] = float(np.median([first / again for first, again in pairs]))
+    out.update(paired("after_compaction", compaction))
+    out.update(paired("after_restart", restart))
     return engine, at, out
+
+
+def twice(engine: MemoryEngine, sid: str, question: str) -> tuple[float, float]:
+    """``question``'s recall timed (ms), then the same again."""
+
+    def ask() -> Any:
+        return engine.on_message_inbound(question, session_id=sid, budget=2048)
+
+    return timed(ask), timed(ask)
+
+
+def paired(name: str, pairs: list[tuple[float, float]]) -> dict[str, Any]:
+    """First recalls and their questions again (``twice``): the median first, every sample,
+    and the median of each first ÷ its question again."""
+    return {
+        f"{name}_ms": float(np.median([first for first, _ in pairs])),
+        f"{name}_samples_ms": [first for first, _ in pairs],
+        f"{name}_again_samples_ms": [again for _, again in pairs],
+        f"{name}_paired": float(np.median([first / again for first, again in pairs])),
+    }
+
+
+def after_ingest(
+    folder: Path, config: MemoryConfig, sid: str, questions: list[str], embedder: Any
+) -> dict[str, Any]:
+    """The first recalls after a restart of a session as ingested (stored and derived, never
+    recalled): each of ``questions`` asked by a fresh engine on a fresh copy of the store as
+    the writes left it (``twice``), keyword only; then, with ``embedder`` (``None``: not
+    measured), the same on a copy given random vectors first (``random_vectors``, stored and
+    written to the vector files by an engine closed before any recall), with the embedder
+    (no query-vector cache: the question again embeds too). The store is left as written."""
+    path = folder / "memory.db"
+    written = folder.with_name(folder.name + "-ingested")
+    shutil.copytree(folder, written)
+    out: dict[str, Any] = {}
+    try:
+        for kind in ("keyword", "dense"):
+            model = None
+            if kind == "dense":
+                if embedder is None:
+                    break
+                model = CachedEmbedder(embedder.inner, max_entries=0)
+                engine = MemoryEngine(config, store=MemoryStore(path), embedder=model)
+                random_vectors(engine, sid)
+                engine.derive(sid)
+                engine.recaller.ensure_vectors(sid)
+                engine.close()
+            start = folder.with_name(folder.name + "-start")
+            shutil.copytree(folder, start)
+            pairs = []
+            for n, question in enumerate(questions):
+                if n:
+                    shutil.rmtree(folder)
+                    shutil.copytree(start, folder)
+                engine = MemoryEngine(config, store=MemoryStore(path), embedder=model)
+                pairs.append(twice(engine, sid, question))
+                engine.close()
+            shutil.rmtree(start)
+            out[kind] = paired("after_ingest_restart", pairs)
+            shutil.rmtree(folder)
+            shutil.copytree(written, folder)
+    finally:
+        shutil.rmtree(written, ignore_errors=True)
+    return out
 
 
 def grow_and_compact(
@@ -216,11 +274,20 @@ def run_config(spec: dict[str, Any], data_dir: Path) -> dict[str, Any]:
         asks = list(zip(asked, questions[:n_q], strict=True))
         later = questions[n_q:]  # the first recalls' questions: 2 x FIRSTS a phase
         target = asked[0]
+        engine.close()
+        # With random vectors (every run's with ``--embed-max 0``) the dense first recalls
+        # too, the model loaded here (and kept for the dense phase: one model a process).
+        model = None
+        if spec["embedder"] and spec.get("synthetic_vectors") and per_session > spec["embed_max"]:
+            model = default_embedder()
+            model.embed(["warm up"])
+        ingested = after_ingest(folder, config, target, later[4 * FIRSTS : 5 * FIRSTS], model)
+        engine = MemoryEngine(config, store=MemoryStore(path), embedder=None)
         # The steady recalls first, keyword only then with the embedder, on the session as
         # written; then the first recalls, which grow it (``grow`` turns per phase).
         engine.on_message_inbound(questions[-1], session_id=target, budget=2048)  # warm
         engine.recaller.settle()  # the reads that recall started (see the module docstring)
-        kw: dict[str, Any] = {"steady": steady(engine, asks)}
+        kw: dict[str, Any] = {"steady": steady(engine, asks), **ingested["keyword"]}
         engine.close()
         out["keyword"] = kw
         out["rss_mb"]["after_keyword"] = rss_mb()
@@ -228,7 +295,7 @@ def run_config(spec: dict[str, Any], data_dir: Path) -> dict[str, Any]:
         synthetic = spec.get("synthetic_vectors", False) and embedded > spec["embed_max"]
         embedder = None
         if spec["embedder"] and (embedded <= spec["embed_max"] or synthetic):
-            embedder = default_embedder()
+            embedder = model or default_embedder()
             embedder.embed(["warm up"])
             engine = MemoryEngine(config, store=MemoryStore(path), embedder=embedder)
             todo = sids if total <= spec["embed_max"] else sorted(set(asked))
@@ -243,6 +310,7 @@ def run_config(spec: dict[str, Any], data_dir: Path) -> dict[str, Any]:
                 "embedded_turns": embedded,
                 "embed_turns_per_s": embedded / wall,
                 "synthetic_vectors": synthetic,
+                **ingested.get("dense", {}),
             }
             engine.on_message_inbound(questions[-2], session_id=target, budget=2048)  # warm
             engine.recaller.settle()
@@ -502,8 +570,14 @@ def summary(run: dict[str, Any]) -> str:
         f"{kw['steady']['median_ms']:.1f} p95 {kw['steady']['p95_ms']:.1f} ms, after compaction "
         f"{kw['after_compaction_ms']:.1f} (×{kw['after_compaction_paired']:.2f} the question "
         f"again), after restart {kw['after_restart_ms']:.1f} (×{kw['after_restart_paired']:.2f})"
-        " ms"
+        f", after a restart as ingested {kw['after_ingest_restart_ms']:.1f} "
+        f"(×{kw['after_ingest_restart_paired']:.2f}) ms"
     )
+    if dense and "after_ingest_restart_ms" in dense:
+        line += (
+            f"; dense after a restart as ingested {dense['after_ingest_restart_ms']:.1f} "
+            f"(×{dense['after_ingest_restart_paired']:.2f}) ms"
+        )
     if dense:
         line += (
             f"; dense p50 {dense['steady']['median_ms']:.1f} p95 {dense['steady']['p95_ms']:.1f}"

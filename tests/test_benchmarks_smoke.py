@@ -261,6 +261,12 @@ def test_memory_scale_benchmark_quick_run(tmp_path: Path) -> None:
                 ratios = sorted(f / a for f, a in zip(samples, again, strict=True))
                 assert len(again) == 3 and run[kind][f"{first}_paired"] == ratios[1]
         assert run["dense"]["unranked_turns_at_start"] == 0
+        # As ingested (never recalled): keyword only without random vectors, 3 first recalls.
+        ingested = run["keyword"]["after_ingest_restart_samples_ms"]
+        assert (
+            len(ingested) == 3 and sorted(ingested)[1] == run["keyword"]["after_ingest_restart_ms"]
+        )
+        assert "after_ingest_restart_ms" not in run["dense"]
         assert "stored" not in run  # the kept stores' paths and questions stay internal
     together = result["side_by_side"]
     assert together["rounds"] == 3
@@ -271,6 +277,7 @@ def test_memory_scale_benchmark_quick_run(tmp_path: Path) -> None:
     assert result["correctness"] and all(v is True for v in result["correctness"].values())
     text = md.read_text(encoding="utf-8")
     assert "## Memory as it grows" in text and "Side by side: the runs' stores" in text
+    assert "restart of the session as ingested" in text
 
 
 @needs_data

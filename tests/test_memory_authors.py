@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 
 from contextfold.items import Message
-from contextfold.memory.authors import MAX_AUTHORS, TurnAuthors, author_of, names_named
+from contextfold.memory.authors import (
+    MAX_AUTHORS,
+    OPENING_CHARS,
+    TurnAuthors,
+    author_of,
+    names_named,
+)
 from contextfold.memory.config import MemoryConfig
 from contextfold.memory.engine import MemoryEngine
 from contextfold.memory.recall import Recaller
@@ -151,6 +157,69 @@ def test_a_large_sessions_authors_are_read_by_the_worker_after_the_recall() -> N
     assert _order(recaller, question) == first  # the kept authors rank alike
     assert len(whole) == 1
     recaller.close()
+
+
+def _from_store(store: MemoryStore, session_id: str = "s") -> TurnAuthors:
+    """The session's authors as a recall reads them whole (``turn_openings_with_incarnation``)."""
+    born, rows = store.turn_openings_with_incarnation(session_id, 0, OPENING_CHARS)
+    assert born is not None
+    authors = TurnAuthors(born)
+    authors.extend(rows)
+    return authors
+
+
+def _same(kept: TurnAuthors | None, read: TurnAuthors) -> None:
+    assert kept is not None
+    assert (kept.born, kept.last) == (read.born, read.last)
+    seqs = list(range(read.last + 2))
+    for names in (["ann"], ["bo"], ["cy"], ["dee"], ["zed"]):
+        assert kept.authored(seqs, kept.named(names)).tolist() == (
+            read.authored(seqs, read.named(names)).tolist()
+        ), names
+
+
+def test_derives_keep_the_authors_of_a_session_they_start() -> None:
+    """Derived in three writes and never recalled, the session's authors are kept as a recall
+    would read them whole; a derive that does not start the session keeps none, and kept
+    ones of another incarnation are not extended."""
+    cfg = MemoryConfig.model_validate({"recall": {"embedder": "none"}})
+    engine = MemoryEngine(cfg, store=MemoryStore(counter=COUNTER), embedder=None, counter=COUNTER)
+    texts = [*FILLER, BO, ANN, "plain words, no author", "Zed: late"]
+    for start, stop in ((0, 9), (9, 20), (20, len(texts))):
+        engine.store_turns("s", [Message(role="user", content=t) for t in texts[start:stop]])
+        engine.derive("s")
+    _same(engine.recaller.kept_state("s")[1], _from_store(engine.store))
+    # Kept ones are extended by the next derive, only from where they end.
+    engine.store_turns("s", [Message(role="user", content="Dee: one more")])
+    engine.derive("s")
+    _same(engine.recaller.kept_state("s")[1], _from_store(engine.store))
+    # None kept, and the derive does not start the session: nothing kept.
+    engine.recaller.forget("s")
+    engine.store_turns("s", [Message(role="user", content="Ann: and another")])
+    engine.derive("s")
+    assert engine.recaller.kept_state("s")[1] is None
+    engine.close()
+
+
+def test_note_authors_extends_only_what_it_covers() -> None:
+    recaller = Recaller(_store(["Ann: a", "Bo: b"]), author_weight=1.0)
+    recaller.note_authors("s", 1, 0, [(1, "Ann: a"), (2, "Bo: b")])
+    kept = recaller.kept_state("s")[1]
+    assert kept is not None and kept.last == 2
+    recaller.note_authors("s", 1, 3, [(4, "Cy: c")])  # turn 3 not among them: a gap
+    recaller.note_authors("s", 2, 2, [(3, "Cy: c")])  # another incarnation
+    assert kept.last == 2
+    recaller.note_authors("s", 1, 1, [(2, "Bo: b"), (3, "Cy: c")])  # overlaps: goes on
+    assert kept.last == 3 and kept.authored([1, 2, 3], kept.named(["cy"])).tolist() == [
+        False,
+        False,
+        True,
+    ]
+    off = Recaller(_store(["Ann: a"]), author_weight=0.0)
+    off.note_authors("s", 1, 0, [(1, "Ann: a")])
+    assert off.kept_state("s")[1] is None  # the prior off: nothing kept
+    recaller.close()
+    off.close()
 
 
 def test_a_closing_recaller_skips_the_whole_reads_not_started() -> None:

@@ -188,3 +188,29 @@ def test_counts_that_do_not_fit_beside_the_vectors_are_not_read_whole_at_every_r
     assert (
         answers[0].prepend_text == probe.on_message_inbound(QUESTION, session_id="s").prepend_text
     )
+
+
+def test_kept_lengths_reads_a_large_sessions_counts_here_then_only_new_turns() -> None:
+    """What the engine calls before it saves a session's state: the counts read in the
+    caller's thread even for a large session (no worker read queued), then extended by the
+    turns stored since; ranked as from the store. Nothing while the worker reads them."""
+    store = MemoryStore(counter=CharCounter())
+    stored(store, "s", *_turns(0, 40))
+    recaller = _recaller(store)
+    recaller.lengths_later_min = 30  # "large" from 30 turns
+    calls = _spy(store)
+    recaller.kept_lengths("s")
+    kept = recaller.kept_state("s")[0]
+    assert kept is not None and kept.last == 40 and calls == [0]
+    assert not recaller._pending and not recaller._reading_lengths  # no worker read
+    stored(store, "s", *_turns(40, 5))
+    recaller.kept_lengths("s")
+    assert calls == [0, 40] and recaller.kept_state("s")[0] is kept and kept.last == 45
+    assert {r.seq: r.score for r in recaller.rank("s", QUESTION)} == _expected(store, "s")
+    other = _recaller(store)
+    other._reading_lengths.add("s")
+    other.kept_lengths("s")
+    assert other.kept_state("s")[0] is None and calls == [0, 40, 45]
+    off = Recaller(store, length_prior=0.0)
+    off.kept_lengths("s")  # the prior off: nothing read
+    assert off.kept_state("s")[0] is None and calls == [0, 40, 45]

@@ -41,6 +41,7 @@ from contextfold.memory.assemble import (
     MemoryBudget,
     Room,
 )
+from contextfold.memory.authors import OPENING_CHARS
 from contextfold.memory.background import Background
 from contextfold.memory.canonical import TagCanonicalizer
 from contextfold.memory.compactor import CompactionReport, Compactor, Level, TokenMonitor
@@ -526,7 +527,8 @@ class MemoryEngine:
         self._states.trim()
 
     def _save_state(self, sid: str) -> None:
-        """Save one session's recall state (``memory.snapshots``) as this process keeps it;
+        """Save one session's recall state (``memory.snapshots``) as this process keeps it,
+        the turns' token counts brought up to the turns stored first (``kept_lengths``);
         nothing when it keeps none (a file that cannot be written is skipped)."""
         assert self._states is not None
         version = self.store.session_version(sid)
@@ -542,11 +544,12 @@ class MemoryEngine:
             state.counts = cached[1]
             state.related, state.inbound = self.vocab.kept(sid, generation)
             if isinstance(self.inbound_tagger, KeywordTagger) and state.inbound is not None:
-                state.groups = self.inbound_tagger.known_groups(state.inbound)
+                state.groups = self.inbound_tagger.groups(state.inbound)
                 state.groups_key = GROUPS_KEY
             topics = self.assembler.kept_topics(sid)
             if topics is not None and topics[0] == born:
                 state.topics_watermark, state.topics = topics[1], topics[2]
+        self.recaller.kept_lengths(sid)  # (current: see there)
         state.keep_turns(*self.recaller.kept_state(sid))
         if state.counts is None and state.lengths is None and state.authors is None:
             return
@@ -663,7 +666,7 @@ class MemoryEngine:
                 record.derived_seq,
                 pending.turns,
                 record.generation,
-                written=self._line_costs(sid, record.born, pending.turns, record.derived_seq),
+                written=self._keep_written(sid, record.born, pending.turns, record.derived_seq),
             )
             cached = self._vocab.peek(sid)
             if current is not None and cached is not None and cached[0] == current:
@@ -680,20 +683,28 @@ class MemoryEngine:
         finally:
             self._usage.session_id = None
 
-    def _line_costs(
+    def _keep_written(
         self, sid: str, born: int, turns: Sequence[tuple[int, str, str, str]], done: int
     ) -> Callable[[Sequence[int]], None]:
         """Each turn after ``done`` counted as a line of the memory block, as the assembler
-        would (``TurnLengths.lines``), and what keeps a chunk's costs once its tags are written
-        (called under the session's lock: a ``delete_session`` comes before, and the write
-        fails, or after, and its ``forget`` drops them)."""
+        would (``TurnLengths.lines``), and what keeps a chunk's costs once its tags are
+        written, with its turns' authors (``note_authors``: a session derived but never
+        recalled has them at its first recall, and after a restart; no store read). Called
+        under the session's lock: a ``delete_session`` comes before, and the write fails, or
+        after, and its ``forget`` drops them."""
         counter = self.assembler.counter
         costs = {seq: counter.count(text + "\n") for seq, _, text, _ in turns if seq > done}
         key = line_key(counter)
+        # Each turn's opening, and the seq before it (``note_authors``: every turn after it)
+        openings = {seq: text[:OPENING_CHARS] for seq, _, text, _ in turns if seq > done}
+        before = dict(zip(openings, [done, *openings], strict=False))
 
         def written(seqs: Sequence[int]) -> None:
             kept = [(seq, costs[seq]) for seq in seqs if seq in costs]
             self.recaller.note_lines(sid, born, key, kept)
+            if kept:
+                rows = [(seq, openings[seq]) for seq, _ in kept]
+                self.recaller.note_authors(sid, born, before[rows[0][0]], rows)
 
         return written
 

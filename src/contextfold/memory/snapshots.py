@@ -74,7 +74,7 @@ class SessionState:
     holds). ``check_hash``: the content hash of turn ``check_seq`` when saved, compared with
     the store's on load (``born`` and ``generation`` are drawn per database: a database
     replaced at the same path may number its sessions alike). ``groups``: the inbound
-    keyword tagger's grouping of ``inbound`` (``KeywordTagger.known_groups``), made by the grouping
+    keyword tagger's grouping of ``inbound`` (``KeywordTagger.groups``), made by the grouping
     whose rules ``groups_key`` names (``GROUPS_KEY``)."""
 
     session_id: str

@@ -517,6 +517,13 @@ class KeywordTagger:
             self._known = [(seen, buckets), *others[: _KNOWN_INDEXES - 1]]
             return buckets
 
+    def groups(self, vocabulary: Sequence[str]) -> dict[str, list[str]]:
+        """``vocabulary``'s groups (``_buckets``), made when this tagger keeps none for it:
+        what a session's state file saves (``memory.snapshots``), so that a session derived
+        but never recalled is not grouped again by the first recall after a restart (about
+        2 ms for a 100k-turn session's 6,350 tags)."""
+        return self._buckets(vocabulary)
+
     def known_groups(self, vocabulary: Sequence[str]) -> dict[str, list[str]] | None:
         """The groups this tagger keeps for exactly ``vocabulary`` (``_buckets``), or ``None``:
         what a session's state file saves (``memory.snapshots``), never made for it."""
