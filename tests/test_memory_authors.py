@@ -3,9 +3,12 @@ author of turns stored as ``"Name: text"`` ranks that author's turns first."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
+import contextfold.memory.engine as engine_module
 from contextfold.items import Message
 from contextfold.memory.authors import (
     MAX_AUTHORS,
@@ -184,7 +187,15 @@ def test_derives_keep_the_authors_of_a_session_they_start() -> None:
     ones of another incarnation are not extended."""
     cfg = MemoryConfig.model_validate({"recall": {"embedder": "none"}})
     engine = MemoryEngine(cfg, store=MemoryStore(counter=COUNTER), embedder=None, counter=COUNTER)
-    texts = [*FILLER, BO, ANN, "plain words, no author", "Zed: late"]
+    texts = [
+        *FILLER,
+        BO,
+        ANN,
+        "plain words, no author",
+        "[10:30]" + " " * 95 + "Cy: the name is past a recall's opening",
+        "[1\x002] Ann: a NUL ends SQLite's substr",
+        "Zed: late",
+    ]
     for start, stop in ((0, 9), (9, 20), (20, len(texts))):
         engine.store_turns("s", [Message(role="user", content=t) for t in texts[start:stop]])
         engine.derive("s")
@@ -198,6 +209,36 @@ def test_derives_keep_the_authors_of_a_session_they_start() -> None:
     engine.store_turns("s", [Message(role="user", content="Ann: and another")])
     engine.derive("s")
     assert engine.recaller.kept_state("s")[1] is None
+    engine.close()
+
+
+def test_a_derive_chunk_after_one_not_kept_keeps_no_authors(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each chunk of a derive's write is noted with the seq before it: a chunk after one whose
+    authors were not kept (the worker reading them then) does not start the session, so it
+    keeps none (they would lack the first chunk's turns)."""
+    monkeypatch.setattr(engine_module, "WRITE_CHUNK", 5)
+    cfg = MemoryConfig.model_validate({"recall": {"embedder": "none"}})
+    engine = MemoryEngine(cfg, store=MemoryStore(counter=COUNTER), embedder=None, counter=COUNTER)
+    engine.store_turns("s", [Message(role="user", content=t) for t in [*FILLER[:10], ANN, BO]])
+    recaller = engine.recaller
+    real = recaller.note_authors
+    afters: list[int] = []
+
+    def first_skipped(sid: str, born: int, after: int, rows: Any) -> None:
+        afters.append(after)
+        if len(afters) == 1:
+            recaller._reading_authors.add(sid)  # the worker reading them: not kept
+        try:
+            real(sid, born, after, rows)
+        finally:
+            recaller._reading_authors.discard(sid)
+
+    monkeypatch.setattr(recaller, "note_authors", first_skipped)
+    engine.derive("s")
+    assert afters == [0, 5, 10]
+    assert recaller.kept_state("s")[1] is None
     engine.close()
 
 
@@ -215,6 +256,9 @@ def test_note_authors_extends_only_what_it_covers() -> None:
         False,
         True,
     ]
+    recaller.cached_sessions = 1  # a new session's push the least recently kept out
+    recaller.note_authors("t", 1, 0, [(1, "Dee: d")])
+    assert list(recaller._authors) == ["t"]
     off = Recaller(_store(["Ann: a"]), author_weight=0.0)
     off.note_authors("s", 1, 0, [(1, "Ann: a")])
     assert off.kept_state("s")[1] is None  # the prior off: nothing kept

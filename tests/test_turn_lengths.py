@@ -190,27 +190,54 @@ def test_counts_that_do_not_fit_beside_the_vectors_are_not_read_whole_at_every_r
     )
 
 
-def test_kept_lengths_reads_a_large_sessions_counts_here_then_only_new_turns() -> None:
-    """What the engine calls before it saves a session's state: the counts read in the
-    caller's thread even for a large session (no worker read queued), then extended by the
-    turns stored since; ranked as from the store. Nothing while the worker reads them."""
+def test_lengths_to_save_read_a_large_sessions_counts_here_then_only_new_turns() -> None:
+    """What the engine saves in a session's state: the counts read in the caller's thread even
+    for a large session (no worker read queued) and kept as they fit; then the kept ones with
+    the turns stored since, the kept entry itself left as it was. Nothing while the worker
+    reads them, nor with the prior off."""
     store = MemoryStore(counter=CharCounter())
     stored(store, "s", *_turns(0, 40))
     recaller = _recaller(store)
     recaller.lengths_later_min = 30  # "large" from 30 turns
     calls = _spy(store)
-    recaller.kept_lengths("s")
-    kept = recaller.kept_state("s")[0]
-    assert kept is not None and kept.last == 40 and calls == [0]
+    saved = recaller.lengths_to_save("s")
+    assert saved is not None and saved.last == 40 and calls == [0]
     assert not recaller._pending and not recaller._reading_lengths  # no worker read
+    kept = recaller.kept_state("s")[0]
+    assert kept is saved  # it fit: kept
     stored(store, "s", *_turns(40, 5))
-    recaller.kept_lengths("s")
-    assert calls == [0, 40] and recaller.kept_state("s")[0] is kept and kept.last == 45
+    again = recaller.lengths_to_save("s")
+    assert again is not None and again is not kept and calls == [0, 40]
+    assert again.last == 45 and kept.last == 40  # the kept entry as it was
+    counts = store.turn_token_counts("s", list(range(1, 46)))
+    assert again.counts(range(47)) == [0] + [counts[n] for n in range(1, 46)] + [0]
     assert {r.seq: r.score for r in recaller.rank("s", QUESTION)} == _expected(store, "s")
     other = _recaller(store)
     other._reading_lengths.add("s")
-    other.kept_lengths("s")
-    assert other.kept_state("s")[0] is None and calls == [0, 40, 45]
-    off = Recaller(store, length_prior=0.0)
-    off.kept_lengths("s")  # the prior off: nothing read
-    assert off.kept_state("s")[0] is None and calls == [0, 40, 45]
+    assert calls == [0, 40, 40]  # the recall extends the kept entry (at 40) itself
+    assert other.lengths_to_save("s") is None and calls == [0, 40, 40]
+    assert Recaller(store, length_prior=0.0).lengths_to_save("s") is None
+    assert calls == [0, 40, 40]  # the prior off: nothing read
+
+
+def test_lengths_to_save_never_push_another_sessions_vectors_out() -> None:
+    """Counts read whole for a state file are kept only where they fit beside what is kept:
+    a session being recalled keeps its vectors (and their last write at close)."""
+    store = MemoryStore(counter=CharCounter())
+    stored(store, "a", *_turns(0, 200))
+    stored(store, "b", *_turns(0, 3000))
+    recaller = _recaller(store, embedder=HashEmbedder())
+    recaller.read_later_min = None
+    recaller.ensure_vectors("a")
+    recaller.rank("a", QUESTION)
+    used = recaller.vector_cache_bytes()
+    recaller.vector_cache_limit = used + 3000  # room for less than b's 3,001 counts
+    saved = recaller.lengths_to_save("b")
+    assert saved is not None and saved.last == 3000  # read for the file
+    assert "a" in recaller._vectors and "a" in recaller._lengths  # nothing pushed out
+    assert "b" not in recaller._lengths and recaller.vector_cache_bytes() == used
+    recaller.vector_cache_limit = 10 * used  # room enough, but one session's counts at most
+    recaller.cached_sessions = 1
+    assert recaller.lengths_to_save("b") is not None
+    assert list(recaller._lengths) == ["a"]
+    recaller.close()

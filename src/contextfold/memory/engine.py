@@ -528,7 +528,7 @@ class MemoryEngine:
 
     def _save_state(self, sid: str) -> None:
         """Save one session's recall state (``memory.snapshots``) as this process keeps it,
-        the turns' token counts brought up to the turns stored first (``kept_lengths``);
+        the turns' token counts up to the turns stored (``lengths_to_save``);
         nothing when it keeps none (a file that cannot be written is skipped)."""
         assert self._states is not None
         version = self.store.session_version(sid)
@@ -549,8 +549,8 @@ class MemoryEngine:
             topics = self.assembler.kept_topics(sid)
             if topics is not None and topics[0] == born:
                 state.topics_watermark, state.topics = topics[1], topics[2]
-        self.recaller.kept_lengths(sid)  # (current: see there)
-        state.keep_turns(*self.recaller.kept_state(sid))
+        lengths, authors = self.recaller.kept_state(sid)
+        state.keep_turns(self.recaller.lengths_to_save(sid) or lengths, authors)
         if state.counts is None and state.lengths is None and state.authors is None:
             return
         with contextlib.suppress(OSError):
@@ -696,7 +696,10 @@ class MemoryEngine:
         costs = {seq: counter.count(text + "\n") for seq, _, text, _ in turns if seq > done}
         key = line_key(counter)
         # Each turn's opening, and the seq before it (``note_authors``: every turn after it)
-        openings = {seq: text[:OPENING_CHARS] for seq, _, text, _ in turns if seq > done}
+        # (cut at a NUL as SQLite's ``substr`` is: a recall reads them from the store)
+        openings = {
+            seq: text[:OPENING_CHARS].split("\0", 1)[0] for seq, _, text, _ in turns if seq > done
+        }
         before = dict(zip(openings, [done, *openings], strict=False))
 
         def written(seqs: Sequence[int]) -> None:

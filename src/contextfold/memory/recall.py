@@ -590,29 +590,64 @@ class Recaller:
         with self._lock:
             return self._vector_bytes + self._length_bytes
 
-    def kept_lengths(self, session_id: str) -> None:
-        """Bring the session's kept token counts up to the turns stored, read whole when none
-        are kept (a large session's too), off the request path: what the engine does before
-        it saves the session's state (at close, after a compaction), so a session derived
-        but never recalled, or written to since its last recall, restarts with them; its
-        first recalls read the candidates' counts while the worker read every turn's (at
-        100k turns, 27-56 ms against 51-142 with the embedder)."""
-        if self.length_prior:
-            self._turn_lengths(session_id, defer=False)
+    def lengths_to_save(self, session_id: str) -> TurnLengths | None:
+        """The session's token counts up to the turns stored, for its state file
+        (``memory.snapshots``, saved at close and after a compaction): the kept ones with the
+        turns stored since, or, none kept, read whole (a large session's too) with the line
+        costs kept ahead of them. A session derived but never recalled, or written to since
+        its last recall, so restarts with them: its first recalls read the candidates'
+        counts while the worker read every turn's (at 100k turns with the embedder, the first
+        six took 51-142 ms, 28-57 with them). Read beside the cache, never at another
+        session's expense: a kept entry is neither taken out nor changed (a recall meanwhile
+        finds it as it was), and counts read whole are kept only where they fit without
+        evicting anything. ``None`` with the prior off, for no such session, or while the
+        worker reads them."""
+        if not self.length_prior:
+            return None
+        with self._lock:
+            if session_id in self._reading_lengths:
+                return None
+            entry = self._lengths.get(session_id)
+            early = self._early_lines.get(session_id)
+            last = entry.last if entry is not None else 0
+        born, rows = self.store.turn_token_counts_after(session_id, last)
+        if born is None:
+            return None
+        if entry is not None and entry.born == born:
+            out = entry.copy()
+            out.extend(rows)
+            return out
+        if entry is not None:  # another incarnation: every turn read
+            born, rows = self.store.turn_token_counts_after(session_id, 0)
+            if born is None:
+                return None
+        out = TurnLengths(born)
+        out.extend(rows)
+        if early is not None:
+            _take_lines(out, early)
+        with self._lock:
+            fits = (
+                self._vector_bytes + self._length_bytes + out.nbytes <= self.vector_cache_limit
+                and len(self._lengths) < self.cached_sessions
+            )
+            busy = session_id in self._reading_lengths or session_id in self._lengths_unkept
+            if fits and not busy and session_id not in self._lengths:
+                self._keep_lengths(session_id, out)
+        return out
 
-    def _turn_lengths(self, session_id: str, *, defer: bool = True) -> TurnLengths | None:
+    def _turn_lengths(self, session_id: str) -> TurnLengths | None:
         """The session's turn token counts: the cached ones plus the turns stored since (all
         read again when the session was deleted and written again); ``None`` when there is
         no such session, or while the worker reads a large session's counts
-        (``lengths_later_min``: a first recall after a start does not wait for 100k rows;
-        ``defer=False`` reads them here). Kept within ``vector_cache_limit`` (``_fit``)."""
+        (``lengths_later_min``: a first recall after a start does not wait for 100k rows).
+        Kept within ``vector_cache_limit`` (``_fit``)."""
         with self._lock:
             entry = self._lengths.pop(session_id, None)
             if entry is not None:
                 self._length_bytes -= entry.charged
             elif session_id in self._reading_lengths or session_id in self._lengths_unkept:
                 return None
-        later = self.lengths_later_min if defer else None
+        later = self.lengths_later_min
         if entry is None and later is not None and self.store.last_seq(session_id) >= later:
             with self._lock:
                 if session_id in self._reading_lengths:
@@ -710,10 +745,7 @@ class Recaller:
         early = self._early_lines.pop(session_id, None)
         if early is not None:
             self._length_bytes -= early.charged
-            counted = np.flatnonzero(early.line_array)
-            if early.born == entry.born and early.line_counter and len(counted):
-                costs = early.line_array[counted].tolist()
-                entry.set_lines(list(zip(counted.tolist(), costs, strict=True)), early.line_counter)
+            _take_lines(entry, early)
         entry.charged = entry.nbytes
         if entry.charged <= self.vector_cache_limit:
             self._lengths[session_id] = entry
@@ -1223,3 +1255,12 @@ class Recaller:
                 )
             )
         return quotes
+
+
+def _take_lines(entry: TurnLengths, early: TurnLengths) -> None:
+    """Give ``entry`` the line costs counted ahead of it (``early``, ``note_lines``), when
+    they are of its incarnation."""
+    counted = np.flatnonzero(early.line_array)
+    if early.born == entry.born and early.line_counter and len(counted):
+        costs = early.line_array[counted].tolist()
+        entry.set_lines(list(zip(counted.tolist(), costs, strict=True)), early.line_counter)

@@ -91,6 +91,13 @@ class TurnLengths:
         out.last = last
         return out
 
+    def copy(self) -> TurnLengths:
+        """A copy: the counts and line costs as they are now (its own arrays)."""
+        out = TurnLengths(self.born)
+        out._counts, out._lines = self._counts.copy(), self._lines.copy()
+        out.line_counter, out.last = self.line_counter, self.last
+        return out
+
     @property
     def array(self) -> npt.NDArray[np.int32]:
         """The counts by seq (0 for a seq not stored), up to ``last`` at least."""
