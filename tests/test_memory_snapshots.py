@@ -509,3 +509,18 @@ def test_a_process_killed_after_a_compaction_leaves_its_state_to_the_next(tmp_pa
     _read_only_after(calls, 400)
     engine.close()
     _as_read_from_scratch(path, got)
+
+
+def test_the_line_costs_are_saved_while_the_worker_reads_the_counts(tmp_path: Path) -> None:
+    """A session whose counts the worker is reading (nothing to save of them yet) still has
+    the line costs its derives counted saved (the state falls back to what is kept)."""
+    path = tmp_path / "m.db"
+    engine = _engine(path)
+    engine.on_turn_complete(_turns(0, 30), new_only=True)
+    engine.recaller._reading_lengths.add("default")
+    engine._save_state("default")
+    engine.recaller._reading_lengths.discard("default")
+    saved = StateFiles(tmp_path / "m.db.state").load("default")
+    engine.close()
+    assert saved is not None and saved.lengths_last == 0 and saved.lines is not None
+    assert int(np.count_nonzero(saved.lines)) == 30

@@ -538,3 +538,17 @@ def test_a_session_never_recalled_restarts_with_its_grouping(
     want = plain.tag_message("Ann's glaze and the kiln, then the pottery class")
     plain.close()
     assert got.tags == want.tags and got.related_tags == want.related_tags
+
+
+def test_groups_made_for_a_state_file_push_no_kept_grouping_out() -> None:
+    """``groups`` of a vocabulary the tagger keeps none for: made apart, as ``_buckets`` makes
+    them from scratch, and the tagger's kept groupings (at most 4) stay as they were."""
+    tagger = KeywordTagger()
+    for n in range(4):
+        tagger._buckets([f"kiln{n}", f"glaze{n}", f"clay{n}"])
+    kept = list(tagger._known)
+    vocabulary = ["zebra", "mice", " DB", "x-ray", "kiln"]
+    got = tagger.groups(vocabulary)
+    assert tagger._known == kept and all(a is b for a, b in zip(tagger._known, kept, strict=True))
+    assert got == KeywordTagger()._buckets(vocabulary)
+    assert tagger.groups(["kiln0", "glaze0", "clay0"]) is kept[-1][1]  # a kept one: as kept

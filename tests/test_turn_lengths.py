@@ -241,3 +241,42 @@ def test_lengths_to_save_never_push_another_sessions_vectors_out() -> None:
     assert recaller.lengths_to_save("b") is not None
     assert list(recaller._lengths) == ["a"]
     recaller.close()
+
+
+def test_lengths_to_save_of_another_incarnation_are_the_stores() -> None:
+    """A kept entry of the session's earlier incarnation is neither saved nor charged twice:
+    the new incarnation's counts are read whole."""
+    store = MemoryStore(counter=CharCounter())
+    stored(store, "s", *_turns(0, 20))
+    recaller = _recaller(store)
+    recaller.rank("s", QUESTION)  # keeps the counts of incarnation 1
+    store.delete_session("s")
+    stored(store, "s", *_turns(100, 12))  # written again: other turns, another incarnation
+    version = store.session_version("s")
+    assert version is not None
+    saved = recaller.lengths_to_save("s")
+    counts = store.turn_token_counts("s", list(range(1, 13)))
+    assert saved is not None and (saved.born, saved.last) == (version[0], 12)
+    assert saved.counts(range(1, 13)) == [counts[n] for n in range(1, 13)]
+    charged = sum(e.charged for e in [*recaller._lengths.values(), *recaller._early_lines.values()])
+    assert recaller.vector_cache_bytes() == charged
+
+
+def test_lengths_to_save_take_the_line_costs_counted_ahead_of_their_incarnation() -> None:
+    store = MemoryStore(counter=CharCounter())
+    stored(store, "s", *_turns(0, 10))
+    version = store.session_version("s")
+    assert version is not None
+    recaller = _recaller(store)
+    recaller.note_lines("s", version[0], "cl100k_base", [(3, 7), (5, 9)])  # a derive's
+    saved = recaller.lengths_to_save("s")
+    assert saved is not None and saved.lines([3, 4, 5], "cl100k_base") == [7, 0, 9]
+    small = _recaller(store, vector_cache_bytes=40)  # the counts read will not be kept
+    small.note_lines("s", version[0], "cl100k_base", [(3, 7)])
+    saved = small.lengths_to_save("s")
+    assert saved is not None and saved.lines([3], "cl100k_base") == [7]
+    assert "s" not in small._lengths
+    other = _recaller(store)
+    other.note_lines("s", version[0] + 1, "cl100k_base", [(3, 7)])  # not this incarnation's
+    saved = other.lengths_to_save("s")
+    assert saved is not None and saved.lines([3], "cl100k_base") == [0]

@@ -600,8 +600,9 @@ class Recaller:
         six took 51-142 ms, 28-57 with them). Read beside the cache, never at another
         session's expense: a kept entry is neither taken out nor changed (a recall meanwhile
         finds it as it was), and counts read whole are kept only where they fit without
-        evicting anything. ``None`` with the prior off, for no such session, or while the
-        worker reads them."""
+        evicting anything (so a session's counts that never fit are read whole at each save:
+        after each of its compactions, and at close). ``None`` with the prior off, for no
+        such session, or while the worker reads them."""
         if not self.length_prior:
             return None
         with self._lock:

@@ -92,10 +92,13 @@ class TurnLengths:
         return out
 
     def copy(self) -> TurnLengths:
-        """A copy: the counts and line costs as they are now (its own arrays)."""
+        """A copy: the counts and line costs as they are now (its own arrays). ``last`` is
+        read first: ``extend`` (a recall's, meanwhile) writes the counts before it moves
+        ``last``, so the copy's counts up to its ``last`` are all written."""
         out = TurnLengths(self.born)
+        out.last = self.last
         out._counts, out._lines = self._counts.copy(), self._lines.copy()
-        out.line_counter, out.last = self.line_counter, self.last
+        out.line_counter = self.line_counter
         return out
 
     @property
