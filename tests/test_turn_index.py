@@ -845,7 +845,7 @@ def _int8_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     cdist = turn_index.simsimd.cdist
 
     def spy(a: Any, b: Any, **kw: Any) -> Any:
-        calls.append(len(b))
+        calls.append(len(a))  # (the rows first: each read once for every query)
         return cdist(a, b, **kw)
 
     monkeypatch.setattr(turn_index.simsimd, "cdist", spy)

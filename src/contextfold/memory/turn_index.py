@@ -360,13 +360,16 @@ class SessionVectors:
 
         def scan(start: int, stop: int) -> None:
             # One call a part for all the queries (smaller blocks of rows were slower: each
-            # call's own cost; simsimd's own threads too, on two busy cores). Not ``out=``: in
+            # call's own cost; simsimd's own threads too, on two busy cores), the rows first:
+            # simsimd loops over its first argument outside, so each row is read from memory
+            # once for every query, not once per query (the stored 100k-turn session, recall
+            # p50 26.1-26.4 -> 23.2-24.3 ms; the same integer dot products). Not ``out=``: in
             # simsimd 6.5 a call with it drops a reference to ``None`` each time, until the
             # interpreter aborts.
             part = simsimd.cdist(
-                query_codes, codes[start:stop], metric="dot", dtype="int8", out_dtype="float32"
+                codes[start:stop], query_codes, metric="dot", dtype="int8", out_dtype="float32"
             )
-            approx[:, start:stop] = part
+            approx[:, start:stop] = np.asarray(part).T
             approx[:, start:stop] *= scales[start:stop]
 
         _split(coded, threads, scan)
