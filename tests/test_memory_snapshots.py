@@ -80,6 +80,21 @@ def _read_only_after(calls: dict[str, list[Any]], seq: int) -> None:
     assert {c[0] for c in calls["turn_openings_with_incarnation"]} == {seq}, calls
 
 
+def _restarted(path: Path, seq: int = 400) -> str:
+    """A new engine's answer to ``QUESTION``, its recall having read the turns' counts and
+    authors only after ``seq`` (``_read_only_after``)."""
+    engine = _engine(path)
+    try:
+        calls = _reads(engine)
+        got = engine.on_message_inbound(QUESTION).prepend_text
+        engine.recaller.start_reads()
+        engine.recaller.settle()
+        _read_only_after(calls, seq)
+        return got
+    finally:
+        engine.close()
+
+
 def _as_read_from_scratch(path: Path, answer: str) -> None:
     """``answer`` to ``QUESTION`` is the store's own, read from scratch (no state file)."""
     plain = _engine(path, state_files=False)
@@ -165,14 +180,8 @@ def test_a_session_only_written_and_derived_restarts_with_its_counts_and_authors
     assert saved is not None and saved.lengths is not None and saved.born == born
     assert saved.lengths_last == 400 and saved.authors_last == 400
     assert saved.lengths[:401].tolist() == [0] + [n for _, n in counts]
-    engine = _engine(path)
-    calls = _reads(engine)
-    got = engine.on_message_inbound(QUESTION).prepend_text
-    engine.recaller.start_reads()
-    engine.recaller.settle()
-    _read_only_after(calls, 400)
+    got = _restarted(path)
     assert "Ann:" in got
-    engine.close()
     _as_read_from_scratch(path, got)
 
 
@@ -501,14 +510,7 @@ def test_a_process_killed_after_a_compaction_leaves_its_state_to_the_next(tmp_pa
     )
     assert child.returncode == -signal.SIGKILL, child.stderr
     assert list((tmp_path / "m.db.state").glob("*.state"))  # written by the compaction
-    engine = _engine(path)
-    calls = _reads(engine)
-    got = engine.on_message_inbound(QUESTION).prepend_text
-    engine.recaller.start_reads()
-    engine.recaller.settle()
-    _read_only_after(calls, 400)
-    engine.close()
-    _as_read_from_scratch(path, got)
+    _as_read_from_scratch(path, _restarted(path))
 
 
 def test_the_line_costs_are_saved_while_the_worker_reads_the_counts(tmp_path: Path) -> None:
