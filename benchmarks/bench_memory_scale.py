@@ -18,7 +18,8 @@ window so compaction fires). Reported per configuration:
 * the first recall after a restart of the session as ingested, stored and derived but never
   recalled (a bulk import, then a restart): ``FIRSTS`` fresh engines, each on a fresh copy of
   the store as the writes left it, keyword only and, with ``--synthetic-vectors``, with the
-  embedder (random vectors stored first by an engine closed before any recall);
+  embedder (random vectors stored first, the last turns embedded by the model, by an engine
+  closed before any recall);
 * the process RSS after each phase and the vectors' own size (turns x 384 x 4 bytes);
 * side by side: the runs' stores are kept, then reopened in one last child process whose
   steady recalls (each run's same questions, keyword-only, then with the embedder) are timed
@@ -76,6 +77,7 @@ DIM = 384
 WARM_UP = "What did we talk about before?"  # a warm-up recall's message, never timed
 FIRSTS = 3  # first recalls timed after a compaction, and after a restart (the median reported)
 ROUNDS = 3  # alternating rounds of the side-by-side phase
+INGEST_EMBEDDED = 20  # the as-ingested session's last turns embedded by the model (the rest random)
 
 
 def rss_mb() -> float:
@@ -179,9 +181,10 @@ def after_ingest(
     """The first recalls after a restart of a session as ingested (stored and derived, never
     recalled): each of ``questions`` asked by a fresh engine on a fresh copy of the store as
     the writes left it (``twice``), keyword only; then, with ``embedder`` (``None``: not
-    measured), the same on a copy given random vectors first (``random_vectors``, stored and
-    written to the vector files by an engine closed before any recall), with the embedder
-    (no query-vector cache: the question again embeds too). The store is left as written."""
+    measured), the same on a copy given random vectors first (``random_vectors``, all but the
+    last ``INGEST_EMBEDDED`` turns', which the model embeds as a derive would, by an engine
+    closed before any recall), with the embedder (no query-vector cache: the question again
+    embeds too). The store is left as written."""
     path = folder / "memory.db"
     written = folder.with_name(folder.name + "-ingested")
     shutil.copytree(folder, written)
@@ -194,9 +197,8 @@ def after_ingest(
                     break
                 model = CachedEmbedder(embedder.inner, max_entries=0)
                 engine = MemoryEngine(config, store=MemoryStore(path), embedder=model)
-                random_vectors(engine, sid)
-                engine.derive(sid)
-                engine.recaller.ensure_vectors(sid)
+                random_vectors(engine, sid, leave=INGEST_EMBEDDED)
+                engine.recaller.ensure_vectors(sid)  # the last turns: embedded, as a derive
                 engine.close()
             start = folder.with_name(folder.name + "-start")
             shutil.copytree(folder, start)
@@ -227,10 +229,11 @@ def grow_and_compact(
     return at + count
 
 
-def random_vectors(engine: MemoryEngine, sid: str) -> None:
-    """Random unit vectors for every turn of ``sid``, stored as the engine's embedder's."""
+def random_vectors(engine: MemoryEngine, sid: str, leave: int = 0) -> None:
+    """Random unit vectors for every turn of ``sid`` but its last ``leave``, stored as the
+    engine's embedder's."""
     model = engine.recaller._model
-    last = engine.store.last_seq(sid)
+    last = engine.store.last_seq(sid) - leave
     rng = np.random.default_rng(22)
     for start in range(1, last + 1, 5_000):
         seqs = list(range(start, min(start + 5_000, last + 1)))

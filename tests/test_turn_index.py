@@ -1094,6 +1094,95 @@ def test_a_restart_maps_the_int8_copy_and_scans_it_from_the_first_recall(
     assert calls == [2100]
 
 
+def _embedded_only(tmp_path: Path, turns: int) -> tuple[Path, Recaller]:
+    """A file store whose session of ``turns`` turns was embedded (``ensure_vectors``, as a
+    bulk ingest's derives do) and never recalled, by a recaller closed at once."""
+    path = tmp_path / "m.db"
+    store = MemoryStore(path, counter=CharCounter())
+    store.create_session("s")
+    texts = [f"kiln firing {i} at the studio" for i in range(turns)]
+    store.append_turns("s", [Message(role="user", content=t) for t in texts])
+    r = Recaller(
+        store,
+        embedder=HashEmbedder(dim=16),
+        fts_limit=LIMIT,
+        quantize_min_turns=1000,
+        vector_dir=f"{path}.vectors",
+    )
+    assert r.ensure_vectors("s") == turns and not r._vectors  # nothing cached
+    return path, r
+
+
+@needs_simsimd
+def test_a_session_embedded_and_never_recalled_has_its_files_written_at_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Close writes the files of a session this process embedded and no recall cached, with
+    the int8 copy a recall would scan: a restart maps them, reads only the rows stored since
+    (none), and scans the copy from its first recall, as a reader of the store alone would
+    rank."""
+    path, first = _embedded_only(tmp_path, 1200)
+    first.close()
+    (meta,) = Path(f"{path}.vectors").glob("*.json")
+    saved = json.loads(meta.read_text(encoding="utf-8"))
+    assert (saved["rows"], saved["coded"]) == (1200, 1200)
+    store = MemoryStore(path, counter=CharCounter())
+    calls = reads(store)
+    int8 = _int8_calls(monkeypatch)
+    again = Recaller(
+        store, embedder=HashEmbedder(dim=16), fts_limit=LIMIT, quantize_min_turns=1000,
+        vector_dir=f"{path}.vectors",
+    )  # fmt: skip
+    got = again._dense("s", ["kiln firing 7"], LIMIT)[0]
+    # mapped (the store read only for the files' last rows, their check), the copy scanned
+    assert calls and min(calls) >= 1200 - 8 and int8 == [1200]
+    plain = Recaller(MemoryStore(path, counter=CharCounter()), embedder=HashEmbedder(dim=16))
+    want = plain._dense("s", ["kiln firing 7"], LIMIT)[0]
+    assert [seq for seq, _ in got] == [seq for seq, _ in want]
+    assert np.allclose([v for _, v in got], [v for _, v in want])
+    again.close()
+    plain.close()
+
+
+def test_close_brings_a_recalled_sessions_lagging_files_up_to_the_store(tmp_path: Path) -> None:
+    """Recalled at 1,200 turns (its files written then), then 600 more embedded and never
+    recalled: close writes them too, the int8 copy with them."""
+    path, r = _embedded_only(tmp_path, 1200)
+    r._dense("s", ["kiln firing 7"], LIMIT)
+    r.settle()  # the worker's job: the files at 1,200 rows, coded
+    (meta,) = Path(f"{path}.vectors").glob("*.json")
+    assert (json.loads(meta.read_text(encoding="utf-8"))["rows"]) == 1200
+    more = [f"glaze test {i} in the kiln" for i in range(600)]
+    r.store.append_turns("s", [Message(role="user", content=t) for t in more])
+    assert r.ensure_vectors("s") == 600
+    assert r.ensure_vectors("s") == 0  # (nothing more: nothing recorded either)
+    r.close()
+    saved = json.loads(meta.read_text(encoding="utf-8"))
+    assert (saved["rows"], saved["coded"]) == (1800, 1800)
+
+
+def test_close_writes_no_files_below_files_min_turns_nor_for_a_deleted_session(
+    tmp_path: Path,
+) -> None:
+    path, small = _embedded_only(tmp_path, 300)  # under ``files_min_turns`` (1,000)
+    small.close()
+    assert not list(Path(f"{path}.vectors").glob("*.json"))
+    other = tmp_path / "other"
+    other.mkdir()
+    path, gone = _embedded_only(other, 1200)
+    gone.store.delete_session("s")  # after its vectors were embedded: nothing to write
+    gone.close()
+    assert not list(Path(f"{path}.vectors").glob("*.json"))
+
+
+def test_ensure_vectors_records_only_sessions_it_embedded(tmp_path: Path) -> None:
+    _, r = _embedded_only(tmp_path, 20)
+    assert r._embedded == {"s"}
+    r._embedded.clear()
+    assert r.ensure_vectors("s") == 0 and r._embedded == set()
+    r.close()
+
+
 def _flip_a_code(path: Path) -> None:
     (codes,) = Path(f"{path}.vectors").glob("*.i8")
     data = bytearray(codes.read_bytes())

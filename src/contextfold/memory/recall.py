@@ -37,6 +37,7 @@ with the tags of the turn and of its segment.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import threading
 from collections import OrderedDict
@@ -116,6 +117,7 @@ def _excerpt(text: str, words: Collection[str], width: int) -> str:
     return ("…" if start > 0 else "") + piece + ("…" if start + width < len(text) else "")
 
 
+log = logging.getLogger(__name__)
 Fusion = Literal["score", "rrf"]
 _PREFETCHED = 256  # queries started and not yet ranked, kept at most
 _PREFETCHED_CHARS = 4 * 1024 * 1024  # and at most this many characters of them
@@ -250,6 +252,9 @@ class Recaller:
         # is read by the worker while recall answers without the dense signal.
         self.read_later_min: int | None = READ_LATER_MIN
         self._reading: set[str] = set()
+        # Sessions this process embedded (``ensure_vectors``): their files are written at
+        # close where no recall cached them (``_write_embedded``).
+        self._embedded: set[str] = set()
         # Sessions read so that were found too large for the cache: their ``born`` and bytes.
         # They are not read again (every recall would) while the limit stays below that.
         self._too_large: OrderedDict[str, tuple[int, int]] = OrderedDict()
@@ -285,6 +290,9 @@ class Recaller:
             batch = todo[start : start + self.embed_batch]
             vectors = self.embedder.embed([text for _, text in batch])
             self.store.add_turn_vectors(session_id, self._model, [s for s, _ in batch], vectors)
+        if todo and self.files is not None:
+            with self._lock:
+                self._embedded.add(session_id)
         return len(todo)
 
     def pending_vectors(self, session_id: str) -> int:
@@ -579,10 +587,67 @@ class Recaller:
         for session_id, entry in entries:
             self._worker.submit(functools.partial(self._work, session_id, entry, final=True))
         self._worker.wait()
+        self._write_embedded()
         self._worker.close()
         if self.files is not None:
             # A deleted session's vectors do not outlive it on disk.
             self.files.prune(self._born)
+
+    def _write_embedded(self) -> None:
+        """At close, after the cached sessions' own writes: the files of the sessions this
+        process embedded, brought up to the store's vectors (a bulk ingest never recalled has
+        none; one recalled and written to since lags), for sessions of ``files_min_turns``
+        vectors or more that the cache could hold, with their int8 copy where a recall would
+        scan one (``quantize_min_turns``, no index answering). A restart then maps them: its
+        first recall of a 10k-turn session no longer reads every vector from the store (about
+        30 ms, a steady recall's 22), nor does a 100k-turn one go without the dense signal
+        while the worker reads them. One session at a time, outside the cache (nothing cached
+        is pushed out); files that hold every row and the copy are left as they are."""
+        if self.files is None:
+            return
+        with self._lock:
+            todo = sorted(self._embedded)
+            self._embedded.clear()
+        for session_id in todo:
+            try:
+                self._write_files_of(session_id)
+            except Exception as exc:  # never keeps close() from closing the rest
+                log.warning("could not write the vector files of session %r: %s", session_id, exc)
+
+    def _write_files_of(self, session_id: str) -> None:
+        """``_write_embedded`` for one session."""
+        assert self.files is not None
+        born = self._born(session_id)
+        if born is None:
+            return
+        # The last seq bounds the count from above: a session under ``files_min_turns`` is
+        # not read, nor one whose vectors might not fit the cache (a recall never caches one
+        # too large, nor gives it files; the rows read are checked again below).
+        last = self.store.last_vector_seq(session_id, self._model)
+        dim = self.embedder.dim if self.embedder is not None else 0
+        if last < self.files_min_turns or last * dim * 4 > self.vector_cache_limit:
+            return
+        loaded = self.files.load(
+            session_id,
+            self._model,
+            born,
+            lambda after: self.store.turn_vectors(session_id, self._model, after=after),
+            codes=self.quantize_min_turns is not None,
+        )
+        if loaded is not None:
+            entry, new_seqs, new = loaded
+            entry.append(new_seqs, new)
+        else:
+            entry = SessionVectors(born)
+            entry.append(*self.store.turn_vectors(session_id, self._model, after=0))
+        if len(entry) < self.files_min_turns or entry.nbytes > self.vector_cache_limit:
+            return
+        if self._code_due(entry):
+            entry.code(stopping=lambda: False)
+        if entry.saved_rows < len(entry) or entry.saved_coded < entry.coded:
+            self.files.save_rows(
+                session_id, self._model, entry, alive=lambda: self._born(session_id) == entry.born
+            )
 
     def vector_cache_bytes(self) -> int:
         """The bytes the cached session vectors and token counts hold (never above
