@@ -328,17 +328,9 @@ class Recaller:
         born = version[0] if version is not None else 0
         if entry is None or entry.born != born:
             entry = None
-            if self.files is not None and version is not None:
-                loaded = self.files.load(
-                    session_id,
-                    self._model,
-                    born,
-                    lambda after: self.store.turn_vectors(session_id, self._model, after=after),
-                    codes=self.quantize_min_turns is not None,  # (dropped where the index answers)
-                )
-                if loaded is not None:
-                    entry, new_seqs, new = loaded
-                    entry.append(new_seqs, new)
+            if version is not None:
+                entry = self._from_files(session_id, born)
+                if entry is not None:
                     if entry.coded and not self._copy_kept(entry):
                         entry.drop_codes()
                     with self._lock:
@@ -556,14 +548,9 @@ class Recaller:
             self._recharge(session_id, entry)
         if self.files is None or n < self.files_min_turns:
             return
-        if entry.saved_rows < len(entry) or entry.saved_coded < entry.coded:
-            # (the int8 copy is written with the rows: a restart scans it from its first
-            # recall, instead of float32 until the worker has made it again)
-            # Asked under the file lock: a session deleted after this job was queued gets no
-            # files written again (``MemoryEngine.delete_session`` discards under that lock).
-            self.files.save_rows(
-                session_id, self._model, entry, alive=lambda: self._born(session_id) == entry.born
-            )
+        # (the int8 copy is written with the rows: a restart scans it from its first recall,
+        # instead of float32 until the worker has made it again)
+        self._save_rows(session_id, entry)
         step = 1 if final else max(self.ann_tail, entry.saved_indexed // 10)
         if entry.index is not None and entry.indexed - entry.saved_indexed >= step:
             self.files.save_index(session_id, self._model, entry)
@@ -627,6 +614,22 @@ class Recaller:
         dim = self.embedder.dim if self.embedder is not None else 0
         if last < self.files_min_turns or last * dim * 4 > self.vector_cache_limit:
             return
+        entry = self._from_files(session_id, born)
+        if entry is None:
+            entry = SessionVectors(born)
+            entry.append(*self.store.turn_vectors(session_id, self._model, after=0))
+        if len(entry) < self.files_min_turns or entry.nbytes > self.vector_cache_limit:
+            return
+        if self._code_due(entry):
+            entry.code(stopping=lambda: False)
+        self._save_rows(session_id, entry)
+
+    def _from_files(self, session_id: str, born: int) -> SessionVectors | None:
+        """The session's entry mapped from its files (with the int8 copy where one may be
+        scanned: dropped where the index answers) and the store's rows after them, or
+        ``None`` (no files, or files that failed their checks)."""
+        if self.files is None:
+            return None
         loaded = self.files.load(
             session_id,
             self._model,
@@ -634,16 +637,17 @@ class Recaller:
             lambda after: self.store.turn_vectors(session_id, self._model, after=after),
             codes=self.quantize_min_turns is not None,
         )
-        if loaded is not None:
-            entry, new_seqs, new = loaded
-            entry.append(new_seqs, new)
-        else:
-            entry = SessionVectors(born)
-            entry.append(*self.store.turn_vectors(session_id, self._model, after=0))
-        if len(entry) < self.files_min_turns or entry.nbytes > self.vector_cache_limit:
-            return
-        if self._code_due(entry):
-            entry.code(stopping=lambda: False)
+        if loaded is None:
+            return None
+        entry, new_seqs, new = loaded
+        entry.append(new_seqs, new)
+        return entry
+
+    def _save_rows(self, session_id: str, entry: SessionVectors) -> None:
+        """Write the entry's rows and int8 copy the files lack (none: nothing). Asked under
+        the file lock: a session deleted meanwhile gets no files written again
+        (``MemoryEngine.delete_session`` discards under that lock)."""
+        assert self.files is not None
         if entry.saved_rows < len(entry) or entry.saved_coded < entry.coded:
             self.files.save_rows(
                 session_id, self._model, entry, alive=lambda: self._born(session_id) == entry.born
@@ -904,11 +908,16 @@ class Recaller:
         fresh = TurnAuthors(born)
         fresh.extend(rows)
         with self._lock:
-            self._authors[session_id] = fresh
-            self._authors.move_to_end(session_id)
-            while len(self._authors) > self.cached_sessions:
-                self._authors.popitem(last=False)
+            self._keep_authors(session_id, fresh)
         return fresh
+
+    def _keep_authors(self, session_id: str, authors: TurnAuthors) -> None:
+        """Keep a session's authors as the most recently used (the lock held), at most
+        ``cached_sessions`` sessions'."""
+        self._authors[session_id] = authors
+        self._authors.move_to_end(session_id)
+        while len(self._authors) > self.cached_sessions:
+            self._authors.popitem(last=False)
 
     def note_authors(
         self, session_id: str, born: int, after: int, rows: Sequence[tuple[int, str]]
@@ -933,9 +942,7 @@ class Recaller:
             with self._lock:
                 if session_id in self._authors or session_id in self._reading_authors:
                     return
-                self._authors[session_id] = fresh
-                while len(self._authors) > self.cached_sessions:
-                    self._authors.popitem(last=False)
+                self._keep_authors(session_id, fresh)
             return
         with entry.lock:
             if entry.born == born and after <= entry.last < rows[-1][0]:
@@ -983,9 +990,7 @@ class Recaller:
                 and session_id not in self._authors
                 and session_id not in self._reading_authors
             ):
-                self._authors[session_id] = authors
-                while len(self._authors) > self.cached_sessions:
-                    self._authors.popitem(last=False)
+                self._keep_authors(session_id, authors)
 
     def forget(self, session_id: str) -> None:
         """Drop the cached vectors of a session (after it was deleted), and its files (every
