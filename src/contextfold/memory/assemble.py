@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
+from functools import lru_cache
 
 from pydantic import BaseModel, ConfigDict
 
@@ -146,7 +147,14 @@ class _Part:
 
 
 def _day(moment: datetime) -> str:
-    return f"[{moment.day} {moment:%B %Y}]"
+    return _date_header(moment.date())
+
+
+@lru_cache(maxsize=4096)
+def _date_header(day: date) -> str:
+    """A day's header line (made once per day: a recall asks for it two or three times per
+    ranked turn)."""
+    return f"[{day.day} {day:%B %Y}]"
 
 
 def _is_question(text: str) -> bool:
