@@ -758,6 +758,37 @@ def _render_forwarded(path: Path, data: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _render_long_messages(path: Path, data: dict[str, Any]) -> list[str]:
+    """``bench_long_messages.py``: a question inside a long message, before and now."""
+    lines = [
+        "## A question inside a long message (`bench_long_messages.py`)",
+        "",
+        data["description"],
+        "",
+        f"- Command: `{data['command']}` → `{_relative(str(path))}`",
+        f"- Budget {data['budget']:,} tokens; pages: the first {data['pages']['sentences']} "
+        f"sentences of {data['pages']['source']}.",
+        "",
+        "| split | asked | recall 1–4 | multi-hop | real questions withheld "
+        "| negative mean tokens | negative p95 |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for split, got in data["summary"].items():
+        for key, m in got.items():
+            if not isinstance(m, dict):
+                continue
+            multi = "–" if m["multi_hop"] is None else f"{m['multi_hop']:.3f}"
+            neg = m["negative_mean_tokens"]
+            p95 = m["negative_p95_tokens"]
+            lines.append(
+                f"| {split} | {key} | {m['recall']:.3f} | {multi} "
+                f"| {m['real_withheld']} of {got['real_questions']} "
+                f"| {'–' if neg is None else f'{neg:,.1f}'} "
+                f"| {'–' if p95 is None else f'{p95:,.0f}'} |"
+            )
+    return lines
+
+
 def _render_memory(path: Path, data: dict[str, Any]) -> list[str]:
     write, recall = data["write"], data["recall"]
     rate, median = write["turns_per_second"], recall["median_ms"]
@@ -1335,6 +1366,7 @@ _RENDERERS = {
     "memory_floor_calibration": _render_memory_floor,
     "memory_floor": _render_memory_floor,
     "forwarded": _render_forwarded,
+    "long_messages": _render_long_messages,
     "store": _render_store,
     "scaleout": _render_scaleout,
     "telemetry": _render_telemetry,
@@ -1364,7 +1396,8 @@ def render_results(results_dir: Path) -> str:
         "`python benchmarks/bench_durability.py`, `python benchmarks/bench_warm_start.py`, "
         "`python benchmarks/bench_tool_outputs.py` (`--synthesized` for the synthesized "
         "session), `python benchmarks/calibrate_memory_floor.py` and "
-        "`python benchmarks/bench_forwarded.py`; `bench_store.py`, `bench_scaleout.py` and "
+        "`python benchmarks/bench_forwarded.py`, `python benchmarks/bench_long_messages.py`; "
+        "`bench_store.py`, `bench_scaleout.py` and "
         "`bench_telemetry.py` likewise.",
         "",
     ]

@@ -335,6 +335,29 @@ def test_memory_floor_calibration_quick_run(tmp_path: Path) -> None:
 
 
 @needs_data
+def test_long_messages_benchmark_quick_run(tmp_path: Path) -> None:
+    """``bench_long_messages.py`` asks LoCoMo questions alone and inside a pasted page,
+    without and with the long message's asking sentences (``question_focus``)."""
+    result, md = run_quick(tmp_path, "bench_long_messages.py", "long_messages")
+    summary = result["summary"]
+    assert set(summary) == {"tune", "held-out", "all"}
+    for got in summary.values():
+        assert got["real_questions"] > 0 and got["negative_questions"] > 0
+        for form in result["forms"]:
+            before, now = got[f"{form}, before"], got[f"{form}, now"]
+            for m in (before, now, got["alone"]):
+                assert 0 <= m["recall"] <= 1 and m["negative_mean_tokens"] >= 0
+            assert now["real_withheld"] <= before["real_withheld"]
+        # The page drowns the question: judged whole, most of it is withheld.
+        assert sum(got[f"{f}, now"]["real_withheld"] for f in result["forms"]) < sum(
+            got[f"{f}, before"]["real_withheld"] for f in result["forms"]
+        )
+    rows = result["rows"]
+    assert {r["split"] for r in rows} == {"tune", "held-out"}
+    assert "## A question inside a long message" in md.read_text(encoding="utf-8")
+
+
+@needs_data
 def test_forwarded_tokens_benchmark_quick_run(tmp_path: Path) -> None:
     """``bench_forwarded.py`` drives a real proxy process through a conversation, three ways,
     and counts what the client sent against what the fake upstream received."""

@@ -10,8 +10,15 @@ import pytest
 
 from contextfold.items import Message
 from contextfold.memory.config import MemoryConfig
-from contextfold.memory.decompose import interleave, query_parts
+from contextfold.memory.decompose import (
+    FOCUS_MIN_WORDS,
+    FOCUS_SENTENCES,
+    interleave,
+    query_parts,
+    question_focus,
+)
 from contextfold.memory.engine import MemoryEngine
+from contextfold.memory.fusion import Hit, merge_parts
 from contextfold.memory.recall import Recaller
 from contextfold.store.sqlite.memory import MemoryStore
 from contextfold.testing import HashEmbedder
@@ -130,7 +137,9 @@ class _CountingEmbedder(HashEmbedder):
         return super().embed(texts)
 
 
-def test_a_prefetched_message_and_its_parts_are_embedded_in_one_batch() -> None:
+def _embedded_recaller() -> tuple[Recaller, _CountingEmbedder, int]:
+    """A recaller over five embedded turns about Anna, its counting embedder and how many
+    model calls embedding the turns took."""
     store = MemoryStore(counter=COUNTER)
     embedder = _CountingEmbedder()
     recaller = Recaller(store, embedder=embedder, decompose=True)
@@ -139,7 +148,11 @@ def test_a_prefetched_message_and_its_parts_are_embedded_in_one_batch() -> None:
         "s", [Message(role="user", content=f"Anna saw Oslo, day {n}.") for n in range(5)]
     )
     recaller.ensure_vectors("s")
-    embedded_turns = len(embedder.calls)
+    return recaller, embedder, len(embedder.calls)
+
+
+def test_a_prefetched_message_and_its_parts_are_embedded_in_one_batch() -> None:
+    recaller, embedder, embedded_turns = _embedded_recaller()
     question = "Which cities have both Anna and Ben visited?"
     recaller.prefetch(question)
     ranked = recaller.rank("s", question)
@@ -179,3 +192,103 @@ def test_a_part_with_no_content_word_takes_no_slot_from_the_messages_own_hits() 
     split = [r.seq for r in Recaller(store, decompose=True).rank("s", "Who is Bob?")]
     assert plain[:2] == [1, 2]
     assert split == plain
+
+
+PAGE = "The assay measured receptor binding in vitro across twelve cell lines. " * 5
+
+
+@pytest.mark.parametrize(
+    ("message", "focus"),
+    [
+        # a question after a page, and before one: its asking sentences
+        (
+            f"{PAGE}Anyway, where did Anna go? Was it Oslo?",
+            "Anyway, where did Anna go? Was it Oslo?",
+        ),
+        (f"Where did Anna go?\n\n{PAGE}", "Where did Anna go?"),
+        # a log's lines end its sentences: the question on its own line is found
+        (
+            "\n".join(f"ERROR worker {n} lost its lease after 30 s" for n in range(8))
+            + "\nSeen it?",
+            "Seen it?",
+        ),
+        # the last FOCUS_SENTENCES asking sentences, in order
+        (
+            PAGE + " ".join(f"Question {n}?" for n in range(5)),
+            "Question 2? Question 3? Question 4?",
+        ),
+        # a title's or a country's full stop ends no sentence; a wrapped line is one line
+        (
+            f"{PAGE}What did Dr. Lee say about the U.S. trip?",
+            "What did Dr. Lee say about the U.S. trip?",
+        ),
+        (
+            f"{PAGE}\nAnyway, when did Anna\njoin the group?",
+            "Anyway, when did Anna join the group?",
+        ),
+        (f"{PAGE}(when did Anna join the group?)", "(when did Anna join the group?)"),
+        (f'{PAGE}When did Anna read "Becoming Nicole"?', 'When did Anna read "Becoming Nicole"?'),
+        ("\r\n".join([PAGE, "Where did Anna go?"]), "Where did Anna go?"),
+        (PAGE + "安娜什么时候加入了那个小组？", "安娜什么时候加入了那个小组？"),  # one word: none
+        # code and logs ask nothing: a ternary, unknown frames, a URL's query, code fences
+        ("Why does it crash?\n\n" + "const x = a ? b : c;\n" * 15, "Why does it crash?"),
+        ("Why does it crash?\n```js\n" + "let y = a?.b ?? c?\n" * 15 + "```", "Why does it crash?"),
+        (PAGE + "\n??? unknown frame\nin ?? ()", None),
+        (PAGE + "see https://example.com/a? b=1", None),
+        (PAGE + "Why?", None),  # one word asks nothing a search can use
+        (PAGE + "Tell me where Anna went.", None),  # asks nothing with a question mark
+        ("Where did Anna go?", None),  # short: its own focus
+        (" ".join(["Where did Anna go?"] * 12), None),  # all questions: its own focus
+    ],
+)
+def test_question_focus(message: str, focus: str | None) -> None:
+    assert question_focus(message) == focus
+
+
+def test_the_focus_needs_a_long_message() -> None:
+    question = "Where did Anna go?"
+    filler = "Noted. " * (FOCUS_MIN_WORDS - len(question.split()))
+    assert question_focus(filler + question) == question
+    assert question_focus(filler[7:] + question) is None  # one word short
+    assert FOCUS_SENTENCES == 3
+    # Asking sentences of exactly half the words are still a focus; one word more is not.
+    asking = "Where did Anna go? " * 5  # 20 words
+    assert (
+        question_focus("Noted. " * 20 + asking) == "Where did Anna go? " * 2 + "Where did Anna go?"
+    )
+    assert question_focus("Noted. " * 19 + asking) is None
+
+
+def test_merged_cosines_are_the_messages_and_its_focus_never_a_parts() -> None:
+    message = [
+        Hit(1, 1.0, {"dense": 1}, 0.30),
+        Hit(2, 0.5, {"fts": 1}, 0.20),
+        Hit(5, 0.4, {"dense": 2}, 0.70),
+    ]
+    focus = [
+        Hit(2, 1.0, {"dense": 1}, 0.60),
+        Hit(3, 0.9, {"dense": 2}, 0.55),
+        Hit(5, 0.3, {"dense": 3}, 0.10),
+    ]
+    part = [Hit(4, 1.0, {"dense": 1}, 0.90), Hit(3, 0.5, {"dense": 2}, 0.95)]
+    merged = {h.seq: h for h in merge_parts([message, focus, part], 10, judged=2)}
+    assert merged[1].similarity == 0.30  # the message's own
+    assert merged[2].similarity == 0.60  # the better of the message's and the focus'
+    assert merged[5].similarity == 0.70  # … whichever it is
+    assert merged[3].similarity == 0.55  # the focus', not the part's 0.95
+    assert merged[4].similarity is None  # only a part found it: not judged
+    # Without a focus (judged=1) a turn only another list found has no cosine, as before.
+    alone = {h.seq: h for h in merge_parts([message, focus], 10)}
+    assert alone[2].similarity == 0.20 and alone[3].similarity is None
+    assert merged[2].score == alone[2].score == 0.5  # the message's score either way
+
+
+def test_a_long_message_its_focus_and_their_parts_are_embedded_in_one_batch() -> None:
+    recaller, embedder, embedded_turns = _embedded_recaller()
+    # The page's capitalised words name nobody the parts are made of: the focus' names are.
+    message = f"Lattice QCD by Marek Kowalski. {PAGE}\n\nWhich cities did Anna visit?"
+    recaller.prefetch(message)
+    ranked = recaller.rank("s", message)
+    assert ranked
+    focus = "Which cities did Anna visit?"
+    assert embedder.calls[embedded_turns:] == [[message, focus, "Which cities did visit?"]]

@@ -121,3 +121,47 @@ def test_config_values() -> None:
     assert strict.recall.unknown_name_floor == UNKNOWN_NAME_FLOOR
     off = MemoryConfig.model_validate({"recall": {"unknown_name_floor": False}})
     assert off.recall.unknown_name_floor is None
+
+
+PAGE = (
+    "The assay measured receptor binding in vitro across twelve cell lines over six weeks. "
+    "Lattice simulations of the coupling constant agreed with the perturbative estimate. "
+    "Samples were stored at minus eighty degrees before the spectrometry runs began. "
+    "Marek Kowalski and Ines Duarte reviewed the protocol before the second cohort. "
+)
+
+
+def test_a_question_after_a_pasted_page_is_judged_by_its_asking_sentences() -> None:
+    # A long message's embedding is mostly its page: the floor, judging the whole message,
+    # withheld memory from the question at its end. Its asking sentence is judged too.
+    message = f"{PAGE}\n\nAnyway: {RELATED}"
+    assembled = engine(0.4).on_message_inbound(message, budget=2048)
+    assert assembled.withheld is None
+    assert "twelve tomato seedlings" in assembled.prepend_text
+    # Judged whole (decomposition off asks the message as one text), it is withheld.
+    cfg = MemoryConfig.model_validate(
+        {"recall": {"relevance_floor": 0.4, "unknown_name_floor": False, "decompose": False}}
+    )
+    whole = MemoryEngine(
+        cfg, store=MemoryStore(counter=COUNTER), embedder=HashEmbedder(), counter=COUNTER
+    )
+    whole.on_turn_complete(CHAT)
+    assert whole.on_message_inbound(message, budget=2048).withheld is not None
+
+
+def test_an_unrelated_question_after_a_pasted_page_still_gets_no_memory() -> None:
+    for message in (f"{PAGE}\n\n{UNRELATED}", f"{UNRELATED}\n\nHere is the page:\n{PAGE}"):
+        assembled = engine(0.4).on_message_inbound(message, budget=2048)
+        assert assembled.prepend_text == "" and assembled.withheld is not None
+
+
+def test_names_on_a_pasted_page_are_not_the_questions_names() -> None:
+    # The page names people memory never stored; the question names Mel, whom it did: the
+    # stricter floor looks up the question's names only.
+    question = "How many tomato seedlings did Mel plant by the greenhouse?"
+    assembled = engine(0.3, 0.99).on_message_inbound(f"{PAGE}\n\n{question}", budget=2048)
+    assert assembled.withheld is None
+    assert "twelve tomato seedlings" in assembled.prepend_text
+    stranger = question.replace("Mel", "Caroline")
+    assembled = engine(0.3, 0.99).on_message_inbound(f"{PAGE}\n\n{stranger}", budget=2048)
+    assert "names caroline, which no stored turn contains" in (assembled.withheld or "")

@@ -1150,7 +1150,7 @@ class MemoryEngine:
         if strict is None or best >= strict:
             return None
         # Only a message the first floor passes, and the stricter one would not, looks up names.
-        unknown = self._known_names.unknown(sid, names_in(text))
+        unknown = self._known_names.unknown(sid, names_in(self.recaller.judged_text(text)))
         if not unknown:
             return None
         return (

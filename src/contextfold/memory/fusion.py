@@ -134,20 +134,29 @@ def best_hits(fused: Fused, similarity: Mapping[int, float], limit: int) -> list
     ]
 
 
-def merge_parts(lists: Sequence[Sequence[Hit]], limit: int) -> list[Hit]:
+def merge_parts(lists: Sequence[Sequence[Hit]], limit: int, judged: int = 1) -> list[Hit]:
     """The message's ranking (``lists[0]``) interleaved with its parts' (``memory.decompose``):
-    a turn keeps the message's own score and cosine when the message ranked it; one only a
-    part found gets that part's score scaled to the message's best (its cosine is the
-    message's only, so the relevance floor still judges the message), and the order of the
-    interleave is the order returned."""
+    a turn keeps the message's own score when the message ranked it; one only a part found
+    gets that part's score scaled to the message's best, and the order of the interleave is
+    the order returned. A turn's cosine is the best the first ``judged`` lists gave it (the
+    message's, and a long message's asking sentences'): the relevance floor judges those,
+    never a part with a name taken out."""
     own = {r.seq: r for r in lists[0]}
+    cosines: dict[int, float] = {}
+    for lst in lists[1:judged]:
+        for r in lst:
+            if r.similarity is not None:
+                cosines[r.seq] = max(r.similarity, cosines.get(r.seq, r.similarity))
     tops = [lst[0].score if lst and lst[0].score > 0 else 1.0 for lst in lists]
     by_seq = [{r.seq: r for r in lst} for lst in lists]
     merged = []
     for seq, which in interleave([[r.seq for r in lst] for lst in lists], limit):
-        if seq in own:
-            merged.append(own[seq])
-            continue
-        hit = by_seq[which][seq]
-        merged.append(Hit(seq, hit.score / tops[which] * tops[0], hit.ranks))
+        hit = own.get(seq)
+        if hit is None:
+            hit = by_seq[which][seq]
+            hit = Hit(seq, hit.score / tops[which] * tops[0], hit.ranks)
+        if seq in cosines:
+            cosine = cosines[seq] if hit.similarity is None else max(hit.similarity, cosines[seq])
+            hit = hit._replace(similarity=cosine)
+        merged.append(hit)
     return merged

@@ -52,7 +52,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict
 
 from contextfold.memory.authors import OPENING_CHARS, TurnAuthors, names_named
-from contextfold.memory.decompose import query_parts
+from contextfold.memory.decompose import query_parts, question_focus
 from contextfold.memory.fusion import (
     Fused,
     Hit,
@@ -1021,7 +1021,7 @@ class Recaller:
         """Start embedding ``text`` for a ``rank`` that will follow, so the model runs while
         the rest of the recall (tags, full text) does; with ``decompose``, its parts too, in
         the same batch. A no-op without an embedder."""
-        self._prefetch_all([text, *(query_parts(text) if self.decompose else ())])
+        self._prefetch_all(self._asked(text)[0])
 
     def _prefetch_all(self, texts: Sequence[str]) -> None:
         """Start embedding the ``texts`` not started yet, together (one model batch)."""
@@ -1170,16 +1170,15 @@ class Recaller:
         tag_counts: Mapping[str, int] | None,
         related_counts: Mapping[str, int] | None,
     ) -> list[RankedTurn]:
-        parts = query_parts(text) if self.decompose else []
-        if parts:  # embedded in one batch (already, when ``prefetch`` saw the message)
-            self._prefetch_all([text, *parts])
+        texts, judged = self._asked(text)
+        if len(texts) > 1:  # embedded in one batch (already, when ``prefetch`` saw the message)
+            self._prefetch_all(texts)
         # The tag signal depends on the message's tags only: the same for each part, as do
         # the authors it names (a part without a name still asks about that person).
         turns = self.store.last_seq(session_id)  # (the tag and full-text signals' limits)
         tag_scores = self._tag_scores(session_id, tags, related, tag_counts, related_counts, turns)
         authored = self._named_authors(session_id, text)
         # The full-text signal of the message and its parts in one read (they share words).
-        texts = [text, *parts]
         fts = self.store.search_turn_seqs_many(
             session_id, texts, limit=self.fts_limit, common_limit=self._common_limit(turns)
         )
@@ -1197,7 +1196,7 @@ class Recaller:
             )
             for t, hits, near in zip(texts, fts, dense, strict=True)
         ]
-        ranked = merge_parts(lists, limit) if parts else lists[0]
+        ranked = merge_parts(lists, limit, judged) if len(lists) > 1 else lists[0]
         # Built without validation (200 a recall, 0.7 ms validated): the fields are Python
         # ints, floats and dicts already (``best_hits`` converts with ``tolist``).
         return [
@@ -1206,6 +1205,22 @@ class Recaller:
             )
             for h in ranked
         ]
+
+    def _asked(self, text: str) -> tuple[list[str], int]:
+        """What a recall of ``text`` ranks, and how many of those the relevance floor judges:
+        the message; with ``decompose``, a long message's asking sentences
+        (``question_focus``, judged too) and the parts of the message or of that focus
+        (``query_parts``)."""
+        if not self.decompose:
+            return [text], 1
+        focus = question_focus(text)
+        asked = [text] if focus is None else [text, focus]
+        return [*asked, *query_parts(focus or text)], len(asked)
+
+    def judged_text(self, text: str) -> str:
+        """The text whose names the relevance floor looks up (``memory.relevance``): a long
+        message's asking sentences (``question_focus``, with ``decompose``), else the message."""
+        return (question_focus(text) if self.decompose else None) or text
 
     def start_reads(self) -> None:
         """Start the worker's whole reads of token counts and authors that recalls asked for

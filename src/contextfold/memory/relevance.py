@@ -1,7 +1,8 @@
 """Whether memory helps a message at all, judged before anything is injected.
 
 Two floors, both on the best cosine similarity between the message and a stored turn it could
-recall (``RankedTurn.similarity``):
+recall (``RankedTurn.similarity``; for a long message, the better of the message's and its
+asking sentences', ``decompose.question_focus``, whose names are the ones looked up):
 
 * ``recall.relevance_floor``: under it, the message gets no memory at all;
 * ``recall.unknown_name_floor``, stricter, for a message that **names something no stored
