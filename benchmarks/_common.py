@@ -786,6 +786,19 @@ def _render_long_messages(path: Path, data: dict[str, Any]) -> list[str]:
                 f"| {'–' if neg is None else f'{neg:,.1f}'} "
                 f"| {'–' if p95 is None else f'{p95:,.0f}'} |"
             )
+    timed = data["timing"]
+    lines += [
+        "",
+        f"Recall time on {timed['conversation']} ({timed['turns']:,} turns, MiniLM uncached, "
+        f"{timed['questions']} questions):",
+        "",
+        "| asked | median ms | p95 ms | CPU median ms |",
+        "|---|---:|---:|---:|",
+    ]
+    for key, t in timed["stats"].items():
+        lines.append(
+            f"| {key} | {t['median_ms']:.1f} | {t['p95_ms']:.1f} | {t['cpu_median_ms']:.1f} |"
+        )
     return lines
 
 

@@ -19,7 +19,10 @@ Reported per split (LoCoMo's tune half, conversations 1–5, and held-out, 6–1
 was chosen from either: ``FOCUS_MIN_WORDS`` and ``FOCUS_SENTENCES`` were set before measuring):
 evidence recall 1–4 and multi-hop recall, the real questions withheld by the relevance floors,
 and the negative set's injected tokens (mean, p95). Pages are drawn with a fixed seed, the same
-page for a question's long forms.
+page for a question's long forms. The recall's time is measured apart (the runs above share an
+embedding cache, which would answer a long form's second asking from memory): the first
+conversation again, with MiniLM uncached, ``TIMED`` questions each asked alone, then after a
+page now and before, garbage collected before each call.
 
 Run: ``python benchmarks/bench_long_messages.py`` (``--quick``: one conversation, a few
 questions). Point ``CONTEXTFOLD_HOME`` at a folder whose ``embedding-cache.db`` holds the LoCoMo
@@ -42,14 +45,19 @@ from contextfold.eval.locomo import (
     negative_questions,
     split_conversations,
 )
-from contextfold.eval.locomo_memory import MemoryEngineSystem
+from contextfold.eval.locomo_memory import MemoryEngineSystem, eval_config
 from contextfold.eval.locomo_run import evidence_recall
 from contextfold.eval.locomo_systems import SystemContext
+from contextfold.items import Message
 from contextfold.memory import recall as recall_module
 from contextfold.memory.decompose import question_focus
+from contextfold.memory.engine import MemoryEngine
+from contextfold.retrieval.embedders import MiniLMEmbedder
 from contextfold.store.sqlite import home_dir
+from contextfold.store.sqlite.memory import MemoryStore
 
 BUDGET = 2048
+TIMED = 80
 NEGATIVES = 100
 PAGE_SENTENCES = 6
 FORMS: dict[str, Callable[[str, str], str]] = {
@@ -118,6 +126,47 @@ def observe(convs: list[LocomoConversation], pages: list[str], quick: bool) -> l
     return rows
 
 
+def timing(conv: LocomoConversation, pages: list[str], quick: bool) -> dict[str, Any]:
+    """Each of the conversation's first ``TIMED`` questions alone, then after a page now and
+    before, through an engine whose MiniLM has no cache (one process, questions in turn)."""
+    first = conv.speakers[0]
+    messages = [
+        Message(role="user" if t.speaker == first else "assistant", content=t.turn_text)
+        for t in conv.turns
+    ]
+    engine = MemoryEngine(eval_config(), store=MemoryStore(), embedder=MiniLMEmbedder())
+    try:
+        engine.ingest_history(messages, timestamps=[t.timestamp for t in conv.turns])
+        engine.recaller.ensure_vectors(engine.session_id)
+        rng = random.Random(5)
+        samples = {k: common.Samples() for k in ("alone", "page, then question, now", "before")}
+        questions = [qa.question for qa in conv.qa if qa.category != 5][: 8 if quick else TIMED]
+        for question in questions:
+            long = FORMS["page, then question"](rng.choice(pages), question)
+            for key, samples_ in samples.items():
+                recall_module.question_focus = (  # type: ignore[attr-defined]
+                    (lambda _text: None) if key == "before" else question_focus
+                )
+                try:
+                    text = question if key == "alone" else long
+                    samples_.add(
+                        common.time_call(lambda t=text: engine.on_message_inbound(t, budget=BUDGET))
+                    )
+                finally:
+                    recall_module.question_focus = question_focus  # type: ignore[attr-defined]
+    finally:
+        engine.close()
+    return {
+        "conversation": conv.sample_id,
+        "turns": len(conv.turns),
+        "questions": len(questions),
+        "stats": {
+            ("page, then question, before" if k == "before" else k): v.stats()
+            for k, v in samples.items()
+        },
+    }
+
+
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     keys = ["alone"] + [f"{f}, {v}" for f in FORMS for v in ("before", "now")]
     out: dict[str, Any] = {}
@@ -132,8 +181,8 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             tokens = [r[key]["tokens"] for r in negative]
             multi = [r[key]["recall"] for r in real if r["category"] == 1]
             out[split][key] = {
-                "recall": round(statistics.fmean(r[key]["recall"] for r in real), 4),
-                "multi_hop": round(statistics.fmean(multi), 4) if multi else None,
+                "recall": round(statistics.fmean(r[key]["recall"] for r in real), 6),
+                "multi_hop": round(statistics.fmean(multi), 6) if multi else None,
                 "real_withheld": sum(r[key]["withheld"] for r in real),
                 "negative_mean_tokens": round(statistics.fmean(tokens), 1) if tokens else None,
                 "negative_p95_tokens": round(common.percentile(tokens, 95), 1) if tokens else None,
@@ -153,6 +202,7 @@ def main() -> None:
     pages = [" ".join(d.sentences[:PAGE_SENTENCES]) for d in common.scifact_docs(data)]
     pages = [p for p in pages if len(p.split()) >= 80][:500]
     rows = observe(convs, pages, args.quick)
+    timed = timing(convs[0], pages, args.quick)
     result = common.base_result("long_messages", __doc__.split("\n\n")[0], args.quick)
     result.update(
         {
@@ -160,6 +210,7 @@ def main() -> None:
             "pages": {"source": "SciFact corpus_train abstracts", "sentences": PAGE_SENTENCES},
             "forms": list(FORMS),
             "summary": summarise(rows),
+            "timing": timed,
             "rows": rows,
         }
     )

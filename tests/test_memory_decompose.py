@@ -229,13 +229,37 @@ PAGE = "The assay measured receptor binding in vitro across twelve cell lines. "
         (f"{PAGE}(when did Anna join the group?)", "(when did Anna join the group?)"),
         (f'{PAGE}When did Anna read "Becoming Nicole"?', 'When did Anna read "Becoming Nicole"?'),
         ("\r\n".join([PAGE, "Where did Anna go?"]), "Where did Anna go?"),
-        (PAGE + "安娜什么时候加入了那个小组？", "安娜什么时候加入了那个小组？"),  # one word: none
+        # written without spaces: asks in one word
+        (PAGE + "安娜什么时候加入了那个小组？", "安娜什么时候加入了那个小组？"),
         # code and logs ask nothing: a ternary, unknown frames, a URL's query, code fences
         ("Why does it crash?\n\n" + "const x = a ? b : c;\n" * 15, "Why does it crash?"),
         ("Why does it crash?\n```js\n" + "let y = a?.b ?? c?\n" * 15 + "```", "Why does it crash?"),
         (PAGE + "\n??? unknown frame\nin ?? ()", None),
         (PAGE + "see https://example.com/a? b=1", None),
         (PAGE + "Why?", None),  # one word asks nothing a search can use
+        # what may follow the mark: markdown, an HTML tag, a footnote, an exclamation
+        (f"{PAGE}\n**Did we try C++?**", "**Did we try C++?**"),
+        (f"{PAGE}\nWhat about `config.yaml`?[1]", "What about `config.yaml`?[1]"),
+        (f"{PAGE}\n<p>Is coverage above 80%?!</p>", "<p>Is coverage above 80%?!</p>"),
+        # the user's question opens or closes the message: a page's own questions in the
+        # middle, quoted mail and code lines are someone else's
+        (
+            f"Where did Anna go?\n\n{PAGE}\nWho can join? Anyone.\n\n{PAGE}",
+            "Where did Anna go?",
+        ),
+        (
+            f"{PAGE}\n> Can you send\n> the numbers by Friday?\n\nWhat did Bob say?",
+            "What did Bob say?",
+        ),
+        (
+            "Why does the deploy fail?\n\nx = input('Deploy to prod?')\n"
+            "# is this safe to run twice?\nrun(x)\n" + PAGE,
+            "Why does the deploy fail?",
+        ),
+        # a fence opened and closed on one line fences nothing; one never closed neither
+        (f"{PAGE}\n```npm install```\nWhy does it fail?", "Why does it fail?"),
+        (f"{PAGE}\n```\nWhy does it fail?", "Why does it fail?"),
+        ("Smith J. " * 2000 + "\n\nWhat did Bob say?", "What did Bob say?"),
         (PAGE + "Tell me where Anna went.", None),  # asks nothing with a question mark
         ("Where did Anna go?", None),  # short: its own focus
         (" ".join(["Where did Anna go?"] * 12), None),  # all questions: its own focus

@@ -268,9 +268,9 @@ class RecallSettings(_Section):
     kept at a time when it names several, and every name taken out — and the rankings are
     interleaved, so each part's best evidence gets a share of the budget
     (``memory.decompose``; chosen on LoCoMo's tune split, docs/memory.md). A long message (40
-    words or more) is also ranked as its asking sentences (``question_focus``: a question
-    after a pasted page), whose cosines the relevance floors judge beside the message's, and
-    its name parts are made from them.
+    words or more) is also ranked as its asking sentences (``question_focus``: the questions
+    opening or closing it, around a pasted page), whose cosines the relevance floors judge
+    beside the message's, and its name parts are made from them.
 
     ``author_weight``: a message that names the author of turns stored as ``"Name: text"``
     (a transcript's convention) has those turns' scores multiplied by ``1 + author_weight``

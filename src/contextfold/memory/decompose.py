@@ -29,8 +29,9 @@ A long message is asked in its **asking sentences** too (``question_focus``): a 
 end of a pasted page ("Here is the paper I read: … Anyway, when did Caroline join the support
 group?") has its embedding drowned by the page, and the relevance floor, judging the message's
 best cosine with a stored turn, would withhold memory for it nearly always. The sentences that
-end with a question mark are ranked as one more part, their cosines judged by the floor beside
-the message's, and the name parts are made from them, not from the page's capitalised words.
+ask, in the paragraphs opening and closing the message, are ranked as one more part, their
+cosines judged by the floor beside the message's, and the name parts are made from them, not
+from the page's capitalised words.
 """
 
 from __future__ import annotations
@@ -61,15 +62,23 @@ FOCUS_MIN_WORDS = 40
 with a sentence or two around it, is embedded whole without being drowned."""
 
 FOCUS_SENTENCES = 3
-"""A long message's focus is its last this many asking sentences."""
+"""A long message's focus is at most this many asking sentences."""
 
 _BOTH = re.compile(r"\bboth\b\s*", re.IGNORECASE)
-_FENCE = re.compile(r"^\s*(```|~~~)")
+_FENCE = re.compile(r"^\s*(?:```|~~~)[^`~]*$")  # (```npm i``` on one line fences nothing)
+# Not prose: indented code, a comment, a prompt, quoted mail, a line ending as code does, a
+# call ending a line, an assignment or comparison.
+_CODE = re.compile(
+    r"^(?: {4}|\t)|^\s*(?:>|//|/\*|\*/|#!|#\s|\$\s)|[;{}]\s*$|\w\(.*\)\s*$|\s[=!]?==?\s"
+)
 # A piece ending so ends no sentence: a single letter ("U.S.", "J. Smith") or a title.
 _ABBREVIATION = re.compile(r"(?:\b[A-Za-z]|\b(?:Dr|Mr|Mrs|Ms|Mx|Prof|Sr|Jr|St|Mt|vs|etc|al))\.$")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
 _CLOSERS = "\"')]”’」』"
 _LINE_ENDS = (".", "!", "?", "…", ":", ";", "。", "！", "？", *_CLOSERS)
+# What may follow a question's mark: closing quotes and brackets, markdown (**, _, `), an HTML
+# closing tag, a footnote, an exclamation mark.
+_TRAILING = re.compile(r"(?:</?[A-Za-z][\w-]*>|\[\d+\]|[\s\"'”’」』)\]*_`~!])+$")
 
 
 def _without(text: str, names: Sequence[str]) -> str:
@@ -116,14 +125,19 @@ def query_parts(text: str, max_parts: int = MAX_PARTS) -> list[str]:
 
 
 def question_focus(text: str) -> str | None:
-    """The sentences of a long message that ask something, its last ``FOCUS_SENTENCES`` of
-    them in order, or ``None``: a message of fewer than ``FOCUS_MIN_WORDS`` words (counted
-    between spaces), one that asks nothing, or one whose asking sentences are more than half
-    of it (it is its own focus). A sentence asks when it ends with a question mark (before any
-    closing quotes or brackets) right after a word (or a quoted one), and has two words or
-    more (or is written in Chinese, Japanese or Korean, without spaces): ``a ? b : c``,
-    ``???`` and a URL's query do not. Sentences are ``_sentences``'. A message in those
-    scripts alone has too few words between spaces to get a focus.
+    """What a long message asks, or ``None``: a message of fewer than ``FOCUS_MIN_WORDS``
+    words (counted between spaces), one that asks nothing, or one whose asking sentences are
+    more than half of it (it is its own focus).
+
+    A sentence asks when it ends with a question mark right after something that is not a
+    space (closing quotes, brackets, markdown or a footnote after it aside) and has two words
+    or more (or is written in Chinese, Japanese or Korean, without spaces); a URL's query does
+    not. The user's question opens or closes a message, around what it carries (a page, a log,
+    a file), so the asking sentences are those of its first and last paragraphs
+    (``_paragraphs``): the last ``FOCUS_SENTENCES`` of a message of one paragraph, else the
+    first paragraph's first and the last paragraph's last ``FOCUS_SENTENCES - 1`` (all three
+    from one of them when the other asks nothing). A question in the middle of a page (a
+    pasted FAQ, a quoted mail, code) is someone else's.
 
     >>> page = "The assay measured binding in vitro across twelve cell lines. " * 5
     >>> question_focus(page + "Anyway, when did Caroline join the group? Was it May?")
@@ -148,53 +162,73 @@ def _focus(text: str) -> str | None:
     words = len(text.split())
     if words < FOCUS_MIN_WORDS:
         return None
-    asking = [sentence for sentence in _sentences(text) if _asks(sentence)]
-    if not asking or 2 * sum(len(sentence.split()) for sentence in asking) > words:
+    asking = [[s for s in paragraph if _asks(s)] for paragraph in _paragraphs(text)]
+    if not any(asking) or 2 * sum(len(s.split()) for p in asking for s in p) > words:
         return None
-    return " ".join(asking[-FOCUS_SENTENCES:])
+    if len(asking) == 1:
+        chosen = asking[0][-FOCUS_SENTENCES:]
+    elif asking[0] and asking[-1]:
+        chosen = asking[0][:1] + asking[-1][-(FOCUS_SENTENCES - 1) :]
+    else:
+        chosen = asking[0][:FOCUS_SENTENCES] or asking[-1][-FOCUS_SENTENCES:]
+    return " ".join(chosen) if chosen else None
 
 
-def _sentences(text: str) -> list[str]:
-    """``text``'s sentences, whitespace squeezed: its lines, where a line that ends without
-    punctuation and one that starts in lower case are one line wrapped; each cut at its
-    sentence ends (``truncation.sentence_ends``), where a piece after an abbreviation ("Dr.",
-    "U.S.") goes on the same sentence. Fenced code blocks are left out."""
-    lines: list[str] = []
-    fenced = False
-    for raw in text.splitlines():
-        if _FENCE.match(raw):
-            fenced = not fenced
+def _paragraphs(text: str) -> list[list[str]]:
+    """``text``'s paragraphs of prose, each a list of its sentences (whitespace squeezed).
+    Paragraphs are cut at blank lines and at what is not prose: fenced code (a fence that
+    never closes fences nothing), code-looking lines (``_CODE``) and quoted mail (``>``). A
+    line that ends without punctuation and one that starts in lower case are one line
+    wrapped. Sentences are cut at ``truncation.sentence_ends``, where a piece after an
+    abbreviation ("Dr.", "U.S.") goes on the same sentence."""
+    raw = text.splitlines()
+    fences = [i for i, line in enumerate(raw) if _FENCE.match(line)]
+    fenced: set[int] = set()
+    for opening, closing in zip(fences[::2], fences[1::2], strict=False):
+        fenced.update(range(opening, closing + 1))
+    paragraphs: list[list[list[str]]] = [[]]  # lines, each a list of its wrapped parts
+    for i, line in enumerate(raw):
+        words = line.split()
+        if not words or i in fenced or _CODE.search(line):
+            if paragraphs[-1]:
+                paragraphs.append([])
             continue
-        line = " ".join(raw.split())
-        if fenced or not line:
-            lines.append("")
-        elif lines and lines[-1] and not lines[-1].endswith(_LINE_ENDS) and line[0].islower():
-            lines[-1] = f"{lines[-1]} {line}"
+        lines = paragraphs[-1]
+        if lines and not lines[-1][-1].endswith(_LINE_ENDS) and words[0][0].islower():
+            lines[-1].append(" ".join(words))
         else:
-            lines.append(line)
-    sentences: list[str] = []
-    for line in lines:
-        pieces: list[str] = []
-        start = 0
-        for end in sentence_ends(line):
-            piece = line[start:end].strip()
-            start = end
-            if pieces and piece and _ABBREVIATION.search(pieces[-1]):
-                pieces[-1] = f"{pieces[-1]} {piece}"
-            elif piece:
-                pieces.append(piece)
-        sentences += pieces
-    return sentences
+            lines.append([" ".join(words)])
+    return [[s for parts in lines for s in _cut(" ".join(parts))] for lines in paragraphs if lines]
+
+
+def _cut(line: str) -> list[str]:
+    """``line``'s sentences: cut at its sentence ends, a piece after an abbreviation kept on
+    the same sentence (each piece joined once: no string grows piece by piece)."""
+    sentences: list[list[str]] = []
+    start = 0
+    for end in sentence_ends(line):
+        piece = line[start:end].strip()
+        start = end
+        if not piece:
+            continue
+        if sentences and _ABBREVIATION.search(sentences[-1][-1][-6:]):
+            sentences[-1].append(piece)
+        else:
+            sentences.append([piece])
+    return [" ".join(pieces) for pieces in sentences]
 
 
 def _asks(sentence: str) -> bool:
-    core = sentence.rstrip(_CLOSERS)
+    core = _TRAILING.sub("", sentence)
     if not core.endswith(("?", "？")):
         return False
-    core = core.rstrip("?？").rstrip(_CLOSERS)  # (a title in quotes: 'read "Becoming Nicole"?')
+    core = core.rstrip("?？")
+    if not core or core[-1].isspace():  # ("a ? b", "???")
+        return False
     words = core.split()
-    enough = len(words) >= 2 or bool(_CJK.search(core))  # (CJK: no spaces between words)
-    return bool(core) and core[-1].isalnum() and enough and "://" not in words[-1]
+    if words[-1].startswith(("http://", "https://")):  # a URL's query
+        return False
+    return len(words) >= 2 or bool(_CJK.search(core))  # (CJK: no spaces between words)
 
 
 def interleave(lists: Sequence[Sequence[int]], limit: int) -> list[tuple[int, int]]:
