@@ -3,6 +3,7 @@ people is also recalled in parts, so one name's evidence does not crowd out anot
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -260,6 +261,38 @@ PAGE = "The assay measured receptor binding in vitro across twelve cell lines. "
         (f"{PAGE}\n```npm install```\nWhy does it fail?", "Why does it fail?"),
         (f"{PAGE}\n```\nWhy does it fail?", "Why does it fail?"),
         ("Smith J. " * 2000 + "\n\nWhat did Bob say?", "What did Bob say?"),
+        # short paragraphs that ask nothing around the question: a greeting, a sign-off,
+        # an instruction after a log
+        (f"Hi team,\n\nWhen did Anna join the group?\n\n{PAGE}", "When did Anna join the group?"),
+        (
+            f"{PAGE}\n\nWhen did Anna join the group?\n\nThanks,\nBob",
+            "When did Anna join the group?",
+        ),
+        (
+            "I get this when I run the tests:\n\n"
+            + "\n".join(
+                f"2024-01-02 ERROR worker crashed on job {n} in queue main" for n in range(8)
+            )
+            + "\n\nWhat is causing it?\n\nPlease keep the fix minimal.",
+            "What is causing it?",
+        ),
+        # prose about code is prose: a spaced "=", an indented list item, a heading
+        (f"{PAGE}\n\nWhy is x = 3 after the loop?", "Why is x = 3 after the loop?"),
+        (f"{PAGE}\n\nOpen:\n- Caching\n    - Why cache per session?", "- Why cache per session?"),
+        (f"{PAGE}\n\nWhat does Fig. 3 show?", "What does Fig. 3 show?"),
+        (
+            f"{PAGE}\n\nHave you seen https://example.com/issues/12?",
+            "Have you seen https://example.com/issues/12?",
+        ),
+        (f"{PAGE}\n\nOù est Anna allée\u00a0?", "Où est Anna allée\u00a0?"),  # no-break space
+        # questions pasted in the middle neither count as the user's nor make it "mostly
+        # questions"
+        (
+            "Which of these should I prepare first?\n\n"
+            + "\n".join(f"{n}. What is your strength number {n}?" for n in range(6))
+            + f"\n\n{PAGE}",
+            "Which of these should I prepare first?",
+        ),
         (PAGE + "Tell me where Anna went.", None),  # asks nothing with a question mark
         ("Where did Anna go?", None),  # short: its own focus
         (" ".join(["Where did Anna go?"] * 12), None),  # all questions: its own focus
@@ -316,3 +349,30 @@ def test_a_long_message_its_focus_and_their_parts_are_embedded_in_one_batch() ->
     assert ranked
     focus = "Which cities did Anna visit?"
     assert embedder.calls[embedded_turns:] == [[message, focus, "Which cities did visit?"]]
+
+
+def test_the_focus_of_the_last_message_asked_is_kept_and_no_other() -> None:
+    first, second = f"{PAGE}Where did Anna go?", f"{PAGE}What did Ben buy?"
+    assert [question_focus(m) for m in (first, second, first, first)] == [
+        "Where did Anna go?",
+        "What did Ben buy?",
+        "Where did Anna go?",
+        "Where did Anna go?",
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Why " + "!" * 200_000,  # runs after the mark that a regex anchored at the end
+        "Why " + "<b>" * 60_000,  # would try from every position
+        "x " + "f(" * 100_000 + "a;",  # calls that never close
+        "Smith J. " * 22_000 + "What?",  # abbreviations chained on one line
+    ],
+)
+def test_no_shape_of_a_long_message_hangs_the_focus(text: str) -> None:
+    # Each took seconds to minutes when a check was quadratic; linear, each is well under
+    # a second (the bound is generous: a shared CI machine).
+    started = time.perf_counter()
+    question_focus(text)
+    assert time.perf_counter() - started < 2.0

@@ -66,13 +66,18 @@ FOCUS_SENTENCES = 3
 
 _BOTH = re.compile(r"\bboth\b\s*", re.IGNORECASE)
 _FENCE = re.compile(r"^\s*(?:```|~~~)[^`~]*$")  # (```npm i``` on one line fences nothing)
-# Not prose: indented code, a comment, a prompt, quoted mail, a line ending as code does, a
-# call ending a line, an assignment or comparison.
-_CODE = re.compile(
-    r"^(?: {4}|\t)|^\s*(?:>|//|/\*|\*/|#!|#\s|\$\s)|[;{}]\s*$|\w\(.*\)\s*$|\s[=!]?==?\s"
-)
+# Code-looking lines (``_is_code``): indented, a comment, a prompt or quoted mail, an
+# assignment opening the line, a call.
+_INDENTED = re.compile(r"^(?: {4}|\t)")
+_LIST_ITEM = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s")
+_CODE_START = re.compile(r"^\s*(?:>|//|/\*|\*/|#!|\$\s)")
+_ASSIGNMENT = re.compile(r"^\s*[\w.\[\]]+\s*[-+*/]?=\s")
+_CALL = re.compile(r"\w\(")
+_SPACES = re.compile(r"[ \t\r\f\v]+")
 # A piece ending so ends no sentence: a single letter ("U.S.", "J. Smith") or a title.
-_ABBREVIATION = re.compile(r"(?:\b[A-Za-z]|\b(?:Dr|Mr|Mrs|Ms|Mx|Prof|Sr|Jr|St|Mt|vs|etc|al))\.$")
+_ABBREVIATION = re.compile(
+    r"(?:\b[A-Za-z]|\b(?:Dr|Mr|Mrs|Ms|Mx|Prof|Sr|Jr|St|Mt|vs|etc|al|Fig|No|approx|Inc|Ltd|Co))\.$"
+)
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u9fff\uac00-\ud7af]")
 _CLOSERS = "\"')]”’」』"
 _LINE_ENDS = (".", "!", "?", "…", ":", ";", "。", "！", "？", *_CLOSERS)
@@ -133,11 +138,12 @@ def question_focus(text: str) -> str | None:
     space (closing quotes, brackets, markdown or a footnote after it aside) and has two words
     or more (or is written in Chinese, Japanese or Korean, without spaces); a URL's query does
     not. The user's question opens or closes a message, around what it carries (a page, a log,
-    a file), so the asking sentences are those of its first and last paragraphs
-    (``_paragraphs``): the last ``FOCUS_SENTENCES`` of a message of one paragraph, else the
-    first paragraph's first and the last paragraph's last ``FOCUS_SENTENCES - 1`` (all three
-    from one of them when the other asks nothing). A question in the middle of a page (a
-    pasted FAQ, a quoted mail, code) is someone else's.
+    a file), so the asking sentences are those of the paragraphs opening and closing it
+    (``_paragraphs``, ``_edges``: short paragraphs that ask nothing are walked past): the last
+    ``FOCUS_SENTENCES`` when that is one paragraph, else the opening one's first and the
+    closing one's last ``FOCUS_SENTENCES - 1`` (all three from one of them when the other asks
+    nothing). A question in the middle of a page (a pasted FAQ, a quoted mail, code) is
+    someone else's, and is not counted in "more than half".
 
     >>> page = "The assay measured binding in vitro across twelve cell lines. " * 5
     >>> question_focus(page + "Anyway, when did Caroline join the group? Was it May?")
@@ -162,16 +168,33 @@ def _focus(text: str) -> str | None:
     words = len(text.split())
     if words < FOCUS_MIN_WORDS:
         return None
-    asking = [[s for s in paragraph if _asks(s)] for paragraph in _paragraphs(text)]
-    if not any(asking) or 2 * sum(len(s.split()) for p in asking for s in p) > words:
-        return None
+    asking = [[s for s in paragraph if _asks(s)] for paragraph in _edges(_paragraphs(text))]
     if len(asking) == 1:
         chosen = asking[0][-FOCUS_SENTENCES:]
     elif asking[0] and asking[-1]:
         chosen = asking[0][:1] + asking[-1][-(FOCUS_SENTENCES - 1) :]
     else:
         chosen = asking[0][:FOCUS_SENTENCES] or asking[-1][-FOCUS_SENTENCES:]
-    return " ".join(chosen) if chosen else None
+    asked = sum(len(sentence.split()) for paragraph in asking for sentence in paragraph)
+    if not chosen or 2 * asked > words:  # (the message is mostly questions: its own focus)
+        return None
+    return " ".join(chosen)
+
+
+def _edges(paragraphs: list[list[str]]) -> list[list[str]]:
+    """The paragraph opening the message and the one closing it, each found by walking in
+    from its end past short paragraphs that ask nothing (a greeting, "Thanks, Bob", "Keep
+    the fix minimal."): the walk stops at one that asks or is long (what the message
+    carries). One paragraph when both walks stop at the same one."""
+    if not paragraphs:
+        return [[]]
+
+    def stops(paragraph: list[str]) -> bool:
+        return any(_asks(s) for s in paragraph) or sum(len(s.split()) for s in paragraph) > 20
+
+    first = next((i for i, p in enumerate(paragraphs) if stops(p)), 0)
+    last = next((i for i in range(len(paragraphs) - 1, -1, -1) if stops(paragraphs[i])), first)
+    return [paragraphs[first]] if first >= last else [paragraphs[first], paragraphs[last]]
 
 
 def _paragraphs(text: str) -> list[list[str]]:
@@ -189,21 +212,37 @@ def _paragraphs(text: str) -> list[list[str]]:
     paragraphs: list[list[list[str]]] = [[]]  # lines, each a list of its wrapped parts
     for i, line in enumerate(raw):
         words = line.split()
-        if not words or i in fenced or _CODE.search(line):
+        if not words or i in fenced or _is_code(line):
             if paragraphs[-1]:
                 paragraphs.append([])
             continue
         lines = paragraphs[-1]
+        squeezed = _SPACES.sub(" ", line.strip())  # (not a no-break space: "allée ?")
         if lines and not lines[-1][-1].endswith(_LINE_ENDS) and words[0][0].islower():
-            lines[-1].append(" ".join(words))
+            lines[-1].append(squeezed)
         else:
-            lines.append([" ".join(words)])
+            lines.append([squeezed])
     return [[s for parts in lines for s in _cut(" ".join(parts))] for lines in paragraphs if lines]
 
 
+def _is_code(line: str) -> bool:
+    """Whether ``line`` looks like code, a prompt or quoted mail, not prose: indented (but a
+    list item), a comment or prompt or ``>`` quote, an assignment opening it, or ending as
+    code does (``;``, ``{``, ``}``, a call). Checks linear in the line."""
+    stripped = line.rstrip()
+    if _INDENTED.match(line) and not _LIST_ITEM.match(line):
+        return True
+    if _CODE_START.match(line) or _ASSIGNMENT.match(line):
+        return True
+    return stripped.endswith((";", "{", "}")) or (
+        stripped.endswith(")") and _CALL.search(stripped) is not None
+    )
+
+
 def _cut(line: str) -> list[str]:
-    """``line``'s sentences: cut at its sentence ends, a piece after an abbreviation kept on
-    the same sentence (each piece joined once: no string grows piece by piece)."""
+    """``line``'s sentences: cut at its sentence ends, a piece kept on the sentence before it
+    when that one ends with an abbreviation ("Dr.", "U.S.", "Fig.") or the piece opens with a
+    digit or in lower case (each piece joined once: no string grows piece by piece)."""
     sentences: list[list[str]] = []
     start = 0
     for end in sentence_ends(line):
@@ -211,7 +250,8 @@ def _cut(line: str) -> list[str]:
         start = end
         if not piece:
             continue
-        if sentences and _ABBREVIATION.search(sentences[-1][-1][-6:]):
+        glued = piece[0].isdigit() or piece[0].islower()
+        if sentences and (glued or _ABBREVIATION.search(sentences[-1][-1][-8:])):
             sentences[-1].append(piece)
         else:
             sentences.append([piece])
@@ -219,14 +259,17 @@ def _cut(line: str) -> list[str]:
 
 
 def _asks(sentence: str) -> bool:
-    core = _TRAILING.sub("", sentence)
+    tail = sentence[-200:]  # (what may follow the mark is short: the regex stays bounded)
+    if "?" not in tail and "？" not in tail:
+        return False
+    core = sentence[: len(sentence) - len(tail)] + _TRAILING.sub("", tail)
     if not core.endswith(("?", "？")):
         return False
     core = core.rstrip("?？")
-    if not core or core[-1].isspace():  # ("a ? b", "???")
+    if not core or core[-1] in " \t":  # ("a ? b", "???"; a no-break space is French typography)
         return False
     words = core.split()
-    if words[-1].startswith(("http://", "https://")):  # a URL's query
+    if words[-1].startswith(("http://", "https://")) and len(words) < 3:  # a URL's query
         return False
     return len(words) >= 2 or bool(_CJK.search(core))  # (CJK: no spaces between words)
 
