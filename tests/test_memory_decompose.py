@@ -285,6 +285,11 @@ PAGE = "The assay measured receptor binding in vitro across twelve cell lines. "
             "Have you seen https://example.com/issues/12?",
         ),
         (f"{PAGE}\n\nOù est Anna allée\u00a0?", "Où est Anna allée\u00a0?"),  # no-break space
+        (f"{PAGE}\n\nOù est Anna allée ?", "Où est Anna allée ?"),  # French spacing
+        # a lower-case answer after the mark is no part of the question
+        (f"{PAGE}\n\nWhere did Anna go? she said Oslo.", "Where did Anna go?"),
+        (f"{PAGE}\n\nIs it done? yes. What next?", "Is it done? What next?"),
+        (f"{PAGE}\n\nWhy did it fail? 3 times now.", "Why did it fail?"),
         # questions pasted in the middle neither count as the user's nor make it "mostly
         # questions"
         (

@@ -241,8 +241,9 @@ def _is_code(line: str) -> bool:
 
 def _cut(line: str) -> list[str]:
     """``line``'s sentences: cut at its sentence ends, a piece kept on the sentence before it
-    when that one ends with an abbreviation ("Dr.", "U.S.", "Fig.") or the piece opens with a
-    digit or in lower case (each piece joined once: no string grows piece by piece)."""
+    when that one ends with an abbreviation ("Dr.", "U.S.", "Fig."), or with a full stop or a
+    URL and the piece opens with a digit or in lower case (each piece joined once: no string
+    grows piece by piece)."""
     sentences: list[list[str]] = []
     start = 0
     for end in sentence_ends(line):
@@ -250,8 +251,14 @@ def _cut(line: str) -> list[str]:
         start = end
         if not piece:
             continue
-        glued = piece[0].isdigit() or piece[0].islower()
-        if sentences and (glued or _ABBREVIATION.search(sentences[-1][-1][-8:])):
+        before = sentences[-1][-1] if sentences else ""
+        # (after a full stop only: "Where did Anna go? she said Oslo." keeps its question)
+        glued = (
+            bool(before)
+            and (piece[0].isdigit() or piece[0].islower())
+            and (before.endswith(".") or before.split()[-1].startswith(("http://", "https://")))
+        )
+        if sentences and (glued or _ABBREVIATION.search(before[-8:])):
             sentences[-1].append(piece)
         else:
             sentences.append([piece])
@@ -265,8 +272,12 @@ def _asks(sentence: str) -> bool:
     core = sentence[: len(sentence) - len(tail)] + _TRAILING.sub("", tail)
     if not core.endswith(("?", "？")):
         return False
-    core = core.rstrip("?？")
-    if not core or core[-1] in " \t":  # ("a ? b", "???"; a no-break space is French typography)
+    marks = len(core) - len(core.rstrip("?？"))
+    core = core[: len(core) - marks]
+    # One mark after a space after a word is French typography ("allée ?"); anything else
+    # after a space is code or noise ("a ? b" is cut at the line's code checks, "in ?? ()").
+    spaced = core[-1:] in (" ", "\t")
+    if not core or (spaced and (marks > 1 or not core.rstrip(" \t")[-1:].isalpha())):
         return False
     words = core.split()
     if words[-1].startswith(("http://", "https://")) and len(words) < 3:  # a URL's query
