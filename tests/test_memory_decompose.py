@@ -285,7 +285,11 @@ PAGE = "The assay measured receptor binding in vitro across twelve cell lines. "
             "Have you seen https://example.com/issues/12?",
         ),
         (f"{PAGE}\n\nOù est Anna allée\u00a0?", "Où est Anna allée\u00a0?"),  # no-break space
-        (f"{PAGE}\n\nOù est Anna allée ?", "Où est Anna allée ?"),  # French spacing
+        # a mark after a plain space asks nothing: a table's missing value
+        (
+            f"{PAGE}\n\nThe MMSE score of ? 10 were lost.\n\nWho inspired Dave?",
+            "Who inspired Dave?",
+        ),
         # a lower-case answer after the mark is no part of the question
         (f"{PAGE}\n\nWhere did Anna go? she said Oslo.", "Where did Anna go?"),
         (f"{PAGE}\n\nIs it done? yes. What next?", "Is it done? What next?"),

@@ -272,12 +272,10 @@ def _asks(sentence: str) -> bool:
     core = sentence[: len(sentence) - len(tail)] + _TRAILING.sub("", tail)
     if not core.endswith(("?", "？")):
         return False
-    marks = len(core) - len(core.rstrip("?？"))
-    core = core[: len(core) - marks]
-    # One mark after a space after a word is French typography ("allée ?"); anything else
-    # after a space is code or noise ("a ? b" is cut at the line's code checks, "in ?? ()").
-    spaced = core[-1:] in (" ", "\t")
-    if not core or (spaced and (marks > 1 or not core.rstrip(" \t")[-1:].isalpha())):
+    core = core.rstrip("?？")
+    # A mark after a space is code or noise ("a ? b", "in ?? ()", a table's "score of ?");
+    # French typography puts a no-break space there ("allée\u00a0?"), which asks.
+    if not core or core[-1] in " \t":
         return False
     words = core.split()
     if words[-1].startswith(("http://", "https://")) and len(words) < 3:  # a URL's query
